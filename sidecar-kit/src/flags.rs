@@ -1,0 +1,489 @@
+//! Command-line flags shared by the sidecars, in the syntax the upstream binaries accept.
+//!
+//! Upstream's attacher, registrar and livenessprobe parse flags with Go's `flag` package, which
+//! takes long options with one dash or two (`-csi-address=/x`, `--v=5`) and booleans only as
+//! `--flag` or `--flag=false`. The provisioner uses pflag (GNU style). clap speaks GNU style, so
+//! Go-style command lines are normalised before clap sees them.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::Args;
+
+/// Which upstream flag parser a sidecar imitates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagSyntax {
+    /// Go's standard `flag` package: `-name`, `--name`, `-name=value`, `-name value`.
+    Go,
+    /// spf13/pflag: GNU style, `--name=value`, `--name value`, shorthand `-v 5`.
+    Gnu,
+}
+
+/// Rewrites a command line so that clap accepts what the imitated upstream parser accepts.
+///
+/// For [`FlagSyntax::Go`], every single-dash option of more than one character, and every
+/// single-dash option with a value (`-v=5`), gains a second dash. Rewriting stops at `--`.
+/// Values given as separate words (`-timeout 3s`) are left alone, as are positional words, which
+/// the sidecars do not take and clap then reports as errors.
+pub fn normalize_args<I, T>(args: I, syntax: FlagSyntax) -> Vec<OsString>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    let mut args = args.into_iter().map(Into::into);
+    let mut out: Vec<OsString> = args.next().into_iter().collect();
+    if syntax == FlagSyntax::Gnu {
+        out.extend(args);
+        return out;
+    }
+    let mut rewriting = true;
+    for arg in args {
+        if !rewriting {
+            out.push(arg);
+            continue;
+        }
+        let Some(text) = arg.to_str() else {
+            out.push(arg);
+            continue;
+        };
+        if text == "--" {
+            rewriting = false;
+            out.push(arg);
+        } else if text.starts_with("--") {
+            out.push(arg);
+        } else if let Some(rest) = text.strip_prefix('-')
+            && !rest.is_empty()
+            && !rest.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+        {
+            out.push(format!("--{rest}").into());
+        } else {
+            // A value following `-flag value`, or a positional argument: left as is.
+            out.push(arg);
+        }
+    }
+    out
+}
+
+/// Errors of the Go-compatible value parsers.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ValueError {
+    #[error("invalid duration {0:?}: expected a Go duration such as 300ms, 15s, 1m30s or 1h")]
+    Duration(String),
+    #[error("negative duration {0:?} is not allowed here")]
+    NegativeDuration(String),
+    #[error("invalid boolean {0:?}: expected true or false")]
+    Bool(String),
+    #[error("invalid label {0:?}: expected key:value")]
+    Label(String),
+}
+
+/// Parses a Go `time.Duration` string (`1h2m3.5s`, `300ms`, `0`). Negative values are refused:
+/// every duration flag of the sidecars is a period or a timeout.
+pub fn parse_go_duration(text: &str) -> Result<Duration, ValueError> {
+    let bad = || ValueError::Duration(text.to_string());
+    let mut rest = text.strip_prefix('+').unwrap_or(text);
+    if rest.starts_with('-') {
+        return Err(ValueError::NegativeDuration(text.to_string()));
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut nanos: f64 = 0.0;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (number, tail) = rest.split_at(number_len);
+        if number.is_empty() || number == "." {
+            return Err(bad());
+        }
+        let value: f64 = number.parse().map_err(|_| bad())?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return Err(bad()),
+        };
+        nanos += value * scale;
+        rest = tail;
+    }
+    if !nanos.is_finite() || nanos > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(Duration::from_nanos(nanos.round() as u64))
+}
+
+/// Parses a boolean as Go's `strconv.ParseBool` does.
+pub fn parse_go_bool(text: &str) -> Result<bool, ValueError> {
+    match text {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(ValueError::Bool(text.to_string())),
+    }
+}
+
+/// Key/value pairs given as `k:v,k2:v2`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels(pub Vec<(String, String)>);
+
+/// Parses `k:v,k2:v2` as upstream's `--leader-election-labels`.
+pub fn parse_labels(text: &str) -> Result<Labels, ValueError> {
+    if text.is_empty() {
+        return Ok(Labels::default());
+    }
+    text.split(',')
+        .map(|pair| {
+            let (key, value) = pair
+                .split_once(':')
+                .ok_or_else(|| ValueError::Label(pair.to_string()))?;
+            let key = key.trim();
+            if key.is_empty() {
+                return Err(ValueError::Label(pair.to_string()));
+            }
+            Ok((key.to_string(), value.trim().to_string()))
+        })
+        .collect::<Result<_, _>>()
+        .map(Labels)
+}
+
+/// Output format of the logs, as `--logging-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logging flags registered by all four upstream sidecars (component-base logs options).
+#[derive(Args, Clone, Debug)]
+pub struct LoggingFlags {
+    /// Log verbosity, as klog's -v: 0-1 info, 2-4 adds debug, 5 and more adds gRPC payloads (trace)
+    #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "LEVEL")]
+    pub verbosity: u8,
+
+    /// Per-module verbosity (accepted for compatibility; the global -v applies)
+    #[arg(long, default_value = "", value_name = "PATTERN=N,...")]
+    pub vmodule: String,
+
+    /// Log format: text or json
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub logging_format: LogFormat,
+
+    /// Maximum time between log flushes (accepted for compatibility; logs are written unbuffered)
+    #[arg(long, default_value = "5s", value_parser = parse_go_duration, value_name = "DURATION")]
+    pub log_flush_frequency: Duration,
+}
+
+/// Flags every sidecar has besides logging.
+#[derive(Args, Clone, Debug)]
+pub struct ProcessFlags {
+    /// Print the version and exit
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value = "false", value_parser = parse_go_bool)]
+    pub version: bool,
+
+    /// Size the runtime's worker threads from the cgroup CPU quota (as GOMAXPROCS upstream)
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value = "false", value_parser = parse_go_bool)]
+    pub automaxprocs: bool,
+}
+
+/// The CSI endpoint flag.
+#[derive(Args, Clone, Debug)]
+pub struct CsiAddressFlag {
+    /// Address of the CSI driver socket: an absolute path, unix:///path, or on Windows
+    /// unix://C:\\path or a named pipe \\.\pipe\name (npipe://./pipe/name)
+    #[arg(long, default_value = "/run/csi/socket", value_name = "ADDRESS")]
+    pub csi_address: String,
+}
+
+/// The metrics and health HTTP endpoint flags of the controller sidecars.
+#[derive(Args, Clone, Debug)]
+pub struct HttpFlags {
+    /// TCP address (host:port, or :port for all interfaces) of the HTTP server for metrics and
+    /// health checks; empty disables it
+    #[arg(long, default_value = "", value_name = "ADDRESS")]
+    pub http_endpoint: String,
+
+    /// (deprecated) TCP address of a metrics-only HTTP server; exclusive with --http-endpoint
+    #[arg(long, default_value = "", value_name = "ADDRESS")]
+    pub metrics_address: String,
+
+    /// HTTP path of the Prometheus metrics
+    #[arg(long, default_value = "/metrics", value_name = "PATH")]
+    pub metrics_path: String,
+}
+
+/// Kubernetes client flags.
+#[derive(Args, Clone, Debug)]
+pub struct KubeFlags {
+    /// Path to a kubeconfig; empty uses $KUBECONFIG, then the in-cluster configuration
+    #[arg(long, default_value = "", value_name = "PATH")]
+    pub kubeconfig: String,
+
+    /// Client-side rate limit of Kubernetes API requests per second (negative: unlimited)
+    #[arg(
+        long,
+        default_value_t = 5.0,
+        allow_negative_numbers = true,
+        value_name = "QPS"
+    )]
+    pub kube_api_qps: f64,
+
+    /// Burst of Kubernetes API requests allowed above --kube-api-qps
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub kube_api_burst: u32,
+}
+
+/// Leader election flags (Lease in coordination.k8s.io/v1, compatible with client-go).
+#[derive(Args, Clone, Debug)]
+pub struct LeaderElectionFlags {
+    /// Run only while holding the leader Lease
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value = "false", value_parser = parse_go_bool)]
+    pub leader_election: bool,
+
+    /// Namespace of the Lease; empty uses $POD_NAMESPACE, the service account's namespace,
+    /// then "default"
+    #[arg(long, default_value = "", value_name = "NAMESPACE")]
+    pub leader_election_namespace: String,
+
+    /// How long a Lease stays valid without renewal before others may take it
+    #[arg(long, default_value = "15s", value_parser = parse_go_duration, value_name = "DURATION")]
+    pub leader_election_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it gives up leadership (and exits)
+    #[arg(long, default_value = "10s", value_parser = parse_go_duration, value_name = "DURATION")]
+    pub leader_election_renew_deadline: Duration,
+
+    /// Period between attempts to acquire or renew the Lease
+    #[arg(long, default_value = "5s", value_parser = parse_go_duration, value_name = "DURATION")]
+    pub leader_election_retry_period: Duration,
+
+    /// Labels put on the Lease by the leader, as key:value,key2:value2
+    #[arg(long, default_value = "", value_parser = parse_labels, value_name = "K:V,...")]
+    pub leader_election_labels: Labels,
+
+    /// Release the Lease on graceful shutdown so that another replica takes over at once
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value = "true", value_parser = parse_go_bool)]
+    pub leader_election_release_on_exit: bool,
+}
+
+/// The flags upstream's csi-lib-utils registers for the provisioner and the attacher.
+#[derive(Args, Clone, Debug)]
+pub struct CommonFlags {
+    #[command(flatten)]
+    pub csi: CsiAddressFlag,
+    #[command(flatten)]
+    pub kube: KubeFlags,
+    #[command(flatten)]
+    pub leader_election: LeaderElectionFlags,
+    #[command(flatten)]
+    pub http: HttpFlags,
+    #[command(flatten)]
+    pub process: ProcessFlags,
+    #[command(flatten)]
+    pub logging: LoggingFlags,
+}
+
+/// Parses a command line in the given syntax; errors and `--help` behave as clap's.
+pub fn parse_from<P, I, T>(args: I, syntax: FlagSyntax) -> Result<P, clap::Error>
+where
+    P: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    P::try_parse_from(normalize_args(args, syntax))
+}
+
+/// Parses the process's own command line, printing help or errors and exiting as clap does
+/// (exit code 2 for bad flags, as Go's flag package).
+pub fn parse_env<P: clap::Parser>(syntax: FlagSyntax) -> P {
+    match parse_from(std::env::args_os(), syntax) {
+        Ok(parsed) => parsed,
+        Err(err) => err.exit(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct TestCli {
+        #[command(flatten)]
+        common: CommonFlags,
+        #[arg(long, default_value = "15s", value_parser = parse_go_duration)]
+        timeout: Duration,
+    }
+
+    fn go(args: &[&str]) -> Result<TestCli, clap::Error> {
+        parse_from(
+            std::iter::once("bin").chain(args.iter().copied()),
+            FlagSyntax::Go,
+        )
+    }
+
+    fn gnu(args: &[&str]) -> Result<TestCli, clap::Error> {
+        parse_from(
+            std::iter::once("bin").chain(args.iter().copied()),
+            FlagSyntax::Gnu,
+        )
+    }
+
+    #[test]
+    fn normalization_table() {
+        let cases: &[(&[&str], &[&str])] = &[
+            (&["-csi-address=/x"], &["--csi-address=/x"]),
+            (&["-v=5"], &["--v=5"]),
+            (&["--v=5"], &["--v=5"]),
+            (&["-v", "5"], &["--v", "5"]),
+            (&["-timeout", "3s"], &["--timeout", "3s"]),
+            (
+                &["-leader-election", "--", "-x"],
+                &["--leader-election", "--", "-x"],
+            ),
+            (&["pos", "-x"], &["pos", "--x"]),
+            (&["-"], &["-"]),
+            (&["-kube-api-qps", "-1"], &["--kube-api-qps", "-1"]),
+        ];
+        for (input, expected) in cases {
+            let got = normalize_args(
+                std::iter::once("bin").chain(input.iter().copied()),
+                FlagSyntax::Go,
+            );
+            let got: Vec<_> = got[1..]
+                .iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(&got, expected, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn go_syntax_table() {
+        let cli = go(&[
+            "-csi-address=/csi/csi.sock",
+            "-v=5",
+            "-leader-election",
+            "-timeout",
+            "1m30s",
+        ])
+        .unwrap();
+        assert_eq!(cli.common.csi.csi_address, "/csi/csi.sock");
+        assert_eq!(cli.common.logging.verbosity, 5);
+        assert!(cli.common.leader_election.leader_election);
+        assert_eq!(cli.timeout, Duration::from_secs(90));
+
+        let cli = go(&["--csi-address", "/a", "--v", "2", "--leader-election=false"]).unwrap();
+        assert_eq!(cli.common.csi.csi_address, "/a");
+        assert_eq!(cli.common.logging.verbosity, 2);
+        assert!(!cli.common.leader_election.leader_election);
+
+        let cli = go(&[
+            "--kube-api-qps=-1",
+            "--kube-api-burst=3",
+            "--leader-election-labels=a:b,c:d",
+        ])
+        .unwrap();
+        assert_eq!(cli.common.kube.kube_api_qps, -1.0);
+        assert_eq!(cli.common.kube.kube_api_burst, 3);
+        assert_eq!(
+            cli.common.leader_election.leader_election_labels.0,
+            vec![("a".into(), "b".into()), ("c".into(), "d".into())]
+        );
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let cli = go(&[]).unwrap();
+        let c = &cli.common;
+        assert_eq!(c.csi.csi_address, "/run/csi/socket");
+        assert_eq!(c.kube.kube_api_qps, 5.0);
+        assert_eq!(c.kube.kube_api_burst, 10);
+        assert_eq!(
+            c.leader_election.leader_election_lease_duration,
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            c.leader_election.leader_election_renew_deadline,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            c.leader_election.leader_election_retry_period,
+            Duration::from_secs(5)
+        );
+        assert!(c.leader_election.leader_election_release_on_exit);
+        assert_eq!(c.http.metrics_path, "/metrics");
+        assert_eq!(c.http.http_endpoint, "");
+        assert_eq!(c.logging.verbosity, 0);
+        assert_eq!(c.logging.logging_format, LogFormat::Text);
+        assert!(!c.process.version);
+    }
+
+    #[test]
+    fn go_syntax_rejects_what_go_rejects() {
+        // A bool takes its value only with '='; the stray word is an error, not silently "false".
+        assert!(go(&["--leader-election", "false"]).is_err());
+        assert!(go(&["--leader-election=maybe"]).is_err());
+        assert!(go(&["--timeout=10"]).is_err());
+        assert!(go(&["--timeout=-1s"]).is_err());
+        assert!(go(&["--no-such-flag"]).is_err());
+        assert!(go(&["--logging-format=xml"]).is_err());
+        assert!(go(&["--leader-election-labels=novalue"]).is_err());
+    }
+
+    #[test]
+    fn gnu_syntax_table() {
+        let cli = gnu(&["--csi-address", "/b", "-v", "4", "--leader-election"]).unwrap();
+        assert_eq!(cli.common.csi.csi_address, "/b");
+        assert_eq!(cli.common.logging.verbosity, 4);
+        assert!(cli.common.leader_election.leader_election);
+        let cli = gnu(&["-v=3"]).unwrap();
+        assert_eq!(cli.common.logging.verbosity, 3);
+        // pflag has no single-dash long options.
+        assert!(gnu(&["-csi-address=/x"]).is_err());
+    }
+
+    #[test]
+    fn go_durations() {
+        let ok: &[(&str, Duration)] = &[
+            ("0", Duration::ZERO),
+            ("15s", Duration::from_secs(15)),
+            ("300ms", Duration::from_millis(300)),
+            ("1h2m3s", Duration::from_secs(3723)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("10us", Duration::from_micros(10)),
+            ("7ns", Duration::from_nanos(7)),
+            ("+2m", Duration::from_secs(120)),
+        ];
+        for (text, expected) in ok {
+            assert_eq!(parse_go_duration(text), Ok(*expected), "{text}");
+        }
+        for bad in ["", "15", "s", "1x", "1.2.3s", ".s", "-5s"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn go_bools() {
+        for t in ["1", "t", "T", "true", "TRUE", "True"] {
+            assert_eq!(parse_go_bool(t), Ok(true));
+        }
+        for f in ["0", "f", "F", "false", "FALSE", "False"] {
+            assert_eq!(parse_go_bool(f), Ok(false));
+        }
+        assert!(parse_go_bool("yes").is_err());
+    }
+}

@@ -1,0 +1,8 @@
+//! What every CSI sidecar shares: flags in upstream syntax, logging, lifecycle, metrics, the
+//! HTTP endpoint, the Kubernetes client with its rate limit, leader election, and the
+//! connection to the CSI driver with its identity calls.
+
+pub mod flags;
+pub mod lifecycle;
+pub mod logging;
+pub mod metrics;
