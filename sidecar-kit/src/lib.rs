@@ -3,6 +3,8 @@
 //! connection to the CSI driver with its identity calls.
 
 pub mod flags;
+pub mod http;
+pub mod kube;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

@@ -1,0 +1,289 @@
+//! The sidecars' HTTP endpoint: metrics and health checks on one small hyper server.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::flags::HttpFlags;
+use crate::metrics::CsiMetrics;
+
+/// A plain-text answer of a handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn text(status: StatusCode, body: impl Into<String>) -> Self {
+        Self {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: body.into(),
+        }
+    }
+
+    pub fn ok() -> Self {
+        Self::text(StatusCode::OK, "ok")
+    }
+}
+
+type BoxReply = Pin<Box<dyn Future<Output = Reply> + Send>>;
+type Handler = Arc<dyn Fn() -> BoxReply + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("only one of --http-endpoint and --metrics-address can be set")]
+    BothEndpoints,
+    #[error("invalid listen address {address:?}: {reason}")]
+    Address { address: String, reason: String },
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: String,
+        source: std::io::Error,
+    },
+}
+
+/// Routes of one HTTP server, by exact path.
+#[derive(Clone, Default)]
+pub struct Routes {
+    handlers: BTreeMap<String, Handler>,
+}
+
+impl Routes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serves `handler`'s reply on GET `path`.
+    pub fn route<F, Fut>(mut self, path: &str, handler: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Reply> + Send + 'static,
+    {
+        self.handlers.insert(
+            path.to_string(),
+            Arc::new(move || Box::pin(handler()) as BoxReply),
+        );
+        self
+    }
+
+    /// Serves the registry of `metrics` on `path` in the Prometheus text format.
+    pub fn metrics(self, path: &str, metrics: CsiMetrics) -> Self {
+        self.route(path, move || {
+            let metrics = metrics.clone();
+            async move {
+                match metrics.render() {
+                    Ok(text) => Reply {
+                        status: StatusCode::OK,
+                        content_type: "text/plain; version=0.0.4; charset=utf-8",
+                        body: text,
+                    },
+                    Err(err) => Reply::text(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+                }
+            }
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.handlers.is_empty()
+    }
+
+    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let reply = match (request.method(), self.handlers.get(request.uri().path())) {
+            (&Method::GET | &Method::HEAD, Some(handler)) => handler().await,
+            (_, Some(_)) => Reply::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+            (_, None) => Reply::text(StatusCode::NOT_FOUND, "404 page not found"),
+        };
+        let mut response = Response::new(Full::new(Bytes::from(reply.body)));
+        *response.status_mut() = reply.status;
+        if let Ok(value) = http::HeaderValue::from_str(reply.content_type) {
+            response
+                .headers_mut()
+                .insert(http::header::CONTENT_TYPE, value);
+        }
+        response
+    }
+}
+
+/// Turns a Go listen address (`:8080`, `host:port`, `[::1]:80`) into something to bind.
+/// An empty host means all interfaces, as Go's `net.Listen` does.
+pub fn listen_target(address: &str) -> Result<String, HttpError> {
+    let bad = |reason: &str| HttpError::Address {
+        address: address.to_string(),
+        reason: reason.to_string(),
+    };
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| bad("missing port"))?;
+    port.parse::<u16>()
+        .map_err(|_| bad("port must be a number from 0 to 65535"))?;
+    if host.is_empty() {
+        Ok(format!("[::]:{port}"))
+    } else {
+        Ok(address.to_string())
+    }
+}
+
+/// A server bound to its address, ready to serve.
+pub struct HttpServer {
+    listener: TcpListener,
+    routes: Arc<Routes>,
+}
+
+impl HttpServer {
+    /// Binds `address` (Go syntax). All-interfaces falls back to IPv4 where IPv6 is absent.
+    pub async fn bind(address: &str, routes: Routes) -> Result<Self, HttpError> {
+        let target = listen_target(address)?;
+        let listener = match TcpListener::bind(&target).await {
+            Ok(listener) => listener,
+            Err(_) if target.starts_with("[::]:") => {
+                let v4 = target.replacen("[::]", "0.0.0.0", 1);
+                TcpListener::bind(&v4)
+                    .await
+                    .map_err(|source| HttpError::Listen {
+                        address: address.to_string(),
+                        source,
+                    })?
+            }
+            Err(source) => {
+                return Err(HttpError::Listen {
+                    address: address.to_string(),
+                    source,
+                });
+            }
+        };
+        Ok(Self {
+            listener,
+            routes: Arc::new(routes),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` is cancelled.
+    pub async fn serve(self, shutdown: CancellationToken) {
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = self.listener.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    tracing::warn!(error = %err, "HTTP accept failed");
+                    continue;
+                }
+            };
+            let routes = self.routes.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let routes = routes.clone();
+                    async move { Ok::<_, Infallible>(routes.answer(request).await) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service);
+                tokio::select! {
+                    _ = connection => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            });
+        }
+    }
+
+    /// Binds and serves in a background task; returns the bound address.
+    pub async fn spawn(
+        address: &str,
+        routes: Routes,
+        shutdown: CancellationToken,
+    ) -> Result<SocketAddr, HttpError> {
+        let server = Self::bind(address, routes).await?;
+        let local = server.local_addr().map_err(|source| HttpError::Listen {
+            address: address.to_string(),
+            source,
+        })?;
+        tracing::info!(address = %local, "serving HTTP");
+        tokio::spawn(server.serve(shutdown));
+        Ok(local)
+    }
+}
+
+/// Where the controller sidecars serve what, from `--http-endpoint` and `--metrics-address`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HttpPlan {
+    /// No HTTP server.
+    Disabled,
+    /// `--http-endpoint`: metrics and health checks.
+    Full(String),
+    /// `--metrics-address` (deprecated): metrics only.
+    MetricsOnly(String),
+}
+
+impl HttpPlan {
+    pub fn from_flags(flags: &HttpFlags) -> Result<Self, HttpError> {
+        match (flags.http_endpoint.as_str(), flags.metrics_address.as_str()) {
+            ("", "") => Ok(Self::Disabled),
+            (endpoint, "") => Ok(Self::Full(endpoint.to_string())),
+            ("", metrics) => {
+                tracing::warn!("--metrics-address is deprecated; use --http-endpoint");
+                Ok(Self::MetricsOnly(metrics.to_string()))
+            }
+            _ => Err(HttpError::BothEndpoints),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_targets() {
+        assert_eq!(listen_target(":8080").unwrap(), "[::]:8080");
+        assert_eq!(listen_target("127.0.0.1:0").unwrap(), "127.0.0.1:0");
+        assert_eq!(listen_target("[::1]:9808").unwrap(), "[::1]:9808");
+        assert!(listen_target("8080").is_err());
+        assert!(listen_target(":http").is_err());
+        assert!(listen_target(":70000").is_err());
+    }
+
+    #[test]
+    fn plan_from_flags() {
+        let flags = |h: &str, m: &str| HttpFlags {
+            http_endpoint: h.into(),
+            metrics_address: m.into(),
+            metrics_path: "/metrics".into(),
+        };
+        assert_eq!(
+            HttpPlan::from_flags(&flags("", "")).unwrap(),
+            HttpPlan::Disabled
+        );
+        assert_eq!(
+            HttpPlan::from_flags(&flags(":8080", "")).unwrap(),
+            HttpPlan::Full(":8080".into())
+        );
+        assert_eq!(
+            HttpPlan::from_flags(&flags("", ":8081")).unwrap(),
+            HttpPlan::MetricsOnly(":8081".into())
+        );
+        assert!(matches!(
+            HttpPlan::from_flags(&flags(":8080", ":8081")),
+            Err(HttpError::BothEndpoints)
+        ));
+    }
+}

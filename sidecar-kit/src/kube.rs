@@ -1,0 +1,209 @@
+//! The Kubernetes client: configuration from `--kubeconfig`, `$KUBECONFIG` or the pod's service
+//! account, and a client-side token-bucket rate limit honouring `--kube-api-qps` and
+//! `--kube-api-burst` as client-go's does.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::time::{Instant, Sleep};
+use tower::{Layer, Service};
+
+use crate::flags::KubeFlags;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("cannot read kubeconfig {path}: {source}")]
+    ReadKubeconfig {
+        path: String,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("invalid kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no kubeconfig given and no in-cluster configuration: {0}")]
+    InCluster(#[from] kube::config::InClusterError),
+    #[error("invalid kubeconfig from $KUBECONFIG: {0}")]
+    EnvKubeconfig(kube::config::KubeconfigError),
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Loads the client configuration: `--kubeconfig`, else `$KUBECONFIG`, else in-cluster.
+pub async fn load_config(flags: &KubeFlags) -> Result<kube::Config, KubeError> {
+    let options = KubeConfigOptions::default();
+    if !flags.kubeconfig.is_empty() {
+        let path = flags.kubeconfig.clone();
+        let kubeconfig =
+            Kubeconfig::read_from(&path).map_err(|source| KubeError::ReadKubeconfig {
+                path: path.clone(),
+                source,
+            })?;
+        return kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .map_err(|source| KubeError::Kubeconfig { path, source });
+    }
+    if std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty()) {
+        return kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(KubeError::EnvKubeconfig);
+    }
+    Ok(kube::Config::incluster()?)
+}
+
+/// Builds a client with its own rate limiter. Give leader election a client of its own so that
+/// a busy controller cannot starve lease renewals.
+pub fn client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client, KubeError> {
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
+}
+
+/// A token bucket: `burst` requests at once, then `qps` per second. Waiting callers are served
+/// in the order they reserved, as client-go's limiter does.
+#[derive(Debug)]
+pub struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    state: Mutex<BucketState>,
+}
+
+#[derive(Debug)]
+struct BucketState {
+    tokens: f64,
+    updated: Instant,
+}
+
+impl TokenBucket {
+    /// A bucket, or `None` for "no limit" (negative QPS). Zero values take client-go's defaults
+    /// (5 QPS, burst 10).
+    pub fn new(qps: f64, burst: u32) -> Option<Self> {
+        if qps < 0.0 || !qps.is_finite() {
+            return None;
+        }
+        let qps = if qps == 0.0 { 5.0 } else { qps };
+        let burst = if burst == 0 { 10.0 } else { f64::from(burst) };
+        Some(Self {
+            qps,
+            burst,
+            state: Mutex::new(BucketState {
+                tokens: burst,
+                updated: Instant::now(),
+            }),
+        })
+    }
+
+    /// Takes one token and says how long the caller must wait before using it.
+    pub fn reserve(&self) -> Duration {
+        let Ok(mut state) = self.state.lock() else {
+            return Duration::ZERO;
+        };
+        let now = Instant::now();
+        let refill = now.duration_since(state.updated).as_secs_f64() * self.qps;
+        state.tokens = (state.tokens + refill).min(self.burst) - 1.0;
+        state.updated = now;
+        if state.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-state.tokens / self.qps)
+        }
+    }
+}
+
+/// Tower layer applying a [`TokenBucket`] before each request is sent.
+#[derive(Clone, Debug)]
+pub struct RateLimitLayer {
+    bucket: Option<Arc<TokenBucket>>,
+}
+
+impl RateLimitLayer {
+    pub fn new(qps: f64, burst: u32) -> Self {
+        Self {
+            bucket: TokenBucket::new(qps, burst).map(Arc::new),
+        }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimited {
+            inner,
+            bucket: self.bucket.clone(),
+            wait: None,
+            reserved: false,
+        }
+    }
+}
+
+/// The service made by [`RateLimitLayer`]: not ready until a token is available.
+pub struct RateLimited<S> {
+    inner: S,
+    bucket: Option<Arc<TokenBucket>>,
+    wait: Option<Pin<Box<Sleep>>>,
+    reserved: bool,
+}
+
+impl<S, R> Service<R> for RateLimited<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if let Some(bucket) = &self.bucket
+            && !self.reserved
+        {
+            self.reserved = true;
+            let delay = bucket.reserve();
+            if !delay.is_zero() {
+                self.wait = Some(Box::pin(tokio::time::sleep(delay)));
+            }
+        }
+        if let Some(wait) = self.wait.as_mut() {
+            ready!(Future::poll(wait.as_mut(), cx));
+            self.wait = None;
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        self.reserved = false;
+        self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bucket_grants_burst_then_qps() {
+        let bucket = TokenBucket::new(10.0, 3).unwrap();
+        let waits: Vec<Duration> = (0..6).map(|_| bucket.reserve()).collect();
+        assert_eq!(&waits[..3], &[Duration::ZERO; 3]);
+        assert_eq!(waits[3], Duration::from_millis(100));
+        assert_eq!(waits[4], Duration::from_millis(200));
+        assert_eq!(waits[5], Duration::from_millis(300));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Refill is capped at the burst.
+        let waits: Vec<Duration> = (0..4).map(|_| bucket.reserve()).collect();
+        assert_eq!(&waits[..3], &[Duration::ZERO; 3]);
+        assert!(!waits[3].is_zero());
+    }
+
+    #[test]
+    fn defaults_and_unlimited() {
+        assert!(TokenBucket::new(-1.0, 10).is_none());
+        let bucket = TokenBucket::new(0.0, 0).unwrap();
+        assert_eq!(bucket.qps, 5.0);
+        assert_eq!(bucket.burst, 10.0);
+    }
+}

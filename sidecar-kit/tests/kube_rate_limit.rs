@@ -1,0 +1,78 @@
+//! The client-side rate limit, measured through a real HTTP server.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sidecar_kit::http::{HttpServer, Reply, Routes};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Starts a server that records when each request arrives.
+async fn recording_server() -> (String, Arc<Mutex<Vec<Instant>>>, CancellationToken) {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let seen = arrivals.clone();
+    let routes = Routes::new().route("/version", move || {
+        seen.lock().unwrap().push(Instant::now());
+        async {
+            Reply::text(
+                http::StatusCode::OK,
+                r#"{"major":"1","minor":"37","gitVersion":"v1.37.0"}"#,
+            )
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let addr = HttpServer::spawn("127.0.0.1:0", routes, shutdown.clone())
+        .await
+        .unwrap();
+    (format!("http://{addr}"), arrivals, shutdown)
+}
+
+async fn send(client: &kube::Client, count: usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..count {
+        client.apiserver_version().await.unwrap();
+    }
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn qps_and_burst_are_honoured() {
+    let (url, arrivals, _shutdown) = recording_server().await;
+    let config = kube::Config::new(url.parse().unwrap());
+    let client = sidecar_kit::kube::client(config, 20.0, 5).unwrap();
+
+    let elapsed = send(&client, 25).await;
+    let arrivals = arrivals.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 25);
+    // 5 at once, then 20 more at 20/s: one second at the least.
+    assert!(
+        elapsed >= Duration::from_millis(950),
+        "25 requests took only {elapsed:?}"
+    );
+    let burst = arrivals[4].duration_since(arrivals[0]);
+    let paced = arrivals[24].duration_since(arrivals[5]);
+    assert!(
+        burst < Duration::from_millis(400),
+        "the burst was paced: {burst:?}"
+    );
+    // Requests 6..25 are 19 intervals of 50 ms apart.
+    assert!(
+        paced >= Duration::from_millis(900),
+        "requests after the burst came too fast: {paced:?}"
+    );
+}
+
+#[tokio::test]
+async fn negative_qps_is_unlimited() {
+    let (url, arrivals, _shutdown) = recording_server().await;
+    let limited =
+        sidecar_kit::kube::client(kube::Config::new(url.parse().unwrap()), 2.0, 1).unwrap();
+    let unlimited =
+        sidecar_kit::kube::client(kube::Config::new(url.parse().unwrap()), -1.0, 1).unwrap();
+    // Three requests at 2 QPS with burst 1 need a second; unlimited ones need no waiting at all.
+    let slow = send(&limited, 3).await;
+    let fast = send(&unlimited, 3).await;
+    assert!(slow >= Duration::from_millis(950), "{slow:?}");
+    assert!(fast < slow, "unlimited {fast:?} vs limited {slow:?}");
+    assert_eq!(arrivals.lock().unwrap().len(), 6);
+}
