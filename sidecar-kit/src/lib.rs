@@ -5,6 +5,7 @@
 pub mod flags;
 pub mod http;
 pub mod kube;
+pub mod leader;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
