@@ -1,0 +1,3 @@
+//! Test kit for the CSI sidecars.
+
+pub mod apiserver;
