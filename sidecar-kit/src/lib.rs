@@ -2,10 +2,16 @@
 //! HTTP endpoint, the Kubernetes client with its rate limit, leader election, and the
 //! connection to the CSI driver with its identity calls.
 
+pub mod connection;
+pub mod csi;
+pub mod endpoint;
 pub mod flags;
 pub mod http;
+pub mod identity;
 pub mod kube;
 pub mod leader;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+#[cfg(windows)]
+pub mod windows;

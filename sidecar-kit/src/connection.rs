@@ -1,0 +1,316 @@
+//! The gRPC connection to the CSI driver.
+//!
+//! Dialing waits for the driver (bounded, 30 s by default, logging every 10 s), then keeps one
+//! HTTP/2 connection. Every byte stream handed to gRPC is watched: when the driver closes it
+//! (driver exit or restart) the connection is reported lost at once. What happens then is the
+//! sidecar's policy: the controller sidecars exit, because the capabilities they cached may no
+//! longer hold; the node sidecars let the channel redial on the next call.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
+
+use crate::endpoint::{self, Endpoint, EndpointError};
+
+/// Upstream's bound on the first dial.
+pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a pending dial says it is still waiting.
+pub const STILL_CONNECTING_INTERVAL: Duration = Duration::from_secs(10);
+/// The message upstream writes before exiting on a lost connection.
+pub const LOST_CONNECTION_MESSAGE: &str = "Lost connection to CSI driver, exiting";
+
+/// What to do when an established connection breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossPolicy {
+    /// Report the loss and let the sidecar exit (provisioner, attacher).
+    Exit,
+    /// Log and redial on the next call (registrar, livenessprobe).
+    Reconnect,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Address(#[from] EndpointError),
+    #[error("cannot connect to the CSI driver at {endpoint} within {timeout:?}: {last_error}")]
+    Timeout {
+        endpoint: String,
+        timeout: Duration,
+        last_error: String,
+    },
+    #[error("connection to the CSI driver at {endpoint} cancelled")]
+    Cancelled { endpoint: String },
+}
+
+/// Settings of [`connect`].
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// `None` waits for the driver forever (livenessprobe's behaviour).
+    pub dial_timeout: Option<Duration>,
+    pub policy: LossPolicy,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            dial_timeout: Some(DEFAULT_DIAL_TIMEOUT),
+            policy: LossPolicy::Exit,
+        }
+    }
+}
+
+/// An established connection to the driver.
+#[derive(Clone)]
+pub struct DriverConnection {
+    channel: Channel,
+    endpoint: Endpoint,
+    lost: watch::Receiver<u64>,
+}
+
+struct LinkState {
+    policy: LossPolicy,
+    /// Bumped on every loss of an established stream.
+    losses: watch::Sender<u64>,
+    /// A live stream id, so that only the current stream's end counts as a loss.
+    current: AtomicU64,
+    next_id: AtomicU64,
+    refuse_redial: AtomicBool,
+}
+
+impl DriverConnection {
+    /// The channel for the generated CSI clients.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Resolves once the established connection has been lost (immediately if it already was).
+    pub async fn lost(&self) {
+        let mut lost = self.lost.clone();
+        let _ = lost.wait_for(|losses| *losses > 0).await;
+    }
+
+    /// How many times an established connection has been lost.
+    pub fn losses(&self) -> u64 {
+        *self.lost.borrow()
+    }
+
+    /// For [`LossPolicy::Exit`]: spawns a task that exits the process, as upstream does, when
+    /// the connection is lost.
+    pub fn exit_on_loss(&self) {
+        let connection = self.clone();
+        tokio::spawn(async move {
+            connection.lost().await;
+            crate::lifecycle::fatal(LOST_CONNECTION_MESSAGE);
+        });
+    }
+}
+
+/// Connects to the driver at `address`, waiting for it to come up within the dial timeout.
+pub async fn connect(
+    address: &str,
+    options: ConnectOptions,
+) -> Result<DriverConnection, ConnectError> {
+    let endpoint = endpoint::parse(address)?;
+    let (losses, lost) = watch::channel(0);
+    let state = Arc::new(LinkState {
+        policy: options.policy,
+        losses,
+        current: AtomicU64::new(0),
+        next_id: AtomicU64::new(1),
+        refuse_redial: AtomicBool::new(false),
+    });
+    let started = Instant::now();
+    let mut next_report = started + STILL_CONNECTING_INTERVAL;
+    loop {
+        let attempt = channel_for(&endpoint, state.clone()).await;
+        match attempt {
+            Ok(channel) => {
+                tracing::debug!(%endpoint, "connected to the CSI driver");
+                return Ok(DriverConnection {
+                    channel,
+                    endpoint,
+                    lost,
+                });
+            }
+            Err(err) => {
+                let now = Instant::now();
+                if let Some(limit) = options.dial_timeout
+                    && now.duration_since(started) >= limit
+                {
+                    return Err(ConnectError::Timeout {
+                        endpoint: endpoint.to_string(),
+                        timeout: limit,
+                        last_error: err,
+                    });
+                }
+                if now >= next_report {
+                    tracing::info!(%endpoint, error = %err, "still connecting to the CSI driver");
+                    next_report = now + STILL_CONNECTING_INTERVAL;
+                }
+            }
+        }
+        // gRPC's reconnect backoff is capped at one second upstream too.
+        let pause =
+            Duration::from_millis(250).min(options.dial_timeout.map_or(Duration::MAX, |limit| {
+                limit
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(10))
+            }));
+        tokio::time::sleep(pause).await;
+    }
+}
+
+async fn channel_for(endpoint: &Endpoint, state: Arc<LinkState>) -> Result<Channel, String> {
+    // The URI is not dialed: the connector below decides where bytes go.
+    let builder = TonicEndpoint::from_static("http://csi-driver.local")
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(false);
+    let endpoint = endpoint.clone();
+    let connector = tower::service_fn(move |_: Uri| {
+        let endpoint = endpoint.clone();
+        let state = state.clone();
+        async move {
+            if state.refuse_redial.load(Ordering::SeqCst) {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    LOST_CONNECTION_MESSAGE,
+                ));
+            }
+            let stream = dial(&endpoint).await?;
+            let id = state.next_id.fetch_add(1, Ordering::SeqCst);
+            state.current.store(id, Ordering::SeqCst);
+            Ok::<_, io::Error>(TokioIo::new(Monitored {
+                inner: stream,
+                id,
+                state,
+                ended: false,
+            }))
+        }
+    });
+    builder
+        .connect_with_connector(connector)
+        .await
+        .map_err(|err| {
+            let mut text = err.to_string();
+            let mut source = std::error::Error::source(&err);
+            while let Some(inner) = source {
+                text = format!("{text}: {inner}");
+                source = inner.source();
+            }
+            text
+        })
+}
+
+impl LinkState {
+    fn stream_ended(&self, id: u64) {
+        if self.current.load(Ordering::SeqCst) != id {
+            return;
+        }
+        match self.policy {
+            LossPolicy::Exit => {
+                self.refuse_redial.store(true, Ordering::SeqCst);
+                tracing::error!("lost connection to the CSI driver");
+            }
+            LossPolicy::Reconnect => {
+                tracing::warn!("lost connection to the CSI driver; reconnecting on the next call")
+            }
+        }
+        self.losses.send_modify(|n| *n += 1);
+    }
+}
+
+/// A byte stream to the driver, of whichever transport the endpoint uses.
+pub trait DriverIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> DriverIo for T {}
+
+/// Opens one byte stream to the driver.
+pub async fn dial(endpoint: &Endpoint) -> io::Result<Box<dyn DriverIo>> {
+    match endpoint {
+        #[cfg(unix)]
+        Endpoint::Unix(path) => Ok(Box::new(tokio::net::UnixStream::connect(path).await?)),
+        #[cfg(windows)]
+        Endpoint::Unix(path) => Ok(Box::new(crate::windows::unix_connect(path).await?)),
+        #[cfg(windows)]
+        Endpoint::NamedPipe(name) => Ok(Box::new(crate::windows::pipe_connect(name).await?)),
+        #[cfg(not(windows))]
+        Endpoint::NamedPipe(name) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("named pipe {name} is only supported on Windows"),
+        )),
+        Endpoint::Tcp(addr) => {
+            let stream = tokio::net::TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(stream))
+        }
+    }
+}
+
+/// Reports the end of the stream (EOF or error while reading) to the link state.
+struct Monitored {
+    inner: Box<dyn DriverIo>,
+    id: u64,
+    state: Arc<LinkState>,
+    ended: bool,
+}
+
+impl Monitored {
+    fn end(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            self.state.stream_ended(self.id);
+        }
+    }
+}
+
+impl AsyncRead for Monitored {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &polled {
+            Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
+                self.end()
+            }
+            Poll::Ready(Err(_)) => self.end(),
+            _ => {}
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Monitored {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Our own side closing is not a loss.
+        self.ended = true;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,323 @@
+//! The CSI client all sidecars call the driver through: every call is timed into
+//! `csi_sidecar_operations_seconds`, bounded by its timeout (also sent to the driver as the gRPC
+//! deadline), and at `-v=5` logged with its request and response, secrets stripped.
+
+use std::future::Future;
+use std::time::Duration;
+
+use csi_proto::methods;
+use csi_proto::v1::{
+    self, controller_client::ControllerClient, identity_client::IdentityClient,
+    node_client::NodeClient,
+};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::connection::DriverConnection;
+use crate::metrics::{CsiMetrics, code_label};
+
+/// The message a call that ran out of time fails with (the text gRPC-Go uses).
+pub const DEADLINE_MESSAGE: &str = "context deadline exceeded";
+
+/// A measured, logged client of one driver connection. Cheap to clone.
+#[derive(Clone)]
+pub struct CsiClient {
+    connection: DriverConnection,
+    metrics: CsiMetrics,
+    /// Cap on the logged response length; negative means no cap (`--max-grpc-log-length`).
+    max_log_length: i64,
+}
+
+/// Per-call settings.
+#[derive(Clone, Copy, Debug)]
+pub struct CallOptions {
+    /// `None` lets the call run until the driver answers.
+    pub timeout: Option<Duration>,
+    /// The `migrated` label value, for calls on behalf of a migrated in-tree volume.
+    pub migrated: bool,
+}
+
+impl CallOptions {
+    pub fn timeout(timeout: Duration) -> Self {
+        Self {
+            timeout: Some(timeout),
+            migrated: false,
+        }
+    }
+}
+
+impl CsiClient {
+    pub fn new(connection: DriverConnection, metrics: CsiMetrics) -> Self {
+        Self {
+            connection,
+            metrics,
+            max_log_length: -1,
+        }
+    }
+
+    pub fn with_max_log_length(mut self, max_log_length: i64) -> Self {
+        self.max_log_length = max_log_length;
+        self
+    }
+
+    pub fn connection(&self) -> &DriverConnection {
+        &self.connection
+    }
+
+    pub fn metrics(&self) -> &CsiMetrics {
+        &self.metrics
+    }
+
+    /// Calls one unary method: `method` is its full path (from `csi_proto::methods`) and `call`
+    /// performs it on the channel with the generated client.
+    pub async fn unary<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        request: Req,
+        options: CallOptions,
+        call: F,
+    ) -> Result<Resp, Status>
+    where
+        Req: prost::Message + prost::Name,
+        Resp: prost::Message + prost::Name,
+        F: FnOnce(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let logging = tracing::enabled!(tracing::Level::TRACE);
+        if logging {
+            tracing::trace!(method, request = %csi_proto::redact::sanitize(&request), "GRPC call");
+        }
+        let mut request = tonic::Request::new(request);
+        if let Some(timeout) = options.timeout {
+            request.set_timeout(timeout);
+        }
+        let started = Instant::now();
+        let pending = call(self.connection.channel(), request);
+        let result = match options.timeout {
+            Some(timeout) => match tokio::time::timeout(timeout, pending).await {
+                Ok(result) => result,
+                Err(_) => Err(Status::deadline_exceeded(DEADLINE_MESSAGE)),
+            },
+            None => pending.await,
+        }
+        .map(tonic::Response::into_inner)
+        .map_err(|status| match options.timeout {
+            // tonic's own deadline enforcement reports Cancelled; callers and metrics expect the
+            // gRPC meaning, DeadlineExceeded.
+            Some(timeout) if status.code() == Code::Cancelled && started.elapsed() >= timeout => {
+                Status::deadline_exceeded(DEADLINE_MESSAGE)
+            }
+            _ => status,
+        });
+        let code = match &result {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.metrics.observe(
+            method,
+            code_label(code),
+            started.elapsed(),
+            options.migrated,
+        );
+        if logging {
+            match &result {
+                Ok(response) => {
+                    let text = truncate(csi_proto::redact::sanitize(response), self.max_log_length);
+                    tracing::trace!(method, response = %text, "GRPC response");
+                }
+                Err(status) => tracing::trace!(
+                    method,
+                    code = code_label(status.code()),
+                    message = status.message(),
+                    "GRPC error"
+                ),
+            }
+        }
+        result
+    }
+
+    pub async fn get_plugin_info(
+        &self,
+        options: CallOptions,
+    ) -> Result<v1::GetPluginInfoResponse, Status> {
+        self.unary(
+            methods::identity::GET_PLUGIN_INFO,
+            v1::GetPluginInfoRequest {},
+            options,
+            |ch, r| async move { IdentityClient::new(ch).get_plugin_info(r).await },
+        )
+        .await
+    }
+
+    pub async fn get_plugin_capabilities(
+        &self,
+        options: CallOptions,
+    ) -> Result<v1::GetPluginCapabilitiesResponse, Status> {
+        self.unary(
+            methods::identity::GET_PLUGIN_CAPABILITIES,
+            v1::GetPluginCapabilitiesRequest {},
+            options,
+            |ch, r| async move { IdentityClient::new(ch).get_plugin_capabilities(r).await },
+        )
+        .await
+    }
+
+    pub async fn probe(&self, options: CallOptions) -> Result<v1::ProbeResponse, Status> {
+        self.unary(
+            methods::identity::PROBE,
+            v1::ProbeRequest {},
+            options,
+            |ch, r| async move { IdentityClient::new(ch).probe(r).await },
+        )
+        .await
+    }
+
+    pub async fn controller_get_capabilities(
+        &self,
+        options: CallOptions,
+    ) -> Result<v1::ControllerGetCapabilitiesResponse, Status> {
+        self.unary(
+            methods::controller::CONTROLLER_GET_CAPABILITIES,
+            v1::ControllerGetCapabilitiesRequest {},
+            options,
+            |ch, r| async move {
+                ControllerClient::new(ch)
+                    .controller_get_capabilities(r)
+                    .await
+            },
+        )
+        .await
+    }
+
+    pub async fn controller_publish_volume(
+        &self,
+        request: v1::ControllerPublishVolumeRequest,
+        options: CallOptions,
+    ) -> Result<v1::ControllerPublishVolumeResponse, Status> {
+        self.unary(
+            methods::controller::CONTROLLER_PUBLISH_VOLUME,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).controller_publish_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn controller_unpublish_volume(
+        &self,
+        request: v1::ControllerUnpublishVolumeRequest,
+        options: CallOptions,
+    ) -> Result<v1::ControllerUnpublishVolumeResponse, Status> {
+        self.unary(
+            methods::controller::CONTROLLER_UNPUBLISH_VOLUME,
+            request,
+            options,
+            |ch, r| async move {
+                ControllerClient::new(ch)
+                    .controller_unpublish_volume(r)
+                    .await
+            },
+        )
+        .await
+    }
+
+    pub async fn list_volumes(
+        &self,
+        request: v1::ListVolumesRequest,
+        options: CallOptions,
+    ) -> Result<v1::ListVolumesResponse, Status> {
+        self.unary(
+            methods::controller::LIST_VOLUMES,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).list_volumes(r).await },
+        )
+        .await
+    }
+
+    pub async fn create_volume(
+        &self,
+        request: v1::CreateVolumeRequest,
+        options: CallOptions,
+    ) -> Result<v1::CreateVolumeResponse, Status> {
+        self.unary(
+            methods::controller::CREATE_VOLUME,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).create_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn delete_volume(
+        &self,
+        request: v1::DeleteVolumeRequest,
+        options: CallOptions,
+    ) -> Result<v1::DeleteVolumeResponse, Status> {
+        self.unary(
+            methods::controller::DELETE_VOLUME,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).delete_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn get_capacity(
+        &self,
+        request: v1::GetCapacityRequest,
+        options: CallOptions,
+    ) -> Result<v1::GetCapacityResponse, Status> {
+        self.unary(
+            methods::controller::GET_CAPACITY,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).get_capacity(r).await },
+        )
+        .await
+    }
+
+    pub async fn node_get_info(
+        &self,
+        options: CallOptions,
+    ) -> Result<v1::NodeGetInfoResponse, Status> {
+        self.unary(
+            methods::node::NODE_GET_INFO,
+            v1::NodeGetInfoRequest {},
+            options,
+            |ch, r| async move { NodeClient::new(ch).node_get_info(r).await },
+        )
+        .await
+    }
+}
+
+/// Caps a logged text at `max` characters (negative: no cap), saying that it was cut.
+fn truncate(text: String, max: i64) -> String {
+    let Ok(max) = usize::try_from(max) else {
+        return text;
+    };
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}[response body too large, log truncated]", &text[..cut]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation() {
+        assert_eq!(truncate("abcdef".into(), -1), "abcdef");
+        assert_eq!(truncate("abcdef".into(), 6), "abcdef");
+        assert_eq!(
+            truncate("abcdef".into(), 3),
+            "abc[response body too large, log truncated]"
+        );
+        assert_eq!(
+            truncate("äöü".into(), 1),
+            "ä[response body too large, log truncated]"
+        );
+    }
+}
