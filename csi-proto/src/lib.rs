@@ -15,6 +15,8 @@ pub mod redact;
 
 pub use descriptor::{DescriptorPoolError, FILE_DESCRIPTOR_SET, descriptor_pool};
 pub use prost;
+pub use prost_reflect;
+pub use prost_types;
 pub use tonic;
 
 /// CSI spec v1.12.0, package `csi.v1`.

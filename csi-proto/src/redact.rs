@@ -31,20 +31,16 @@ pub fn sanitize<M: prost::Message + prost::Name>(msg: &M) -> String {
 /// (e.g. `csi.v1.CreateVolumeRequest`). Bytes that do not decode render
 /// as `<unprintable TYPE>`.
 pub fn sanitize_encoded(full_name: &str, encoded: &[u8]) -> String {
-    render(full_name, encoded).unwrap_or_else(|| format!("<unprintable {full_name}>"))
+    match embedded() {
+        Some(redactor) => redactor.sanitize_encoded(full_name, encoded),
+        None => unprintable(full_name),
+    }
 }
 
 /// Whether field `field_name` of message `message_full_name` carries the
 /// `csi_secret` option. Unknown messages or fields are not secret.
 pub fn is_secret_field(message_full_name: &str, field_name: &str) -> bool {
-    let Some(registry) = registry() else {
-        return false;
-    };
-    registry
-        .pool
-        .get_message_by_name(message_full_name)
-        .and_then(|message| message.get_field_by_name(field_name))
-        .is_some_and(|field| registry.secret_fields.contains(field.full_name()))
+    embedded().is_some_and(|redactor| redactor.is_secret_field(message_full_name, field_name))
 }
 
 /// Displays a message through [`sanitize`], so log statements only pay
@@ -57,44 +53,66 @@ impl<M: prost::Message + prost::Name> fmt::Display for Sanitized<'_, M> {
     }
 }
 
-struct Registry {
-    pool: &'static DescriptorPool,
+/// Secret-stripping renderer over any descriptor pool; the free functions
+/// use one over the embedded descriptors.
+#[derive(Debug, Clone)]
+pub struct Redactor {
+    pool: DescriptorPool,
     /// Full names (`package.Message.field`) of the secret fields.
     secret_fields: HashSet<String>,
 }
 
-fn registry() -> Option<&'static Registry> {
-    static REGISTRY: OnceLock<Option<Registry>> = OnceLock::new();
-    REGISTRY
-        .get_or_init(|| {
-            let pool = crate::descriptor_pool().ok()?;
-            Some(Registry {
-                pool,
-                secret_fields: secret_fields(pool),
+impl Redactor {
+    /// Indexes the fields of `pool` that carry the `csi_secret` option.
+    pub fn new(pool: DescriptorPool) -> Self {
+        let secret_fields = pool
+            .all_messages()
+            .flat_map(|message| message.fields().collect::<Vec<_>>())
+            .filter(|field| {
+                field.options().extensions().any(|(extension, value)| {
+                    extension.number() == CSI_SECRET_OPTION && value.as_bool() == Some(true)
+                })
             })
-        })
+            .map(|field| field.full_name().to_owned())
+            .collect();
+        Redactor {
+            pool,
+            secret_fields,
+        }
+    }
+
+    /// See [`sanitize_encoded`].
+    pub fn sanitize_encoded(&self, full_name: &str, encoded: &[u8]) -> String {
+        self.render(full_name, encoded)
+            .unwrap_or_else(|| unprintable(full_name))
+    }
+
+    /// See [`is_secret_field`].
+    pub fn is_secret_field(&self, message_full_name: &str, field_name: &str) -> bool {
+        self.pool
+            .get_message_by_name(message_full_name)
+            .and_then(|message| message.get_field_by_name(field_name))
+            .is_some_and(|field| self.secret_fields.contains(field.full_name()))
+    }
+
+    fn render(&self, full_name: &str, encoded: &[u8]) -> Option<String> {
+        let descriptor = self.pool.get_message_by_name(full_name)?;
+        let message = DynamicMessage::decode(descriptor, encoded).ok()?;
+        let mut out = String::new();
+        write_object(&mut out, &message, &self.secret_fields);
+        Some(out)
+    }
+}
+
+fn embedded() -> Option<&'static Redactor> {
+    static EMBEDDED: OnceLock<Option<Redactor>> = OnceLock::new();
+    EMBEDDED
+        .get_or_init(|| crate::descriptor_pool().ok().cloned().map(Redactor::new))
         .as_ref()
 }
 
-fn secret_fields(pool: &DescriptorPool) -> HashSet<String> {
-    pool.all_messages()
-        .flat_map(|message| message.fields().collect::<Vec<_>>())
-        .filter(|field| {
-            field.options().extensions().any(|(extension, value)| {
-                extension.number() == CSI_SECRET_OPTION && value.as_bool() == Some(true)
-            })
-        })
-        .map(|field| field.full_name().to_owned())
-        .collect()
-}
-
-fn render(full_name: &str, encoded: &[u8]) -> Option<String> {
-    let registry = registry()?;
-    let descriptor = registry.pool.get_message_by_name(full_name)?;
-    let message = DynamicMessage::decode(descriptor, encoded).ok()?;
-    let mut out = String::new();
-    write_object(&mut out, &message, &registry.secret_fields);
-    Some(out)
+fn unprintable(full_name: &str) -> String {
+    format!("<unprintable {full_name}>")
 }
 
 fn write_object(out: &mut String, message: &DynamicMessage, secrets: &HashSet<String>) {
