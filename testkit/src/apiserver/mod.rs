@@ -1,7 +1,224 @@
-//! An in-process Kubernetes API server for tests.
+//! An in-process Kubernetes API server for tests: real HTTP on 127.0.0.1,
+//! generic over the kinds in [`registry`], with fault injection, request
+//! counters and an optional PV controller. See the crate README for what it
+//! supports and what it does not.
 
+pub mod cluster;
+pub mod counters;
+pub mod discovery;
 pub mod error;
+pub mod faults;
+mod http;
 pub mod patch;
+pub mod pv_controller;
 pub mod registry;
 pub mod selector;
 pub mod store;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use cluster::TestCluster;
+pub use counters::{CounterKey, RequestCounters, Verb};
+pub use error::ApiError;
+pub use faults::{Faults, RequestMatch};
+pub use registry::Registry;
+
+use http::Shared;
+use store::Store;
+
+/// Failures starting the server or building a client for it.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    #[error("binding 127.0.0.1: {0}")]
+    Bind(#[source] std::io::Error),
+    #[error("writing the kubeconfig: {0}")]
+    Kubeconfig(#[source] std::io::Error),
+    #[error("building a kube client: {0}")]
+    Client(#[from] kube::Error),
+    #[error("invalid server URL: {0}")]
+    Url(#[from] ::http::uri::InvalidUri),
+    #[error("reading the kubeconfig: {0}")]
+    KubeconfigLoad(#[from] kube::config::KubeconfigError),
+    #[error("namespace setup on the real cluster: {0}")]
+    Namespace(#[source] kube::Error),
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Run the built-in PV controller (binding, phases, provisioner annotations).
+    pub pv_controller: bool,
+    /// Events kept for watches and list continuations; older resourceVersions get 410.
+    pub history_limit: usize,
+    /// How often watches that allow bookmarks get a BOOKMARK event.
+    pub bookmark_interval: Duration,
+    /// Events buffered per watch; a watch that falls further behind is closed.
+    pub watch_buffer: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            pv_controller: false,
+            history_limit: 100_000,
+            bookmark_interval: Duration::from_secs(1),
+            watch_buffer: 100_000,
+        }
+    }
+}
+
+/// A running in-process API server. Dropping it stops it.
+pub struct ApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+    client: kube::Client,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer").field("addr", &self.addr).field("kubeconfig", &self.kubeconfig).finish_non_exhaustive()
+    }
+}
+
+impl ApiServer {
+    /// Starts a server with default [`Options`].
+    pub async fn start() -> Result<Self, ApiServerError> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Starts a server on an ephemeral port of 127.0.0.1.
+    pub async fn start_with(opts: Options) -> Result<Self, ApiServerError> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(ApiServerError::Bind)?;
+        let addr = listener.local_addr().map_err(ApiServerError::Bind)?;
+        let registry = Arc::new(Registry::builtin());
+        let store = Arc::new(Mutex::new(Store::new(registry.clone(), opts.history_limit, opts.watch_buffer)));
+        let shared = Arc::new(Shared {
+            faults: Faults::new(store.clone()),
+            store,
+            registry,
+            counters: RequestCounters::default(),
+            bookmark_interval: opts.bookmark_interval,
+            shutdown: CancellationToken::new(),
+            address: addr.to_string(),
+        });
+        let dir = tempfile::tempdir().map_err(ApiServerError::Kubeconfig)?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://{addr}"))).map_err(ApiServerError::Kubeconfig)?;
+        let config = kube::Config::new(format!("http://{addr}").parse()?);
+        let client = kube::Client::try_from(config)?;
+        let tracker = TaskTracker::new();
+        tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
+        if opts.pv_controller {
+            tracker.spawn(pv_controller::run(shared.store.clone(), shared.shutdown.clone()));
+        }
+        Ok(Self { addr, shared, tracker, client, kubeconfig, _dir: dir })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A client for this server (default namespace `default`).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// A kubeconfig for this server, written into the server's temp dir.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Writes a kubeconfig for this server to `path`.
+    pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
+        std::fs::write(path, kubeconfig_yaml(&self.url()))
+    }
+
+    /// Fault injection handle.
+    pub fn faults(&self) -> Faults {
+        self.shared.faults.clone()
+    }
+
+    /// Request counters.
+    pub fn counters(&self) -> RequestCounters {
+        self.shared.counters.clone()
+    }
+
+    /// The newest resourceVersion in the store.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.store().resource_version()
+    }
+
+    /// Stops accepting, ends watches, lets in-flight requests finish, and waits for all tasks.
+    pub async fn shutdown(self) {
+        self.shared.shutdown.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
+    }
+}
+
+/// A kubeconfig naming `server` with no credentials.
+pub fn kubeconfig_yaml(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {server}\ncontexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: testkit\n    namespace: default\ncurrent-context: testkit\nusers:\n- name: testkit\n  user: {{}}\n"
+    )
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTracker) {
+    loop {
+        let stream = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection");
+                    continue;
+                }
+            },
+        };
+        // Small request/response exchanges: do not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tracker.spawn(async move {
+            let token = shared.shutdown.clone();
+            let svc = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(http::handle(shared, req).await) }
+            });
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = token.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}

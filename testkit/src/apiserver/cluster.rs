@@ -1,0 +1,163 @@
+//! `TestCluster`: the in-process server, or a real cluster when
+//! `CSI_SIDECARS_TEST_KUBECONFIG` names a kubeconfig. Either way each test
+//! gets its own namespace, set as the client's default namespace.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::json;
+
+use super::{ApiServer, ApiServerError, Faults, Options, RequestCounters};
+
+/// Names a kubeconfig of a real cluster to run the tests against.
+pub const KUBECONFIG_ENV: &str = "CSI_SIDECARS_TEST_KUBECONFIG";
+
+/// A cluster for one test.
+pub struct TestCluster {
+    client: Client,
+    namespace: String,
+    kubeconfig: PathBuf,
+    server: Option<ApiServer>,
+    /// Still to delete on drop (real clusters only).
+    cleanup_pending: bool,
+}
+
+fn unique_namespace() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("csi-test-{:x}-{nanos:08x}-{n}", std::process::id())
+}
+
+async fn client_for(kubeconfig: &Path, namespace: &str) -> Result<Client, ApiServerError> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    config.default_namespace = namespace.to_string();
+    Ok(Client::try_from(config)?)
+}
+
+async fn create_namespace(client: &Client, name: &str) -> Result<(), ApiServerError> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).map_err(|e| ApiServerError::Namespace(kube::Error::SerdeError(e)))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .map_err(ApiServerError::Namespace)?;
+    Ok(())
+}
+
+impl std::fmt::Debug for TestCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCluster")
+            .field("namespace", &self.namespace)
+            .field("kubeconfig", &self.kubeconfig)
+            .field("real", &self.is_real())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestCluster {
+    /// A real cluster if [`KUBECONFIG_ENV`] is set, else an in-process server
+    /// with the PV controller running (as kube-controller-manager would).
+    pub async fn start() -> Result<Self, ApiServerError> {
+        Self::start_with(Options { pv_controller: true, ..Options::default() }).await
+    }
+
+    /// Like [`TestCluster::start`]; `opts` apply to the in-process server only.
+    pub async fn start_with(opts: Options) -> Result<Self, ApiServerError> {
+        let namespace = unique_namespace();
+        match std::env::var_os(KUBECONFIG_ENV).filter(|v| !v.is_empty()) {
+            Some(path) => {
+                let kubeconfig = PathBuf::from(path);
+                let client = client_for(&kubeconfig, &namespace).await?;
+                create_namespace(&client, &namespace).await?;
+                Ok(Self { client, namespace, kubeconfig, server: None, cleanup_pending: true })
+            }
+            None => {
+                let server = ApiServer::start_with(opts).await?;
+                let kubeconfig = server.kubeconfig_path().to_path_buf();
+                let client = client_for(&kubeconfig, &namespace).await?;
+                create_namespace(&client, &namespace).await?;
+                Ok(Self { client, namespace, kubeconfig, server: Some(server), cleanup_pending: false })
+            }
+        }
+    }
+
+    /// A client whose default namespace is [`TestCluster::namespace`].
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// This test's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The kubeconfig to hand to processes under test (its context's namespace
+    /// is not the test namespace: pass the namespace explicitly).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    pub fn is_real(&self) -> bool {
+        self.server.is_none()
+    }
+
+    /// The in-process server, when not on a real cluster.
+    pub fn server(&self) -> Option<&ApiServer> {
+        self.server.as_ref()
+    }
+
+    pub fn faults(&self) -> Option<Faults> {
+        self.server.as_ref().map(ApiServer::faults)
+    }
+
+    pub fn counters(&self) -> Option<RequestCounters> {
+        self.server.as_ref().map(ApiServer::counters)
+    }
+
+    /// Deletes the test namespace (real cluster) or stops the server, and waits for it.
+    pub async fn cleanup(mut self) -> Result<(), kube::Error> {
+        if self.cleanup_pending {
+            self.cleanup_pending = false;
+            delete_namespace(&self.client, &self.namespace).await?;
+        }
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+        Ok(())
+    }
+}
+
+async fn delete_namespace(client: &Client, name: &str) -> Result<(), kube::Error> {
+    match Api::<Namespace>::all(client.clone()).delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if !self.cleanup_pending {
+            return;
+        }
+        // Drop cannot await, and the test's runtime may be single-threaded:
+        // delete from a helper thread with its own runtime and client.
+        let (kubeconfig, namespace) = (self.kubeconfig.clone(), self.namespace.clone());
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async {
+                let client = client_for(&kubeconfig, &namespace).await.map_err(std::io::Error::other)?;
+                delete_namespace(&client, &namespace).await.map_err(std::io::Error::other)
+            })
+        });
+        if let Ok(Err(e)) = cleanup.join() {
+            tracing::warn!(error = %e, namespace = %self.namespace, "deleting the test namespace");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Per-(verb, resource, subresource) request counters, read by tests and benchmarks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A request verb, named as Kubernetes names it (RBAC, audit logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => "get",
+            Self::List => "list",
+            Self::Watch => "watch",
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Patch => "patch",
+            Self::Delete => "delete",
+            Self::DeleteCollection => "deletecollection",
+        }
+    }
+
+    /// Whether the verb changes state.
+    pub fn is_write(self) -> bool {
+        matches!(self, Self::Create | Self::Update | Self::Patch | Self::Delete | Self::DeleteCollection)
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown verb name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown verb {0:?}")]
+pub struct UnknownVerb(pub String);
+
+impl FromStr for Verb {
+    type Err = UnknownVerb;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "get" => Self::Get,
+            "list" => Self::List,
+            "watch" => Self::Watch,
+            "create" => Self::Create,
+            "update" => Self::Update,
+            "patch" => Self::Patch,
+            "delete" => Self::Delete,
+            "deletecollection" => Self::DeleteCollection,
+            other => return Err(UnknownVerb(other.to_string())),
+        })
+    }
+}
+
+/// What one counter counts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey {
+    pub verb: Verb,
+    /// Resource plural, e.g. `volumeattachments`.
+    pub resource: String,
+    /// e.g. `status`; `None` for the resource itself.
+    pub subresource: Option<String>,
+}
+
+/// Shared request counters of one server. Every resource request is counted
+/// when it arrives, including those failed by injected faults.
+#[derive(Debug, Clone, Default)]
+pub struct RequestCounters {
+    inner: Arc<Mutex<HashMap<CounterKey, u64>>>,
+}
+
+impl RequestCounters {
+    fn with<R>(&self, f: impl FnOnce(&mut HashMap<CounterKey, u64>) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub(crate) fn record(&self, verb: Verb, resource: &str, subresource: Option<&str>) {
+        let key = CounterKey { verb, resource: resource.to_string(), subresource: subresource.map(str::to_string) };
+        self.with(|m| *m.entry(key).or_default() += 1);
+    }
+
+    /// Requests on the resource itself (no subresource).
+    pub fn get(&self, verb: Verb, resource: &str) -> u64 {
+        self.get_subresource(verb, resource, None)
+    }
+
+    /// Requests on one subresource (`None`: the resource itself).
+    pub fn get_subresource(&self, verb: Verb, resource: &str, subresource: Option<&str>) -> u64 {
+        let key = CounterKey { verb, resource: resource.to_string(), subresource: subresource.map(str::to_string) };
+        self.with(|m| m.get(&key).copied().unwrap_or(0))
+    }
+
+    /// Requests on the resource and all its subresources.
+    pub fn total(&self, verb: Verb, resource: &str) -> u64 {
+        self.with(|m| m.iter().filter(|(k, _)| k.verb == verb && k.resource == resource).map(|(_, n)| n).sum())
+    }
+
+    /// All create/update/patch/delete requests, on any resource.
+    pub fn writes(&self) -> u64 {
+        self.with(|m| m.iter().filter(|(k, _)| k.verb.is_write()).map(|(_, n)| n).sum())
+    }
+
+    /// Every counter, sorted.
+    pub fn snapshot(&self) -> BTreeMap<CounterKey, u64> {
+        self.with(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+    }
+
+    pub fn reset(&self) {
+        self.with(HashMap::clear);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_by_verb_resource_and_subresource() {
+        let c = RequestCounters::default();
+        c.record(Verb::Patch, "volumeattachments", None);
+        c.record(Verb::Patch, "volumeattachments", Some("status"));
+        c.record(Verb::Patch, "volumeattachments", Some("status"));
+        c.record(Verb::Get, "persistentvolumes", None);
+        assert_eq!(c.get(Verb::Patch, "volumeattachments"), 1);
+        assert_eq!(c.get_subresource(Verb::Patch, "volumeattachments", Some("status")), 2);
+        assert_eq!(c.total(Verb::Patch, "volumeattachments"), 3);
+        assert_eq!(c.writes(), 3);
+        assert_eq!(c.snapshot().len(), 3);
+        c.reset();
+        assert_eq!(c.writes(), 0);
+        assert_eq!("deletecollection".parse::<Verb>().unwrap(), Verb::DeleteCollection);
+        assert!("frob".parse::<Verb>().is_err());
+    }
+}

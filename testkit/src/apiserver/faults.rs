@@ -1,0 +1,198 @@
+//! Fault injection: failing requests, adding latency, closing watches.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::counters::Verb;
+use super::error::ApiError;
+use super::store::Store;
+
+/// Which requests a fault applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestMatch {
+    verb: Verb,
+    resource: String,
+    /// `None`: any; `Some(None)`: the resource itself; `Some(Some(s))`: subresource `s`.
+    subresource: Option<Option<String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+impl RequestMatch {
+    /// Requests with this verb on this resource plural (and any of its subresources).
+    pub fn new(verb: Verb, resource: impl Into<String>) -> Self {
+        Self { verb, resource: resource.into(), subresource: None, name: None, namespace: None }
+    }
+
+    /// Only requests on this subresource (e.g. `status`).
+    pub fn subresource(mut self, sub: impl Into<String>) -> Self {
+        self.subresource = Some(Some(sub.into()));
+        self
+    }
+
+    /// Only requests on the resource itself, not its subresources.
+    pub fn main_resource(mut self) -> Self {
+        self.subresource = Some(None);
+        self
+    }
+
+    /// Only requests naming this object.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Only requests in this namespace.
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = Some(ns.into());
+        self
+    }
+
+    fn matches(&self, req: &RequestInfo<'_>) -> bool {
+        self.verb == req.verb
+            && self.resource == req.resource
+            && self.subresource.as_ref().is_none_or(|s| s.as_deref() == req.subresource)
+            && self.name.as_deref().is_none_or(|n| Some(n) == req.name)
+            && self.namespace.as_deref().is_none_or(|n| Some(n) == req.namespace)
+    }
+}
+
+/// The routing facts of one request, as faults see them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RequestInfo<'a> {
+    pub verb: Verb,
+    pub resource: &'a str,
+    pub subresource: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub namespace: Option<&'a str>,
+}
+
+#[derive(Debug)]
+struct Failure {
+    on: RequestMatch,
+    remaining: u32,
+    error: ApiError,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    failures: Vec<Failure>,
+    latencies: Vec<(RequestMatch, Duration)>,
+}
+
+/// Handle to inject faults into a running server. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Faults {
+    state: Arc<Mutex<State>>,
+    store: Arc<Mutex<Store>>,
+}
+
+impl Faults {
+    pub(crate) fn new(store: Arc<Mutex<Store>>) -> Self {
+        Self { state: Arc::default(), store }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Fails the next `times` matching requests with `code` and a Status body
+    /// whose reason fits the code (500 InternalError, 409 Conflict, ...).
+    pub fn fail_next(&self, on: RequestMatch, times: u32, code: u16) {
+        self.fail_next_with(on, times, ApiError::from_code(code, format!("injected fault ({code})")));
+    }
+
+    /// Fails the next `times` matching requests with exactly this error.
+    pub fn fail_next_with(&self, on: RequestMatch, times: u32, error: ApiError) {
+        self.with(|s| s.failures.push(Failure { on, remaining: times, error }));
+    }
+
+    /// How many injected failures have not fired yet.
+    pub fn pending_failures(&self) -> u32 {
+        self.with(|s| s.failures.iter().map(|f| f.remaining).sum())
+    }
+
+    /// Delays every matching request by `delay` before it is served.
+    pub fn add_latency(&self, on: RequestMatch, delay: Duration) {
+        self.with(|s| s.latencies.push((on, delay)));
+    }
+
+    /// Removes all injected failures and latencies.
+    pub fn clear(&self) {
+        self.with(|s| *s = State::default());
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends every open watch, or those on one resource plural. Clients see the
+    /// stream end cleanly and re-watch, as after an API server restart.
+    pub fn close_watches(&self, resource: Option<&str>) {
+        let mut store = self.store();
+        match resource {
+            None => store.close_watches(None),
+            Some(plural) => {
+                let ids: Vec<usize> = store
+                    .registry()
+                    .kinds()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| k.plural == plural)
+                    .map(|(id, _)| id)
+                    .collect();
+                for id in ids {
+                    store.close_watches(Some(id));
+                }
+            }
+        }
+    }
+
+    /// Drops the watch history, as an etcd compaction does: watches and list
+    /// continuations from older resourceVersions get `410 Gone`.
+    pub fn compact_history(&self) {
+        self.store().compact();
+    }
+
+    /// The delay and the injected error (if any) for one request; consumes one failure.
+    pub(crate) fn check(&self, req: &RequestInfo<'_>) -> (Duration, Option<ApiError>) {
+        self.with(|s| {
+            let delay = s.latencies.iter().filter(|(m, _)| m.matches(req)).map(|(_, d)| *d).sum();
+            let error = s.failures.iter_mut().find(|f| f.remaining > 0 && f.on.matches(req)).map(|f| {
+                f.remaining -= 1;
+                f.error.clone()
+            });
+            s.failures.retain(|f| f.remaining > 0);
+            (delay, error)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::registry::Registry;
+
+    fn info<'a>(verb: Verb, sub: Option<&'a str>, name: Option<&'a str>) -> RequestInfo<'a> {
+        RequestInfo { verb, resource: "volumeattachments", subresource: sub, name, namespace: None }
+    }
+
+    #[test]
+    fn failures_fire_the_requested_number_of_times() {
+        let store = Arc::new(Mutex::new(Store::new(Arc::new(Registry::builtin()), 10, 10)));
+        let f = Faults::new(store);
+        f.fail_next(RequestMatch::new(Verb::Patch, "volumeattachments").subresource("status").name("va"), 2, 500);
+        assert!(f.check(&info(Verb::Patch, None, Some("va"))).1.is_none());
+        assert!(f.check(&info(Verb::Patch, Some("status"), Some("other"))).1.is_none());
+        let e = f.check(&info(Verb::Patch, Some("status"), Some("va"))).1.unwrap();
+        assert_eq!((e.code, e.reason), (500, "InternalError"));
+        assert_eq!(f.pending_failures(), 1);
+        assert!(f.check(&info(Verb::Patch, Some("status"), Some("va"))).1.is_some());
+        assert!(f.check(&info(Verb::Patch, Some("status"), Some("va"))).1.is_none());
+        f.add_latency(RequestMatch::new(Verb::Get, "volumeattachments").main_resource(), Duration::from_millis(5));
+        assert_eq!(f.check(&info(Verb::Get, None, None)).0, Duration::from_millis(5));
+        assert_eq!(f.check(&info(Verb::Get, Some("status"), None)).0, Duration::ZERO);
+        f.clear();
+        assert_eq!(f.check(&info(Verb::Get, None, None)).0, Duration::ZERO);
+    }
+}

@@ -1,0 +1,753 @@
+//! The HTTP edge: routing, content negotiation, Status bodies and watch streams.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use super::counters::{RequestCounters, Verb};
+use super::discovery::{self, IncludeObject};
+use super::error::ApiError;
+use super::faults::{Faults, RequestInfo};
+use super::registry::{Kind, KindId, Registry};
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::{
+    Deleted, EventType, ListQuery, PatchType, Preconditions, Store, Target, WatchEvent, WatchFrom, WatchStart,
+};
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// State shared by all connections of one server.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub store: Arc<Mutex<Store>>,
+    pub registry: Arc<Registry>,
+    pub faults: Faults,
+    pub counters: RequestCounters,
+    pub bookmark_interval: Duration,
+    pub shutdown: CancellationToken,
+    /// `127.0.0.1:PORT`, for `/api`'s serverAddressByClientCIDRs.
+    pub address: String,
+}
+
+impl Shared {
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Serves one request; every failure becomes a Status response.
+pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    match route(&shared, req).await {
+        Ok(resp) => resp,
+        Err(e) => status_response(&e),
+    }
+}
+
+fn body(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+fn respond(code: u16, content_type: &str, bytes: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(body(bytes));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+fn json_response(code: u16, v: &Value) -> Response<Body> {
+    respond(code, "application/json", serde_json::to_vec(v).unwrap_or_default())
+}
+
+fn status_response(e: &ApiError) -> Response<Body> {
+    json_response(e.code, &e.to_status())
+}
+
+fn not_found_path() -> ApiError {
+    ApiError::from_code(404, "the server could not find the requested resource")
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn parse_query(q: Option<&str>) -> HashMap<String, String> {
+    q.unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(p), String::new()),
+        })
+        .collect()
+}
+
+fn flag(q: &HashMap<String, String>, name: &str) -> bool {
+    q.get(name).is_some_and(|v| v == "true" || v == "1")
+}
+
+/// How the client wants objects rendered, from the Accept header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rendering {
+    Json,
+    Table,
+}
+
+fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
+    let Some(accept) = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        return Ok(Rendering::Json);
+    };
+    let mut json_ok = false;
+    for entry in accept.split(',') {
+        let mut parts = entry.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("");
+        let params: Vec<&str> = parts.collect();
+        let is_json = matches!(media, "application/json" | "*/*" | "application/*" | "");
+        if is_json && params.contains(&"as=Table") {
+            if params.contains(&"g=meta.k8s.io") && (params.contains(&"v=v1") || params.contains(&"v=v1beta1")) {
+                return Ok(Rendering::Table);
+            }
+            continue;
+        }
+        // Other `as=` renderings (PartialObjectMetadata, aggregated discovery) fall through to plain JSON.
+        json_ok |= is_json;
+    }
+    if json_ok {
+        Ok(Rendering::Json)
+    } else {
+        Err(ApiError::not_acceptable(format!(
+            "the server was unable to respond with a content type that the client supports (accept: {accept})"
+        )))
+    }
+}
+
+async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let segments: Vec<String> = req.uri().path().split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
+    let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let get_only = |doc: Option<Value>| -> Result<Response<Body>, ApiError> {
+        if req.method() != Method::GET {
+            return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+        }
+        doc.map(|d| json_response(200, &d)).ok_or_else(not_found_path)
+    };
+    match segs.as_slice() {
+        ["healthz" | "livez" | "readyz", ..] => Ok(respond(200, "text/plain; charset=utf-8", "ok")),
+        ["version"] => get_only(Some(discovery::version())),
+        ["api"] => get_only(Some(discovery::api_versions(&shared.address))),
+        ["api", version] => get_only(discovery::api_resource_list(&shared.registry, "", version)),
+        ["apis"] => get_only(Some(discovery::api_group_list(&shared.registry))),
+        ["apis", group] => get_only(discovery::api_group(&shared.registry, group)),
+        ["apis", group, version] => get_only(discovery::api_resource_list(&shared.registry, group, version)),
+        ["openapi", "v3"] => get_only(Some(discovery::openapi_v3_root(&shared.registry))),
+        ["openapi", "v3", "api", version] => get_only(discovery::openapi_v3_group_version(&shared.registry, "", version)),
+        ["openapi", "v3", "apis", group, version] => {
+            get_only(discovery::openapi_v3_group_version(&shared.registry, group, version))
+        }
+        ["api", version, rest @ ..] => resource(shared, req, "", version, &rest.iter().map(|s| s.to_string()).collect::<Vec<_>>()).await,
+        ["apis", group, version, rest @ ..] => {
+            let (g, v) = (group.to_string(), version.to_string());
+            resource(shared, req, &g, &v, &rest.iter().map(|s| s.to_string()).collect::<Vec<_>>()).await
+        }
+        _ => Err(not_found_path()),
+    }
+}
+
+/// A resolved resource URL.
+#[derive(Debug)]
+struct ResourcePath {
+    kind: KindId,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn resolve(registry: &Registry, group: &str, version: &str, rest: &[String]) -> Result<ResourcePath, ApiError> {
+    let namespace_sub = rest.len() == 3 && matches!(rest[2].as_str(), "status" | "finalize");
+    let (namespace, rest) = match rest {
+        [ns_word, ns, tail @ ..] if ns_word == "namespaces" && !tail.is_empty() && !namespace_sub => (Some(ns.clone()), tail),
+        _ => (None, rest),
+    };
+    let (plural, name, subresource) = match rest {
+        [p] => (p, None, None),
+        [p, n] => (p, Some(n.clone()), None),
+        [p, n, s] => (p, Some(n.clone()), Some(s.clone())),
+        _ => return Err(not_found_path()),
+    };
+    let kind = registry.lookup(group, version, plural).ok_or_else(not_found_path)?;
+    let k = registry.get(kind);
+    let scope_ok = match (k.namespaced, &namespace, &name) {
+        (false, Some(_), _) => false,
+        (true, None, Some(_)) => false,
+        _ => true,
+    };
+    let sub_ok = subresource.as_deref().is_none_or(|s| s == "status" && k.status_subresource);
+    if !scope_ok || !sub_ok {
+        return Err(not_found_path());
+    }
+    Ok(ResourcePath { kind, namespace, name, subresource })
+}
+
+fn dry_run(q: &HashMap<String, String>) -> Result<bool, ApiError> {
+    match q.get("dryRun").map(String::as_str) {
+        None | Some("") => Ok(false),
+        Some("All") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!("Invalid dry run value: {other:?}, valid values are: All"))),
+    }
+}
+
+async fn read_json(req: Request<Incoming>) -> Result<Value, ApiError> {
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let bytes = read_body(req).await?;
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if !matches!(media, "application/json" | "" | "*/*") {
+        return Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json (got {media})"
+        )));
+    }
+    parse_json(&bytes)
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    req.into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))
+}
+
+fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+}
+
+fn list_query<'a>(k: &Kind, q: &'a HashMap<String, String>, namespace: Option<&'a str>) -> Result<ListQuery<'a>, ApiError> {
+    let labels = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(e.0))?;
+    let fields = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), k)
+        .map_err(|e| ApiError::bad_request(e.0))?;
+    let limit = match q.get("limit").filter(|l| !l.is_empty()) {
+        Some(l) => Some(l.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?.max(0) as usize),
+        None => None,
+    };
+    let exact = match q.get("resourceVersionMatch").map(String::as_str) {
+        None | Some("") | Some("NotOlderThan") => false,
+        Some("Exact") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(k, "", "resourceVersionMatch", "FieldValueNotSupported", &format!("Unsupported value: {other:?}")));
+        }
+    };
+    Ok(ListQuery {
+        namespace,
+        labels,
+        fields,
+        limit,
+        continue_token: q.get("continue").map(String::as_str),
+        resource_version: q.get("resourceVersion").map(String::as_str),
+        exact,
+    })
+}
+
+async fn resource(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    group: &str,
+    version: &str,
+    rest: &[String],
+) -> Result<Response<Body>, ApiError> {
+    let path = resolve(&shared.registry, group, version, rest)?;
+    let q = parse_query(req.uri().query());
+    let verb = match (req.method().clone(), path.name.is_some()) {
+        (Method::GET, false) if flag(&q, "watch") => Verb::Watch,
+        (Method::GET, false) => Verb::List,
+        (Method::GET, true) => Verb::Get,
+        (Method::POST, false) => Verb::Create,
+        (Method::PUT, true) => Verb::Update,
+        (Method::PATCH, true) => Verb::Patch,
+        (Method::DELETE, true) => Verb::Delete,
+        (Method::DELETE, false) => Verb::DeleteCollection,
+        (m, _) => {
+            return Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource ({m})")));
+        }
+    };
+    let k = shared.registry.get(path.kind).clone();
+    shared.counters.record(verb, k.plural, path.subresource.as_deref());
+    let info = RequestInfo {
+        verb,
+        resource: k.plural,
+        subresource: path.subresource.as_deref(),
+        name: path.name.as_deref(),
+        namespace: path.namespace.as_deref(),
+    };
+    let (delay, injected) = shared.faults.check(&info);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if let Some(e) = injected {
+        return Err(e);
+    }
+    let rendering = negotiate(&req)?;
+    let ns = path.namespace.clone().unwrap_or_default();
+    let name = path.name.clone().unwrap_or_default();
+    let target = if path.subresource.is_some() { Target::Status } else { Target::Main };
+    match verb {
+        Verb::Get => {
+            let obj = shared.store().get(path.kind, &ns, &name)?;
+            Ok(match rendering {
+                Rendering::Json => respond(200, "application/json", serde_json::to_vec(&*obj).unwrap_or_default()),
+                Rendering::Table => {
+                    let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
+                    json_response(200, &discovery::table([&*obj], meta, include_object(&q)?, true))
+                }
+            })
+        }
+        Verb::List => list(shared, &k, path.kind, &q, path.namespace.as_deref(), rendering),
+        Verb::Watch => watch(shared, &k, path.kind, &q, path.namespace, rendering),
+        Verb::Create => {
+            let dry = dry_run(&q)?;
+            let obj = read_json(req).await?;
+            let created = shared.store().create(path.kind, &ns, obj, dry)?;
+            Ok(json_response(201, &created))
+        }
+        Verb::Update => {
+            let dry = dry_run(&q)?;
+            let obj = read_json(req).await?;
+            let updated = shared.store().update(path.kind, &ns, &name, obj, target, dry)?;
+            Ok(json_response(200, &updated))
+        }
+        Verb::Patch => {
+            let dry = dry_run(&q)?;
+            let content_type = req
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            let patch_type = match content_type.as_str() {
+                "application/merge-patch+json" => PatchType::Merge,
+                "application/json-patch+json" => PatchType::Json,
+                "application/strategic-merge-patch+json" => PatchType::Strategic,
+                "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+                    return Err(ApiError::unsupported_media_type(
+                        "server-side apply is not supported by this API server; use a merge, JSON or strategic merge patch",
+                    ));
+                }
+                other => {
+                    return Err(ApiError::unsupported_media_type(format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {other:?})"
+                    )));
+                }
+            };
+            let patch = parse_json(&read_body(req).await?)?;
+            let patched = shared.store().patch(path.kind, &ns, &name, patch_type, &patch, target, dry)?;
+            Ok(json_response(200, &patched))
+        }
+        Verb::Delete => {
+            let (pre, body_dry) = delete_options(req).await?;
+            let dry = dry_run(&q)? || body_dry;
+            let outcome = shared.store().delete(path.kind, &ns, &name, &pre, dry)?;
+            Ok(match outcome {
+                Deleted::Removed(obj) if !k.custom => json_response(200, &deleted_status(&k, &obj)),
+                Deleted::Removed(obj) | Deleted::Pending(obj) => json_response(200, &obj),
+            })
+        }
+        Verb::DeleteCollection => {
+            let (pre, body_dry) = delete_options(req).await?;
+            let dry = dry_run(&q)? || body_dry;
+            let query = list_query(&k, &q, path.namespace.as_deref())?;
+            let mut store = shared.store();
+            let page = store.list(path.kind, &ListQuery { limit: None, continue_token: None, resource_version: None, ..query })?;
+            let mut items = Vec::new();
+            for obj in page.items {
+                let (ons, oname) = super::store::key_of(&obj);
+                match store.delete(path.kind, &ons, &oname, &pre, dry) {
+                    Ok(Deleted::Removed(o) | Deleted::Pending(o)) => items.push(o),
+                    Err(e) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let rv = store.resource_version();
+            drop(store);
+            Ok(respond(200, "application/json", list_bytes(&k, &items, json!({"resourceVersion": rv.to_string()}))))
+        }
+    }
+}
+
+async fn delete_options(req: Request<Incoming>) -> Result<(Preconditions, bool), ApiError> {
+    let bytes = read_body(req).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok((Preconditions::default(), false));
+    }
+    let v = parse_json(&bytes)?;
+    let s = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
+    let dry = v.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All"));
+    Ok((Preconditions { uid: s("/preconditions/uid"), resource_version: s("/preconditions/resourceVersion") }, dry))
+}
+
+fn deleted_status(k: &Kind, obj: &Value) -> Value {
+    let mut details = json!({"name": obj["metadata"]["name"], "kind": k.plural, "uid": obj["metadata"]["uid"]});
+    if !k.group.is_empty() {
+        details["group"] = json!(k.group);
+    }
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
+}
+
+fn include_object(q: &HashMap<String, String>) -> Result<IncludeObject, ApiError> {
+    match q.get("includeObject").map(String::as_str) {
+        None | Some("") | Some("Metadata") => Ok(IncludeObject::Metadata),
+        Some("None") => Ok(IncludeObject::None),
+        Some("Object") => Ok(IncludeObject::Object),
+        Some(other) => Err(ApiError::bad_request(format!("unsupported includeObject {other:?}"))),
+    }
+}
+
+/// Serializes a list response, reusing each item's JSON without building one big Value.
+fn list_bytes(k: &Kind, items: &[Arc<Value>], meta: Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + items.len() * 512);
+    out.extend_from_slice(b"{\"kind\":\"");
+    out.extend_from_slice(discovery::list_kind(k).as_bytes());
+    out.extend_from_slice(b"\",\"apiVersion\":\"");
+    out.extend_from_slice(k.api_version().as_bytes());
+    out.extend_from_slice(b"\",\"metadata\":");
+    out.extend_from_slice(meta.to_string().as_bytes());
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        // Serializing a Value into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &**item);
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+fn list(
+    shared: &Shared,
+    k: &Kind,
+    kind: KindId,
+    q: &HashMap<String, String>,
+    namespace: Option<&str>,
+    rendering: Rendering,
+) -> Result<Response<Body>, ApiError> {
+    let query = list_query(k, q, namespace)?;
+    let page = shared.store().list(kind, &query)?;
+    let mut meta = json!({"resourceVersion": page.resource_version.to_string()});
+    if let Some(c) = &page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(r) = page.remaining {
+        meta["remainingItemCount"] = json!(r);
+    }
+    Ok(match rendering {
+        Rendering::Json => respond(200, "application/json", list_bytes(k, &page.items, meta)),
+        Rendering::Table => {
+            json_response(200, &discovery::table(page.items.iter().map(|o| &**o), meta, include_object(q)?, true))
+        }
+    })
+}
+
+/// Which events of a kind one watcher sees.
+#[derive(Debug)]
+struct WatchFilter {
+    namespace: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl WatchFilter {
+    fn visible(&self, o: &Value) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns))
+            && self.labels.matches(o)
+            && self.fields.matches(o)
+    }
+}
+
+/// Per-watch rendering state.
+#[derive(Debug)]
+struct WatchOutput {
+    filter: WatchFilter,
+    table: Option<IncludeObject>,
+    headers_sent: bool,
+}
+
+fn event_line(etype: &str, object_json: &[u8]) -> Bytes {
+    let mut v = Vec::with_capacity(object_json.len() + 32);
+    v.extend_from_slice(b"{\"type\":\"");
+    v.extend_from_slice(etype.as_bytes());
+    v.extend_from_slice(b"\",\"object\":");
+    v.extend_from_slice(object_json);
+    v.extend_from_slice(b"}\n");
+    Bytes::from(v)
+}
+
+impl WatchOutput {
+    /// The line this watcher gets for an event, if any. An object that stops
+    /// (starts) matching the selectors is reported as DELETED (ADDED), as the
+    /// real server's watch cache does.
+    fn render(&mut self, ev: &WatchEvent) -> Option<Bytes> {
+        let now = self.filter.visible(&ev.object);
+        let before = ev.prev.as_deref().is_some_and(|p| self.filter.visible(p));
+        let (etype, rewritten) = match ev.etype {
+            EventType::Added if now => (EventType::Added, None),
+            EventType::Deleted if before => (EventType::Deleted, None),
+            EventType::Modified => match (before, now) {
+                (true, true) => (EventType::Modified, None),
+                (false, true) => (EventType::Added, None),
+                (true, false) => {
+                    // The previous state, stamped with this event's resourceVersion.
+                    let mut prev = ev.prev.as_deref().cloned().unwrap_or(Value::Null);
+                    prev["metadata"]["resourceVersion"] = json!(ev.rv.to_string());
+                    (EventType::Deleted, Some(prev))
+                }
+                (false, false) => return None,
+            },
+            _ => return None,
+        };
+        let object = rewritten.as_ref().unwrap_or(&ev.object);
+        match self.table {
+            None => match &rewritten {
+                None => Some(event_line(etype.as_str(), ev.encoded_object())),
+                Some(v) => Some(event_line(etype.as_str(), &serde_json::to_vec(v).unwrap_or_default())),
+            },
+            Some(include) => {
+                let meta = json!({"resourceVersion": ev.rv.to_string()});
+                let table = discovery::table([object], meta, include, !self.headers_sent);
+                self.headers_sent = true;
+                Some(event_line(etype.as_str(), &serde_json::to_vec(&table).unwrap_or_default()))
+            }
+        }
+    }
+}
+
+fn bookmark_line(k: &Kind, rv: u64, initial_events_end: bool) -> Bytes {
+    let mut meta = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
+    if initial_events_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    let obj = json!({"kind": k.kind, "apiVersion": k.api_version(), "metadata": meta});
+    event_line("BOOKMARK", obj.to_string().as_bytes())
+}
+
+fn watch(
+    shared: &Arc<Shared>,
+    k: &Kind,
+    kind: KindId,
+    q: &HashMap<String, String>,
+    namespace: Option<String>,
+    rendering: Rendering,
+) -> Result<Response<Body>, ApiError> {
+    let labels = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(e.0))?;
+    let fields = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), k)
+        .map_err(|e| ApiError::bad_request(e.0))?;
+    let bookmarks = flag(q, "allowWatchBookmarks");
+    let send_initial = q.get("sendInitialEvents").map(|v| v == "true" || v == "1");
+    if send_initial == Some(true) {
+        let rvm = q.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+        if rvm != "NotOlderThan" || !bookmarks {
+            return Err(ApiError::invalid(
+                k,
+                "",
+                "sendInitialEvents",
+                "FieldValueForbidden",
+                "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan and allowWatchBookmarks",
+            ));
+        }
+    }
+    let timeout = match q.get("timeoutSeconds").filter(|t| !t.is_empty()) {
+        Some(t) => Some(Duration::from_secs(
+            t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
+        )),
+        None => None,
+    };
+    let rv = q.get("resourceVersion").map(String::as_str).filter(|r| !r.is_empty() && *r != "0");
+    let from = match (rv, send_initial) {
+        (_, Some(true)) | (None, _) => WatchFrom::Current,
+        (Some(r), _) => WatchFrom::After(r.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {r:?}")))?),
+    };
+    let start = match shared.store().watch(kind, from) {
+        Ok(mut s) => {
+            // "Start at most recent" without initial events.
+            if rv.is_none() && send_initial == Some(false) {
+                s.initial.clear();
+            }
+            s
+        }
+        Err(e) if e.code == 410 => {
+            // Like the real server: 200, then an ERROR event carrying a 410 Status.
+            let line = event_line("ERROR", e.to_status().to_string().as_bytes());
+            return Ok(respond(200, "application/json", line));
+        }
+        Err(e) => return Err(e),
+    };
+    let table = match rendering {
+        Rendering::Table => Some(include_object(q)?),
+        Rendering::Json => None,
+    };
+    let output = WatchOutput { filter: WatchFilter { namespace, labels, fields }, table, headers_sent: false };
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    let opts = WatchOpts { bookmarks, initial_events_end: send_initial == Some(true), timeout };
+    tokio::spawn(run_watch(shared.clone(), k.clone(), start, output, opts, tx));
+    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    Ok(resp)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct WatchOpts {
+    bookmarks: bool,
+    initial_events_end: bool,
+    timeout: Option<Duration>,
+}
+
+async fn run_watch(
+    shared: Arc<Shared>,
+    k: Kind,
+    mut start: WatchStart,
+    mut out: WatchOutput,
+    opts: WatchOpts,
+    tx: mpsc::Sender<Bytes>,
+) {
+    for ev in std::mem::take(&mut start.initial) {
+        if let Some(line) = out.render(&ev)
+            && tx.send(line).await.is_err()
+        {
+            return;
+        }
+    }
+    if opts.initial_events_end && tx.send(bookmark_line(&k, start.after, true)).await.is_err() {
+        return;
+    }
+    let deadline = opts.timeout.map(|t| Instant::now() + t);
+    let expired = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
+    let mut ticker = tokio::time::interval_at(Instant::now() + shared.bookmark_interval, shared.bookmark_interval);
+    let mut last_rv = start.after;
+    loop {
+        let batch: Vec<Arc<WatchEvent>>;
+        let mut bookmark = None;
+        tokio::select! {
+            ev = start.events.recv() => match ev {
+                Some(ev) => batch = vec![ev],
+                None => break,
+            },
+            _ = ticker.tick(), if opts.bookmarks => {
+                // Read the revision and drain under the store lock, so that no
+                // event at or below the bookmark is still in flight.
+                let store = shared.store();
+                let rv = store.resource_version();
+                let mut drained = Vec::new();
+                while let Ok(ev) = start.events.try_recv() {
+                    drained.push(ev);
+                }
+                drop(store);
+                batch = drained;
+                bookmark = Some(rv);
+            }
+            _ = &mut expired => {
+                if opts.bookmarks {
+                    let _ = tx.send(bookmark_line(&k, last_rv, false)).await;
+                }
+                break;
+            }
+            _ = shared.shutdown.cancelled() => break,
+            _ = tx.closed() => break,
+        }
+        for ev in batch {
+            if ev.rv <= start.after {
+                continue;
+            }
+            last_rv = last_rv.max(ev.rv);
+            if let Some(line) = out.render(&ev)
+                && tx.send(line).await.is_err()
+            {
+                return;
+            }
+        }
+        if let Some(rv) = bookmark {
+            last_rv = last_rv.max(rv);
+            if tx.send(bookmark_line(&k, last_rv, false)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_strings_are_decoded() {
+        let q = parse_query(Some("labelSelector=app%3Dweb%2Ctier+in+(a)&watch=1&x"));
+        assert_eq!(q["labelSelector"], "app=web,tier in (a)");
+        assert!(flag(&q, "watch"));
+        assert_eq!(q["x"], "");
+        assert_eq!(percent_decode("a%2"), "a%2");
+    }
+
+    #[test]
+    fn urls_resolve_to_kinds_and_scopes() {
+        let r = Registry::builtin();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let p = resolve(&r, "", "v1", &s(&["namespaces", "ns", "persistentvolumeclaims", "a", "status"])).unwrap();
+        assert_eq!((p.namespace.as_deref(), p.name.as_deref(), p.subresource.as_deref()), (Some("ns"), Some("a"), Some("status")));
+        let p = resolve(&r, "", "v1", &s(&["namespaces", "ns", "status"])).unwrap();
+        assert_eq!((p.namespace, p.name.as_deref(), p.subresource.as_deref()), (None, Some("ns"), Some("status")));
+        let p = resolve(&r, "", "v1", &s(&["persistentvolumeclaims"])).unwrap();
+        assert!(p.namespace.is_none() && p.name.is_none());
+        assert!(resolve(&r, "", "v1", &s(&["persistentvolumeclaims", "a"])).is_err());
+        assert!(resolve(&r, "", "v1", &s(&["namespaces", "ns", "persistentvolumes"])).is_err());
+        assert!(resolve(&r, "storage.k8s.io", "v1", &s(&["storageclasses", "a", "status"])).is_err());
+        assert!(resolve(&r, "", "v1", &s(&["widgets"])).is_err());
+    }
+}
