@@ -44,6 +44,7 @@ fi
 
 # Scoped to this script: the nightly switch that -Zbuild-std needs.
 export RUSTC_BOOTSTRAP=1
+export RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc
 export CARGO_TARGET_DIR="$PWD/target/windows"
 export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
 export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER=wine
