@@ -5,6 +5,7 @@
 pub mod connection;
 pub mod csi;
 pub mod endpoint;
+pub mod events;
 pub mod flags;
 pub mod http;
 pub mod identity;
@@ -15,3 +16,4 @@ pub mod logging;
 pub mod metrics;
 #[cfg(windows)]
 pub mod windows;
+pub mod workqueue;

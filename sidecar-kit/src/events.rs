@@ -1,0 +1,400 @@
+//! Kubernetes Events (`core/v1`) about the objects a sidecar works on, written in the
+//! background so that a slow API server never delays the work itself.
+//!
+//! Repeats of the same event (same object, type, reason and message) are folded into one Event
+//! whose `count` and `lastTimestamp` are patched, as client-go's correlator does, so that an
+//! operation retried forever leaves one growing Event instead of thousands. Events about
+//! cluster-scoped objects go to the `default` namespace, as client-go puts them.
+
+use std::collections::{HashMap, VecDeque};
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::mpsc;
+
+/// Events waiting to be written; beyond this, new events are dropped (as client-go's broadcaster
+/// drops them when its channel is full).
+pub const QUEUE_CAPACITY: usize = 1000;
+/// Distinct events remembered for folding repeats.
+pub const CORRELATOR_CAPACITY: usize = 4096;
+/// Longest message written; the API server limits event messages to 1 KiB in events.k8s.io.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `type` of an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "Normal",
+            Self::Warning => "Warning",
+        }
+    }
+}
+
+/// Who reports: `source.component`/`reportingComponent` and `source.host`/`reportingInstance`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reporter {
+    pub component: String,
+    pub instance: String,
+}
+
+/// One event to record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Occurrence {
+    pub object: ObjectReference,
+    pub kind: EventType,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What to write for one occurrence.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    Create(Box<Event>),
+    /// Merge patch of an existing Event.
+    Patch {
+        namespace: String,
+        name: String,
+        patch: serde_json::Value,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    kind: Option<String>,
+    namespace: Option<String>,
+    name: Option<String>,
+    uid: Option<String>,
+    event_type: EventType,
+    reason: String,
+    message: String,
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    namespace: String,
+    name: String,
+    count: i32,
+}
+
+/// Folds repeated events into one; pure, the writer task does the I/O.
+#[derive(Debug)]
+pub struct Correlator {
+    reporter: Reporter,
+    seen: HashMap<Key, Seen>,
+    order: VecDeque<Key>,
+    capacity: usize,
+}
+
+fn truncate(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_string();
+    }
+    let mut cut = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    message[..cut].to_string()
+}
+
+impl Correlator {
+    pub fn new(reporter: Reporter, capacity: usize) -> Self {
+        Self {
+            reporter,
+            seen: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn key(occurrence: &Occurrence, message: &str) -> Key {
+        let o = &occurrence.object;
+        Key {
+            kind: o.kind.clone(),
+            namespace: o.namespace.clone(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+            event_type: occurrence.kind,
+            reason: occurrence.reason.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    /// The write for `occurrence` at `now`: a new Event, or a patch of the one it repeats.
+    pub fn next(&mut self, occurrence: &Occurrence, now: Timestamp) -> Write {
+        let message = truncate(&occurrence.message);
+        let key = Self::key(occurrence, &message);
+        if let Some(seen) = self.seen.get_mut(&key) {
+            seen.count = seen.count.saturating_add(1);
+            return Write::Patch {
+                namespace: seen.namespace.clone(),
+                name: seen.name.clone(),
+                patch: serde_json::json!({
+                    "count": seen.count,
+                    "lastTimestamp": Time(now),
+                    "message": message,
+                }),
+            };
+        }
+        let object = &occurrence.object;
+        let namespace = object
+            .namespace
+            .clone()
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| "default".to_string());
+        let name = format!(
+            "{}.{:x}",
+            object.name.as_deref().unwrap_or("unknown"),
+            now.as_nanosecond()
+        );
+        if self.order.len() >= self.capacity
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.seen.remove(&oldest);
+        }
+        self.order.push_back(key.clone());
+        self.seen.insert(
+            key,
+            Seen {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                count: 1,
+            },
+        );
+        Write::Create(Box::new(Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace),
+                ..Default::default()
+            },
+            involved_object: object.clone(),
+            reason: Some(occurrence.reason.clone()),
+            message: Some(message),
+            type_: Some(occurrence.kind.as_str().to_string()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            source: Some(EventSource {
+                component: Some(self.reporter.component.clone()),
+                host: Some(self.reporter.instance.clone()),
+            }),
+            reporting_component: Some(self.reporter.component.clone()),
+            reporting_instance: Some(self.reporter.instance.clone()),
+            ..Default::default()
+        }))
+    }
+
+    /// Forgets the Event that `occurrence` would repeat (it was deleted or expired), so that the
+    /// next occurrence creates a new one.
+    pub fn forget(&mut self, occurrence: &Occurrence) {
+        let key = Self::key(occurrence, &truncate(&occurrence.message));
+        if self.seen.remove(&key).is_some() {
+            self.order.retain(|k| k != &key);
+        }
+    }
+}
+
+/// Records events in the background. Cheap to clone.
+#[derive(Clone)]
+pub struct Recorder {
+    tx: mpsc::Sender<Occurrence>,
+}
+
+impl Recorder {
+    /// Starts the writer task, which ends once every clone of the recorder is dropped and the
+    /// queued events are written.
+    pub fn spawn(client: kube::Client, reporter: Reporter) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        tokio::spawn(write_events(client, reporter, rx));
+        Self { tx }
+    }
+
+    /// Queues an event; never waits. Dropped (with a debug log) when the queue is full.
+    pub fn record(&self, object: ObjectReference, kind: EventType, reason: &str, message: &str) {
+        let occurrence = Occurrence {
+            object,
+            kind,
+            reason: reason.to_string(),
+            message: message.to_string(),
+        };
+        if self.tx.try_send(occurrence).is_err() {
+            tracing::debug!(reason, "event queue is full or closed; dropping the event");
+        }
+    }
+}
+
+async fn write_events(
+    client: kube::Client,
+    reporter: Reporter,
+    mut rx: mpsc::Receiver<Occurrence>,
+) {
+    let mut correlator = Correlator::new(reporter, CORRELATOR_CAPACITY);
+    while let Some(occurrence) = rx.recv().await {
+        let write = correlator.next(&occurrence, Timestamp::now());
+        if let Err(err) = apply(&client, write).await {
+            // An Event that vanished (expired after its TTL) is created anew next time.
+            correlator.forget(&occurrence);
+            if is_not_found(&err) {
+                let retry = correlator.next(&occurrence, Timestamp::now());
+                if let Err(err) = apply(&client, retry).await {
+                    tracing::debug!(error = %err, "cannot write event");
+                }
+            } else {
+                tracing::debug!(error = %err, "cannot write event");
+            }
+        }
+    }
+}
+
+fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
+}
+
+async fn apply(client: &kube::Client, write: Write) -> Result<(), kube::Error> {
+    match write {
+        Write::Create(event) => {
+            let namespace = event.metadata.namespace.clone().unwrap_or_default();
+            Api::<Event>::namespaced(client.clone(), &namespace)
+                .create(&PostParams::default(), &event)
+                .await?;
+        }
+        Write::Patch {
+            namespace,
+            name,
+            patch,
+        } => {
+            Api::<Event>::namespaced(client.clone(), &namespace)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn va_ref(name: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("storage.k8s.io/v1".into()),
+            kind: Some("VolumeAttachment".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        }
+    }
+
+    fn occurrence(name: &str, message: &str) -> Occurrence {
+        Occurrence {
+            object: va_ref(name),
+            kind: EventType::Warning,
+            reason: "AttachFailed".into(),
+            message: message.into(),
+        }
+    }
+
+    fn reporter() -> Reporter {
+        Reporter {
+            component: "csi-attacher".into(),
+            instance: "pod-1".into(),
+        }
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).unwrap()
+    }
+
+    #[test]
+    fn first_occurrence_creates_a_client_go_shaped_event() {
+        let mut c = Correlator::new(reporter(), 10);
+        let Write::Create(event) = c.next(&occurrence("va-1", "boom"), at(1_700_000_000)) else {
+            panic!("expected a create");
+        };
+        assert_eq!(event.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(
+            event.metadata.name.as_deref(),
+            Some(format!("va-1.{:x}", 1_700_000_000_000_000_000i128).as_str())
+        );
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.reason.as_deref(), Some("AttachFailed"));
+        assert_eq!(event.count, Some(1));
+        assert_eq!(
+            event.source.as_ref().and_then(|s| s.component.as_deref()),
+            Some("csi-attacher")
+        );
+        assert_eq!(event.reporting_component.as_deref(), Some("csi-attacher"));
+        assert_eq!(event.reporting_instance.as_deref(), Some("pod-1"));
+        assert_eq!(event.involved_object, va_ref("va-1"));
+        let json = serde_json::to_value(&*event).unwrap();
+        assert_eq!(json["firstTimestamp"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn repeats_patch_the_count_and_new_messages_create() {
+        let mut c = Correlator::new(reporter(), 10);
+        let Write::Create(first) = c.next(&occurrence("va-1", "boom"), at(100)) else {
+            panic!()
+        };
+        let second = c.next(&occurrence("va-1", "boom"), at(160));
+        assert_eq!(
+            second,
+            Write::Patch {
+                namespace: "default".into(),
+                name: first.metadata.name.clone().unwrap(),
+                patch: serde_json::json!({"count": 2, "lastTimestamp": "1970-01-01T00:02:40Z", "message": "boom"}),
+            }
+        );
+        assert!(matches!(
+            c.next(&occurrence("va-1", "other"), at(170)),
+            Write::Create(_)
+        ));
+        assert!(matches!(
+            c.next(&occurrence("va-2", "boom"), at(170)),
+            Write::Create(_)
+        ));
+        c.forget(&occurrence("va-1", "boom"));
+        assert!(matches!(
+            c.next(&occurrence("va-1", "boom"), at(180)),
+            Write::Create(_)
+        ));
+    }
+
+    #[test]
+    fn namespaced_objects_keep_their_namespace_and_capacity_is_bounded() {
+        let mut c = Correlator::new(reporter(), 2);
+        let mut o = occurrence("pvc", "m");
+        o.object.namespace = Some("ns1".into());
+        let Write::Create(event) = c.next(&o, at(1)) else {
+            panic!()
+        };
+        assert_eq!(event.metadata.namespace.as_deref(), Some("ns1"));
+        c.next(&occurrence("a", "m"), at(2));
+        c.next(&occurrence("b", "m"), at(3));
+        // The oldest entry was evicted: its repeat creates a new Event.
+        assert!(matches!(c.next(&o, at(4)), Write::Create(_)));
+        assert!(matches!(
+            c.next(&occurrence("b", "m"), at(5)),
+            Write::Patch { .. }
+        ));
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_char_boundary() {
+        let mut c = Correlator::new(reporter(), 2);
+        let long = "ä".repeat(MAX_MESSAGE_BYTES);
+        let Write::Create(event) = c.next(&occurrence("x", &long), at(1)) else {
+            panic!()
+        };
+        let message = event.message.unwrap();
+        assert_eq!(message.len(), MAX_MESSAGE_BYTES);
+        assert!(message.chars().all(|ch| ch == 'ä'));
+    }
+}
