@@ -1,0 +1,288 @@
+//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
+//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+
+use std::time::Duration;
+
+use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
+use csi_proto::v1::plugin_capability::service::Type as Service;
+use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
+use sidecar_kit::csi::CsiClient;
+use sidecar_kit::events::Reporter;
+use sidecar_kit::http::{HttpPlan, HttpServer, Routes};
+use sidecar_kit::identity::{self, IdentityError};
+use sidecar_kit::leader::{self, ElectionConfig, LeaderElector};
+use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::{self, COMPONENT, Config, Reconcile};
+use crate::decide::Policy;
+use crate::flags::Cli;
+use crate::model;
+
+/// Timeout of the identity calls at start-up (upstream's `csiTimeout`).
+pub const IDENTITY_TIMEOUT: Duration = Duration::from_secs(1);
+/// Path of the leader election health check.
+pub const LEADER_HEALTH_PATH: &str = "/healthz/leader-election";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Http(#[from] sidecar_kit::http::HttpError),
+    #[error(transparent)]
+    Kube(#[from] sidecar_kit::kube::KubeError),
+    #[error(transparent)]
+    Metrics(#[from] sidecar_kit::metrics::MetricsError),
+    #[error("cannot register metrics: {0}")]
+    Registry(#[from] prometheus::Error),
+    #[error(transparent)]
+    Connect(#[from] connection::ConnectError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+}
+
+/// What the driver can do, from GetPluginCapabilities and ControllerGetCapabilities.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub controller_service: bool,
+    pub publish_unpublish: bool,
+    pub publish_readonly: bool,
+    pub list_volumes: bool,
+    pub list_volumes_published_nodes: bool,
+    pub single_node_multi_writer: bool,
+}
+
+impl Capabilities {
+    /// Whether the attacher calls ControllerPublish at all; without it, attaching is trivial.
+    pub fn publishes(&self) -> bool {
+        self.controller_service && self.publish_unpublish
+    }
+
+    /// Whether the ListVolumes reconciler can run.
+    pub fn reconciles(&self) -> bool {
+        self.publishes() && self.list_volumes && self.list_volumes_published_nodes
+    }
+}
+
+/// Asks the driver for its capabilities, each call bounded by [`IDENTITY_TIMEOUT`]. Controller
+/// capabilities are asked only of drivers with the controller service.
+pub async fn capabilities(csi: &CsiClient) -> Result<Capabilities, IdentityError> {
+    let plugin = identity::plugin_capabilities(csi, IDENTITY_TIMEOUT).await?;
+    if !plugin.contains(&Service::ControllerService) {
+        return Ok(Capabilities::default());
+    }
+    let rpcs = identity::controller_capabilities(csi, IDENTITY_TIMEOUT).await?;
+    Ok(Capabilities {
+        controller_service: true,
+        publish_unpublish: rpcs.contains(&Rpc::PublishUnpublishVolume),
+        publish_readonly: rpcs.contains(&Rpc::PublishReadonly),
+        list_volumes: rpcs.contains(&Rpc::ListVolumes),
+        list_volumes_published_nodes: rpcs.contains(&Rpc::ListVolumesPublishedNodes),
+        single_node_multi_writer: rpcs.contains(&Rpc::SingleNodeMultiWriter),
+    })
+}
+
+/// The controller configuration for `driver` with `caps`, from the flags.
+pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Config {
+    Config {
+        policy: Policy {
+            driver: driver.to_string(),
+            finalizer: model::finalizer_name(driver),
+            publish_unpublish: caps.publishes(),
+            publish_readonly: caps.publish_readonly,
+            single_node_multi_writer: caps.single_node_multi_writer,
+            default_fstype: cli.default_fstype.clone(),
+            error_codes: cli.feature_gates.mutable_csinode_allocatable_count,
+        },
+        timeout: cli.timeout,
+        backoff: Backoff {
+            start: cli.retry_interval_start,
+            max: cli.retry_interval_max,
+        },
+        workers: cli.worker_threads,
+        resync: cli.resync,
+        reconcile: caps.reconciles().then_some(Reconcile {
+            period: cli.reconcile_sync,
+            max_entries: cli.max_entries,
+        }),
+        queue_metrics: None,
+        reporter: Reporter {
+            component: COMPONENT.to_string(),
+            instance: instance.to_string(),
+        },
+    }
+}
+
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let kube_flags = &cli.common.kube;
+    let kube_config = sidecar_kit::kube::load_config(kube_flags).await?;
+    let client = sidecar_kit::kube::client(
+        kube_config.clone(),
+        kube_flags.kube_api_qps,
+        kube_flags.kube_api_burst,
+    )?;
+
+    let metrics = CsiMetrics::new()?;
+    let connection = connection::connect(
+        &cli.common.csi.csi_address,
+        ConnectOptions {
+            dial_timeout: Some(connection::DEFAULT_DIAL_TIMEOUT),
+            policy: LossPolicy::Exit,
+        },
+    )
+    .await?;
+    connection.exit_on_loss();
+    let csi =
+        CsiClient::new(connection, metrics.clone()).with_max_log_length(cli.max_grpc_log_length);
+
+    match identity::probe_forever(&csi, cli.timeout, &shutdown).await {
+        Err(IdentityError::Cancelled) => return Ok(()),
+        other => other?,
+    }
+    let driver = identity::driver_name(&csi, Some(IDENTITY_TIMEOUT)).await?;
+    metrics.set_driver_name(&driver);
+    tracing::info!(%driver, "CSI driver name");
+    let caps = capabilities(&csi).await?;
+    if !caps.publishes() {
+        tracing::info!(
+            "the driver does not implement ControllerPublishVolume: VolumeAttachments are marked attached without calling it"
+        );
+    }
+    let identity_name = leader::default_identity();
+    let mut config = config(&cli, &driver, caps, &identity_name);
+    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
+
+    let election = if cli.common.leader_election.leader_election {
+        let le_client = sidecar_kit::kube::client(
+            kube_config,
+            kube_flags.kube_api_qps,
+            kube_flags.kube_api_burst,
+        )?;
+        let lock_name = format!("external-attacher-leader-{driver}");
+        let mut settings = ElectionConfig::from_flags(&lock_name, &cli.common.leader_election)?;
+        settings.release_on_exit = cli.release_lease_on_exit();
+        Some(LeaderElector::new(le_client, settings))
+    } else {
+        None
+    };
+
+    let metrics_path = cli.common.http.metrics_path.clone();
+    match &http_plan {
+        HttpPlan::Disabled => {}
+        HttpPlan::Full(address) => {
+            let mut routes = Routes::new().metrics(&metrics_path, metrics.clone());
+            if let Some(elector) = &election {
+                let health = elector.health();
+                routes = routes.route(LEADER_HEALTH_PATH, move || {
+                    let health = health.clone();
+                    async move { health.check() }
+                });
+            }
+            HttpServer::spawn(address, routes, shutdown.clone()).await?;
+        }
+        HttpPlan::MetricsOnly(address) => {
+            let routes = Routes::new().metrics(&metrics_path, metrics.clone());
+            HttpServer::spawn(address, routes, shutdown.clone()).await?;
+        }
+    }
+
+    match election {
+        Some(elector) => {
+            elector
+                .run(shutdown, |leading| {
+                    controller::run(config, client, csi, leading)
+                })
+                .await?
+        }
+        None => controller::run(config, client, csi, shutdown).await,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sidecar_kit::flags::{FlagSyntax, parse_from};
+
+    fn cli(args: &[&str]) -> Cli {
+        parse_from(
+            std::iter::once("csi-attacher").chain(args.iter().copied()),
+            FlagSyntax::Go,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn capability_table() {
+        let full = Capabilities {
+            controller_service: true,
+            publish_unpublish: true,
+            publish_readonly: true,
+            list_volumes: true,
+            list_volumes_published_nodes: true,
+            single_node_multi_writer: true,
+        };
+        assert!(full.publishes() && full.reconciles());
+        let no_controller = Capabilities {
+            controller_service: false,
+            ..full
+        };
+        assert!(!no_controller.publishes() && !no_controller.reconciles());
+        let no_published_nodes = Capabilities {
+            list_volumes_published_nodes: false,
+            ..full
+        };
+        assert!(no_published_nodes.publishes() && !no_published_nodes.reconciles());
+        let no_publish = Capabilities {
+            publish_unpublish: false,
+            ..full
+        };
+        assert!(!no_publish.publishes() && !no_publish.reconciles());
+    }
+
+    #[test]
+    fn config_from_flags_and_capabilities() {
+        let caps = Capabilities {
+            controller_service: true,
+            publish_unpublish: true,
+            publish_readonly: true,
+            list_volumes: true,
+            list_volumes_published_nodes: true,
+            single_node_multi_writer: false,
+        };
+        let c = config(
+            &cli(&[
+                "--retry-interval-start=2s",
+                "--max-entries=50",
+                "--reconcile-sync=10m",
+                "--default-fstype=xfs",
+            ]),
+            "hostpath.csi.k8s.io",
+            caps,
+            "pod-0",
+        );
+        assert_eq!(c.policy.finalizer, "external-attacher/hostpath-csi-k8s-io");
+        assert!(c.policy.publish_unpublish && c.policy.publish_readonly);
+        assert!(!c.policy.single_node_multi_writer);
+        assert_eq!(c.policy.default_fstype, "xfs");
+        assert!(c.policy.error_codes);
+        assert_eq!(c.backoff.start, Duration::from_secs(2));
+        assert_eq!(c.backoff.max, Duration::from_secs(300));
+        assert_eq!(
+            c.reconcile,
+            Some(Reconcile {
+                period: Duration::from_secs(600),
+                max_entries: 50
+            })
+        );
+        assert_eq!(c.workers, 10);
+        assert_eq!(c.reporter.component, "csi-attacher");
+        let trivial = config(&cli(&[]), "d", Capabilities::default(), "pod-0");
+        assert!(!trivial.policy.publish_unpublish);
+        assert_eq!(trivial.reconcile, None);
+    }
+}

@@ -1,0 +1,685 @@
+//! The I/O edges: watches feeding the index, workers executing the plans of
+//! [`decide`](crate::decide) against the API server and the driver, the ListVolumes reconciler
+//! and the periodic resync.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use csi_proto::v1::ListVolumesRequest;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use sidecar_kit::csi::{CallOptions, CsiClient};
+use sidecar_kit::events::{EventType, Recorder, Reporter};
+use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+use crate::decide::{
+    self, AttachPlan, DetachPlan, Phase, Policy, Problem, PvPatch, PvPlan, VaPlan,
+};
+use crate::index::{Change, Index, Lane, PvLookup, Work};
+use crate::model::{Pv, SecretRef, Va};
+
+/// Queue names, as upstream names them in the workqueue metrics.
+pub const VA_QUEUE: &str = "csi-attacher-va";
+pub const PV_QUEUE: &str = "csi-attacher-pv";
+/// Reporting component of the Events.
+pub const COMPONENT: &str = "csi-attacher";
+/// A key that waited longer than this in its lane is logged, so that a backlog is visible.
+const BACKLOG_WARNING: Duration = Duration::from_secs(30);
+/// How often a ListVolumes pass restarts from the first page after ABORTED (invalid token).
+const LIST_RESTARTS: u32 = 3;
+
+/// Everything the controller needs besides its clients.
+#[derive(Clone)]
+pub struct Config {
+    pub policy: Policy,
+    /// Timeout of each ControllerPublish/Unpublish call and of each ListVolumes page.
+    pub timeout: Duration,
+    pub backoff: Backoff,
+    /// Workers per queue.
+    pub workers: usize,
+    /// Period of the full resync (zero: none).
+    pub resync: Duration,
+    /// ListVolumes reconciliation, when the driver reports published nodes.
+    pub reconcile: Option<Reconcile>,
+    /// Workqueue metrics, registered in the sidecar's registry.
+    pub queue_metrics: Option<WorkQueueMetrics>,
+    /// Who the Events say reported them.
+    pub reporter: Reporter,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reconcile {
+    pub period: Duration,
+    /// `ListVolumesRequest.max_entries`.
+    pub max_entries: i32,
+}
+
+/// Why an attach or detach failed.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Problem(#[from] Problem),
+    #[error("failed to load secret \"{namespace}/{name}\": {message}")]
+    Secret {
+        namespace: String,
+        name: String,
+        message: String,
+    },
+    #[error("cannot get persistentvolume \"{name}\": {message}")]
+    ReadPv { name: String, message: String },
+    #[error("could not add PersistentVolume finalizer: {0}")]
+    PvFinalizer(String),
+    #[error("could not save VolumeAttachment: {0}")]
+    SaveVa(String),
+    #[error("rpc error: code = {} desc = {}", sidecar_kit::metrics::code_label(.0.code()), .0.message())]
+    Csi(tonic::Status),
+    #[error("failed to mark as attached: {0}")]
+    MarkAttached(String),
+    #[error("could not mark as detached: {0}")]
+    MarkDetached(String),
+}
+
+impl Failure {
+    fn code(&self) -> Option<i32> {
+        match self {
+            Self::Csi(status) => Some(i32::from(status.code())),
+            _ => None,
+        }
+    }
+
+    /// Whether the failure goes into the status. Upstream does not record a failed final status
+    /// write: the volume is attached, only the report is missing, and the retry writes it.
+    fn recorded(&self) -> bool {
+        !matches!(self, Self::MarkAttached(_))
+    }
+}
+
+/// The text of a Kubernetes API error as client-go renders it: the Status message.
+fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn api_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+struct Controller {
+    config: Config,
+    client: kube::Client,
+    vas: Api<VolumeAttachment>,
+    pvs: Api<PersistentVolume>,
+    csi: CsiClient,
+    index: Mutex<Index>,
+    va_queue: WorkQueue<String>,
+    pv_queue: WorkQueue<String>,
+    /// VolumeAttachments the reconciler found out of sync with the driver: processed even when
+    /// their status says there is nothing to do.
+    forced: Mutex<HashSet<String>>,
+    events: Recorder,
+}
+
+/// Runs the attacher until `shutdown` is cancelled; then stops taking work, lets the running
+/// operations finish, and returns.
+pub async fn run(
+    config: Config,
+    client: kube::Client,
+    csi: CsiClient,
+    shutdown: CancellationToken,
+) {
+    let queue = |name: &str, lanes: &[&str]| {
+        WorkQueue::new(
+            QueueConfig {
+                name: name.to_string(),
+                lanes: lanes.iter().map(|l| l.to_string()).collect(),
+                backoff: config.backoff,
+            },
+            config.queue_metrics.as_ref(),
+        )
+    };
+    let controller = Arc::new(Controller {
+        vas: Api::all(client.clone()),
+        pvs: Api::all(client.clone()),
+        csi,
+        index: Mutex::new(Index::new(&config.policy.driver)),
+        va_queue: queue(VA_QUEUE, &Lane::NAMES),
+        pv_queue: queue(PV_QUEUE, &["default"]),
+        forced: Mutex::new(HashSet::new()),
+        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        client,
+        config,
+    });
+    controller.run(shutdown).await;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Controller {
+    fn index(&self) -> MutexGuard<'_, Index> {
+        lock(&self.index)
+    }
+
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        tracing::info!(driver = %self.config.policy.driver, "starting CSI attacher");
+        let mut watches = JoinSet::new();
+        let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(3);
+        watches.spawn(watch(
+            Api::<VolumeAttachment>::all(self.client.clone()),
+            Index::va_event,
+            synced_tx.clone(),
+            self.clone(),
+        ));
+        watches.spawn(watch(
+            Api::<PersistentVolume>::all(self.client.clone()),
+            Index::pv_event,
+            synced_tx.clone(),
+            self.clone(),
+        ));
+        watches.spawn(watch(
+            Api::<CSINode>::all(self.client.clone()),
+            Index::csinode_event,
+            synced_tx,
+            self.clone(),
+        ));
+        for _ in 0..3 {
+            tokio::select! {
+                _ = shutdown.cancelled() => return self.stop(watches, JoinSet::new()).await,
+                _ = synced_rx.recv() => {}
+            }
+        }
+        {
+            let index = self.index();
+            tracing::info!(
+                volume_attachments = index.va_count(),
+                persistent_volumes = index.pv_count(),
+                "caches synced"
+            );
+        }
+
+        let mut workers = JoinSet::new();
+        for _ in 0..self.config.workers {
+            workers.spawn(self.clone().va_worker());
+            workers.spawn(self.clone().pv_worker());
+        }
+        if let Some(reconcile) = self.config.reconcile {
+            workers.spawn(self.clone().reconciler(reconcile, shutdown.clone()));
+        }
+        if !self.config.resync.is_zero() {
+            workers.spawn(self.clone().resyncer(shutdown.clone()));
+        }
+        shutdown.cancelled().await;
+        self.stop(watches, workers).await;
+    }
+
+    async fn stop(&self, mut watches: JoinSet<()>, mut workers: JoinSet<()>) {
+        self.va_queue.shut_down();
+        self.pv_queue.shut_down();
+        watches.abort_all();
+        // Workers finish the operation they are in; the timers stop at once.
+        while workers.join_next().await.is_some() {}
+        tracing::info!("CSI attacher stopped");
+    }
+
+    fn enqueue(&self, work: Vec<Work>) {
+        for item in work {
+            match item {
+                Work::Va { name, lane } => self.va_queue.add(name, lane as usize),
+                Work::Pv(name) => self.pv_queue.add(name, 0),
+            }
+        }
+    }
+
+    // --- VolumeAttachments ---
+
+    async fn va_worker(self: Arc<Self>) {
+        while let Some(item) = self.va_queue.get().await {
+            if item.waited > BACKLOG_WARNING {
+                tracing::warn!(
+                    volume_attachment = %item.key,
+                    lane = Lane::NAMES[item.lane],
+                    waited = ?item.waited,
+                    queued = self.va_queue.len(),
+                    "VolumeAttachment waited long in the queue: the attacher is behind"
+                );
+            }
+            self.sync_va(&item.key).await;
+            self.va_queue.done(&item.key);
+        }
+    }
+
+    async fn sync_va(&self, name: &str) {
+        let Some(view) = self.index().va_view(name) else {
+            tracing::debug!(volume_attachment = name, "VolumeAttachment is gone");
+            self.va_queue.forget(&name.to_string());
+            return;
+        };
+        let force = lock(&self.forced).remove(name);
+        let va = view.va;
+        let lane = Lane::of(&va);
+        let pv = match view.pv {
+            PvLookup::NotNamed => None,
+            PvLookup::Cached(pv) => Some(*pv),
+            PvLookup::Uncached(pv) => match self.read_pv(&pv).await {
+                Ok(pv) => pv,
+                Err(failure) => {
+                    self.failed(&va, lane, force, Phase::from(lane), failure)
+                        .await;
+                    return;
+                }
+            },
+        };
+        let plan = decide::plan_va(&self.config.policy, &va, pv.as_ref(), &view.node, force);
+        let (phase, result) = match plan {
+            VaPlan::Nothing => {
+                tracing::trace!(volume_attachment = name, "nothing to do");
+                (Phase::from(lane), Ok(()))
+            }
+            VaPlan::MarkAttached => (Phase::Attach, self.mark_attached(&va).await),
+            VaPlan::Attach(plan) => (Phase::Attach, self.attach(&va, *plan).await),
+            VaPlan::Detach(plan) => (Phase::Detach, self.detach(&va, *plan).await),
+            VaPlan::Fail(phase, problem) => (phase, Err(Failure::Problem(problem))),
+        };
+        match result {
+            Ok(()) => self.va_queue.forget(&name.to_string()),
+            Err(failure) => self.failed(&va, lane, force, phase, failure).await,
+        }
+    }
+
+    async fn failed(&self, va: &Va, lane: Lane, force: bool, phase: Phase, failure: Failure) {
+        if force {
+            // The retry must not skip the operation because the status looks right.
+            lock(&self.forced).insert(va.name.clone());
+        }
+        let message = failure.to_string();
+        if failure.recorded() {
+            self.record_error(va, phase, &message, failure.code()).await;
+        }
+        let delay = self
+            .va_queue
+            .add_rate_limited(va.name.clone(), lane as usize);
+        tracing::info!(volume_attachment = %va.name, error = %message, retry_in = ?delay, "{} failed", match phase {
+            Phase::Attach => "attach",
+            Phase::Detach => "detach",
+        });
+    }
+
+    async fn record_error(&self, va: &Va, phase: Phase, message: &str, code: Option<i32>) {
+        let code = code.filter(|_| self.config.policy.error_codes);
+        let patch = decide::error_status_patch(phase, message, code, Timestamp::now());
+        match self
+            .vas
+            .patch_status(&va.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => self.index().store_va(&updated),
+            Err(err) => {
+                tracing::debug!(volume_attachment = %va.name, error = %err, "cannot save the error in the status")
+            }
+        }
+        self.events.record(
+            va.object_ref(),
+            EventType::Warning,
+            phase.failure_reason(),
+            message,
+        );
+    }
+
+    /// Reads a PV the cache does not hold: `None` if it does not exist.
+    async fn read_pv(&self, name: &str) -> Result<Option<Pv>, Failure> {
+        match self.pvs.get_opt(name).await {
+            Ok(Some(pv)) => {
+                self.index().store_pv(&pv);
+                Ok(Some(Pv::from_api(&pv)))
+            }
+            Ok(None) => Ok(None),
+            Err(err) => Err(Failure::ReadPv {
+                name: name.to_string(),
+                message: api_message(&err),
+            }),
+        }
+    }
+
+    async fn secrets(
+        &self,
+        reference: Option<&SecretRef>,
+    ) -> Result<HashMap<String, String>, Failure> {
+        let Some(reference) = reference else {
+            return Ok(HashMap::new());
+        };
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
+        let secret = api
+            .get(&reference.name)
+            .await
+            .map_err(|err| Failure::Secret {
+                namespace: reference.namespace.clone(),
+                name: reference.name.clone(),
+                message: api_message(&err),
+            })?;
+        Ok(secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+
+    async fn patch_va(&self, name: &str, patch: &serde_json::Value) -> Result<(), kube::Error> {
+        let updated = self
+            .vas
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        self.index().store_va(&updated);
+        Ok(())
+    }
+
+    async fn patch_va_status(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        let updated = self
+            .vas
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        self.index().store_va(&updated);
+        Ok(())
+    }
+
+    /// Sends a JSON patch (RFC 6902) to a PersistentVolume.
+    async fn json_patch_pv(&self, patch: &PvPatch) -> Result<(), kube::Error> {
+        let body = serde_json::to_vec(&patch.patch).map_err(kube::Error::SerdeError)?;
+        let request = http::Request::patch(format!("/api/v1/persistentvolumes/{}", patch.name))
+            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .header(http::header::ACCEPT, "application/json")
+            .body(body)
+            .map_err(kube::Error::HttpError)?;
+        let updated: PersistentVolume = self.client.request(request).await?;
+        self.index().store_pv(&updated);
+        Ok(())
+    }
+
+    /// Adds our finalizer to a PV. A failed `test` means the cached PV was stale: read it and
+    /// try once more before giving up until the retry.
+    async fn add_pv_finalizer(&self, patch: &PvPatch) -> Result<(), String> {
+        match self.json_patch_pv(patch).await {
+            Ok(()) => return Ok(()),
+            Err(err) if matches!(api_code(&err), Some(409 | 422)) => {
+                tracing::debug!(persistent_volume = %patch.name, error = %err, "PV changed meanwhile; reading it again");
+            }
+            Err(err) => return Err(api_message(&err)),
+        }
+        let fresh = self
+            .pvs
+            .get(&patch.name)
+            .await
+            .map_err(|e| api_message(&e))?;
+        self.index().store_pv(&fresh);
+        let pv = Pv::from_api(&fresh);
+        let finalizer = &self.config.policy.finalizer;
+        if pv.has_finalizer(finalizer) {
+            return Ok(());
+        }
+        if pv.deleting {
+            return Err(Problem::PvDeleting(pv.name).to_string());
+        }
+        let retry = PvPatch {
+            name: pv.name.clone(),
+            patch: decide::add_finalizer_patch(&pv.finalizers, &pv.resource_version, finalizer),
+        };
+        self.json_patch_pv(&retry)
+            .await
+            .map_err(|e| api_message(&e))
+    }
+
+    async fn mark_attached(&self, va: &Va) -> Result<(), Failure> {
+        match decide::attached_status_patch(va, &BTreeMap::new()) {
+            Some(patch) => self
+                .patch_va_status(&va.name, &patch)
+                .await
+                .map_err(|e| Failure::MarkAttached(api_message(&e))),
+            None => Ok(()),
+        }
+    }
+
+    async fn attach(&self, va: &Va, plan: AttachPlan) -> Result<(), Failure> {
+        tracing::debug!(volume_attachment = %va.name, "attaching");
+        let secrets = self.secrets(plan.secret.as_ref()).await?;
+        if let Some(patch) = &plan.pv_finalizer {
+            self.add_pv_finalizer(patch)
+                .await
+                .map_err(Failure::PvFinalizer)?;
+        }
+        if let Some(patch) = &plan.va_metadata {
+            self.patch_va(&va.name, patch)
+                .await
+                .map_err(|e| Failure::SaveVa(api_message(&e)))?;
+        }
+        let mut request = plan.request;
+        request.secrets = secrets;
+        let response = self
+            .csi
+            .controller_publish_volume(request, CallOptions::timeout(self.config.timeout))
+            .await
+            .map_err(Failure::Csi)?;
+        tracing::debug!(volume_attachment = %va.name, "attached");
+        let context: BTreeMap<String, String> = response.publish_context.into_iter().collect();
+        let current = self
+            .index()
+            .va_view(&va.name)
+            .map_or_else(|| va.clone(), |view| view.va);
+        if let Some(patch) = decide::attached_status_patch(&current, &context) {
+            self.patch_va_status(&va.name, &patch)
+                .await
+                .map_err(|e| Failure::MarkAttached(api_message(&e)))?;
+        }
+        Ok(())
+    }
+
+    async fn detach(&self, va: &Va, plan: DetachPlan) -> Result<(), Failure> {
+        tracing::debug!(volume_attachment = %va.name, "detaching");
+        let mut request = plan.request;
+        request.secrets = self.secrets(plan.secret.as_ref()).await?;
+        self.csi
+            .controller_unpublish_volume(request, CallOptions::timeout(self.config.timeout))
+            .await
+            .map_err(Failure::Csi)?;
+        tracing::debug!(volume_attachment = %va.name, "detached");
+        let gone_is_fine = |err: kube::Error| match api_code(&err) {
+            Some(404) => Ok(()),
+            _ => Err(Failure::MarkDetached(api_message(&err))),
+        };
+        // The finalizer goes first: a VolumeAttachment being deleted without it counts as
+        // detached, while `attached: false` with the finalizer would mean "maybe still attached"
+        // and cost another ControllerUnpublish.
+        if let Some(patch) = &plan.remove_finalizer {
+            self.patch_va(&va.name, patch).await.or_else(gone_is_fine)?;
+        }
+        if plan.clear_status {
+            self.patch_va_status(&va.name, &decide::detached_status_patch())
+                .await
+                .or_else(gone_is_fine)?;
+        }
+        Ok(())
+    }
+
+    // --- PersistentVolumes ---
+
+    async fn pv_worker(self: Arc<Self>) {
+        while let Some(item) = self.pv_queue.get().await {
+            self.sync_pv(&item.key).await;
+            self.pv_queue.done(&item.key);
+        }
+    }
+
+    async fn sync_pv(&self, name: &str) {
+        let key = name.to_string();
+        let Some((pv, referenced)) = self.index().pv_view(name) else {
+            self.pv_queue.forget(&key);
+            return;
+        };
+        let PvPlan::RemoveFinalizer(patch) = decide::plan_pv(&self.config.policy, &pv, referenced)
+        else {
+            self.pv_queue.forget(&key);
+            return;
+        };
+        match self.json_patch_pv(&patch).await {
+            Ok(()) => {
+                tracing::debug!(persistent_volume = name, "removed finalizer");
+                self.pv_queue.forget(&key);
+            }
+            Err(err) if api_code(&err) == Some(404) => self.pv_queue.forget(&key),
+            Err(err) => {
+                let delay = self.pv_queue.add_rate_limited(key, 0);
+                tracing::warn!(persistent_volume = name, error = %api_message(&err), retry_in = ?delay, "failed to remove finalizer from PersistentVolume");
+            }
+        }
+    }
+
+    // --- Periodic work ---
+
+    async fn resyncer(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.config.resync) => {}
+            }
+            let work = self.index().resync();
+            self.enqueue(work);
+        }
+    }
+
+    async fn reconciler(self: Arc<Self>, reconcile: Reconcile, shutdown: CancellationToken) {
+        loop {
+            match self.published(reconcile.max_entries).await {
+                Ok(published) => {
+                    let work = self.index().out_of_sync(&published);
+                    for item in &work {
+                        if let Work::Va { name, .. } = item {
+                            tracing::warn!(volume_attachment = %name, "attached status differs from the driver's ListVolumes; processing it again");
+                            lock(&self.forced).insert(name.clone());
+                        }
+                    }
+                    self.enqueue(work);
+                }
+                Err(status) => tracing::warn!(
+                    code = sidecar_kit::metrics::code_label(status.code()),
+                    error = status.message(),
+                    "failed to reconcile VolumeAttachments with ListVolumes"
+                ),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(reconcile.period) => {}
+            }
+        }
+    }
+
+    /// Volume ID → published node IDs, over all ListVolumes pages; each page has its own
+    /// timeout, and an invalid page token (ABORTED) restarts the listing.
+    async fn published(
+        &self,
+        max_entries: i32,
+    ) -> Result<HashMap<String, Vec<String>>, tonic::Status> {
+        let mut published = HashMap::new();
+        let mut token = String::new();
+        let mut restarts = 0;
+        loop {
+            let request = ListVolumesRequest {
+                max_entries,
+                starting_token: token.clone(),
+            };
+            match self
+                .csi
+                .list_volumes(request, CallOptions::timeout(self.config.timeout))
+                .await
+            {
+                Ok(page) => {
+                    for entry in page.entries {
+                        if let Some(volume) = entry.volume {
+                            let nodes = entry
+                                .status
+                                .map(|s| s.published_node_ids)
+                                .unwrap_or_default();
+                            published.insert(volume.volume_id, nodes);
+                        }
+                    }
+                    if page.next_token.is_empty() {
+                        return Ok(published);
+                    }
+                    token = page.next_token;
+                }
+                Err(status)
+                    if status.code() == Code::Aborted
+                        && !token.is_empty()
+                        && restarts < LIST_RESTARTS =>
+                {
+                    restarts += 1;
+                    tracing::debug!(
+                        error = status.message(),
+                        "ListVolumes token rejected; listing again"
+                    );
+                    token.clear();
+                    published.clear();
+                }
+                Err(status) => return Err(status),
+            }
+        }
+    }
+}
+
+impl From<Lane> for Phase {
+    fn from(lane: Lane) -> Self {
+        match lane {
+            Lane::Attach => Phase::Attach,
+            Lane::Detach => Phase::Detach,
+        }
+    }
+}
+
+/// Feeds one kind's watch events into the index and the resulting work into the queues; reports
+/// on `synced` once the first list is complete.
+async fn watch<K>(
+    api: Api<K>,
+    apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
+    synced: tokio::sync::mpsc::Sender<()>,
+    controller: Arc<Controller>,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    let mut reported = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                let change = Change::from_watcher(event);
+                let done = matches!(change, Change::Relisted);
+                let work = apply(&mut controller.index(), change.as_ref());
+                controller.enqueue(work);
+                if done && !reported {
+                    reported = true;
+                    let _ = synced.send(()).await;
+                }
+            }
+            Err(err) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
+        }
+    }
+}
