@@ -1,0 +1,368 @@
+//! Shared set-up of the attacher tests: the in-process API server, the mock driver on a unix
+//! socket, and the controller running in-process against both.
+
+// Each test crate uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+use csi_proto::v1::{CreateVolumeRequest, VolumeCapability};
+use external_attacher::app;
+use external_attacher::controller::{self, Config};
+use external_attacher::flags::Cli;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
+use sidecar_kit::csi::{CallOptions, CsiClient};
+use sidecar_kit::flags::{FlagSyntax, parse_from};
+use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::workqueue::Backoff;
+use testkit::apiserver::ApiServer;
+use testkit::mockdriver::{MockDriver, MockHandle};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const DRIVER: &str = "hostpath.csi.k8s.io";
+pub const FINALIZER: &str = "external-attacher/hostpath-csi-k8s-io";
+pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Polls `check` until it yields a value, failing the test after [`WAIT`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The flags of a default deployment.
+pub fn default_cli() -> Cli {
+    parse_from(["csi-attacher"], FlagSyntax::Go).unwrap()
+}
+
+/// A mock driver of [`DRIVER`] with its default capabilities.
+pub fn mock() -> MockDriver {
+    MockDriver::builder().driver_name(DRIVER)
+}
+
+/// One CSI client connected to a mock.
+pub async fn csi_client(mock: &MockHandle) -> CsiClient {
+    let connection = connection::connect(
+        &mock.endpoint(),
+        ConnectOptions {
+            dial_timeout: Some(Duration::from_secs(5)),
+            policy: LossPolicy::Reconnect,
+        },
+    )
+    .await
+    .unwrap();
+    CsiClient::new(connection, CsiMetrics::new().unwrap())
+}
+
+/// The controller configuration a deployment with default flags gets for the mock, with fast
+/// retries for tests.
+pub async fn test_config(csi: &CsiClient, cli: &Cli) -> Config {
+    let caps = app::capabilities(csi).await.unwrap();
+    let mut config = app::config(cli, DRIVER, caps, "test-replica");
+    config.backoff = Backoff {
+        start: Duration::from_millis(50),
+        max: Duration::from_secs(1),
+    };
+    config.workers = 4;
+    config
+}
+
+/// A running in-process controller.
+pub struct Replica {
+    pub shutdown: CancellationToken,
+    pub task: JoinHandle<()>,
+    pub csi: CsiClient,
+}
+
+impl Replica {
+    pub fn start(config: Config, client: kube::Client, csi: CsiClient) -> Self {
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(controller::run(
+            config,
+            client,
+            csi.clone(),
+            shutdown.clone(),
+        ));
+        Self {
+            shutdown,
+            task,
+            csi,
+        }
+    }
+
+    /// Graceful stop.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// Crash: the task is dropped wherever it is.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// API server, mock driver and one controller.
+pub struct Env {
+    pub api: ApiServer,
+    pub mock: MockHandle,
+    pub csi: CsiClient,
+    pub replica: Option<Replica>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    /// Starts everything with the default flags; `adjust` may change the configuration.
+    pub async fn start(driver: MockDriver, adjust: impl FnOnce(&mut Config)) -> Self {
+        let env = Self::without_controller(driver).await;
+        let mut config = test_config(&env.csi, &default_cli()).await;
+        adjust(&mut config);
+        env.with_controller(config)
+    }
+
+    pub async fn without_controller(driver: MockDriver) -> Self {
+        let api = ApiServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mock = driver
+            .serve_unix(dir.path().join("csi.sock"))
+            .await
+            .unwrap();
+        let csi = csi_client(&mock).await;
+        Self {
+            api,
+            mock,
+            csi,
+            replica: None,
+            dir,
+        }
+    }
+
+    pub fn with_controller(mut self, config: Config) -> Self {
+        self.replica = Some(Replica::start(config, self.client(), self.csi.clone()));
+        self
+    }
+
+    pub fn client(&self) -> kube::Client {
+        self.api.client()
+    }
+
+    pub fn vas(&self) -> Api<VolumeAttachment> {
+        Api::all(self.client())
+    }
+
+    pub fn pvs(&self) -> Api<PersistentVolume> {
+        Api::all(self.client())
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(replica) = self.replica.take() {
+            replica.stop().await;
+        }
+        self.mock.shutdown().await.unwrap();
+        self.api.shutdown().await;
+    }
+
+    /// A volume in the mock driver; returns its ID.
+    pub async fn create_volume(&self, name: &str) -> String {
+        let request = CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![VolumeCapability {
+                access_mode: Some(AccessMode {
+                    mode: Mode::SingleNodeWriter as i32,
+                }),
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+            }],
+            ..Default::default()
+        };
+        self.csi
+            .create_volume(request, CallOptions::timeout(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+            .volume_id
+    }
+
+    pub async fn create_csinode(&self, node: &str, node_id: &str) {
+        let csinode: CSINode = serde_json::from_value(json!({
+            "metadata": {"name": node},
+            "spec": {"drivers": [{"name": DRIVER, "nodeID": node_id}]},
+        }))
+        .unwrap();
+        Api::<CSINode>::all(self.client())
+            .create(&PostParams::default(), &csinode)
+            .await
+            .unwrap();
+    }
+
+    pub async fn create_pv(&self, name: &str, spec: Value) -> PersistentVolume {
+        let pv: PersistentVolume =
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+        self.pvs()
+            .create(&PostParams::default(), &pv)
+            .await
+            .unwrap()
+    }
+
+    /// A CSI PV of the driver for `handle`, RWO filesystem.
+    pub async fn create_csi_pv(&self, name: &str, handle: &str) -> PersistentVolume {
+        self.create_pv(name, csi_pv_spec(handle)).await
+    }
+
+    pub async fn create_va(&self, name: &str, source: Value, node: &str) -> VolumeAttachment {
+        let va: VolumeAttachment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"attacher": DRIVER, "nodeName": node, "source": source},
+        }))
+        .unwrap();
+        self.vas()
+            .create(&PostParams::default(), &va)
+            .await
+            .unwrap()
+    }
+
+    pub async fn create_pv_va(&self, name: &str, pv: &str, node: &str) -> VolumeAttachment {
+        self.create_va(name, json!({"persistentVolumeName": pv}), node)
+            .await
+    }
+
+    /// Volume, PV, CSINode and VA; waits until attached.
+    pub async fn attached_volume(&self, n: usize) -> VolumeAttachment {
+        let handle = self.create_volume(&format!("vol-{n}")).await;
+        self.create_csi_pv(&format!("pv-{n}"), &handle).await;
+        self.create_pv_va(&format!("va-{n}"), &format!("pv-{n}"), "node-1")
+            .await;
+        self.wait_va(&format!("va-{n}"), |va| attached(va)).await
+    }
+
+    pub async fn delete_va(&self, name: &str) {
+        self.vas()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    pub async fn wait_va(
+        &self,
+        name: &str,
+        condition: impl Fn(&VolumeAttachment) -> bool,
+    ) -> VolumeAttachment {
+        let vas = self.vas();
+        eventually(&format!("VolumeAttachment {name}"), || {
+            let vas = vas.clone();
+            let name = name.to_string();
+            let condition = &condition;
+            async move { vas.get_opt(&name).await.unwrap().filter(|va| condition(va)) }
+        })
+        .await
+    }
+
+    pub async fn wait_va_gone(&self, name: &str) {
+        let vas = self.vas();
+        eventually(&format!("VolumeAttachment {name} to be deleted"), || {
+            let vas = vas.clone();
+            let name = name.to_string();
+            async move { vas.get_opt(&name).await.unwrap().is_none().then_some(()) }
+        })
+        .await
+    }
+
+    pub async fn wait_pv(&self, name: &str, condition: impl Fn(Option<&PersistentVolume>) -> bool) {
+        let pvs = self.pvs();
+        eventually(&format!("PersistentVolume {name}"), || {
+            let pvs = pvs.clone();
+            let name = name.to_string();
+            let condition = &condition;
+            async move { condition(pvs.get_opt(&name).await.unwrap().as_ref()).then_some(()) }
+        })
+        .await
+    }
+
+    /// Events about the VolumeAttachment `name`.
+    pub async fn events_for(&self, name: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client(), "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .collect()
+    }
+
+    pub async fn wait_event(&self, name: &str, reason: &str, message_part: &str) -> Event {
+        eventually(&format!("a {reason} event for {name}"), || async {
+            self.events_for(name).await.into_iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains(message_part))
+            })
+        })
+        .await
+    }
+}
+
+pub fn csi_pv_spec(handle: &str) -> Value {
+    json!({
+        "capacity": {"storage": "1Gi"},
+        "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Delete",
+        "csi": {"driver": DRIVER, "volumeHandle": handle, "fsType": "ext4",
+                "volumeAttributes": {"storage.kubernetes.io/csiProvisionerIdentity": "test"}},
+    })
+}
+
+pub fn attached(va: &VolumeAttachment) -> bool {
+    va.status.as_ref().is_some_and(|s| s.attached)
+}
+
+pub fn finalizers(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<String> {
+    meta.finalizers.clone().unwrap_or_default()
+}
+
+pub fn attach_error(va: &VolumeAttachment) -> Option<(String, Option<i32>)> {
+    va.status
+        .as_ref()
+        .and_then(|s| s.attach_error.as_ref())
+        .map(|e| (e.message.clone().unwrap_or_default(), e.error_code))
+}
+
+pub fn detach_error(va: &VolumeAttachment) -> Option<(String, Option<i32>)> {
+    va.status
+        .as_ref()
+        .and_then(|s| s.detach_error.as_ref())
+        .map(|e| (e.message.clone().unwrap_or_default(), e.error_code))
+}
+
+/// The JSON of the kept calls of `method`.
+pub fn requests(mock: &MockHandle, method: &str) -> Vec<Value> {
+    mock.calls()
+        .of(method)
+        .into_iter()
+        .map(|c| serde_json::from_str(&c.request).unwrap())
+        .collect()
+}
