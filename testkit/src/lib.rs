@@ -1,3 +1,4 @@
 //! Test kit for the CSI sidecars.
 
 pub mod apiserver;
+pub mod mockdriver;

@@ -1,0 +1,91 @@
+//! The gRPC edge: every RPC is counted and logged, passes the fault
+//! script, and then runs a synchronous handler over the store.
+
+mod controller;
+mod convert;
+mod identity;
+mod node;
+
+use std::sync::Arc;
+
+use csi_proto::redact::{Sanitized, sanitize};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::config::MockConfig;
+use super::inject::{CallLog, Faults};
+use super::state::Rejection;
+use super::store::{PersistError, Store};
+
+impl From<Rejection> for Status {
+    fn from(rejection: Rejection) -> Self {
+        Status::new(rejection.code, rejection.message)
+    }
+}
+
+impl From<PersistError> for Status {
+    fn from(err: PersistError) -> Self {
+        Status::internal(err.to_string())
+    }
+}
+
+/// Everything the handlers work with.
+pub(crate) struct Driver {
+    pub(crate) config: MockConfig,
+    pub(crate) store: Store,
+    pub(crate) faults: Faults,
+    pub(crate) calls: CallLog,
+    /// Cancelled when the server stops, to end hung and delayed calls.
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// Answers UNIMPLEMENTED for an RPC whose capability is switched off.
+fn offered(on: bool, what: &str) -> Result<(), Status> {
+    if on {
+        Ok(())
+    } else {
+        Err(Status::unimplemented(format!(
+            "{what} is not offered by this driver"
+        )))
+    }
+}
+
+/// The Identity, Controller and Node services of one mock driver.
+#[derive(Clone)]
+pub(crate) struct MockService(Arc<Driver>);
+
+impl MockService {
+    pub(crate) fn new(driver: Arc<Driver>) -> Self {
+        Self(driver)
+    }
+
+    async fn call<Req, Resp>(
+        &self,
+        method: &'static str,
+        request: Request<Req>,
+        handler: fn(&Driver, Req) -> Result<Resp, Status>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: prost::Message + prost::Name,
+    {
+        let driver = &self.0;
+        let request = request.into_inner();
+        let seq = driver.calls.record(method, || sanitize(&request));
+        tracing::debug!(method, seq, request = %Sanitized(&request), "received");
+        let result = match driver.faults.gate(method, seq, &driver.shutdown).await {
+            Ok(()) => handler(driver, request),
+            Err(status) => Err(status),
+        };
+        match &result {
+            Ok(_) => tracing::debug!(method, seq, "answered OK"),
+            Err(status) => tracing::debug!(
+                method,
+                seq,
+                code = ?status.code(),
+                message = status.message(),
+                "answered with an error"
+            ),
+        }
+        result.map(Response::new)
+    }
+}

@@ -1,0 +1,233 @@
+//! Fault injection, hangs, latency and readiness, changed at run time
+//! while a client talks to the mock over a unix socket.
+
+mod mockdriver_common;
+
+use std::time::Duration;
+
+use csi_proto::methods::{controller as cm, identity as im};
+use csi_proto::v1;
+use mockdriver_common::*;
+use testkit::mockdriver::MockDriver;
+use tonic::Code;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn fail_nth_next_and_always() {
+    let Served {
+        mock,
+        mut clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    let faults = mock.faults();
+    let c = &mut clients.controller;
+
+    faults.fail_nth(cm::CREATE_VOLUME, 2, Code::Internal, "second call breaks");
+    c.create_volume(create_request("a", 1)).await.unwrap();
+    let second = c.create_volume(create_request("a", 1)).await.unwrap_err();
+    assert_eq!(
+        (second.code(), second.message()),
+        (Code::Internal, "second call breaks")
+    );
+    c.create_volume(create_request("a", 1)).await.unwrap();
+
+    faults.fail_next(cm::CREATE_VOLUME, 2, Code::Unavailable, "busy");
+    assert_eq!(
+        code(c.create_volume(create_request("b", 1)).await),
+        Code::Unavailable
+    );
+    assert_eq!(
+        code(c.create_volume(create_request("b", 1)).await),
+        Code::Unavailable
+    );
+    c.create_volume(create_request("b", 1)).await.unwrap();
+    // An injected failure happens before the handler: "b" exists once.
+    assert_eq!(mock.state().volumes.len(), 2);
+
+    faults.fail_always(cm::DELETE_VOLUME, Code::FailedPrecondition, "in use");
+    for _ in 0..3 {
+        assert_eq!(
+            code(c.delete_volume(v1::DeleteVolumeRequest::default()).await),
+            Code::FailedPrecondition
+        );
+    }
+    faults.clear_failures(cm::DELETE_VOLUME);
+    assert_eq!(
+        code(c.delete_volume(v1::DeleteVolumeRequest::default()).await),
+        Code::InvalidArgument,
+        "the real handler answers again"
+    );
+    assert_eq!(mock.calls().count(cm::CREATE_VOLUME), 6);
+    assert_eq!(mock.calls().count(cm::DELETE_VOLUME), 4);
+}
+
+#[tokio::test]
+async fn probe_readiness_and_failure() {
+    let Served {
+        mock,
+        mut clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    let id = &mut clients.identity;
+    mock.faults().set_ready(false);
+    assert_eq!(
+        id.probe(v1::ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready,
+        Some(false)
+    );
+    mock.faults().set_ready(true);
+    assert_eq!(
+        id.probe(v1::ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready,
+        Some(true)
+    );
+    mock.faults()
+        .fail_always(im::PROBE, Code::FailedPrecondition, "disk missing");
+    assert_eq!(
+        code(id.probe(v1::ProbeRequest {}).await),
+        Code::FailedPrecondition
+    );
+    mock.faults().reset();
+    id.probe(v1::ProbeRequest {}).await.unwrap();
+}
+
+#[tokio::test]
+async fn hung_calls_wait_for_release() {
+    let Served {
+        mock,
+        clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    mock.faults().hang(cm::CREATE_VOLUME);
+
+    let mut controller = clients.controller.clone();
+    let pending =
+        tokio::spawn(async move { controller.create_volume(create_request("slow", 1)).await });
+    assert!(
+        mock.calls()
+            .wait_for_count(cm::CREATE_VOLUME, 1, WAIT)
+            .await
+    );
+    // The hung call has arrived but nothing was created, and other methods
+    // still answer.
+    assert!(mock.state().volumes.is_empty());
+    clients
+        .identity
+        .clone()
+        .probe(v1::ProbeRequest {})
+        .await
+        .unwrap();
+
+    mock.faults().release(cm::CREATE_VOLUME);
+    let created = tokio::time::timeout(WAIT, pending)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(created.into_inner().volume.unwrap().capacity_bytes, 1);
+}
+
+#[tokio::test]
+async fn abandoned_hung_call() {
+    let Served {
+        mock,
+        mut clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    mock.faults().hang(cm::CREATE_VOLUME);
+    let call = clients.controller.create_volume(create_request("pvc", 1));
+    assert!(still_pending_after(Duration::from_millis(100), call).await);
+    // The client gave up; the next call after release is answered.
+    mock.faults().release(cm::CREATE_VOLUME);
+    clients
+        .controller
+        .create_volume(create_request("pvc", 1))
+        .await
+        .unwrap();
+    assert_eq!(mock.calls().count(cm::CREATE_VOLUME), 2);
+}
+
+#[tokio::test]
+async fn latency_per_method_and_default() {
+    let Served {
+        mock,
+        clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    let short = Duration::from_millis(100);
+    let mut identity = clients.identity.clone();
+    mock.faults()
+        .set_latency(im::GET_PLUGIN_INFO, Duration::from_secs(3600));
+    assert!(
+        still_pending_after(short, identity.get_plugin_info(v1::GetPluginInfoRequest {})).await
+    );
+    // Other methods are not delayed.
+    identity.probe(v1::ProbeRequest {}).await.unwrap();
+
+    mock.faults().clear_latency(im::GET_PLUGIN_INFO);
+    mock.faults().set_default_latency(Duration::from_secs(3600));
+    assert!(still_pending_after(short, identity.probe(v1::ProbeRequest {})).await);
+
+    mock.faults().set_default_latency(Duration::ZERO);
+    let answered =
+        tokio::time::timeout(WAIT, identity.get_plugin_info(v1::GetPluginInfoRequest {}));
+    answered.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_answers_hung_calls() {
+    let Served {
+        mock,
+        clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    mock.faults().hang(im::PROBE);
+    let mut identity = clients.identity.clone();
+    let pending = tokio::spawn(async move { identity.probe(v1::ProbeRequest {}).await });
+    assert!(mock.calls().wait_for_count(im::PROBE, 1, WAIT).await);
+    let socket = mock.socket_path().to_owned();
+    tokio::time::timeout(WAIT, mock.shutdown())
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
+    assert_eq!(code(answer), Code::Unavailable);
+    assert!(!socket.exists());
+}
+
+#[tokio::test]
+async fn faults_prepared_before_serving() {
+    let driver = MockDriver::builder();
+    driver
+        .faults()
+        .fail_next(im::GET_PLUGIN_INFO, 1, Code::Unavailable, "starting");
+    driver.faults().set_ready(false);
+    let Served {
+        mock: _mock,
+        mut clients,
+        _dir,
+    } = serve(driver).await;
+    assert_eq!(
+        code(
+            clients
+                .identity
+                .get_plugin_info(v1::GetPluginInfoRequest {})
+                .await
+        ),
+        Code::Unavailable
+    );
+    clients
+        .identity
+        .get_plugin_info(v1::GetPluginInfoRequest {})
+        .await
+        .unwrap();
+    let probe = clients.identity.probe(v1::ProbeRequest {}).await.unwrap();
+    assert_eq!(probe.into_inner().ready, Some(false));
+}
