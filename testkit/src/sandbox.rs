@@ -1,0 +1,517 @@
+//! The sandbox: the in-process API server and the mock driver, every sidecar binary that exists
+//! running against them, and a StorageClass, a PVC and a VolumeAttachment to show them at work.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use csi_proto::v1::controller_client::ControllerClient;
+use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability, volume_capability};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::apiserver::{self, ApiServer};
+use crate::kubelet;
+use crate::mockdriver::{MockDriver, MockHandle};
+
+pub const DRIVER: &str = "mock.csi.example.com";
+pub const NODE: &str = "sandbox-node";
+const NAMESPACE: &str = "default";
+/// How long one step may wait for its outcome.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("API server: {0}")]
+    ApiServer(#[from] apiserver::ApiServerError),
+    #[error("mock driver: {0}")]
+    Driver(#[from] crate::mockdriver::MockError),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Outcome of one thing the sandbox shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Ok(String),
+    Skipped(String),
+    Failed(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub name: &'static str,
+    pub outcome: Outcome,
+}
+
+/// Where the sidecar binaries are and where to put sockets and logs.
+#[derive(Clone, Debug)]
+pub struct SandboxOptions {
+    pub bin_dir: PathBuf,
+    pub work_dir: PathBuf,
+}
+
+/// A running sandbox; dropping it stops every process and server.
+pub struct Sandbox {
+    pub api: ApiServer,
+    pub driver: MockHandle,
+    pub steps: Vec<Step>,
+    children: Vec<(&'static str, Child)>,
+    work_dir: PathBuf,
+}
+
+impl Sandbox {
+    pub fn kubeconfig(&self) -> &Path {
+        self.api.kubeconfig_path()
+    }
+
+    pub fn outcome(&self, name: &str) -> Option<&Outcome> {
+        self.steps
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| &s.outcome)
+    }
+
+    fn record(&mut self, name: &'static str, outcome: Outcome) {
+        let (mark, text) = match &outcome {
+            Outcome::Ok(t) => ("ok  ", t),
+            Outcome::Skipped(t) => ("skip", t),
+            Outcome::Failed(t) => ("FAIL", t),
+        };
+        println!("[{mark}] {name}: {text}");
+        self.steps.push(Step { name, outcome });
+    }
+
+    /// Stops the sidecars gracefully (SIGTERM, then kill after 10 s).
+    pub async fn stop(mut self) {
+        for (name, child) in &mut self.children {
+            terminate(child);
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                println!("{name} did not stop within 10 s; killing it");
+                let _ = child.kill().await;
+            }
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        name: &'static str,
+        binary: &Path,
+        args: &[String],
+    ) -> Result<(), SandboxError> {
+        let log = std::fs::File::create(self.work_dir.join(format!("{name}.log")))?;
+        let child = Command::new(binary)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        self.children.push((name, child));
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn terminate(child: &mut Child) {
+    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+        // SAFETY: sending a signal to a child process we own.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn terminate(child: &mut Child) {
+    let _ = child.start_kill();
+}
+
+fn free_port() -> Result<u16, SandboxError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Polls `check` until it yields a value or the step timeout passes.
+async fn wait_for<T, F, Fut>(mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    while Instant::now() < deadline {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// Starts everything and shows each step; errors only for failures of the kit itself.
+pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
+    std::fs::create_dir_all(&options.work_dir)?;
+    let api = ApiServer::start_with(apiserver::Options {
+        pv_controller: true,
+        ..Default::default()
+    })
+    .await?;
+    let socket = options.work_dir.join("csi.sock");
+    let driver = MockDriver::builder()
+        .driver_name(DRIVER)
+        .node_id(NODE)
+        .serve_unix(&socket)
+        .await?;
+    let mut sandbox = Sandbox {
+        api,
+        driver,
+        steps: Vec::new(),
+        children: Vec::new(),
+        work_dir: options.work_dir.clone(),
+    };
+    sandbox.record(
+        "api-server",
+        Outcome::Ok(format!(
+            "{} (kubeconfig {})",
+            sandbox.api.url(),
+            sandbox.kubeconfig().display()
+        )),
+    );
+    sandbox.record(
+        "mock-driver",
+        Outcome::Ok(format!("{DRIVER} on {}", sandbox.driver.endpoint())),
+    );
+
+    create_node(&sandbox.api.client()).await?;
+    let binary = |name: &str| {
+        let path = options.bin_dir.join(name);
+        path.is_file().then_some(path)
+    };
+    let endpoint = sandbox.driver.endpoint();
+
+    livenessprobe(&mut sandbox, binary("livenessprobe"), &endpoint).await?;
+    registrar(&mut sandbox, binary("csi-node-driver-registrar"), &endpoint).await?;
+    attacher_and_volumes(
+        &mut sandbox,
+        binary("csi-attacher"),
+        binary("csi-provisioner"),
+        &endpoint,
+    )
+    .await?;
+
+    println!();
+    println!(
+        "kubectl --kubeconfig {} get storageclass,pv,pvc,volumeattachments,csinodes,leases -A",
+        sandbox.kubeconfig().display()
+    );
+    println!("sidecar logs: {}", sandbox.work_dir.display());
+    Ok(sandbox)
+}
+
+async fn create_node(client: &kube::Client) -> Result<(), SandboxError> {
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": NODE}}))
+        .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    let csinode: CSINode = serde_json::from_value(json!({
+        "metadata": {"name": NODE},
+        "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE, "topologyKeys": []}]}
+    }))
+    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    Api::<CSINode>::all(client.clone())
+        .create(&PostParams::default(), &csinode)
+        .await?;
+    Ok(())
+}
+
+async fn livenessprobe(
+    sandbox: &mut Sandbox,
+    binary: Option<PathBuf>,
+    endpoint: &str,
+) -> Result<(), SandboxError> {
+    let Some(binary) = binary else {
+        sandbox.record(
+            "livenessprobe",
+            Outcome::Skipped("binary livenessprobe not built".into()),
+        );
+        return Ok(());
+    };
+    let port = free_port()?;
+    sandbox.spawn(
+        "livenessprobe",
+        &binary,
+        &[
+            format!("--csi-address={endpoint}"),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+        ],
+    )?;
+    let answer = wait_for(|| async move {
+        http_get(port, "/healthz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let outcome = match answer {
+        Some(_) => Outcome::Ok(format!(
+            "/healthz ok at http://127.0.0.1:{port}/healthz, metrics at http://127.0.0.1:{port}/metrics"
+        )),
+        None => Outcome::Failed(format!(
+            "/healthz on port {port} did not answer 200 within {STEP_TIMEOUT:?}"
+        )),
+    };
+    sandbox.record("livenessprobe", outcome);
+    Ok(())
+}
+
+async fn registrar(
+    sandbox: &mut Sandbox,
+    binary: Option<PathBuf>,
+    endpoint: &str,
+) -> Result<(), SandboxError> {
+    let Some(binary) = binary else {
+        sandbox.record(
+            "node-driver-registrar",
+            Outcome::Skipped("binary csi-node-driver-registrar not built".into()),
+        );
+        return Ok(());
+    };
+    let registry = sandbox.work_dir.join("plugins_registry");
+    std::fs::create_dir_all(&registry)?;
+    let kubelet_path = format!("/var/lib/kubelet/plugins/{DRIVER}/csi.sock");
+    let port = free_port()?;
+    sandbox.spawn(
+        "node-driver-registrar",
+        &binary,
+        &[
+            format!("--csi-address={endpoint}"),
+            format!("--kubelet-registration-path={kubelet_path}"),
+            format!("--plugin-registration-path={}", registry.display()),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+        ],
+    )?;
+    let socket = registry.join(format!("{DRIVER}-reg.sock"));
+    let registered = wait_for(|| {
+        let socket = socket.clone();
+        async move { kubelet::register(&socket).await.ok() }
+    })
+    .await;
+    let outcome = match registered {
+        Some(info) => Outcome::Ok(format!(
+            "kubelet registration of {} at {} (versions {:?}); /healthz at http://127.0.0.1:{port}/healthz",
+            info.name, info.endpoint, info.supported_versions
+        )),
+        None => Outcome::Failed(format!(
+            "no registration at {} within {STEP_TIMEOUT:?}",
+            socket.display()
+        )),
+    };
+    sandbox.record("node-driver-registrar", outcome);
+    Ok(())
+}
+
+async fn attacher_and_volumes(
+    sandbox: &mut Sandbox,
+    attacher: Option<PathBuf>,
+    provisioner: Option<PathBuf>,
+    endpoint: &str,
+) -> Result<(), SandboxError> {
+    let client = sandbox.api.client();
+    let kubeconfig = sandbox.kubeconfig().display().to_string();
+    let attacher_port = free_port()?;
+    match &attacher {
+        Some(binary) => sandbox.spawn(
+            "external-attacher",
+            binary,
+            &[
+                format!("--csi-address={endpoint}"),
+                format!("--kubeconfig={kubeconfig}"),
+                "--leader-election".into(),
+                format!("--leader-election-namespace={NAMESPACE}"),
+                format!("--http-endpoint=127.0.0.1:{attacher_port}"),
+            ],
+        )?,
+        None => sandbox.record(
+            "external-attacher",
+            Outcome::Skipped("binary csi-attacher not built".into()),
+        ),
+    }
+    if let Some(binary) = &provisioner {
+        sandbox.spawn(
+            "external-provisioner",
+            binary,
+            &[
+                format!("--csi-address={endpoint}"),
+                format!("--kubeconfig={kubeconfig}"),
+            ],
+        )?;
+    }
+
+    let class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "sandbox"},
+        "provisioner": DRIVER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate"
+    }))
+    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    Api::<StorageClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "sandbox-pvc", "namespace": NAMESPACE},
+        "spec": {"storageClassName": "sandbox", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE);
+    let claim = claims.create(&PostParams::default(), &claim).await?;
+
+    if provisioner.is_none() {
+        sandbox.record(
+            "external-provisioner",
+            Outcome::Skipped(
+                "binary csi-provisioner not built: creating the volume and its PV by hand".into(),
+            ),
+        );
+        provision_by_hand(sandbox, &claim).await?;
+    }
+    let bound = wait_for(|| {
+        let claims = claims.clone();
+        async move {
+            let claim = claims.get("sandbox-pvc").await.ok()?;
+            let phase = claim.status.as_ref()?.phase.clone()?;
+            (phase == "Bound")
+                .then(|| claim.spec?.volume_name)
+                .flatten()
+        }
+    })
+    .await;
+    let Some(pv_name) = bound else {
+        sandbox.record(
+            "volume",
+            Outcome::Failed(format!("PVC sandbox-pvc not bound within {STEP_TIMEOUT:?}")),
+        );
+        return Ok(());
+    };
+    sandbox.record(
+        "volume",
+        Outcome::Ok(format!("PVC {NAMESPACE}/sandbox-pvc bound to PV {pv_name}")),
+    );
+
+    if attacher.is_none() {
+        return Ok(());
+    }
+    let attachment: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": "sandbox-va"},
+        "spec": {"attacher": DRIVER, "nodeName": NODE, "source": {"persistentVolumeName": pv_name}}
+    }))
+    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    let attachments = Api::<VolumeAttachment>::all(client);
+    attachments
+        .create(&PostParams::default(), &attachment)
+        .await?;
+    let attached = wait_for(|| {
+        let attachments = attachments.clone();
+        async move {
+            let status = attachments.get("sandbox-va").await.ok()?.status?;
+            status
+                .attached
+                .then(|| status.attachment_metadata.unwrap_or_default())
+        }
+    })
+    .await;
+    let outcome = match attached {
+        Some(metadata) => Outcome::Ok(format!(
+            "VolumeAttachment sandbox-va attached to {NODE} (metadata {metadata:?}); metrics at http://127.0.0.1:{attacher_port}/metrics"
+        )),
+        None => Outcome::Failed(format!(
+            "VolumeAttachment sandbox-va not attached within {STEP_TIMEOUT:?}"
+        )),
+    };
+    sandbox.record("external-attacher", outcome);
+    Ok(())
+}
+
+/// What the provisioner would do: CreateVolume on the driver and a PV bound to the claim.
+async fn provision_by_hand(
+    sandbox: &Sandbox,
+    claim: &PersistentVolumeClaim,
+) -> Result<(), SandboxError> {
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let name = format!("pvc-{uid}");
+    let channel = crate::kubelet::dial_unix(sandbox.driver.socket_path())
+        .await
+        .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    let capability = VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume::default(),
+        )),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let created = ControllerClient::new(channel)
+        .create_volume(CreateVolumeRequest {
+            name: name.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 1 << 30,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![capability],
+            ..Default::default()
+        })
+        .await
+        .map_err(|status| SandboxError::Setup(format!("CreateVolume: {status}")))?
+        .into_inner();
+    let volume = created
+        .volume
+        .ok_or_else(|| SandboxError::Setup("CreateVolume returned no volume".into()))?;
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER}},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "sandbox",
+            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": NAMESPACE, "name": "sandbox-pvc", "uid": uid},
+            "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id, "fsType": "ext4"}
+        }
+    }))
+    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    Api::<PersistentVolume>::all(sandbox.api.client())
+        .create(&PostParams::default(), &pv)
+        .await?;
+    Ok(())
+}
