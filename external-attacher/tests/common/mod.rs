@@ -185,23 +185,7 @@ impl Env {
 
     /// A volume in the mock driver; returns its ID.
     pub async fn create_volume(&self, name: &str) -> String {
-        let request = CreateVolumeRequest {
-            name: name.into(),
-            volume_capabilities: vec![VolumeCapability {
-                access_mode: Some(AccessMode {
-                    mode: Mode::SingleNodeWriter as i32,
-                }),
-                access_type: Some(AccessType::Mount(MountVolume::default())),
-            }],
-            ..Default::default()
-        };
-        self.csi
-            .create_volume(request, CallOptions::timeout(Duration::from_secs(5)))
-            .await
-            .unwrap()
-            .volume
-            .unwrap()
-            .volume_id
+        create_volume(&self.csi, name).await
     }
 
     pub async fn create_csinode(&self, node: &str, node_id: &str) {
@@ -322,6 +306,26 @@ impl Env {
         })
         .await
     }
+}
+
+/// A volume in the driver behind `csi`; returns its ID.
+pub async fn create_volume(csi: &CsiClient, name: &str) -> String {
+    let request = CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+        }],
+        ..Default::default()
+    };
+    csi.create_volume(request, CallOptions::timeout(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id
 }
 
 pub fn csi_pv_spec(handle: &str) -> Value {
