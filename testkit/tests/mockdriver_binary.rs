@@ -1,6 +1,9 @@
 //! The `csi-mock-driver` binary as a child process: flags, serving,
 //! persistence across process restarts and a clean exit on SIGTERM.
 
+// Unix sockets and signals; Windows serves named pipes instead.
+#![cfg(unix)]
+
 mod mockdriver_common;
 
 use std::path::Path;

@@ -1,6 +1,9 @@
 //! Fault injection, hangs, latency and readiness, changed at run time
 //! while a client talks to the mock over a unix socket.
 
+// Unix sockets and signals; Windows serves named pipes instead.
+#![cfg(unix)]
+
 mod mockdriver_common;
 
 use std::time::Duration;

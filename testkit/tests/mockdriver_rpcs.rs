@@ -1,6 +1,9 @@
 //! Every RPC of the mock over a real unix socket: a full lifecycle, the
 //! spec's idempotency rules and error codes, and capability switches.
 
+// Unix sockets and signals; Windows serves named pipes instead.
+#![cfg(unix)]
+
 mod mockdriver_common;
 
 use std::collections::HashMap;

@@ -1,6 +1,9 @@
 //! Serving: persistence across restarts, existing listeners, socket
 //! cleanup, and state changed behind the clients' back.
 
+// Unix sockets and signals; Windows serves named pipes instead.
+#![cfg(unix)]
+
 mod mockdriver_common;
 
 use csi_proto::v1;
