@@ -1,5 +1,6 @@
 //! The driver connection, identity helpers and CSI metrics against a real gRPC server on a
 //! temporary unix socket.
+#![cfg(unix)]
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
