@@ -6,6 +6,7 @@
 //! | 2-4   | plus debug (per-object progress, like klog's V(2)..V(4))  |
 //! | >= 5  | plus trace: every gRPC request and response, secrets stripped |
 //!
+//! HTTP/2 and TLS transport crates log at most at info, so `-v=5` shows the sidecar's own work.
 //! Logs go to stderr, as klog's do, as text or as JSON lines (`--logging-format=json`).
 
 use tracing::Level;
@@ -22,11 +23,34 @@ pub fn level_for_verbosity(verbosity: u8) -> Level {
     }
 }
 
+/// Transport crates whose debug and trace output (every HTTP/2 frame) would drown the sidecar's
+/// own: they log at most at info, whatever `-v` says.
+const QUIET_DEPENDENCIES: [&str; 7] = [
+    "h2",
+    "hyper",
+    "hyper_util",
+    "tower",
+    "rustls",
+    "want",
+    "mio",
+];
+
+/// The filter directives for a klog verbosity.
+pub fn directives(verbosity: u8) -> String {
+    let level = LevelFilter::from_level(level_for_verbosity(verbosity));
+    let mut directives = level.to_string().to_lowercase();
+    for krate in QUIET_DEPENDENCIES {
+        directives.push_str(&format!(",{krate}={}", level.min(LevelFilter::INFO)).to_lowercase());
+    }
+    directives
+}
+
 /// Installs the global subscriber. Calling it twice keeps the first one (tests do that).
 pub fn init(flags: &LoggingFlags) {
-    let filter = LevelFilter::from_level(level_for_verbosity(flags.verbosity));
     let builder = tracing_subscriber::fmt()
-        .with_max_level(filter)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(directives(
+            flags.verbosity,
+        )))
         .with_writer(std::io::stderr)
         .with_target(false);
     let installed = match flags.logging_format {
@@ -50,5 +74,16 @@ mod tests {
         assert_eq!(level_for_verbosity(4), Level::DEBUG);
         assert_eq!(level_for_verbosity(5), Level::TRACE);
         assert_eq!(level_for_verbosity(10), Level::TRACE);
+    }
+
+    #[test]
+    fn transport_crates_stay_quiet() {
+        assert!(directives(0).starts_with("info,"));
+        let v5 = directives(5);
+        assert!(v5.starts_with("trace,"), "{v5}");
+        assert!(
+            v5.contains(",h2=info") && v5.contains(",hyper=info"),
+            "{v5}"
+        );
     }
 }
