@@ -1,0 +1,142 @@
+//! Fault injection and request counters.
+
+mod apiserver_support;
+
+use std::time::{Duration, Instant};
+
+use apiserver_support::{Lines, obj};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Error};
+use serde_json::json;
+use testkit::apiserver::{ApiError, ApiServer, RequestMatch, Verb};
+
+fn va(name: &str) -> VolumeAttachment {
+    obj(
+        json!({"metadata": {"name": name}, "spec": {"attacher": "csi.example.com", "nodeName": "n1", "source": {"persistentVolumeName": "pv"}}}),
+    )
+}
+
+#[tokio::test]
+async fn fail_next_requests_with_a_status_body() {
+    let server = ApiServer::start().await.unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(server.client());
+    vas.create(&PostParams::default(), &va("a")).await.unwrap();
+    vas.create(&PostParams::default(), &va("b")).await.unwrap();
+    let faults = server.faults();
+    faults.fail_next(
+        RequestMatch::new(Verb::Patch, "volumeattachments")
+            .subresource("status")
+            .name("a"),
+        2,
+        500,
+    );
+    let status = Patch::Merge(json!({"status": {"attached": true}}));
+    for _ in 0..2 {
+        match vas
+            .patch_status("a", &PatchParams::default(), &status)
+            .await
+            .unwrap_err()
+        {
+            Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (500, "InternalError")),
+            e => panic!("{e}"),
+        }
+    }
+    assert_eq!(faults.pending_failures(), 0);
+    vas.patch_status("a", &PatchParams::default(), &status)
+        .await
+        .unwrap();
+    faults.fail_next_with(
+        RequestMatch::new(Verb::Get, "volumeattachments"),
+        1,
+        ApiError::from_code(409, "try later"),
+    );
+    match vas.get("b").await.unwrap_err() {
+        Error::Api(s) => assert_eq!((s.code, s.message.as_str()), (409, "try later")),
+        e => panic!("{e}"),
+    }
+    vas.get("b").await.unwrap();
+}
+
+#[tokio::test]
+async fn latency_delays_matching_requests() {
+    let server = ApiServer::start().await.unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(server.client());
+    vas.create(&PostParams::default(), &va("a")).await.unwrap();
+    server.faults().add_latency(
+        RequestMatch::new(Verb::Get, "volumeattachments").name("a"),
+        Duration::from_millis(300),
+    );
+    let t = Instant::now();
+    vas.get("a").await.unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    server.faults().clear();
+    let t = Instant::now();
+    vas.get("a").await.unwrap();
+    assert!(t.elapsed() < Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn close_watches_of_one_resource() {
+    let server = ApiServer::start().await.unwrap();
+    let c = server.client();
+    let mut vas = Lines::open(&c, "/apis/storage.k8s.io/v1/volumeattachments?watch=1").await;
+    let mut pvs = Lines::open(&c, "/api/v1/persistentvolumes?watch=1").await;
+    server.faults().close_watches(Some("volumeattachments"));
+    assert!(vas.next().await.is_none(), "closed");
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(c.clone());
+    api.create(
+        &PostParams::default(),
+        &obj(json!({"metadata": {"name": "pv"}, "spec": {}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        pvs.next().await.unwrap()["type"],
+        "ADDED",
+        "other watches stay open"
+    );
+    server.faults().close_watches(None);
+    assert!(pvs.next().await.is_none());
+}
+
+#[tokio::test]
+async fn counters_count_requests_by_verb_resource_and_subresource() {
+    let server = ApiServer::start().await.unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(server.client());
+    vas.create(&PostParams::default(), &va("a")).await.unwrap();
+    vas.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["x/y"]}})),
+    )
+    .await
+    .unwrap();
+    vas.patch_status(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"attached": true}})),
+    )
+    .await
+    .unwrap();
+    vas.get("a").await.unwrap();
+    vas.list(&Default::default()).await.unwrap();
+    let c = server.counters();
+    assert_eq!(c.get(Verb::Create, "volumeattachments"), 1);
+    assert_eq!(c.get(Verb::Patch, "volumeattachments"), 1);
+    assert_eq!(
+        c.get_subresource(Verb::Patch, "volumeattachments", Some("status")),
+        1
+    );
+    assert_eq!(c.total(Verb::Patch, "volumeattachments"), 2);
+    assert_eq!(
+        (
+            c.get(Verb::Get, "volumeattachments"),
+            c.get(Verb::List, "volumeattachments")
+        ),
+        (1, 1)
+    );
+    assert_eq!(c.writes(), 3);
+    c.reset();
+    assert_eq!(c.writes(), 0);
+}
