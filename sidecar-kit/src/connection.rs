@@ -146,6 +146,8 @@ pub async fn connect(
                 });
             }
             Err(err) => {
+                // A dial whose handshake failed established nothing; the next is no redial.
+                state.current.store(0, Ordering::SeqCst);
                 let now = Instant::now();
                 if let Some(limit) = options.dial_timeout
                     && now.duration_since(started) >= limit
@@ -184,6 +186,12 @@ async fn channel_for(endpoint: &Endpoint, state: Arc<LinkState>) -> Result<Chann
         let endpoint = endpoint.clone();
         let state = state.clone();
         async move {
+            if state.policy == LossPolicy::Exit && state.current.load(Ordering::SeqCst) != 0 {
+                // A redial means the established connection is gone, even when it ended
+                // without an EOF we saw (a driver's graceful stop: GOAWAY, then our side
+                // closes). Upstream exits on the first reconnect; so do we.
+                state.lose_for_good();
+            }
             if state.refuse_redial.load(Ordering::SeqCst) {
                 return Err(io::Error::new(
                     io::ErrorKind::NotConnected,
@@ -221,15 +229,20 @@ impl LinkState {
             return;
         }
         match self.policy {
-            LossPolicy::Exit => {
-                self.refuse_redial.store(true, Ordering::SeqCst);
-                tracing::error!("lost connection to the CSI driver");
-            }
+            LossPolicy::Exit => self.lose_for_good(),
             LossPolicy::Reconnect => {
-                tracing::warn!("lost connection to the CSI driver; reconnecting on the next call")
+                tracing::warn!("lost connection to the CSI driver; reconnecting on the next call");
+                self.losses.send_modify(|n| *n += 1);
             }
         }
-        self.losses.send_modify(|n| *n += 1);
+    }
+
+    /// [`LossPolicy::Exit`]: reports the loss once and refuses every redial.
+    fn lose_for_good(&self) {
+        if !self.refuse_redial.swap(true, Ordering::SeqCst) {
+            tracing::error!("lost connection to the CSI driver");
+            self.losses.send_modify(|n| *n += 1);
+        }
     }
 }
 
