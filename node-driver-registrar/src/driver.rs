@@ -1,0 +1,154 @@
+//! Learning the driver's name at start-up.
+//!
+//! Upstream gives the driver 30 s to accept a connection and then one GetPluginInfo call; a driver
+//! that is slower to start makes the registrar crash-loop. Here both the dial and GetPluginInfo are
+//! retried, with logging, until one bound (`--driver-startup-timeout`) runs out.
+
+use std::time::Duration;
+
+use sidecar_kit::connection::{self, ConnectError, ConnectOptions, LossPolicy};
+use sidecar_kit::csi::CsiClient;
+use sidecar_kit::identity::{self, IdentityError};
+use sidecar_kit::metrics::{CsiMetrics, MetricsError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+/// Pause between GetPluginInfo attempts.
+pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
+/// How often a continuing wait is logged.
+pub const REPORT_PERIOD: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("error connecting to CSI driver: {0}")]
+    Connect(#[from] ConnectError),
+    #[error("error retrieving CSI driver name: {0}")]
+    Name(IdentityError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error("error retrieving CSI driver name: no answer within {waited:?}: {last}")]
+    GaveUp {
+        waited: Duration,
+        last: IdentityError,
+    },
+}
+
+/// Whether a failed GetPluginInfo is worth another try.
+pub fn is_retryable(error: &IdentityError) -> bool {
+    match error {
+        // A driver without an Identity service, or one that has no name, will not grow them.
+        IdentityError::Call { status, .. } => status.code() != Code::Unimplemented,
+        IdentityError::EmptyName => false,
+        IdentityError::Cancelled => false,
+    }
+}
+
+/// Connects to the driver and returns its name, waiting up to `startup_timeout` for it to come up;
+/// each GetPluginInfo is bounded by `call_timeout`. `None` when `shutdown` came first.
+pub async fn wait_for_driver_name(
+    address: &str,
+    call_timeout: Duration,
+    startup_timeout: Duration,
+    shutdown: &CancellationToken,
+) -> Result<Option<String>, DriverError> {
+    let started = Instant::now();
+    let deadline = started + startup_timeout;
+    tracing::debug!(address, "connecting to the CSI driver");
+    let connecting = connection::connect(
+        address,
+        ConnectOptions {
+            dial_timeout: Some(startup_timeout),
+            policy: LossPolicy::Reconnect,
+        },
+    );
+    let connection = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(None),
+        connected = connecting => connected?,
+    };
+    // The connection is dropped on return: the registrar needs the driver only for its name.
+    // Upstream's registrar serves no metrics; the registry only satisfies the client.
+    let client = CsiClient::new(connection, CsiMetrics::new()?);
+    let mut next_report = Instant::now();
+    loop {
+        let error = match identity::driver_name(&client, Some(call_timeout)).await {
+            Ok(name) => return Ok(Some(name)),
+            Err(error) if !is_retryable(&error) => return Err(DriverError::Name(error)),
+            Err(error) => error,
+        };
+        let now = Instant::now();
+        if now + RETRY_PERIOD >= deadline {
+            return Err(DriverError::GaveUp {
+                waited: now.duration_since(started),
+                last: error,
+            });
+        }
+        if now >= next_report {
+            tracing::info!(
+                %error,
+                remaining = ?deadline.duration_since(now),
+                "CSI driver is not answering GetPluginInfo yet; retrying"
+            );
+            next_report = now + REPORT_PERIOD;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(RETRY_PERIOD) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    #[test]
+    fn retry_rules() {
+        let call = |status| IdentityError::Call {
+            call: "GetPluginInfo",
+            status,
+        };
+        assert!(is_retryable(&call(Status::unavailable("starting"))));
+        assert!(is_retryable(&call(Status::deadline_exceeded("slow"))));
+        assert!(is_retryable(&call(Status::failed_precondition("init"))));
+        assert!(!is_retryable(&call(Status::unimplemented("no identity"))));
+        assert!(!is_retryable(&IdentityError::EmptyName));
+    }
+
+    #[tokio::test]
+    async fn gives_up_after_the_bound_when_nothing_listens() {
+        let dir = tempfile::tempdir().unwrap();
+        let address = dir.path().join("absent.sock");
+        let result = wait_for_driver_name(
+            address.to_str().unwrap(),
+            Duration::from_millis(100),
+            Duration::from_millis(300),
+            &CancellationToken::new(),
+        )
+        .await;
+        assert!(
+            matches!(
+                result,
+                Err(DriverError::Connect(ConnectError::Timeout { .. }))
+            ),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_ends_the_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let address = dir.path().join("absent.sock");
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        let result = wait_for_driver_name(
+            address.to_str().unwrap(),
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+            &shutdown,
+        )
+        .await;
+        assert!(matches!(result, Ok(None)), "{result:?}");
+    }
+}

@@ -1,0 +1,42 @@
+//! Shared by the integration tests; not every test file uses every helper.
+#![allow(dead_code)]
+
+pub mod kubelet;
+pub mod process;
+
+use testkit::mockdriver::{MockDriver, MockHandle};
+
+use process::Dirs;
+
+pub const DRIVER: &str = "registrar.test.csi.k8s.io";
+pub const NODE_ID: &str = "node-1";
+
+/// The mock CSI driver, listening where `dirs` says the driver socket is.
+#[cfg(unix)]
+pub async fn start_driver(dirs: &Dirs) -> MockHandle {
+    MockDriver::builder()
+        .driver_name(DRIVER)
+        .node_id(NODE_ID)
+        .serve_unix(dirs.driver_socket())
+        .await
+        .expect("the mock driver serves")
+}
+
+/// The mock CSI driver on a named pipe (the mock serves no AF_UNIX sockets on Windows).
+#[cfg(windows)]
+pub async fn start_driver(dirs: &Dirs) -> MockHandle {
+    let name = format!(
+        r"\\.\pipe\registrar-test-{}",
+        dirs.root
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    MockDriver::builder()
+        .driver_name(DRIVER)
+        .node_id(NODE_ID)
+        .serve_named_pipe(&name)
+        .await
+        .expect("the mock driver serves")
+}
