@@ -1,6 +1,8 @@
 //! Test kit for the CSI sidecars.
 
 pub mod apiserver;
+#[cfg(unix)]
 pub mod kubelet;
 pub mod mockdriver;
+#[cfg(unix)]
 pub mod sandbox;

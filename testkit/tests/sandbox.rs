@@ -1,4 +1,5 @@
 //! The sandbox, for a bounded time: every sidecar binary that is built must reach its end state.
+#![cfg(unix)]
 
 use std::path::PathBuf;
 

@@ -1,14 +1,19 @@
 //! `sandbox`: every sidecar against the test API server and the mock CSI driver, on this machine.
 
+#[cfg(unix)]
 use std::path::PathBuf;
+#[cfg(unix)]
 use std::time::Duration;
 
+#[cfg(unix)]
 use clap::Parser;
+#[cfg(unix)]
 use testkit::sandbox::{self, Outcome, SandboxOptions};
 
 /// Runs the in-process Kubernetes API server and the mock CSI driver, starts every sidecar
 /// binary of the workspace against them, creates a StorageClass, a PVC and a VolumeAttachment,
 /// and shows what happens. Keeps running until Ctrl-C (or --duration).
+#[cfg(unix)]
 #[derive(Parser, Debug)]
 #[command(name = "sandbox", version)]
 struct Cli {
@@ -26,6 +31,7 @@ struct Cli {
 }
 
 /// Parses `30s`, `5m`, `1h` or a number of seconds.
+#[cfg(unix)]
 fn humantime_like(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
@@ -43,6 +49,13 @@ fn humantime_like(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(seconds))
 }
 
+#[cfg(not(unix))]
+fn main() -> std::process::ExitCode {
+    eprintln!("the sandbox needs unix sockets: run it on Linux");
+    std::process::ExitCode::from(2)
+}
+
+#[cfg(unix)]
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
