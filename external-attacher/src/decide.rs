@@ -684,7 +684,7 @@ mod tests {
         let mut neither = va();
         neither.source = VaSource::Neither;
         let mut inline_not_csi = va();
-        inline_not_csi.source = VaSource::Inline(Box::new(VolumeSpec::default()));
+        inline_not_csi.source = VaSource::Inline(Box::default());
         let cases: Vec<(Va, Option<Pv>, NodeLookup, &str)> = vec![
             (va(), None, found(), "persistentvolume \"pv-1\" not found"),
             (

@@ -237,7 +237,7 @@ impl Env {
         self.create_csi_pv(&format!("pv-{n}"), &handle).await;
         self.create_pv_va(&format!("va-{n}"), &format!("pv-{n}"), "node-1")
             .await;
-        self.wait_va(&format!("va-{n}"), |va| attached(va)).await
+        self.wait_va(&format!("va-{n}"), attached).await
     }
 
     pub async fn delete_va(&self, name: &str) {
