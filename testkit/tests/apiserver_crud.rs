@@ -205,7 +205,7 @@ async fn status_subresource_separates_status_from_the_rest() {
         )
         .await
         .unwrap();
-    assert_eq!(patched.status.as_ref().unwrap().attached, true);
+    assert!(patched.status.as_ref().unwrap().attached);
     assert!(
         patched.metadata.labels.is_none(),
         "status writes change only status"
@@ -220,11 +220,7 @@ async fn status_subresource_separates_status_from_the_rest() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        main.status.unwrap().attached,
-        true,
-        "main writes keep the stored status"
-    );
+    assert!(main.status.unwrap().attached, "main writes keep the stored status");
     assert_eq!(main.metadata.labels.unwrap()["x"], "y");
 }
 

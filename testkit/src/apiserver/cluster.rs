@@ -29,7 +29,10 @@ pub struct TestCluster {
 
 fn unique_namespace() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("csi-test-{:x}-{nanos:08x}-{n}", std::process::id())
 }
@@ -42,7 +45,8 @@ async fn client_for(kubeconfig: &Path, namespace: &str) -> Result<Client, ApiSer
 }
 
 async fn create_namespace(client: &Client, name: &str) -> Result<(), ApiServerError> {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).map_err(|e| ApiServerError::Namespace(kube::Error::SerdeError(e)))?;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))
+        .map_err(|e| ApiServerError::Namespace(kube::Error::SerdeError(e)))?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
@@ -64,7 +68,11 @@ impl TestCluster {
     /// A real cluster if [`KUBECONFIG_ENV`] is set, else an in-process server
     /// with the PV controller running (as kube-controller-manager would).
     pub async fn start() -> Result<Self, ApiServerError> {
-        Self::start_with(Options { pv_controller: true, ..Options::default() }).await
+        Self::start_with(Options {
+            pv_controller: true,
+            ..Options::default()
+        })
+        .await
     }
 
     /// Like [`TestCluster::start`]; `opts` apply to the in-process server only.
@@ -75,14 +83,26 @@ impl TestCluster {
                 let kubeconfig = PathBuf::from(path);
                 let client = client_for(&kubeconfig, &namespace).await?;
                 create_namespace(&client, &namespace).await?;
-                Ok(Self { client, namespace, kubeconfig, server: None, cleanup_pending: true })
+                Ok(Self {
+                    client,
+                    namespace,
+                    kubeconfig,
+                    server: None,
+                    cleanup_pending: true,
+                })
             }
             None => {
                 let server = ApiServer::start_with(opts).await?;
                 let kubeconfig = server.kubeconfig_path().to_path_buf();
                 let client = client_for(&kubeconfig, &namespace).await?;
                 create_namespace(&client, &namespace).await?;
-                Ok(Self { client, namespace, kubeconfig, server: Some(server), cleanup_pending: false })
+                Ok(Self {
+                    client,
+                    namespace,
+                    kubeconfig,
+                    server: Some(server),
+                    cleanup_pending: false,
+                })
             }
         }
     }
@@ -134,7 +154,10 @@ impl TestCluster {
 }
 
 async fn delete_namespace(client: &Client, name: &str) -> Result<(), kube::Error> {
-    match Api::<Namespace>::all(client.clone()).delete(name, &DeleteParams::background()).await {
+    match Api::<Namespace>::all(client.clone())
+        .delete(name, &DeleteParams::background())
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e),
@@ -150,10 +173,16 @@ impl Drop for TestCluster {
         // delete from a helper thread with its own runtime and client.
         let (kubeconfig, namespace) = (self.kubeconfig.clone(), self.namespace.clone());
         let cleanup = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(async {
-                let client = client_for(&kubeconfig, &namespace).await.map_err(std::io::Error::other)?;
-                delete_namespace(&client, &namespace).await.map_err(std::io::Error::other)
+                let client = client_for(&kubeconfig, &namespace)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                delete_namespace(&client, &namespace)
+                    .await
+                    .map_err(std::io::Error::other)
             })
         });
         if let Ok(Err(e)) = cleanup.join() {

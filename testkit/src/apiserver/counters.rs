@@ -34,7 +34,10 @@ impl Verb {
 
     /// Whether the verb changes state.
     pub fn is_write(self) -> bool {
-        matches!(self, Self::Create | Self::Update | Self::Patch | Self::Delete | Self::DeleteCollection)
+        matches!(
+            self,
+            Self::Create | Self::Update | Self::Patch | Self::Delete | Self::DeleteCollection
+        )
     }
 }
 
@@ -89,7 +92,11 @@ impl RequestCounters {
     }
 
     pub(crate) fn record(&self, verb: Verb, resource: &str, subresource: Option<&str>) {
-        let key = CounterKey { verb, resource: resource.to_string(), subresource: subresource.map(str::to_string) };
+        let key = CounterKey {
+            verb,
+            resource: resource.to_string(),
+            subresource: subresource.map(str::to_string),
+        };
         self.with(|m| *m.entry(key).or_default() += 1);
     }
 
@@ -100,18 +107,32 @@ impl RequestCounters {
 
     /// Requests on one subresource (`None`: the resource itself).
     pub fn get_subresource(&self, verb: Verb, resource: &str, subresource: Option<&str>) -> u64 {
-        let key = CounterKey { verb, resource: resource.to_string(), subresource: subresource.map(str::to_string) };
+        let key = CounterKey {
+            verb,
+            resource: resource.to_string(),
+            subresource: subresource.map(str::to_string),
+        };
         self.with(|m| m.get(&key).copied().unwrap_or(0))
     }
 
     /// Requests on the resource and all its subresources.
     pub fn total(&self, verb: Verb, resource: &str) -> u64 {
-        self.with(|m| m.iter().filter(|(k, _)| k.verb == verb && k.resource == resource).map(|(_, n)| n).sum())
+        self.with(|m| {
+            m.iter()
+                .filter(|(k, _)| k.verb == verb && k.resource == resource)
+                .map(|(_, n)| n)
+                .sum()
+        })
     }
 
     /// All create/update/patch/delete requests, on any resource.
     pub fn writes(&self) -> u64 {
-        self.with(|m| m.iter().filter(|(k, _)| k.verb.is_write()).map(|(_, n)| n).sum())
+        self.with(|m| {
+            m.iter()
+                .filter(|(k, _)| k.verb.is_write())
+                .map(|(_, n)| n)
+                .sum()
+        })
     }
 
     /// Every counter, sorted.
@@ -136,13 +157,19 @@ mod tests {
         c.record(Verb::Patch, "volumeattachments", Some("status"));
         c.record(Verb::Get, "persistentvolumes", None);
         assert_eq!(c.get(Verb::Patch, "volumeattachments"), 1);
-        assert_eq!(c.get_subresource(Verb::Patch, "volumeattachments", Some("status")), 2);
+        assert_eq!(
+            c.get_subresource(Verb::Patch, "volumeattachments", Some("status")),
+            2
+        );
         assert_eq!(c.total(Verb::Patch, "volumeattachments"), 3);
         assert_eq!(c.writes(), 3);
         assert_eq!(c.snapshot().len(), 3);
         c.reset();
         assert_eq!(c.writes(), 0);
-        assert_eq!("deletecollection".parse::<Verb>().unwrap(), Verb::DeleteCollection);
+        assert_eq!(
+            "deletecollection".parse::<Verb>().unwrap(),
+            Verb::DeleteCollection
+        );
         assert!("frob".parse::<Verb>().is_err());
     }
 }

@@ -41,7 +41,11 @@ fn group_entry(name: &str, versions: &[&str]) -> Value {
 }
 
 pub fn api_group_list(registry: &Registry) -> Value {
-    let groups: Vec<Value> = registry.groups().iter().map(|(g, vs)| group_entry(g, vs)).collect();
+    let groups: Vec<Value> = registry
+        .groups()
+        .iter()
+        .map(|(g, vs)| group_entry(g, vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
@@ -77,17 +81,29 @@ pub fn api_resource_list(registry: &Registry, group: &str, version: &str) -> Opt
     if resources.is_empty() {
         return None;
     }
-    let group_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}))
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
+    )
 }
 
 /// The OpenAPI v3 index: one document per group/version.
 pub fn openapi_v3_root(registry: &Registry) -> Value {
     let mut paths = serde_json::Map::new();
-    paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1"}));
+    paths.insert(
+        "api/v1".into(),
+        json!({"serverRelativeURL": "/openapi/v3/api/v1"}),
+    );
     for (g, versions) in registry.groups() {
         for v in versions {
-            paths.insert(format!("apis/{g}/{v}"), json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}")}));
+            paths.insert(
+                format!("apis/{g}/{v}"),
+                json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}")}),
+            );
         }
     }
     json!({"paths": paths})
@@ -101,7 +117,11 @@ pub fn openapi_v3_root(registry: &Registry) -> Value {
 pub fn openapi_v3_group_version(registry: &Registry, group: &str, version: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
     for k in registry.in_group_version(group, version) {
-        let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+        let prefix = if group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{group}/{version}")
+        };
         let path = if k.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", k.plural)
         } else {
@@ -143,7 +163,13 @@ pub fn human_age(seconds: i64) -> String {
     let s = seconds.max(0);
     let (m, h) = (s / 60, s / 3600);
     let (d, y) = (h / 24, h / (24 * 365));
-    let pair = |a: i64, ua: &str, b: i64, ub: &str| if b == 0 { format!("{a}{ua}") } else { format!("{a}{ua}{b}{ub}") };
+    let pair = |a: i64, ua: &str, b: i64, ub: &str| {
+        if b == 0 {
+            format!("{a}{ua}")
+        } else {
+            format!("{a}{ua}{b}{ub}")
+        }
+    };
     if s < 120 {
         format!("{s}s")
     } else if m < 10 {
@@ -243,17 +269,32 @@ mod tests {
     fn discovery_lists_status_subresources() {
         let r = Registry::builtin();
         let l = api_resource_list(&r, "storage.k8s.io", "v1").unwrap();
-        let names: Vec<&str> = l["resources"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
-        assert!(names.contains(&"volumeattachments") && names.contains(&"volumeattachments/status"));
+        let names: Vec<&str> = l["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            names.contains(&"volumeattachments") && names.contains(&"volumeattachments/status")
+        );
         assert!(!names.contains(&"storageclasses/status"));
         assert!(api_resource_list(&r, "nope", "v1").is_none());
-        assert_eq!(api_group(&r, "snapshot.storage.k8s.io").unwrap()["preferredVersion"]["version"], "v1");
+        assert_eq!(
+            api_group(&r, "snapshot.storage.k8s.io").unwrap()["preferredVersion"]["version"],
+            "v1"
+        );
     }
 
     #[test]
     fn tables_carry_name_and_age() {
         let o = json!({"metadata": {"name": "a", "creationTimestamp": "2020-01-01T00:00:00Z"}});
-        let t = table([&o], json!({"resourceVersion": "5"}), IncludeObject::Metadata, true);
+        let t = table(
+            [&o],
+            json!({"resourceVersion": "5"}),
+            IncludeObject::Metadata,
+            true,
+        );
         assert_eq!(t["rows"][0]["cells"][0], "a");
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
         assert_eq!(t["columnDefinitions"].as_array().unwrap().len(), 2);

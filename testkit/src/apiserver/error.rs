@@ -29,7 +29,12 @@ fn details(kind: &Kind, name: &str, kind_field: &str) -> Map<String, Value> {
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn with_details(mut self, d: Map<String, Value>) -> Self {
@@ -38,20 +43,31 @@ impl ApiError {
     }
 
     pub fn not_found(kind: &Kind, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", kind.qualified_resource()))
-            .with_details(details(kind, name, kind.plural))
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", kind.qualified_resource()),
+        )
+        .with_details(details(kind, name, kind.plural))
     }
 
     pub fn already_exists(kind: &Kind, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", kind.qualified_resource()))
-            .with_details(details(kind, name, kind.plural))
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", kind.qualified_resource()),
+        )
+        .with_details(details(kind, name, kind.plural))
     }
 
     pub fn conflict(kind: &Kind, name: &str, why: &str) -> Self {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} \"{name}\": {why}", kind.qualified_resource()),
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                kind.qualified_resource()
+            ),
         )
         .with_details(details(kind, name, kind.plural))
     }
@@ -72,12 +88,24 @@ impl ApiError {
             "causes".into(),
             json!([{"reason": cause_reason, "message": detail, "field": field}]),
         );
-        Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {field}: {detail}", kind.kind)).with_details(d)
+        Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {field}: {detail}", kind.kind),
+        )
+        .with_details(d)
     }
 
     pub fn forbidden(kind: &Kind, name: &str, why: &str) -> Self {
-        Self::new(403, "Forbidden", format!("{} \"{name}\" is forbidden: {why}", kind.qualified_resource()))
-            .with_details(details(kind, name, kind.plural))
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: {why}",
+                kind.qualified_resource()
+            ),
+        )
+        .with_details(details(kind, name, kind.plural))
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -101,7 +129,11 @@ impl ApiError {
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
 
     pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
@@ -110,15 +142,22 @@ impl ApiError {
             "Timeout",
             format!("Too large resource version: {requested}, current: {current}"),
         );
-        e.details = Some(json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}));
+        e.details = Some(
+            json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+        );
         e
     }
 
     /// A JSON patch operation that does not apply: the real server answers 422
     /// with a generic message and the patch library's error as the cause.
     pub fn patch_not_applicable(cause: &str) -> Self {
-        let mut e = Self::new(422, "Invalid", "the server rejected our request due to an error in our request");
-        e.details = Some(json!({"causes": [{"reason": "UnexpectedServerResponse", "message": cause}]}));
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request",
+        );
+        e.details =
+            Some(json!({"causes": [{"reason": "UnexpectedServerResponse", "message": cause}]}));
         e
     }
 
@@ -172,13 +211,29 @@ mod tests {
     #[test]
     fn status_bodies_name_the_resource_like_the_real_server() {
         let r = Registry::builtin();
-        let va = r.get(r.lookup("storage.k8s.io", "v1", "volumeattachments").unwrap());
+        let va = r.get(
+            r.lookup("storage.k8s.io", "v1", "volumeattachments")
+                .unwrap(),
+        );
         let s = ApiError::not_found(va, "va-1").to_status();
-        assert_eq!(s["message"], "volumeattachments.storage.k8s.io \"va-1\" not found");
-        assert_eq!(s["details"], json!({"name": "va-1", "group": "storage.k8s.io", "kind": "volumeattachments"}));
+        assert_eq!(
+            s["message"],
+            "volumeattachments.storage.k8s.io \"va-1\" not found"
+        );
+        assert_eq!(
+            s["details"],
+            json!({"name": "va-1", "group": "storage.k8s.io", "kind": "volumeattachments"})
+        );
         assert_eq!(s["code"], 404);
         let pvc = r.get(r.core("persistentvolumeclaims").unwrap());
-        let s = ApiError::invalid(pvc, "x", "metadata.name", "FieldValueInvalid", "Invalid value: \"x\"").to_status();
+        let s = ApiError::invalid(
+            pvc,
+            "x",
+            "metadata.name",
+            "FieldValueInvalid",
+            "Invalid value: \"x\"",
+        )
+        .to_status();
         assert_eq!(s["reason"], "Invalid");
         assert_eq!(s["details"]["kind"], "PersistentVolumeClaim");
         assert!(s["details"].get("group").is_none());

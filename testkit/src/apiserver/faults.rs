@@ -21,7 +21,13 @@ pub struct RequestMatch {
 impl RequestMatch {
     /// Requests with this verb on this resource plural (and any of its subresources).
     pub fn new(verb: Verb, resource: impl Into<String>) -> Self {
-        Self { verb, resource: resource.into(), subresource: None, name: None, namespace: None }
+        Self {
+            verb,
+            resource: resource.into(),
+            subresource: None,
+            name: None,
+            namespace: None,
+        }
     }
 
     /// Only requests on this subresource (e.g. `status`).
@@ -51,9 +57,15 @@ impl RequestMatch {
     fn matches(&self, req: &RequestInfo<'_>) -> bool {
         self.verb == req.verb
             && self.resource == req.resource
-            && self.subresource.as_ref().is_none_or(|s| s.as_deref() == req.subresource)
+            && self
+                .subresource
+                .as_ref()
+                .is_none_or(|s| s.as_deref() == req.subresource)
             && self.name.as_deref().is_none_or(|n| Some(n) == req.name)
-            && self.namespace.as_deref().is_none_or(|n| Some(n) == req.namespace)
+            && self
+                .namespace
+                .as_deref()
+                .is_none_or(|n| Some(n) == req.namespace)
     }
 }
 
@@ -89,7 +101,10 @@ pub struct Faults {
 
 impl Faults {
     pub(crate) fn new(store: Arc<Mutex<Store>>) -> Self {
-        Self { state: Arc::default(), store }
+        Self {
+            state: Arc::default(),
+            store,
+        }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -99,12 +114,22 @@ impl Faults {
     /// Fails the next `times` matching requests with `code` and a Status body
     /// whose reason fits the code (500 InternalError, 409 Conflict, ...).
     pub fn fail_next(&self, on: RequestMatch, times: u32, code: u16) {
-        self.fail_next_with(on, times, ApiError::from_code(code, format!("injected fault ({code})")));
+        self.fail_next_with(
+            on,
+            times,
+            ApiError::from_code(code, format!("injected fault ({code})")),
+        );
     }
 
     /// Fails the next `times` matching requests with exactly this error.
     pub fn fail_next_with(&self, on: RequestMatch, times: u32, error: ApiError) {
-        self.with(|s| s.failures.push(Failure { on, remaining: times, error }));
+        self.with(|s| {
+            s.failures.push(Failure {
+                on,
+                remaining: times,
+                error,
+            })
+        });
     }
 
     /// How many injected failures have not fired yet.
@@ -157,11 +182,20 @@ impl Faults {
     /// The delay and the injected error (if any) for one request; consumes one failure.
     pub(crate) fn check(&self, req: &RequestInfo<'_>) -> (Duration, Option<ApiError>) {
         self.with(|s| {
-            let delay = s.latencies.iter().filter(|(m, _)| m.matches(req)).map(|(_, d)| *d).sum();
-            let error = s.failures.iter_mut().find(|f| f.remaining > 0 && f.on.matches(req)).map(|f| {
-                f.remaining -= 1;
-                f.error.clone()
-            });
+            let delay = s
+                .latencies
+                .iter()
+                .filter(|(m, _)| m.matches(req))
+                .map(|(_, d)| *d)
+                .sum();
+            let error = s
+                .failures
+                .iter_mut()
+                .find(|f| f.remaining > 0 && f.on.matches(req))
+                .map(|f| {
+                    f.remaining -= 1;
+                    f.error.clone()
+                });
             s.failures.retain(|f| f.remaining > 0);
             (delay, error)
         })
@@ -174,24 +208,64 @@ mod tests {
     use crate::apiserver::registry::Registry;
 
     fn info<'a>(verb: Verb, sub: Option<&'a str>, name: Option<&'a str>) -> RequestInfo<'a> {
-        RequestInfo { verb, resource: "volumeattachments", subresource: sub, name, namespace: None }
+        RequestInfo {
+            verb,
+            resource: "volumeattachments",
+            subresource: sub,
+            name,
+            namespace: None,
+        }
     }
 
     #[test]
     fn failures_fire_the_requested_number_of_times() {
-        let store = Arc::new(Mutex::new(Store::new(Arc::new(Registry::builtin()), 10, 10)));
+        let store = Arc::new(Mutex::new(Store::new(
+            Arc::new(Registry::builtin()),
+            10,
+            10,
+        )));
         let f = Faults::new(store);
-        f.fail_next(RequestMatch::new(Verb::Patch, "volumeattachments").subresource("status").name("va"), 2, 500);
+        f.fail_next(
+            RequestMatch::new(Verb::Patch, "volumeattachments")
+                .subresource("status")
+                .name("va"),
+            2,
+            500,
+        );
         assert!(f.check(&info(Verb::Patch, None, Some("va"))).1.is_none());
-        assert!(f.check(&info(Verb::Patch, Some("status"), Some("other"))).1.is_none());
-        let e = f.check(&info(Verb::Patch, Some("status"), Some("va"))).1.unwrap();
+        assert!(
+            f.check(&info(Verb::Patch, Some("status"), Some("other")))
+                .1
+                .is_none()
+        );
+        let e = f
+            .check(&info(Verb::Patch, Some("status"), Some("va")))
+            .1
+            .unwrap();
         assert_eq!((e.code, e.reason), (500, "InternalError"));
         assert_eq!(f.pending_failures(), 1);
-        assert!(f.check(&info(Verb::Patch, Some("status"), Some("va"))).1.is_some());
-        assert!(f.check(&info(Verb::Patch, Some("status"), Some("va"))).1.is_none());
-        f.add_latency(RequestMatch::new(Verb::Get, "volumeattachments").main_resource(), Duration::from_millis(5));
-        assert_eq!(f.check(&info(Verb::Get, None, None)).0, Duration::from_millis(5));
-        assert_eq!(f.check(&info(Verb::Get, Some("status"), None)).0, Duration::ZERO);
+        assert!(
+            f.check(&info(Verb::Patch, Some("status"), Some("va")))
+                .1
+                .is_some()
+        );
+        assert!(
+            f.check(&info(Verb::Patch, Some("status"), Some("va")))
+                .1
+                .is_none()
+        );
+        f.add_latency(
+            RequestMatch::new(Verb::Get, "volumeattachments").main_resource(),
+            Duration::from_millis(5),
+        );
+        assert_eq!(
+            f.check(&info(Verb::Get, None, None)).0,
+            Duration::from_millis(5)
+        );
+        assert_eq!(
+            f.check(&info(Verb::Get, Some("status"), None)).0,
+            Duration::ZERO
+        );
         f.clear();
         assert_eq!(f.check(&info(Verb::Get, None, None)).0, Duration::ZERO);
     }

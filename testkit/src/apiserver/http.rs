@@ -24,7 +24,8 @@ use super::faults::{Faults, RequestInfo};
 use super::registry::{Kind, KindId, Registry};
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{
-    Deleted, EventType, ListQuery, PatchType, Preconditions, Store, Target, WatchEvent, WatchFrom, WatchStart,
+    Deleted, EventType, ListQuery, PatchType, Preconditions, Store, Target, WatchEvent, WatchFrom,
+    WatchStart,
 };
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
@@ -70,7 +71,11 @@ fn respond(code: u16, content_type: &str, bytes: impl Into<Bytes>) -> Response<B
 }
 
 fn json_response(code: u16, v: &Value) -> Response<Body> {
-    respond(code, "application/json", serde_json::to_vec(v).unwrap_or_default())
+    respond(
+        code,
+        "application/json",
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
 }
 
 fn status_response(e: &ApiError) -> Response<Body> {
@@ -89,7 +94,10 @@ fn percent_decode(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < b.len() => {
-                match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                match std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
                     Some(v) => {
                         out.push(v);
                         i += 2;
@@ -127,7 +135,11 @@ enum Rendering {
 }
 
 fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
-    let Some(accept) = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+    let Some(accept) = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+    else {
         return Ok(Rendering::Json);
     };
     let mut json_ok = false;
@@ -137,7 +149,9 @@ fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
         let params: Vec<&str> = parts.collect();
         let is_json = matches!(media, "application/json" | "*/*" | "application/*" | "");
         if is_json && params.contains(&"as=Table") {
-            if params.contains(&"g=meta.k8s.io") && (params.contains(&"v=v1") || params.contains(&"v=v1beta1")) {
+            if params.contains(&"g=meta.k8s.io")
+                && (params.contains(&"v=v1") || params.contains(&"v=v1beta1"))
+            {
                 return Ok(Rendering::Table);
             }
             continue;
@@ -155,13 +169,22 @@ fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
 }
 
 async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let segments: Vec<String> = req.uri().path().split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
+    let segments: Vec<String> = req
+        .uri()
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
     let get_only = |doc: Option<Value>| -> Result<Response<Body>, ApiError> {
         if req.method() != Method::GET {
-            return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+            return Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            ));
         }
-        doc.map(|d| json_response(200, &d)).ok_or_else(not_found_path)
+        doc.map(|d| json_response(200, &d))
+            .ok_or_else(not_found_path)
     };
     match segs.as_slice() {
         ["healthz" | "livez" | "readyz", ..] => Ok(respond(200, "text/plain; charset=utf-8", "ok")),
@@ -170,16 +193,42 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         ["api", version] => get_only(discovery::api_resource_list(&shared.registry, "", version)),
         ["apis"] => get_only(Some(discovery::api_group_list(&shared.registry))),
         ["apis", group] => get_only(discovery::api_group(&shared.registry, group)),
-        ["apis", group, version] => get_only(discovery::api_resource_list(&shared.registry, group, version)),
+        ["apis", group, version] => get_only(discovery::api_resource_list(
+            &shared.registry,
+            group,
+            version,
+        )),
         ["openapi", "v3"] => get_only(Some(discovery::openapi_v3_root(&shared.registry))),
-        ["openapi", "v3", "api", version] => get_only(discovery::openapi_v3_group_version(&shared.registry, "", version)),
-        ["openapi", "v3", "apis", group, version] => {
-            get_only(discovery::openapi_v3_group_version(&shared.registry, group, version))
+        ["openapi", "v3", "api", version] => get_only(discovery::openapi_v3_group_version(
+            &shared.registry,
+            "",
+            version,
+        )),
+        ["openapi", "v3", "apis", group, version] => get_only(discovery::openapi_v3_group_version(
+            &shared.registry,
+            group,
+            version,
+        )),
+        ["api", version, rest @ ..] => {
+            resource(
+                shared,
+                req,
+                "",
+                version,
+                &rest.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            )
+            .await
         }
-        ["api", version, rest @ ..] => resource(shared, req, "", version, &rest.iter().map(|s| s.to_string()).collect::<Vec<_>>()).await,
         ["apis", group, version, rest @ ..] => {
             let (g, v) = (group.to_string(), version.to_string());
-            resource(shared, req, &g, &v, &rest.iter().map(|s| s.to_string()).collect::<Vec<_>>()).await
+            resource(
+                shared,
+                req,
+                &g,
+                &v,
+                &rest.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            )
+            .await
         }
         _ => Err(not_found_path()),
     }
@@ -194,10 +243,19 @@ struct ResourcePath {
     subresource: Option<String>,
 }
 
-fn resolve(registry: &Registry, group: &str, version: &str, rest: &[String]) -> Result<ResourcePath, ApiError> {
+fn resolve(
+    registry: &Registry,
+    group: &str,
+    version: &str,
+    rest: &[String],
+) -> Result<ResourcePath, ApiError> {
     let namespace_sub = rest.len() == 3 && matches!(rest[2].as_str(), "status" | "finalize");
     let (namespace, rest) = match rest {
-        [ns_word, ns, tail @ ..] if ns_word == "namespaces" && !tail.is_empty() && !namespace_sub => (Some(ns.clone()), tail),
+        [ns_word, ns, tail @ ..]
+            if ns_word == "namespaces" && !tail.is_empty() && !namespace_sub =>
+        {
+            (Some(ns.clone()), tail)
+        }
         _ => (None, rest),
     };
     let (plural, name, subresource) = match rest {
@@ -206,25 +264,32 @@ fn resolve(registry: &Registry, group: &str, version: &str, rest: &[String]) -> 
         [p, n, s] => (p, Some(n.clone()), Some(s.clone())),
         _ => return Err(not_found_path()),
     };
-    let kind = registry.lookup(group, version, plural).ok_or_else(not_found_path)?;
+    let kind = registry
+        .lookup(group, version, plural)
+        .ok_or_else(not_found_path)?;
     let k = registry.get(kind);
-    let scope_ok = match (k.namespaced, &namespace, &name) {
-        (false, Some(_), _) => false,
-        (true, None, Some(_)) => false,
-        _ => true,
-    };
-    let sub_ok = subresource.as_deref().is_none_or(|s| s == "status" && k.status_subresource);
+    let scope_ok = !matches!((k.namespaced, &namespace, &name), (false, Some(_), _) | (true, None, Some(_)));
+    let sub_ok = subresource
+        .as_deref()
+        .is_none_or(|s| s == "status" && k.status_subresource);
     if !scope_ok || !sub_ok {
         return Err(not_found_path());
     }
-    Ok(ResourcePath { kind, namespace, name, subresource })
+    Ok(ResourcePath {
+        kind,
+        namespace,
+        name,
+        subresource,
+    })
 }
 
 fn dry_run(q: &HashMap<String, String>) -> Result<bool, ApiError> {
     match q.get("dryRun").map(String::as_str) {
         None | Some("") => Ok(false),
         Some("All") => Ok(true),
-        Some(other) => Err(ApiError::bad_request(format!("Invalid dry run value: {other:?}, valid values are: All"))),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "Invalid dry run value: {other:?}, valid values are: All"
+        ))),
     }
 }
 
@@ -254,23 +319,38 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
 }
 
 fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
-fn list_query<'a>(k: &Kind, q: &'a HashMap<String, String>, namespace: Option<&'a str>) -> Result<ListQuery<'a>, ApiError> {
+fn list_query<'a>(
+    k: &Kind,
+    q: &'a HashMap<String, String>,
+    namespace: Option<&'a str>,
+) -> Result<ListQuery<'a>, ApiError> {
     let labels = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
         .map_err(|e| ApiError::bad_request(e.0))?;
     let fields = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), k)
         .map_err(|e| ApiError::bad_request(e.0))?;
     let limit = match q.get("limit").filter(|l| !l.is_empty()) {
-        Some(l) => Some(l.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?.max(0) as usize),
+        Some(l) => Some(
+            l.parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?
+                .max(0) as usize,
+        ),
         None => None,
     };
     let exact = match q.get("resourceVersionMatch").map(String::as_str) {
         None | Some("") | Some("NotOlderThan") => false,
         Some("Exact") => true,
         Some(other) => {
-            return Err(ApiError::invalid(k, "", "resourceVersionMatch", "FieldValueNotSupported", &format!("Unsupported value: {other:?}")));
+            return Err(ApiError::invalid(
+                k,
+                "",
+                "resourceVersionMatch",
+                "FieldValueNotSupported",
+                &format!("Unsupported value: {other:?}"),
+            ));
         }
     };
     Ok(ListQuery {
@@ -303,11 +383,15 @@ async fn resource(
         (Method::DELETE, true) => Verb::Delete,
         (Method::DELETE, false) => Verb::DeleteCollection,
         (m, _) => {
-            return Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource ({m})")));
+            return Err(ApiError::method_not_allowed(format!(
+                "the server does not allow this method on the requested resource ({m})"
+            )));
         }
     };
     let k = shared.registry.get(path.kind).clone();
-    shared.counters.record(verb, k.plural, path.subresource.as_deref());
+    shared
+        .counters
+        .record(verb, k.plural, path.subresource.as_deref());
     let info = RequestInfo {
         verb,
         resource: k.plural,
@@ -325,19 +409,37 @@ async fn resource(
     let rendering = negotiate(&req)?;
     let ns = path.namespace.clone().unwrap_or_default();
     let name = path.name.clone().unwrap_or_default();
-    let target = if path.subresource.is_some() { Target::Status } else { Target::Main };
+    let target = if path.subresource.is_some() {
+        Target::Status
+    } else {
+        Target::Main
+    };
     match verb {
         Verb::Get => {
             let obj = shared.store().get(path.kind, &ns, &name)?;
             Ok(match rendering {
-                Rendering::Json => respond(200, "application/json", serde_json::to_vec(&*obj).unwrap_or_default()),
+                Rendering::Json => respond(
+                    200,
+                    "application/json",
+                    serde_json::to_vec(&*obj).unwrap_or_default(),
+                ),
                 Rendering::Table => {
                     let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
-                    json_response(200, &discovery::table([&*obj], meta, include_object(&q)?, true))
+                    json_response(
+                        200,
+                        &discovery::table([&*obj], meta, include_object(&q)?, true),
+                    )
                 }
             })
         }
-        Verb::List => list(shared, &k, path.kind, &q, path.namespace.as_deref(), rendering),
+        Verb::List => list(
+            shared,
+            &k,
+            path.kind,
+            &q,
+            path.namespace.as_deref(),
+            rendering,
+        ),
         Verb::Watch => watch(shared, &k, path.kind, &q, path.namespace, rendering),
         Verb::Create => {
             let dry = dry_run(&q)?;
@@ -348,7 +450,9 @@ async fn resource(
         Verb::Update => {
             let dry = dry_run(&q)?;
             let obj = read_json(req).await?;
-            let updated = shared.store().update(path.kind, &ns, &name, obj, target, dry)?;
+            let updated = shared
+                .store()
+                .update(path.kind, &ns, &name, obj, target, dry)?;
             Ok(json_response(200, &updated))
         }
         Verb::Patch => {
@@ -379,7 +483,9 @@ async fn resource(
                 }
             };
             let patch = parse_json(&read_body(req).await?)?;
-            let patched = shared.store().patch(path.kind, &ns, &name, patch_type, &patch, target, dry)?;
+            let patched = shared
+                .store()
+                .patch(path.kind, &ns, &name, patch_type, &patch, target, dry)?;
             Ok(json_response(200, &patched))
         }
         Verb::Delete => {
@@ -396,7 +502,15 @@ async fn resource(
             let dry = dry_run(&q)? || body_dry;
             let query = list_query(&k, &q, path.namespace.as_deref())?;
             let mut store = shared.store();
-            let page = store.list(path.kind, &ListQuery { limit: None, continue_token: None, resource_version: None, ..query })?;
+            let page = store.list(
+                path.kind,
+                &ListQuery {
+                    limit: None,
+                    continue_token: None,
+                    resource_version: None,
+                    ..query
+                },
+            )?;
             let mut items = Vec::new();
             for obj in page.items {
                 let (ons, oname) = super::store::key_of(&obj);
@@ -408,7 +522,11 @@ async fn resource(
             }
             let rv = store.resource_version();
             drop(store);
-            Ok(respond(200, "application/json", list_bytes(&k, &items, json!({"resourceVersion": rv.to_string()}))))
+            Ok(respond(
+                200,
+                "application/json",
+                list_bytes(&k, &items, json!({"resourceVersion": rv.to_string()})),
+            ))
         }
     }
 }
@@ -420,12 +538,22 @@ async fn delete_options(req: Request<Incoming>) -> Result<(Preconditions, bool),
     }
     let v = parse_json(&bytes)?;
     let s = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
-    let dry = v.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All"));
-    Ok((Preconditions { uid: s("/preconditions/uid"), resource_version: s("/preconditions/resourceVersion") }, dry))
+    let dry = v
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|x| x == "All"));
+    Ok((
+        Preconditions {
+            uid: s("/preconditions/uid"),
+            resource_version: s("/preconditions/resourceVersion"),
+        },
+        dry,
+    ))
 }
 
 fn deleted_status(k: &Kind, obj: &Value) -> Value {
-    let mut details = json!({"name": obj["metadata"]["name"], "kind": k.plural, "uid": obj["metadata"]["uid"]});
+    let mut details =
+        json!({"name": obj["metadata"]["name"], "kind": k.plural, "uid": obj["metadata"]["uid"]});
     if !k.group.is_empty() {
         details["group"] = json!(k.group);
     }
@@ -437,7 +565,9 @@ fn include_object(q: &HashMap<String, String>) -> Result<IncludeObject, ApiError
         None | Some("") | Some("Metadata") => Ok(IncludeObject::Metadata),
         Some("None") => Ok(IncludeObject::None),
         Some("Object") => Ok(IncludeObject::Object),
-        Some(other) => Err(ApiError::bad_request(format!("unsupported includeObject {other:?}"))),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "unsupported includeObject {other:?}"
+        ))),
     }
 }
 
@@ -481,9 +611,15 @@ fn list(
     }
     Ok(match rendering {
         Rendering::Json => respond(200, "application/json", list_bytes(k, &page.items, meta)),
-        Rendering::Table => {
-            json_response(200, &discovery::table(page.items.iter().map(|o| &**o), meta, include_object(q)?, true))
-        }
+        Rendering::Table => json_response(
+            200,
+            &discovery::table(
+                page.items.iter().map(|o| &**o),
+                meta,
+                include_object(q)?,
+                true,
+            ),
+        ),
     })
 }
 
@@ -550,13 +686,19 @@ impl WatchOutput {
         match self.table {
             None => match &rewritten {
                 None => Some(event_line(etype.as_str(), ev.encoded_object())),
-                Some(v) => Some(event_line(etype.as_str(), &serde_json::to_vec(v).unwrap_or_default())),
+                Some(v) => Some(event_line(
+                    etype.as_str(),
+                    &serde_json::to_vec(v).unwrap_or_default(),
+                )),
             },
             Some(include) => {
                 let meta = json!({"resourceVersion": ev.rv.to_string()});
                 let table = discovery::table([object], meta, include, !self.headers_sent);
                 self.headers_sent = true;
-                Some(event_line(etype.as_str(), &serde_json::to_vec(&table).unwrap_or_default()))
+                Some(event_line(
+                    etype.as_str(),
+                    &serde_json::to_vec(&table).unwrap_or_default(),
+                ))
             }
         }
     }
@@ -586,7 +728,10 @@ fn watch(
     let bookmarks = flag(q, "allowWatchBookmarks");
     let send_initial = q.get("sendInitialEvents").map(|v| v == "true" || v == "1");
     if send_initial == Some(true) {
-        let rvm = q.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+        let rvm = q
+            .get("resourceVersionMatch")
+            .map(String::as_str)
+            .unwrap_or("");
         if rvm != "NotOlderThan" || !bookmarks {
             return Err(ApiError::invalid(
                 k,
@@ -598,15 +743,21 @@ fn watch(
         }
     }
     let timeout = match q.get("timeoutSeconds").filter(|t| !t.is_empty()) {
-        Some(t) => Some(Duration::from_secs(
-            t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
-        )),
+        Some(t) => Some(Duration::from_secs(t.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("invalid timeoutSeconds {t:?}"))
+        })?)),
         None => None,
     };
-    let rv = q.get("resourceVersion").map(String::as_str).filter(|r| !r.is_empty() && *r != "0");
+    let rv = q
+        .get("resourceVersion")
+        .map(String::as_str)
+        .filter(|r| !r.is_empty() && *r != "0");
     let from = match (rv, send_initial) {
         (_, Some(true)) | (None, _) => WatchFrom::Current,
-        (Some(r), _) => WatchFrom::After(r.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {r:?}")))?),
+        (Some(r), _) => WatchFrom::After(
+            r.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r:?}")))?,
+        ),
     };
     let start = match shared.store().watch(kind, from) {
         Ok(mut s) => {
@@ -627,13 +778,35 @@ fn watch(
         Rendering::Table => Some(include_object(q)?),
         Rendering::Json => None,
     };
-    let output = WatchOutput { filter: WatchFilter { namespace, labels, fields }, table, headers_sent: false };
+    let output = WatchOutput {
+        filter: WatchFilter {
+            namespace,
+            labels,
+            fields,
+        },
+        table,
+        headers_sent: false,
+    };
     let (tx, rx) = mpsc::channel::<Bytes>(256);
-    let opts = WatchOpts { bookmarks, initial_events_end: send_initial == Some(true), timeout };
-    tokio::spawn(run_watch(shared.clone(), k.clone(), start, output, opts, tx));
+    let opts = WatchOpts {
+        bookmarks,
+        initial_events_end: send_initial == Some(true),
+        timeout,
+    };
+    tokio::spawn(run_watch(
+        shared.clone(),
+        k.clone(),
+        start,
+        output,
+        opts,
+        tx,
+    ));
     let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
     let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }
 
@@ -670,7 +843,10 @@ async fn run_watch(
         }
     };
     tokio::pin!(expired);
-    let mut ticker = tokio::time::interval_at(Instant::now() + shared.bookmark_interval, shared.bookmark_interval);
+    let mut ticker = tokio::time::interval_at(
+        Instant::now() + shared.bookmark_interval,
+        shared.bookmark_interval,
+    );
     let mut last_rv = start.after;
     loop {
         let batch: Vec<Arc<WatchEvent>>;
@@ -739,15 +915,39 @@ mod tests {
     fn urls_resolve_to_kinds_and_scopes() {
         let r = Registry::builtin();
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let p = resolve(&r, "", "v1", &s(&["namespaces", "ns", "persistentvolumeclaims", "a", "status"])).unwrap();
-        assert_eq!((p.namespace.as_deref(), p.name.as_deref(), p.subresource.as_deref()), (Some("ns"), Some("a"), Some("status")));
+        let p = resolve(
+            &r,
+            "",
+            "v1",
+            &s(&["namespaces", "ns", "persistentvolumeclaims", "a", "status"]),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                p.namespace.as_deref(),
+                p.name.as_deref(),
+                p.subresource.as_deref()
+            ),
+            (Some("ns"), Some("a"), Some("status"))
+        );
         let p = resolve(&r, "", "v1", &s(&["namespaces", "ns", "status"])).unwrap();
-        assert_eq!((p.namespace, p.name.as_deref(), p.subresource.as_deref()), (None, Some("ns"), Some("status")));
+        assert_eq!(
+            (p.namespace, p.name.as_deref(), p.subresource.as_deref()),
+            (None, Some("ns"), Some("status"))
+        );
         let p = resolve(&r, "", "v1", &s(&["persistentvolumeclaims"])).unwrap();
         assert!(p.namespace.is_none() && p.name.is_none());
         assert!(resolve(&r, "", "v1", &s(&["persistentvolumeclaims", "a"])).is_err());
         assert!(resolve(&r, "", "v1", &s(&["namespaces", "ns", "persistentvolumes"])).is_err());
-        assert!(resolve(&r, "storage.k8s.io", "v1", &s(&["storageclasses", "a", "status"])).is_err());
+        assert!(
+            resolve(
+                &r,
+                "storage.k8s.io",
+                "v1",
+                &s(&["storageclasses", "a", "status"])
+            )
+            .is_err()
+        );
         assert!(resolve(&r, "", "v1", &s(&["widgets"])).is_err());
     }
 }

@@ -90,7 +90,10 @@ pub struct ApiServer {
 
 impl std::fmt::Debug for ApiServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiServer").field("addr", &self.addr).field("kubeconfig", &self.kubeconfig).finish_non_exhaustive()
+        f.debug_struct("ApiServer")
+            .field("addr", &self.addr)
+            .field("kubeconfig", &self.kubeconfig)
+            .finish_non_exhaustive()
     }
 }
 
@@ -102,10 +105,16 @@ impl ApiServer {
 
     /// Starts a server on an ephemeral port of 127.0.0.1.
     pub async fn start_with(opts: Options) -> Result<Self, ApiServerError> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(ApiServerError::Bind)?;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(ApiServerError::Bind)?;
         let addr = listener.local_addr().map_err(ApiServerError::Bind)?;
         let registry = Arc::new(Registry::builtin());
-        let store = Arc::new(Mutex::new(Store::new(registry.clone(), opts.history_limit, opts.watch_buffer)));
+        let store = Arc::new(Mutex::new(Store::new(
+            registry.clone(),
+            opts.history_limit,
+            opts.watch_buffer,
+        )));
         let shared = Arc::new(Shared {
             faults: Faults::new(store.clone()),
             store,
@@ -117,15 +126,26 @@ impl ApiServer {
         });
         let dir = tempfile::tempdir().map_err(ApiServerError::Kubeconfig)?;
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://{addr}"))).map_err(ApiServerError::Kubeconfig)?;
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://{addr}")))
+            .map_err(ApiServerError::Kubeconfig)?;
         let config = kube::Config::new(format!("http://{addr}").parse()?);
         let client = kube::Client::try_from(config)?;
         let tracker = TaskTracker::new();
         tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
         if opts.pv_controller {
-            tracker.spawn(pv_controller::run(shared.store.clone(), shared.shutdown.clone()));
+            tracker.spawn(pv_controller::run(
+                shared.store.clone(),
+                shared.shutdown.clone(),
+            ));
         }
-        Ok(Self { addr, shared, tracker, client, kubeconfig, _dir: dir })
+        Ok(Self {
+            addr,
+            shared,
+            tracker,
+            client,
+            kubeconfig,
+            _dir: dir,
+        })
     }
 
     /// `http://127.0.0.1:PORT`.

@@ -38,22 +38,30 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 /// RFC 6902 JSON patch. Decoding problems are `BadRequest`; operations that do
 /// not apply are `NotApplicable`, which the real server reports as 422.
 pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchError> {
-    let ops = patch
-        .as_array()
-        .ok_or_else(|| PatchError::BadRequest("json patch must be an array of operations".into()))?;
+    let ops = patch.as_array().ok_or_else(|| {
+        PatchError::BadRequest("json patch must be an array of operations".into())
+    })?;
     for op in ops {
         let field = |name: &str| op.get(name).and_then(Value::as_str);
-        let name = field("op").ok_or_else(|| PatchError::BadRequest("json patch operation is missing \"op\"".into()))?;
-        let path = field("path").ok_or_else(|| PatchError::BadRequest(format!("json patch {name} operation is missing \"path\"")))?;
+        let name = field("op").ok_or_else(|| {
+            PatchError::BadRequest("json patch operation is missing \"op\"".into())
+        })?;
+        let path = field("path").ok_or_else(|| {
+            PatchError::BadRequest(format!("json patch {name} operation is missing \"path\""))
+        })?;
         let path = parse_pointer(path)?;
         let value = || {
-            op.get("value")
-                .cloned()
-                .ok_or_else(|| PatchError::BadRequest(format!("json patch {name} operation is missing \"value\"")))
+            op.get("value").cloned().ok_or_else(|| {
+                PatchError::BadRequest(format!("json patch {name} operation is missing \"value\""))
+            })
         };
         let from = || {
             field("from")
-                .ok_or_else(|| PatchError::BadRequest(format!("json patch {name} operation is missing \"from\"")))
+                .ok_or_else(|| {
+                    PatchError::BadRequest(format!(
+                        "json patch {name} operation is missing \"from\""
+                    ))
+                })
                 .and_then(parse_pointer)
         };
         match name {
@@ -63,20 +71,23 @@ pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchError> {
             }
             "replace" => {
                 let v = value()?;
-                *lookup_mut(doc, &path)
-                    .ok_or_else(|| missing("replace", &path))? = v;
+                *lookup_mut(doc, &path).ok_or_else(|| missing("replace", &path))? = v;
             }
             "move" => {
                 let from = from()?;
                 if path.len() > from.len() && path[..from.len()] == from[..] {
-                    return Err(PatchError::NotApplicable("move operation cannot move a value into one of its children".into()));
+                    return Err(PatchError::NotApplicable(
+                        "move operation cannot move a value into one of its children".into(),
+                    ));
                 }
                 let v = remove(doc, &from)?;
                 add(doc, &path, v)?;
             }
             "copy" => {
                 let from = from()?;
-                let v = lookup(doc, &from).cloned().ok_or_else(|| missing("copy", &from))?;
+                let v = lookup(doc, &from)
+                    .cloned()
+                    .ok_or_else(|| missing("copy", &from))?;
                 add(doc, &path, v)?;
             }
             "test" => {
@@ -88,14 +99,21 @@ pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchError> {
                     )));
                 }
             }
-            other => return Err(PatchError::BadRequest(format!("unexpected json patch operation: {other:?}"))),
+            other => {
+                return Err(PatchError::BadRequest(format!(
+                    "unexpected json patch operation: {other:?}"
+                )));
+            }
         }
     }
     Ok(())
 }
 
 fn missing(op: &str, path: &[String]) -> PatchError {
-    PatchError::NotApplicable(format!("{op} operation does not apply: doc is missing path: {}", pointer_string(path)))
+    PatchError::NotApplicable(format!(
+        "{op} operation does not apply: doc is missing path: {}",
+        pointer_string(path)
+    ))
 }
 
 fn pointer_string(path: &[String]) -> String {
@@ -111,11 +129,17 @@ fn parse_pointer(p: &str) -> Result<Vec<String>, PatchError> {
     let rest = p
         .strip_prefix('/')
         .ok_or_else(|| PatchError::BadRequest(format!("invalid JSON pointer {p:?}")))?;
-    Ok(rest.split('/').map(|s| s.replace("~1", "/").replace("~0", "~")).collect())
+    Ok(rest
+        .split('/')
+        .map(|s| s.replace("~1", "/").replace("~0", "~"))
+        .collect())
 }
 
 fn array_index(token: &str, len: usize, allow_end: bool) -> Option<usize> {
-    if token.is_empty() || (token.len() > 1 && token.starts_with('0')) || !token.bytes().all(|b| b.is_ascii_digit()) {
+    if token.is_empty()
+        || (token.len() > 1 && token.starts_with('0'))
+        || !token.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let i: usize = token.parse().ok()?;
@@ -156,7 +180,10 @@ fn add(doc: &mut Value, path: &[String], v: Value) -> Result<(), PatchError> {
                 a.len()
             } else {
                 array_index(last, a.len(), true).ok_or_else(|| {
-                    PatchError::NotApplicable(format!("add operation does not apply: index out of bounds at {}", pointer_string(path)))
+                    PatchError::NotApplicable(format!(
+                        "add operation does not apply: index out of bounds at {}",
+                        pointer_string(path)
+                    ))
                 })?
             };
             a.insert(i, v);
@@ -168,7 +195,9 @@ fn add(doc: &mut Value, path: &[String], v: Value) -> Result<(), PatchError> {
 
 fn remove(doc: &mut Value, path: &[String]) -> Result<Value, PatchError> {
     let Some((last, parent)) = path.split_last() else {
-        return Err(PatchError::NotApplicable("remove operation cannot remove the whole document".into()));
+        return Err(PatchError::NotApplicable(
+            "remove operation cannot remove the whole document".into(),
+        ));
     };
     match lookup_mut(doc, parent) {
         Some(Value::Object(m)) => m.remove(last).ok_or_else(|| missing("remove", path)),
@@ -199,14 +228,20 @@ pub fn strategic_merge_patch(
     strategy: &dyn Fn(&str) -> ListStrategy,
 ) -> Result<(), PatchError> {
     let Value::Object(p) = patch else {
-        return Err(PatchError::BadRequest("strategic merge patch must be a JSON object".into()));
+        return Err(PatchError::BadRequest(
+            "strategic merge patch must be a JSON object".into(),
+        ));
     };
     if !target.is_object() {
         *target = Value::Object(Map::new());
     }
-    let Value::Object(t) = target else { return Ok(()) };
+    let Value::Object(t) = target else {
+        return Ok(());
+    };
     if merge_map(t, p, "", strategy)? == MapOutcome::Delete {
-        return Err(PatchError::BadRequest("a strategic merge patch cannot delete the whole object".into()));
+        return Err(PatchError::BadRequest(
+            "a strategic merge patch cannot delete the whole object".into(),
+        ));
     }
     Ok(())
 }
@@ -221,7 +256,11 @@ const SET_ORDER: &str = "$setElementOrder/";
 const DELETE_FROM: &str = "$deleteFromPrimitiveList/";
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 fn merge_map(
@@ -239,13 +278,19 @@ fn merge_map(
             rest.remove("$patch");
             return merge_map(orig, &rest, path, strategy);
         }
-        Some(other) => return Err(PatchError::BadRequest(format!("unknown patch type: {other:?} in map at {path:?}"))),
+        Some(other) => {
+            return Err(PatchError::BadRequest(format!(
+                "unknown patch type: {other:?} in map at {path:?}"
+            )));
+        }
     }
     if let Some(retain) = patch.get("$retainKeys") {
         let keys: Vec<&str> = retain
             .as_array()
             .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .ok_or_else(|| PatchError::BadRequest("$retainKeys must be a list of strings".into()))?;
+            .ok_or_else(|| {
+                PatchError::BadRequest("$retainKeys must be a list of strings".into())
+            })?;
         orig.retain(|k, _| keys.contains(&k.as_str()));
     }
     // Deletions from primitive lists happen before merges into the same list.
@@ -255,17 +300,25 @@ fn merge_map(
         if strategy(&fpath) != ListStrategy::MergePrimitives {
             return Err(unsupported_list(&fpath, k));
         }
-        let gone = v.as_array().ok_or_else(|| PatchError::BadRequest(format!("{k} must be a list")))?;
+        let gone = v
+            .as_array()
+            .ok_or_else(|| PatchError::BadRequest(format!("{k} must be a list")))?;
         if let Some(Value::Array(list)) = orig.get_mut(field) {
             list.retain(|x| !gone.contains(x));
         }
     }
     for (k, v) in patch {
-        if k.starts_with(SET_ORDER) || k.starts_with(DELETE_FROM) || k == "$patch" || k == "$retainKeys" {
+        if k.starts_with(SET_ORDER)
+            || k.starts_with(DELETE_FROM)
+            || k == "$patch"
+            || k == "$retainKeys"
+        {
             continue;
         }
         if k.starts_with('$') {
-            return Err(PatchError::BadRequest(format!("unknown strategic merge patch directive {k:?} at {path:?}")));
+            return Err(PatchError::BadRequest(format!(
+                "unknown strategic merge patch directive {k:?} at {path:?}"
+            )));
         }
         let fpath = join(path, k);
         match v {
@@ -319,7 +372,8 @@ fn unsupported_list(path: &str, what: &str) -> PatchError {
 }
 
 fn has_directive(v: &Value) -> bool {
-    v.as_object().is_some_and(|m| m.keys().any(|k| k.starts_with('$')))
+    v.as_object()
+        .is_some_and(|m| m.keys().any(|k| k.starts_with('$')))
 }
 
 fn merge_list(
@@ -331,7 +385,11 @@ fn merge_list(
 ) -> Result<Vec<Value>, PatchError> {
     let order = match order_directive {
         Some(Value::Array(o)) => Some(o.as_slice()),
-        Some(_) => return Err(PatchError::BadRequest(format!("$setElementOrder for {path:?} must be a list"))),
+        Some(_) => {
+            return Err(PatchError::BadRequest(format!(
+                "$setElementOrder for {path:?} must be a list"
+            )));
+        }
         None => None,
     };
     match strategy(path) {
@@ -345,7 +403,9 @@ fn merge_list(
             let mut merged = orig.clone();
             for v in patch {
                 if v.is_object() || v.is_array() {
-                    return Err(PatchError::BadRequest(format!("list {path:?} holds scalars only")));
+                    return Err(PatchError::BadRequest(format!(
+                        "list {path:?} holds scalars only"
+                    )));
                 }
                 if !merged.contains(v) {
                     merged.push(v.clone());
@@ -360,12 +420,15 @@ fn merge_list(
             let mut plain: Vec<&Value> = Vec::new();
             for item in patch {
                 let Value::Object(m) = item else {
-                    return Err(PatchError::BadRequest(format!("list {path:?} holds maps merged by {key:?}")));
+                    return Err(PatchError::BadRequest(format!(
+                        "list {path:?} holds maps merged by {key:?}"
+                    )));
                 };
                 match m.get("$patch").and_then(Value::as_str) {
                     Some("replace") => {
                         // The rest of the patch list becomes the whole list.
-                        let rest: Vec<Value> = patch.iter().filter(|v| *v != item).cloned().collect();
+                        let rest: Vec<Value> =
+                            patch.iter().filter(|v| *v != item).cloned().collect();
                         return merge_list(Vec::new(), &rest, order_directive, path, strategy);
                     }
                     Some("delete") => {
@@ -396,14 +459,24 @@ fn merge_list(
             }
             let plain_owned: Vec<Value> = plain.into_iter().cloned().collect();
             let patch_order = order.map(<[Value]>::to_vec).unwrap_or(plain_owned);
-            let patch_keys: Vec<Value> = patch_order.iter().map(|v| if v.is_object() { key_of(v) } else { v.clone() }).collect();
-            Ok(normalize_order(merged, &patch_keys, &orig.iter().map(key_of).collect::<Vec<_>>(), key_of))
+            let patch_keys: Vec<Value> = patch_order
+                .iter()
+                .map(|v| if v.is_object() { key_of(v) } else { v.clone() })
+                .collect();
+            Ok(normalize_order(
+                merged,
+                &patch_keys,
+                &orig.iter().map(key_of).collect::<Vec<_>>(),
+                key_of,
+            ))
         }
     }
 }
 
 fn missing_key(path: &str, key: &str) -> PatchError {
-    PatchError::BadRequest(format!("map in list {path:?} does not contain declared merge key: {key}"))
+    PatchError::BadRequest(format!(
+        "map in list {path:?} does not contain declared merge key: {key}"
+    ))
 }
 
 /// Orders a merged list the way the real server does: items named by the patch
@@ -416,12 +489,16 @@ fn normalize_order(
     id: impl Fn(&Value) -> Value,
 ) -> Vec<Value> {
     let pos = |list: &[Value], v: &Value| list.iter().position(|x| *x == id(v));
-    let (mut from_patch, mut server_only): (Vec<Value>, Vec<Value>) =
-        merged.into_iter().partition(|v| pos(patch_order, v).is_some());
+    let (mut from_patch, mut server_only): (Vec<Value>, Vec<Value>) = merged
+        .into_iter()
+        .partition(|v| pos(patch_order, v).is_some());
     from_patch.sort_by_key(|v| pos(patch_order, v));
     server_only.sort_by_key(|v| pos(server_order, v).unwrap_or(usize::MAX));
     let mut out = Vec::with_capacity(from_patch.len() + server_only.len());
-    let (mut l, mut r) = (server_only.into_iter().peekable(), from_patch.into_iter().peekable());
+    let (mut l, mut r) = (
+        server_only.into_iter().peekable(),
+        from_patch.into_iter().peekable(),
+    );
     loop {
         match (l.peek(), r.peek()) {
             (Some(a), Some(b)) => {
@@ -443,13 +520,17 @@ mod tests {
     #[test]
     fn merge_patch_sets_replaces_and_removes() {
         let mut doc = json!({"a": {"b": 1, "c": [1, 2]}, "d": "x"});
-        merge_patch(&mut doc, &json!({"a": {"b": null, "c": [3], "e": {"f": true}}, "d": null, "g": 1}));
+        merge_patch(
+            &mut doc,
+            &json!({"a": {"b": null, "c": [3], "e": {"f": true}}, "d": null, "g": 1}),
+        );
         assert_eq!(doc, json!({"a": {"c": [3], "e": {"f": true}}, "g": 1}));
     }
 
     #[test]
     fn json_patch_operations_and_pointer_escaping() {
-        let mut doc = json!({"metadata": {"annotations": {"a/b": "1", "t~x": "2"}, "finalizers": ["f1"]}});
+        let mut doc =
+            json!({"metadata": {"annotations": {"a/b": "1", "t~x": "2"}, "finalizers": ["f1"]}});
         json_patch(
             &mut doc,
             &json!([
@@ -472,14 +553,45 @@ mod tests {
     #[test]
     fn json_patch_failures_are_classified() {
         let mut doc = json!({"a": [1]});
-        let e = json_patch(&mut doc, &json!([{"op": "test", "path": "/a/0", "value": 2}])).unwrap_err();
-        assert_eq!(e, PatchError::NotApplicable("testing value /a/0 failed: test failed".into()));
-        assert!(matches!(json_patch(&mut doc, &json!([{"op": "remove", "path": "/b"}])), Err(PatchError::NotApplicable(_))));
-        assert!(matches!(json_patch(&mut doc, &json!([{"op": "replace", "path": "/a/5", "value": 1}])), Err(PatchError::NotApplicable(_))));
-        assert!(matches!(json_patch(&mut doc, &json!([{"op": "add", "path": "/a/01", "value": 1}])), Err(PatchError::NotApplicable(_))));
-        assert!(matches!(json_patch(&mut doc, &json!({"op": "add"})), Err(PatchError::BadRequest(_))));
-        assert!(matches!(json_patch(&mut doc, &json!([{"op": "frob", "path": "/a"}])), Err(PatchError::BadRequest(_))));
-        assert!(matches!(json_patch(&mut doc, &json!([{"op": "add", "path": "a", "value": 1}])), Err(PatchError::BadRequest(_))));
+        let e = json_patch(
+            &mut doc,
+            &json!([{"op": "test", "path": "/a/0", "value": 2}]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            PatchError::NotApplicable("testing value /a/0 failed: test failed".into())
+        );
+        assert!(matches!(
+            json_patch(&mut doc, &json!([{"op": "remove", "path": "/b"}])),
+            Err(PatchError::NotApplicable(_))
+        ));
+        assert!(matches!(
+            json_patch(
+                &mut doc,
+                &json!([{"op": "replace", "path": "/a/5", "value": 1}])
+            ),
+            Err(PatchError::NotApplicable(_))
+        ));
+        assert!(matches!(
+            json_patch(
+                &mut doc,
+                &json!([{"op": "add", "path": "/a/01", "value": 1}])
+            ),
+            Err(PatchError::NotApplicable(_))
+        ));
+        assert!(matches!(
+            json_patch(&mut doc, &json!({"op": "add"})),
+            Err(PatchError::BadRequest(_))
+        ));
+        assert!(matches!(
+            json_patch(&mut doc, &json!([{"op": "frob", "path": "/a"}])),
+            Err(PatchError::BadRequest(_))
+        ));
+        assert!(matches!(
+            json_patch(&mut doc, &json!([{"op": "add", "path": "a", "value": 1}])),
+            Err(PatchError::BadRequest(_))
+        ));
         // A failed operation leaves earlier ones applied to this copy only; callers patch a clone.
         assert_eq!(doc, json!({"a": [1]}));
     }
@@ -496,12 +608,27 @@ mod tests {
     #[test]
     fn strategic_primitive_lists_union_and_delete() {
         let mut doc = json!({"metadata": {"finalizers": ["a", "b"], "labels": {"x": "1"}}});
-        strategic_merge_patch(&mut doc, &json!({"metadata": {"finalizers": ["c", "a"], "labels": {"x": null, "y": "2"}}}), &strat).unwrap();
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"metadata": {"finalizers": ["c", "a"], "labels": {"x": null, "y": "2"}}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc["metadata"]["finalizers"], json!(["c", "a", "b"]));
         assert_eq!(doc["metadata"]["labels"], json!({"y": "2"}));
-        strategic_merge_patch(&mut doc, &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}), &strat).unwrap();
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc["metadata"]["finalizers"], json!(["c", "b"]));
-        strategic_merge_patch(&mut doc, &json!({"metadata": {"$setElementOrder/finalizers": ["b", "c"]}}), &strat).unwrap();
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"metadata": {"$setElementOrder/finalizers": ["b", "c"]}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc["metadata"]["finalizers"], json!(["b", "c"]));
     }
 
@@ -513,37 +640,81 @@ mod tests {
         ]}});
         strategic_merge_patch(&mut doc, &json!({"spec": {"drivers": [{"name": "a", "nodeID": "n9"}, {"name": "c", "nodeID": "n3"}]}}), &strat).unwrap();
         // Items named by the patch come first in patch order, as upstream orders them.
-        assert_eq!(doc["spec"]["drivers"], json!([
-            {"name": "a", "nodeID": "n9", "topologyKeys": ["z"]},
-            {"name": "c", "nodeID": "n3"},
-            {"name": "b", "nodeID": "n2"}
-        ]));
-        strategic_merge_patch(&mut doc, &json!({"spec": {"drivers": [{"name": "b", "$patch": "delete"}]}}), &strat).unwrap();
+        assert_eq!(
+            doc["spec"]["drivers"],
+            json!([
+                {"name": "a", "nodeID": "n9", "topologyKeys": ["z"]},
+                {"name": "c", "nodeID": "n3"},
+                {"name": "b", "nodeID": "n2"}
+            ])
+        );
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"drivers": [{"name": "b", "$patch": "delete"}]}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc["spec"]["drivers"].as_array().unwrap().len(), 2);
-        strategic_merge_patch(&mut doc, &json!({"spec": {"drivers": [{"$patch": "replace"}, {"name": "d"}]}}), &strat).unwrap();
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"drivers": [{"$patch": "replace"}, {"name": "d"}]}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc["spec"]["drivers"], json!([{"name": "d"}]));
-        let e = strategic_merge_patch(&mut doc, &json!({"spec": {"drivers": [{"nodeID": "x"}]}}), &strat).unwrap_err();
+        let e = strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"drivers": [{"nodeID": "x"}]}}),
+            &strat,
+        )
+        .unwrap_err();
         assert!(matches!(e, PatchError::BadRequest(_)));
     }
 
     #[test]
     fn strategic_atomic_lists_replace_and_reject_directives() {
         let mut doc = json!({"spec": {"accessModes": ["ReadWriteOnce"]}});
-        strategic_merge_patch(&mut doc, &json!({"spec": {"accessModes": ["ReadOnlyMany"]}}), &strat).unwrap();
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"accessModes": ["ReadOnlyMany"]}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc["spec"]["accessModes"], json!(["ReadOnlyMany"]));
-        let e = strategic_merge_patch(&mut doc, &json!({"spec": {"$setElementOrder/accessModes": ["ReadOnlyMany"]}}), &strat);
+        let e = strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"$setElementOrder/accessModes": ["ReadOnlyMany"]}}),
+            &strat,
+        );
         assert!(matches!(e, Err(PatchError::Unsupported(_))));
-        let e = strategic_merge_patch(&mut doc, &json!({"spec": {"things": [{"name": "a", "$patch": "delete"}]}}), &strat);
+        let e = strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"things": [{"name": "a", "$patch": "delete"}]}}),
+            &strat,
+        );
         assert!(matches!(e, Err(PatchError::Unsupported(_))));
     }
 
     #[test]
     fn strategic_map_directives() {
         let mut doc = json!({"spec": {"a": {"x": 1, "y": 2}, "b": {"z": 1}}});
-        strategic_merge_patch(&mut doc, &json!({"spec": {"a": {"$patch": "replace", "w": 0}, "b": {"$patch": "delete"}}}), &strat).unwrap();
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"a": {"$patch": "replace", "w": 0}, "b": {"$patch": "delete"}}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc, json!({"spec": {"a": {"w": 0}}}));
-        strategic_merge_patch(&mut doc, &json!({"spec": {"$retainKeys": ["c"], "c": 1}}), &strat).unwrap();
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"$retainKeys": ["c"], "c": 1}}),
+            &strat,
+        )
+        .unwrap();
         assert_eq!(doc, json!({"spec": {"c": 1}}));
-        assert!(matches!(strategic_merge_patch(&mut doc, &json!({"$bogus": 1}), &strat), Err(PatchError::BadRequest(_))));
+        assert!(matches!(
+            strategic_merge_patch(&mut doc, &json!({"$bogus": 1}), &strat),
+            Err(PatchError::BadRequest(_))
+        ));
     }
 }

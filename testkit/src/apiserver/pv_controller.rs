@@ -30,14 +30,19 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 }
 
 fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str)
+    v.pointer("/metadata/annotations")
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
 }
 
 fn set_annotation(obj: &mut Value, key: &str, value: &str) -> bool {
     if annotation(obj, key) == Some(value) {
         return false;
     }
-    if !obj.pointer("/metadata/annotations").is_some_and(Value::is_object) {
+    if !obj
+        .pointer("/metadata/annotations")
+        .is_some_and(Value::is_object)
+    {
         obj["metadata"]["annotations"] = json!({});
     }
     obj["metadata"]["annotations"][key] = json!(value);
@@ -60,7 +65,11 @@ fn with_phase(obj: &Value, phase: &str, transition_time: bool) -> Option<Value> 
     if str_at(obj, "/status/phase") == phase {
         return None;
     }
-    let mut status = obj.get("status").filter(|s| s.is_object()).cloned().unwrap_or_else(|| json!({}));
+    let mut status = obj
+        .get("status")
+        .filter(|s| s.is_object())
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     status["phase"] = json!(phase);
     if transition_time {
         status["lastPhaseTransitionTime"] = json!(now_timestamp());
@@ -70,9 +79,16 @@ fn with_phase(obj: &Value, phase: &str, transition_time: bool) -> Option<Value> 
 
 /// The claim status of a claim bound to `volume`.
 fn bound_claim_status(claim: &Value, volume: &Value) -> Option<Value> {
-    let mut status: Map<String, Value> = claim.get("status").and_then(Value::as_object).cloned().unwrap_or_default();
+    let mut status: Map<String, Value> = claim
+        .get("status")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     status.insert("phase".into(), json!("Bound"));
-    for (field, from) in [("capacity", "/spec/capacity"), ("accessModes", "/spec/accessModes")] {
+    for (field, from) in [
+        ("capacity", "/spec/capacity"),
+        ("accessModes", "/spec/accessModes"),
+    ] {
         match volume.pointer(from) {
             Some(v) => status.insert(field.into(), v.clone()),
             None => status.remove(field),
@@ -109,7 +125,10 @@ fn bind_volume(volume: &Value, claim: &Value) -> Plan {
 /// an unbound claim the volume whose claimRef names it; `class` its StorageClass.
 /// Returns the claim's plan and the volume's.
 pub fn plan_claim(claim: &Value, volume: Option<&Value>, class: Option<&Value>) -> (Plan, Plan) {
-    if claim.pointer("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null()) {
+    if claim
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+    {
         return (Plan::default(), Plan::default());
     }
     let mut obj = claim.clone();
@@ -125,8 +144,12 @@ pub fn plan_claim(claim: &Value, volume: Option<&Value>, class: Option<&Value>) 
             (bound_claim_status(claim, pv), bind_volume(pv, claim))
         }
         (true, _) => {
-            if let Some(provisioner) = class.map(|c| str_at(c, "/provisioner")).filter(|p| !p.is_empty() && !p.starts_with("kubernetes.io/")) {
-                let wait = class.is_some_and(|c| str_at(c, "/volumeBindingMode") == "WaitForFirstConsumer");
+            if let Some(provisioner) = class
+                .map(|c| str_at(c, "/provisioner"))
+                .filter(|p| !p.is_empty() && !p.starts_with("kubernetes.io/"))
+            {
+                let wait = class
+                    .is_some_and(|c| str_at(c, "/volumeBindingMode") == "WaitForFirstConsumer");
                 if !wait || annotation(claim, ANN_SELECTED_NODE).is_some() {
                     changed |= set_annotation(&mut obj, ANN_STORAGE_PROVISIONER, provisioner);
                     changed |= set_annotation(&mut obj, ANN_BETA_STORAGE_PROVISIONER, provisioner);
@@ -134,24 +157,47 @@ pub fn plan_claim(claim: &Value, volume: Option<&Value>, class: Option<&Value>) 
             }
             (with_phase(claim, "Pending", false), Plan::default())
         }
-        (false, None) => (with_phase(claim, if bind_completed { "Lost" } else { "Pending" }, false), Plan::default()),
+        (false, None) => (
+            with_phase(
+                claim,
+                if bind_completed { "Lost" } else { "Pending" },
+                false,
+            ),
+            Plan::default(),
+        ),
         (false, Some(pv)) => {
             let free = pv.pointer("/spec/claimRef").is_none_or(Value::is_null);
             if free || claim_ref_matches(pv, claim) {
                 changed |= set_annotation(&mut obj, ANN_BIND_COMPLETED, "yes");
                 (bound_claim_status(claim, pv), bind_volume(pv, claim))
             } else {
-                (with_phase(claim, if bind_completed { "Lost" } else { "Pending" }, false), Plan::default())
+                (
+                    with_phase(
+                        claim,
+                        if bind_completed { "Lost" } else { "Pending" },
+                        false,
+                    ),
+                    Plan::default(),
+                )
             }
         }
     };
-    (Plan { object: changed.then_some(obj), status }, vplan)
+    (
+        Plan {
+            object: changed.then_some(obj),
+            status,
+        },
+        vplan,
+    )
 }
 
 /// Plans one volume; `claim` is the claim its claimRef names (by namespace/name), if it exists.
 pub fn plan_volume(volume: &Value, claim: Option<&Value>) -> Plan {
     let Some(r) = volume.pointer("/spec/claimRef").filter(|r| r.is_object()) else {
-        return Plan { object: None, status: with_phase(volume, "Available", true) };
+        return Plan {
+            object: None,
+            status: with_phase(volume, "Available", true),
+        };
     };
     let name = str_at(volume, "/metadata/name");
     match claim {
@@ -168,15 +214,24 @@ pub fn plan_volume(volume: &Value, claim: Option<&Value>) -> Plan {
                 if let Some(spec) = v.get_mut("spec").and_then(Value::as_object_mut) {
                     spec.remove("claimRef");
                 }
-                Plan { object: Some(v), status: with_phase(volume, "Available", true) }
+                Plan {
+                    object: Some(v),
+                    status: with_phase(volume, "Available", true),
+                }
             } else {
                 Plan::default()
             }
         }
-        _ if str_at(r, "/uid").is_empty() => Plan { object: None, status: with_phase(volume, "Available", true) },
+        _ if str_at(r, "/uid").is_empty() => Plan {
+            object: None,
+            status: with_phase(volume, "Available", true),
+        },
         // The bound claim is gone (or was recreated with a new uid).
         _ if str_at(volume, "/status/phase") == "Failed" => Plan::default(),
-        _ => Plan { object: None, status: with_phase(volume, "Released", true) },
+        _ => Plan {
+            object: None,
+            status: with_phase(volume, "Released", true),
+        },
     }
 }
 
@@ -209,15 +264,21 @@ fn apply(s: &mut Store, kind: KindId, key: &(String, String), plan: Plan) {
 }
 
 fn sync_claim(s: &mut Store, k: Kinds, ns: &str, name: &str) {
-    let Ok(claim) = s.get(k.pvc, ns, name) else { return };
+    let Ok(claim) = s.get(k.pvc, ns, name) else {
+        return;
+    };
     let volume_name = str_at(&claim, "/spec/volumeName");
     let volume = if volume_name.is_empty() {
-        s.all(k.pv).find(|pv| claim_ref_matches(pv, &claim)).cloned()
+        s.all(k.pv)
+            .find(|pv| claim_ref_matches(pv, &claim))
+            .cloned()
     } else {
         s.get(k.pv, "", volume_name).ok()
     };
     let class_name = str_at(&claim, "/spec/storageClassName");
-    let class = (!class_name.is_empty()).then(|| s.get(k.sc, "", class_name).ok()).flatten();
+    let class = (!class_name.is_empty())
+        .then(|| s.get(k.sc, "", class_name).ok())
+        .flatten();
     let (cplan, vplan) = plan_claim(&claim, volume.as_deref(), class.as_deref());
     if let Some(pv) = &volume {
         apply(s, k.pv, &key_of(pv), vplan);
@@ -226,10 +287,22 @@ fn sync_claim(s: &mut Store, k: Kinds, ns: &str, name: &str) {
 }
 
 fn sync_volume(s: &mut Store, k: Kinds, name: &str) {
-    let Ok(volume) = s.get(k.pv, "", name) else { return };
-    let (ns, claim_name) = (str_at(&volume, "/spec/claimRef/namespace"), str_at(&volume, "/spec/claimRef/name"));
-    let claim = (!claim_name.is_empty()).then(|| s.get(k.pvc, ns, claim_name).ok()).flatten();
-    apply(s, k.pv, &key_of(&volume), plan_volume(&volume, claim.as_deref()));
+    let Ok(volume) = s.get(k.pv, "", name) else {
+        return;
+    };
+    let (ns, claim_name) = (
+        str_at(&volume, "/spec/claimRef/namespace"),
+        str_at(&volume, "/spec/claimRef/name"),
+    );
+    let claim = (!claim_name.is_empty())
+        .then(|| s.get(k.pvc, ns, claim_name).ok())
+        .flatten();
+    apply(
+        s,
+        k.pv,
+        &key_of(&volume),
+        plan_volume(&volume, claim.as_deref()),
+    );
     if let Some(c) = claim.filter(|c| str_at(c, "/spec/volumeName").is_empty()) {
         sync_claim(s, k, ns, str_at(&c, "/metadata/name"));
     }
@@ -250,7 +323,11 @@ fn on_event(s: &mut Store, k: Kinds, ev: &WatchEvent) {
     let (ns, name) = key_of(&ev.object);
     if ev.kind == k.pvc {
         if ev.etype == EventType::Deleted {
-            let volumes: Vec<String> = s.all(k.pv).filter(|pv| claim_ref_matches(pv, &ev.object)).map(|pv| key_of(pv).1).collect();
+            let volumes: Vec<String> = s
+                .all(k.pv)
+                .filter(|pv| claim_ref_matches(pv, &ev.object))
+                .map(|pv| key_of(pv).1)
+                .collect();
             for v in volumes {
                 sync_volume(s, k, &v);
             }
@@ -277,7 +354,11 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
     let kinds = {
         let s = lock();
         let r = s.registry();
-        match (r.core("persistentvolumeclaims"), r.core("persistentvolumes"), r.lookup("storage.k8s.io", "v1", "storageclasses")) {
+        match (
+            r.core("persistentvolumeclaims"),
+            r.core("persistentvolumes"),
+            r.lookup("storage.k8s.io", "v1", "storageclasses"),
+        ) {
             (Some(pvc), Some(pv), Some(sc)) => Kinds { pvc, pv, sc },
             _ => return,
         }
@@ -285,11 +366,17 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
     loop {
         let subscribed = {
             let mut s = lock();
-            let subs = (s.watch(kinds.pvc, WatchFrom::Current), s.watch(kinds.pv, WatchFrom::Current), s.watch(kinds.sc, WatchFrom::Current));
+            let subs = (
+                s.watch(kinds.pvc, WatchFrom::Current),
+                s.watch(kinds.pv, WatchFrom::Current),
+                s.watch(kinds.sc, WatchFrom::Current),
+            );
             sync_all(&mut s, kinds);
             subs
         };
-        let (Ok(mut pvcs), Ok(mut pvs), Ok(mut scs)) = subscribed else { return };
+        let (Ok(mut pvcs), Ok(mut pvs), Ok(mut scs)) = subscribed else {
+            return;
+        };
         loop {
             let ev = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -319,9 +406,19 @@ mod tests {
     fn announces_external_provisioners_only() {
         let (p, _) = plan_claim(&claim(), None, Some(&class("csi.example.com", "Immediate")));
         let obj = p.object.unwrap();
-        assert_eq!(annotation(&obj, ANN_STORAGE_PROVISIONER), Some("csi.example.com"));
-        assert_eq!(annotation(&obj, ANN_BETA_STORAGE_PROVISIONER), Some("csi.example.com"));
-        let (p, _) = plan_claim(&claim(), None, Some(&class("kubernetes.io/no-provisioner", "Immediate")));
+        assert_eq!(
+            annotation(&obj, ANN_STORAGE_PROVISIONER),
+            Some("csi.example.com")
+        );
+        assert_eq!(
+            annotation(&obj, ANN_BETA_STORAGE_PROVISIONER),
+            Some("csi.example.com")
+        );
+        let (p, _) = plan_claim(
+            &claim(),
+            None,
+            Some(&class("kubernetes.io/no-provisioner", "Immediate")),
+        );
         assert_eq!(p, Plan::default());
     }
 
@@ -355,15 +452,29 @@ mod tests {
         assert_eq!(plan_volume(&pv, None).status.unwrap()["phase"], "Released");
         let mut other = claim();
         other["metadata"]["uid"] = json!("u2");
-        assert_eq!(plan_volume(&pv, Some(&other)).status.unwrap()["phase"], "Released");
-        let free = json!({"metadata": {"name": "pv-2"}, "spec": {}, "status": {"phase": "Pending"}});
-        assert_eq!(plan_volume(&free, None).status.unwrap()["phase"], "Available");
+        assert_eq!(
+            plan_volume(&pv, Some(&other)).status.unwrap()["phase"],
+            "Released"
+        );
+        let free =
+            json!({"metadata": {"name": "pv-2"}, "spec": {}, "status": {"phase": "Pending"}});
+        assert_eq!(
+            plan_volume(&free, None).status.unwrap()["phase"],
+            "Available"
+        );
         let mut bound = claim();
         bound["spec"]["volumeName"] = json!("pv-1");
-        assert_eq!(plan_volume(&pv, Some(&bound)), Plan::default(), "already Bound");
+        assert_eq!(
+            plan_volume(&pv, Some(&bound)),
+            Plan::default(),
+            "already Bound"
+        );
         let mut lost = claim();
         lost["spec"]["volumeName"] = json!("gone");
         lost["metadata"]["annotations"] = json!({ANN_BIND_COMPLETED: "yes"});
-        assert_eq!(plan_claim(&lost, None, None).0.status.unwrap()["phase"], "Lost");
+        assert_eq!(
+            plan_claim(&lost, None, None).0.status.unwrap()["phase"],
+            "Lost"
+        );
     }
 }

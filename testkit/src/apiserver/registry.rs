@@ -89,21 +89,32 @@ impl Kind {
         }
         match (self.kind, path) {
             ("Pod", p) => {
-                let container = ["spec.containers.", "spec.initContainers.", "spec.ephemeralContainers."]
-                    .iter()
-                    .find_map(|pre| p.strip_prefix(pre));
+                let container = [
+                    "spec.containers.",
+                    "spec.initContainers.",
+                    "spec.ephemeralContainers.",
+                ]
+                .iter()
+                .find_map(|pre| p.strip_prefix(pre));
                 match (p, container) {
                     (_, Some("ports")) => MergeByKey("containerPort"),
                     (_, Some("env")) => MergeByKey("name"),
                     (_, Some("volumeMounts")) => MergeByKey("mountPath"),
                     (_, Some("volumeDevices")) => MergeByKey("devicePath"),
                     (
-                        "spec.volumes" | "spec.containers" | "spec.initContainers" | "spec.ephemeralContainers"
-                        | "spec.imagePullSecrets" | "spec.resourceClaims" | "spec.schedulingGates"
+                        "spec.volumes"
+                        | "spec.containers"
+                        | "spec.initContainers"
+                        | "spec.ephemeralContainers"
+                        | "spec.imagePullSecrets"
+                        | "spec.resourceClaims"
+                        | "spec.schedulingGates"
                         | "status.resourceClaimStatuses",
                         _,
                     ) => MergeByKey("name"),
-                    ("spec.hostAliases" | "status.podIPs" | "status.hostIPs", _) => MergeByKey("ip"),
+                    ("spec.hostAliases" | "status.podIPs" | "status.hostIPs", _) => {
+                        MergeByKey("ip")
+                    }
                     ("spec.topologySpreadConstraints", _) => MergeByKey("topologyKey"),
                     ("status.conditions", _) => MergeByKey("type"),
                     _ => Atomic,
@@ -214,13 +225,31 @@ impl Registry {
             Kind {
                 name_rule: NameRule::Label,
                 field_selectors: &["status.phase"],
-                ..k("", "v1", "namespaces", "namespace", "Namespace", false, true, &["ns"])
+                ..k(
+                    "",
+                    "v1",
+                    "namespaces",
+                    "namespace",
+                    "Namespace",
+                    false,
+                    true,
+                    &["ns"],
+                )
             },
             Kind {
                 field_selectors: &["spec.unschedulable"],
                 ..k("", "v1", "nodes", "node", "Node", false, true, &["no"])
             },
-            k("", "v1", "persistentvolumes", "persistentvolume", "PersistentVolume", false, true, &["pv"]),
+            k(
+                "",
+                "v1",
+                "persistentvolumes",
+                "persistentvolume",
+                "PersistentVolume",
+                false,
+                true,
+                &["pv"],
+            ),
             k(
                 "",
                 "v1",
@@ -231,7 +260,10 @@ impl Registry {
                 true,
                 &["pvc"],
             ),
-            Kind { field_selectors: &["type"], ..k("", "v1", "secrets", "secret", "Secret", true, false, &[]) },
+            Kind {
+                field_selectors: &["type"],
+                ..k("", "v1", "secrets", "secret", "Secret", true, false, &[])
+            },
             Kind {
                 field_selectors: CORE_EVENT_FIELDS,
                 name_rule: NameRule::PathSegment,
@@ -242,37 +274,154 @@ impl Registry {
                 tracks_generation: true,
                 ..k("", "v1", "pods", "pod", "Pod", true, true, &["po"])
             },
-            k("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, false, &["sa"]),
-            k("", "v1", "configmaps", "configmap", "ConfigMap", true, false, &["cm"]),
-            k(st, "v1", "storageclasses", "storageclass", "StorageClass", false, false, &["sc"]),
-            k(st, "v1", "volumeattachments", "volumeattachment", "VolumeAttachment", false, true, &[]),
-            k(st, "v1", "csinodes", "csinode", "CSINode", false, false, &[]),
-            k(st, "v1", "csidrivers", "csidriver", "CSIDriver", false, false, &[]),
-            k(st, "v1", "csistoragecapacities", "csistoragecapacity", "CSIStorageCapacity", true, false, &[]),
-            k(st, "v1", "volumeattributesclasses", "volumeattributesclass", "VolumeAttributesClass", false, false, &["vac"]),
+            k(
+                "",
+                "v1",
+                "serviceaccounts",
+                "serviceaccount",
+                "ServiceAccount",
+                true,
+                false,
+                &["sa"],
+            ),
+            k(
+                "",
+                "v1",
+                "configmaps",
+                "configmap",
+                "ConfigMap",
+                true,
+                false,
+                &["cm"],
+            ),
+            k(
+                st,
+                "v1",
+                "storageclasses",
+                "storageclass",
+                "StorageClass",
+                false,
+                false,
+                &["sc"],
+            ),
+            k(
+                st,
+                "v1",
+                "volumeattachments",
+                "volumeattachment",
+                "VolumeAttachment",
+                false,
+                true,
+                &[],
+            ),
+            k(
+                st,
+                "v1",
+                "csinodes",
+                "csinode",
+                "CSINode",
+                false,
+                false,
+                &[],
+            ),
+            k(
+                st,
+                "v1",
+                "csidrivers",
+                "csidriver",
+                "CSIDriver",
+                false,
+                false,
+                &[],
+            ),
+            k(
+                st,
+                "v1",
+                "csistoragecapacities",
+                "csistoragecapacity",
+                "CSIStorageCapacity",
+                true,
+                false,
+                &[],
+            ),
+            k(
+                st,
+                "v1",
+                "volumeattributesclasses",
+                "volumeattributesclass",
+                "VolumeAttributesClass",
+                false,
+                false,
+                &["vac"],
+            ),
             Kind {
                 name_rule: NameRule::PathSegment,
-                ..k("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, false, &[])
+                ..k(
+                    "coordination.k8s.io",
+                    "v1",
+                    "leases",
+                    "lease",
+                    "Lease",
+                    true,
+                    false,
+                    &[],
+                )
             },
             Kind {
                 field_selectors: EVENTS_V1_FIELDS,
                 name_rule: NameRule::PathSegment,
-                ..k("events.k8s.io", "v1", "events", "event", "Event", true, false, &["ev"])
+                ..k(
+                    "events.k8s.io",
+                    "v1",
+                    "events",
+                    "event",
+                    "Event",
+                    true,
+                    false,
+                    &["ev"],
+                )
             },
             Kind {
                 tracks_generation: true,
                 custom: true,
-                ..k(snap, "v1", "volumesnapshots", "volumesnapshot", "VolumeSnapshot", true, true, &["vs"])
+                ..k(
+                    snap,
+                    "v1",
+                    "volumesnapshots",
+                    "volumesnapshot",
+                    "VolumeSnapshot",
+                    true,
+                    true,
+                    &["vs"],
+                )
             },
             Kind {
                 tracks_generation: true,
                 custom: true,
-                ..k(snap, "v1", "volumesnapshotcontents", "volumesnapshotcontent", "VolumeSnapshotContent", false, true, &["vsc", "vscs"])
+                ..k(
+                    snap,
+                    "v1",
+                    "volumesnapshotcontents",
+                    "volumesnapshotcontent",
+                    "VolumeSnapshotContent",
+                    false,
+                    true,
+                    &["vsc", "vscs"],
+                )
             },
             Kind {
                 tracks_generation: true,
                 custom: true,
-                ..k(snap, "v1", "volumesnapshotclasses", "volumesnapshotclass", "VolumeSnapshotClass", false, false, &["vsclass", "vsclasses"])
+                ..k(
+                    snap,
+                    "v1",
+                    "volumesnapshotclasses",
+                    "volumesnapshotclass",
+                    "VolumeSnapshotClass",
+                    false,
+                    false,
+                    &["vsclass", "vsclasses"],
+                )
             },
         ];
         Self { kinds }
@@ -323,7 +472,11 @@ impl Registry {
     }
 
     /// Kinds served under one group/version.
-    pub fn in_group_version<'a>(&'a self, group: &'a str, version: &'a str) -> impl Iterator<Item = &'a Kind> + 'a {
+    pub fn in_group_version<'a>(
+        &'a self,
+        group: &'a str,
+        version: &'a str,
+    ) -> impl Iterator<Item = &'a Kind> + 'a {
         self.kinds
             .iter()
             .filter(move |k| k.group == group && k.version == version)
@@ -337,14 +490,22 @@ mod tests {
     #[test]
     fn lookups_find_kinds_by_url_and_by_object_type() {
         let r = Registry::builtin();
-        let va = r.lookup("storage.k8s.io", "v1", "volumeattachments").unwrap();
+        let va = r
+            .lookup("storage.k8s.io", "v1", "volumeattachments")
+            .unwrap();
         assert_eq!(r.get(va).kind, "VolumeAttachment");
-        assert_eq!(r.lookup_kind("storage.k8s.io/v1", "VolumeAttachment"), Some(va));
+        assert_eq!(
+            r.lookup_kind("storage.k8s.io/v1", "VolumeAttachment"),
+            Some(va)
+        );
         assert!(r.lookup("", "v1", "volumeattachments").is_none());
         let core_ev = r.lookup_kind("v1", "Event").unwrap();
         let new_ev = r.lookup_kind("events.k8s.io/v1", "Event").unwrap();
         assert_ne!(core_ev, new_ev);
-        assert_eq!(r.get(va).qualified_resource(), "volumeattachments.storage.k8s.io");
+        assert_eq!(
+            r.get(va).qualified_resource(),
+            "volumeattachments.storage.k8s.io"
+        );
     }
 
     #[test]
@@ -353,7 +514,12 @@ mod tests {
         let groups: Vec<_> = r.groups().into_iter().map(|(g, _)| g).collect();
         assert_eq!(
             groups,
-            vec!["storage.k8s.io", "coordination.k8s.io", "events.k8s.io", "snapshot.storage.k8s.io"]
+            vec![
+                "storage.k8s.io",
+                "coordination.k8s.io",
+                "events.k8s.io",
+                "snapshot.storage.k8s.io"
+            ]
         );
     }
 }

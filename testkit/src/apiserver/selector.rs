@@ -39,7 +39,9 @@ impl LabelSelector {
                 if input.trim().is_empty() {
                     continue;
                 }
-                return Err(SelectorError(format!("unable to parse requirement: empty term in {input:?}")));
+                return Err(SelectorError(format!(
+                    "unable to parse requirement: empty term in {input:?}"
+                )));
             }
             reqs.push(parse_requirement(term)?);
         }
@@ -61,8 +63,12 @@ impl LabelSelector {
             LabelOp::NotIn(vs) => get(key).is_none_or(|l| vs.iter().all(|v| v != l)),
             LabelOp::Exists => get(key).is_some(),
             LabelOp::NotExists => get(key).is_none(),
-            LabelOp::Gt(n) => get(key).and_then(|l| l.parse::<i64>().ok()).is_some_and(|l| l > *n),
-            LabelOp::Lt(n) => get(key).and_then(|l| l.parse::<i64>().ok()).is_some_and(|l| l < *n),
+            LabelOp::Gt(n) => get(key)
+                .and_then(|l| l.parse::<i64>().ok())
+                .is_some_and(|l| l > *n),
+            LabelOp::Lt(n) => get(key)
+                .and_then(|l| l.parse::<i64>().ok())
+                .is_some_and(|l| l < *n),
         })
     }
 }
@@ -107,9 +113,17 @@ fn parse_requirement(term: &str) -> Result<(String, LabelOp), SelectorError> {
     } else if let Some(v) = rest.strip_prefix("!=") {
         LabelOp::NotEq(value(v).map_err(|e| err(&e))?)
     } else if let Some(v) = rest.strip_prefix('>') {
-        LabelOp::Gt(v.trim().parse().map_err(|_| err("for 'gt', 'lt' operators, the value must be an integer"))?)
+        LabelOp::Gt(
+            v.trim()
+                .parse()
+                .map_err(|_| err("for 'gt', 'lt' operators, the value must be an integer"))?,
+        )
     } else if let Some(v) = rest.strip_prefix('<') {
-        LabelOp::Lt(v.trim().parse().map_err(|_| err("for 'gt', 'lt' operators, the value must be an integer"))?)
+        LabelOp::Lt(
+            v.trim()
+                .parse()
+                .map_err(|_| err("for 'gt', 'lt' operators, the value must be an integer"))?,
+        )
     } else if let Some(v) = rest.strip_prefix("notin") {
         LabelOp::NotIn(value_set(v).map_err(|e| err(&e))?)
     } else if let Some(v) = rest.strip_prefix("in") {
@@ -145,7 +159,8 @@ fn is_name_part(s: &str, max: usize) -> bool {
         && b.len() <= max
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// Validates a qualified name (`prefix/name` or `name`) as used for label keys.
@@ -160,7 +175,9 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
         return Err(format!("prefix part of {key:?} must be a DNS subdomain"));
     }
     if !is_name_part(name, 63) {
-        return Err(format!("name part of {key:?} must consist of alphanumeric characters, '-', '_' or '.', start and end with an alphanumeric character, and be at most 63 characters"));
+        return Err(format!(
+            "name part of {key:?} must consist of alphanumeric characters, '-', '_' or '.', start and end with an alphanumeric character, and be at most 63 characters"
+        ));
     }
     Ok(())
 }
@@ -169,7 +186,9 @@ fn validate_label_value(v: &str) -> Result<(), String> {
     if v.is_empty() || is_name_part(v, 63) {
         Ok(())
     } else {
-        Err(format!("invalid label value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"))
+        Err(format!(
+            "invalid label value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+        ))
     }
 }
 
@@ -180,7 +199,8 @@ pub fn is_dns_label(s: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_digit() || c.is_ascii_lowercase() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_digit() || c.is_ascii_lowercase() || *c == b'-')
 }
 
 /// RFC 1123 subdomain: dot-separated labels, at most 253 characters.
@@ -216,17 +236,25 @@ impl FieldSelector {
             } else if let Some((f, v)) = split_op(&term, "=") {
                 (f, v, false)
             } else {
-                return Err(SelectorError(format!("invalid selector: '{term}'; can't understand '{term}'")));
+                return Err(SelectorError(format!(
+                    "invalid selector: '{term}'; can't understand '{term}'"
+                )));
             };
             let field = field.trim().to_string();
             if !supports_field(kind, &field) {
                 return Err(SelectorError(if kind.custom {
-                    format!("{field:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\"")
+                    format!(
+                        "{field:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                    )
                 } else {
                     format!("field label not supported: {field}")
                 }));
             }
-            reqs.push(FieldReq { field, value: unescape(&value), negated });
+            reqs.push(FieldReq {
+                field,
+                value: unescape(&value),
+                negated,
+            });
         }
         Ok(Self { reqs })
     }
@@ -244,18 +272,26 @@ impl FieldSelector {
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
-        self.reqs.iter().all(|r| (field_value(obj, &r.field) == r.value) != r.negated)
+        self.reqs
+            .iter()
+            .all(|r| (field_value(obj, &r.field) == r.value) != r.negated)
     }
 }
 
 fn supports_field(kind: &Kind, field: &str) -> bool {
-    field == "metadata.name" || field == "metadata.namespace" || kind.field_selectors.contains(&field)
+    field == "metadata.name"
+        || field == "metadata.namespace"
+        || kind.field_selectors.contains(&field)
 }
 
 /// The string a field selector compares against: missing fields read as "".
 fn field_value(obj: &Value, field: &str) -> String {
     // The core Event's `source` selector means the reporting component.
-    let path = if field == "source" { "source.component" } else { field };
+    let path = if field == "source" {
+        "source.component"
+    } else {
+        field
+    };
     let mut cur = obj;
     for part in path.split('.') {
         match cur.get(part) {
@@ -358,7 +394,16 @@ mod tests {
 
     #[test]
     fn label_syntax_errors() {
-        for bad in ["app=(", "a b", "app in web", "-bad=x", "app=a b", "app in ()", "tier>x", ","] {
+        for bad in [
+            "app=(",
+            "a b",
+            "app in web",
+            "-bad=x",
+            "app=a b",
+            "app in ()",
+            "tier>x",
+            ",",
+        ] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad} should fail");
         }
     }
@@ -367,7 +412,10 @@ mod tests {
     fn field_selectors_are_validated_per_kind() {
         let r = Registry::builtin();
         let secret = r.get(r.core("secrets").unwrap());
-        let va = r.get(r.lookup("storage.k8s.io", "v1", "volumeattachments").unwrap());
+        let va = r.get(
+            r.lookup("storage.k8s.io", "v1", "volumeattachments")
+                .unwrap(),
+        );
         let pod = r.get(r.core("pods").unwrap());
         let o = obj(json!({}));
         let m = |s: &str, k: &Kind| FieldSelector::parse(s, k).unwrap().matches(&o);

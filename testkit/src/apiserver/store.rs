@@ -16,7 +16,9 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::patch::{PatchError, json_patch, merge_patch, strategic_merge_patch};
 use super::registry::{Kind, KindId, NameRule, Registry};
-use super::selector::{FieldSelector, LabelSelector, is_dns_label, is_dns_subdomain, validate_label_key};
+use super::selector::{
+    FieldSelector, LabelSelector, is_dns_label, is_dns_subdomain, validate_label_key,
+};
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped kinds.
 pub type ObjKey = (String, String);
@@ -52,8 +54,21 @@ pub struct WatchEvent {
 }
 
 impl WatchEvent {
-    fn new(kind: KindId, etype: EventType, rv: u64, object: Arc<Value>, prev: Option<Arc<Value>>) -> Self {
-        Self { kind, etype, rv, object, prev, encoded: OnceLock::new() }
+    fn new(
+        kind: KindId,
+        etype: EventType,
+        rv: u64,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) -> Self {
+        Self {
+            kind,
+            etype,
+            rv,
+            object,
+            prev,
+            encoded: OnceLock::new(),
+        }
     }
 
     /// The object serialized once and shared by every watcher.
@@ -158,7 +173,10 @@ pub struct Store {
 
 /// The current time as the RFC 3339 string Kubernetes uses (second precision).
 pub fn now_timestamp() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     i64::try_from(secs)
         .ok()
         .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
@@ -171,7 +189,10 @@ fn meta(obj: &Value) -> Option<&Map<String, Value>> {
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    meta(obj).and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
+    meta(obj)
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
@@ -191,7 +212,10 @@ pub fn resource_version_of(obj: &Value) -> u64 {
 
 /// The store key of an object.
 pub fn key_of(obj: &Value) -> ObjKey {
-    (meta_str(obj, "namespace").to_string(), meta_str(obj, "name").to_string())
+    (
+        meta_str(obj, "namespace").to_string(),
+        meta_str(obj, "name").to_string(),
+    )
 }
 
 fn finalizers(obj: &Value) -> Vec<&str> {
@@ -236,14 +260,24 @@ fn hex_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 fn encode_continue(rv: u64, key: &ObjKey) -> String {
-    hex_encode(json!({"rv": rv, "start": [key.0, key.1]}).to_string().as_bytes())
+    hex_encode(
+        json!({"rv": rv, "start": [key.0, key.1]})
+            .to_string()
+            .as_bytes(),
+    )
 }
 
 fn decode_continue(token: &str) -> Option<(u64, ObjKey)> {
     let v: Value = serde_json::from_slice(&hex_decode(token)?).ok()?;
     let rv = v.get("rv")?.as_u64()?;
     let start = v.get("start")?.as_array()?;
-    Some((rv, (start.first()?.as_str()?.to_string(), start.get(1)?.as_str()?.to_string())))
+    Some((
+        rv,
+        (
+            start.first()?.as_str()?.to_string(),
+            start.get(1)?.as_str()?.to_string(),
+        ),
+    ))
 }
 
 fn name_error(rule: NameRule, name: &str) -> Option<String> {
@@ -265,7 +299,9 @@ fn name_error(rule: NameRule, name: &str) -> Option<String> {
 /// Checks and fills `apiVersion`/`kind` of a request body.
 fn check_type(k: &Kind, obj: &mut Value) -> Result<(), ApiError> {
     let Value::Object(m) = obj else {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     };
     let api_version = k.api_version();
     for (field, want) in [("apiVersion", api_version.as_str()), ("kind", k.kind)] {
@@ -289,16 +325,41 @@ fn check_type(k: &Kind, obj: &mut Value) -> Result<(), ApiError> {
 fn validate_meta(k: &Kind, obj: &Value) -> Result<(), ApiError> {
     let name = meta_str(obj, "name");
     if let Some(why) = name_error(k.name_rule, name) {
-        return Err(ApiError::invalid(k, name, "metadata.name", "FieldValueInvalid", &format!("Invalid value: {name:?}: {why}")));
+        return Err(ApiError::invalid(
+            k,
+            name,
+            "metadata.name",
+            "FieldValueInvalid",
+            &format!("Invalid value: {name:?}: {why}"),
+        ));
     }
-    if let Some(labels) = meta(obj).and_then(|m| m.get("labels")).and_then(Value::as_object) {
+    if let Some(labels) = meta(obj)
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+    {
         for (key, v) in labels {
-            let bad_value = v.as_str().is_none_or(|s| LabelSelector::parse(&format!("k={s}")).is_err());
+            let bad_value = v
+                .as_str()
+                .is_none_or(|s| LabelSelector::parse(&format!("k={s}")).is_err());
             if let Err(why) = validate_label_key(key) {
-                return Err(ApiError::invalid(k, name, "metadata.labels", "FieldValueInvalid", &format!("Invalid value: {key:?}: {why}")));
+                return Err(ApiError::invalid(
+                    k,
+                    name,
+                    "metadata.labels",
+                    "FieldValueInvalid",
+                    &format!("Invalid value: {key:?}: {why}"),
+                ));
             }
             if bad_value {
-                return Err(ApiError::invalid(k, name, "metadata.labels", "FieldValueInvalid", &format!("Invalid value: {v}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")));
+                return Err(ApiError::invalid(
+                    k,
+                    name,
+                    "metadata.labels",
+                    "FieldValueInvalid",
+                    &format!(
+                        "Invalid value: {v}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+                    ),
+                ));
             }
         }
     }
@@ -308,7 +369,13 @@ fn validate_meta(k: &Kind, obj: &Value) -> Result<(), ApiError> {
 /// Builds the object an update stores, applying the real server's rules:
 /// preconditions, immutable system metadata, status subresource separation,
 /// generation, and no new finalizers on an object being deleted.
-fn prepare_update(k: &Kind, old: &Value, mut new: Value, target: Target, key: &ObjKey) -> Result<Value, ApiError> {
+fn prepare_update(
+    k: &Kind,
+    old: &Value,
+    mut new: Value,
+    target: Target,
+    key: &ObjKey,
+) -> Result<Value, ApiError> {
     check_type(k, &mut new)?;
     let (ns, name) = key;
     let body_name = meta_str(&new, "name");
@@ -333,7 +400,9 @@ fn prepare_update(k: &Kind, old: &Value, mut new: Value, target: Target, key: &O
         return Err(ApiError::conflict(
             k,
             name,
-            &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"),
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
+            ),
         ));
     }
     if target == Target::Status {
@@ -351,7 +420,14 @@ fn prepare_update(k: &Kind, old: &Value, mut new: Value, target: Target, key: &O
     let old_meta = meta(old).cloned().unwrap_or_default();
     {
         let m = meta_mut(&mut new);
-        for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "resourceVersion",
+        ] {
             match old_meta.get(f) {
                 Some(v) => m.insert(f.into(), v.clone()),
                 None => m.remove(f),
@@ -378,19 +454,27 @@ fn prepare_update(k: &Kind, old: &Value, mut new: Value, target: Target, key: &O
     }
     if being_deleted(old) {
         let before = finalizers(old);
-        let added: Vec<&str> = finalizers(&new).into_iter().filter(|f| !before.contains(f)).collect();
+        let added: Vec<&str> = finalizers(&new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
         if !added.is_empty() {
             return Err(ApiError::invalid(
                 k,
                 name,
                 "metadata.finalizers",
                 "FieldValueForbidden",
-                &format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                &format!(
+                    "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                ),
             ));
         }
     }
     if k.tracks_generation && spec_part(&new) != spec_part(old) {
-        let generation = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
+        let generation = old_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         meta_mut(&mut new).insert("generation".into(), json!(generation + 1));
     }
     validate_meta(k, &new)?;
@@ -401,7 +485,10 @@ impl Store {
     /// An empty store holding the namespaces every cluster has.
     pub fn new(registry: Arc<Registry>, history_limit: usize, watch_buffer: usize) -> Self {
         let n = registry.kinds().len();
-        let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
         let mut store = Self {
             objects: vec![BTreeMap::new(); n],
             watchers: (0..n).map(|_| Vec::new()).collect(),
@@ -496,7 +583,8 @@ impl Store {
     pub fn list(&self, kind: KindId, q: &ListQuery<'_>) -> Result<ListPage, ApiError> {
         let current = self.rv;
         let (at, start_after) = if let Some(token) = q.continue_token.filter(|t| !t.is_empty()) {
-            let (rv, key) = decode_continue(token).ok_or_else(|| ApiError::bad_request("continue key is not valid"))?;
+            let (rv, key) = decode_continue(token)
+                .ok_or_else(|| ApiError::bad_request("continue key is not valid"))?;
             if rv < self.history_floor {
                 return Err(ApiError::expired(CONTINUE_EXPIRED));
             }
@@ -512,7 +600,10 @@ impl Store {
                     // Exact (explicitly, or implied by legacy paging) reads the old state.
                     if q.exact || q.limit.is_some() {
                         if rv < self.history_floor {
-                            return Err(ApiError::expired(format!("too old resource version: {rv} ({})", self.history_floor + 1)));
+                            return Err(ApiError::expired(format!(
+                                "too old resource version: {rv} ({})",
+                                self.history_floor + 1
+                            )));
                         }
                         (rv, None)
                     } else {
@@ -540,10 +631,18 @@ impl Store {
         let items: Vec<Arc<Value>> = matching.by_ref().take(limit).cloned().collect();
         let rest = matching.count() as u64;
         let (continue_token, remaining) = match items.last() {
-            Some(last) if rest > 0 => (Some(encode_continue(at, &key_of(last))), (!filtered).then_some(rest)),
+            Some(last) if rest > 0 => (
+                Some(encode_continue(at, &key_of(last))),
+                (!filtered).then_some(rest),
+            ),
             _ => (None, None),
         };
-        Ok(ListPage { items, resource_version: at, continue_token, remaining })
+        Ok(ListPage {
+            items,
+            resource_version: at,
+            continue_token,
+            remaining,
+        })
     }
 
     fn namespace_state(&self, ns: &str) -> Option<&Arc<Value>> {
@@ -552,7 +651,9 @@ impl Store {
     }
 
     fn default_storage_class(&self) -> Option<String> {
-        let sc = self.registry.lookup("storage.k8s.io", "v1", "storageclasses")?;
+        let sc = self
+            .registry
+            .lookup("storage.k8s.io", "v1", "storageclasses")?;
         self.objects[sc]
             .values()
             .filter(|o| {
@@ -560,12 +661,23 @@ impl Store {
                     .and_then(Value::as_str)
                     == Some("true")
             })
-            .max_by_key(|o| (meta_str(o, "creationTimestamp").to_string(), resource_version_of(o)))
+            .max_by_key(|o| {
+                (
+                    meta_str(o, "creationTimestamp").to_string(),
+                    resource_version_of(o),
+                )
+            })
             .map(|o| meta_str(o, "name").to_string())
     }
 
     /// CREATE. `ns` is the namespace from the URL (ignored for cluster-scoped kinds).
-    pub fn create(&mut self, kind: KindId, ns: &str, mut obj: Value, dry_run: bool) -> Result<Arc<Value>, ApiError> {
+    pub fn create(
+        &mut self,
+        kind: KindId,
+        ns: &str,
+        mut obj: Value,
+        dry_run: bool,
+    ) -> Result<Arc<Value>, ApiError> {
         let k = self.kind(kind).clone();
         check_type(&k, &mut obj)?;
         let body_ns = meta_str(&obj, "namespace").to_string();
@@ -575,21 +687,31 @@ impl Store {
             ));
         }
         if !meta_str(&obj, "resourceVersion").is_empty() {
-            return Err(ApiError::internal("resourceVersion should not be set on objects to be created"));
+            return Err(ApiError::internal(
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
-        let ns = if k.namespaced { ns.to_string() } else { String::new() };
+        let ns = if k.namespaced {
+            ns.to_string()
+        } else {
+            String::new()
+        };
         if k.namespaced {
             let ns_kind = self.registry.core("namespaces");
             match self.namespace_state(&ns) {
                 None => {
-                    let nk = ns_kind.map(|id| self.kind(id).clone()).unwrap_or_else(|| k.clone());
+                    let nk = ns_kind
+                        .map(|id| self.kind(id).clone())
+                        .unwrap_or_else(|| k.clone());
                     return Err(ApiError::not_found(&nk, &ns));
                 }
                 Some(n) if being_deleted(n) => {
                     return Err(ApiError::forbidden(
                         &k,
                         meta_str(&obj, "name"),
-                        &format!("unable to create new content in namespace {ns} because it is being terminated"),
+                        &format!(
+                            "unable to create new content in namespace {ns} because it is being terminated"
+                        ),
                     ));
                 }
                 Some(_) => {}
@@ -599,7 +721,13 @@ impl Store {
         if name.is_empty() {
             let prefix = meta_str(&obj, "generateName").to_string();
             if prefix.is_empty() {
-                return Err(ApiError::invalid(&k, "", "metadata.name", "FieldValueRequired", "Required value: name or generateName is required"));
+                return Err(ApiError::invalid(
+                    &k,
+                    "",
+                    "metadata.name",
+                    "FieldValueRequired",
+                    "Required value: name or generateName is required",
+                ));
             }
             loop {
                 name = format!("{prefix}{}", self.generated_suffix());
@@ -619,7 +747,13 @@ impl Store {
             }
             m.insert("uid".into(), json!(uid));
             m.insert("creationTimestamp".into(), json!(now_timestamp()));
-            for f in ["deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink", "generation"] {
+            for f in [
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "managedFields",
+                "selfLink",
+                "generation",
+            ] {
                 m.remove(f);
             }
             if k.tracks_generation {
@@ -657,10 +791,25 @@ impl Store {
     }
 
     /// UPDATE (PUT) of the object or its status.
-    pub fn update(&mut self, kind: KindId, ns: &str, name: &str, new: Value, target: Target, dry_run: bool) -> Result<Arc<Value>, ApiError> {
+    pub fn update(
+        &mut self,
+        kind: KindId,
+        ns: &str,
+        name: &str,
+        new: Value,
+        target: Target,
+        dry_run: bool,
+    ) -> Result<Arc<Value>, ApiError> {
         let k = self.kind(kind).clone();
-        let key = if k.namespaced { (ns.to_string(), name.to_string()) } else { (String::new(), name.to_string()) };
-        let old = self.objects[kind].get(&key).cloned().ok_or_else(|| ApiError::not_found(&k, name))?;
+        let key = if k.namespaced {
+            (ns.to_string(), name.to_string())
+        } else {
+            (String::new(), name.to_string())
+        };
+        let old = self.objects[kind]
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&k, name))?;
         let new = prepare_update(&k, &old, new, target, &key)?;
         if new == *old {
             // The real server skips writes that change nothing: no new resourceVersion, no event.
@@ -695,7 +844,9 @@ impl Store {
         let applied = match patch_type {
             PatchType::Merge => {
                 if !patch.is_object() {
-                    return Err(ApiError::bad_request("a JSON merge patch for an object must be a JSON object"));
+                    return Err(ApiError::bad_request(
+                        "a JSON merge patch for an object must be a JSON object",
+                    ));
                 }
                 merge_patch(&mut doc, patch);
                 Ok(())
@@ -714,24 +865,43 @@ impl Store {
             PatchError::Unsupported(m) => ApiError::unsupported_media_type(m),
         })?;
         if !doc.is_object() {
-            return Err(ApiError::bad_request("the patched document is not a JSON object"));
+            return Err(ApiError::bad_request(
+                "the patched document is not a JSON object",
+            ));
         }
         self.update(kind, ns, name, doc, target, dry_run)
     }
 
     /// DELETE with preconditions and finalizer handling. Deleting a namespace
     /// also deletes everything in it, as the namespace controller would.
-    pub fn delete(&mut self, kind: KindId, ns: &str, name: &str, pre: &Preconditions, dry_run: bool) -> Result<Deleted, ApiError> {
+    pub fn delete(
+        &mut self,
+        kind: KindId,
+        ns: &str,
+        name: &str,
+        pre: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Deleted, ApiError> {
         let k = self.kind(kind).clone();
-        let key = if k.namespaced { (ns.to_string(), name.to_string()) } else { (String::new(), name.to_string()) };
-        let old = self.objects[kind].get(&key).cloned().ok_or_else(|| ApiError::not_found(&k, name))?;
+        let key = if k.namespaced {
+            (ns.to_string(), name.to_string())
+        } else {
+            (String::new(), name.to_string())
+        };
+        let old = self.objects[kind]
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&k, name))?;
         if let Some(uid) = pre.uid.as_deref().filter(|u| !u.is_empty())
             && uid != meta_str(&old, "uid")
         {
             return Err(ApiError::conflict(
                 &k,
                 name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&old, "uid")),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(&old, "uid")
+                ),
             ));
         }
         if let Some(rv) = pre.resource_version.as_deref().filter(|r| !r.is_empty())
@@ -747,7 +917,11 @@ impl Store {
             ));
         }
         if dry_run {
-            return Ok(if finalizers(&old).is_empty() && !k.is_core("Namespace") { Deleted::Removed(old) } else { Deleted::Pending(old) });
+            return Ok(if finalizers(&old).is_empty() && !k.is_core("Namespace") {
+                Deleted::Removed(old)
+            } else {
+                Deleted::Pending(old)
+            });
         }
         if k.is_core("Namespace") {
             return Ok(self.delete_namespace(kind, key, old));
@@ -760,7 +934,11 @@ impl Store {
         let m = meta_mut(&mut marked);
         m.insert("deletionTimestamp".into(), json!(now_timestamp()));
         m.insert("deletionGracePeriodSeconds".into(), json!(0));
-        if let Some(generation) = m.get("generation").and_then(Value::as_i64).filter(|g| *g > 0) {
+        if let Some(generation) = m
+            .get("generation")
+            .and_then(Value::as_i64)
+            .filter(|g| *g > 0)
+        {
             m.insert("generation".into(), json!(generation + 1));
         }
         marked
@@ -785,7 +963,9 @@ impl Store {
             marked["status"] = json!({"phase": "Terminating"});
             current = self.commit_put(kind, key.clone(), marked, EventType::Modified);
         }
-        let namespaced: Vec<KindId> = (0..self.objects.len()).filter(|id| self.kind(*id).namespaced).collect();
+        let namespaced: Vec<KindId> = (0..self.objects.len())
+            .filter(|id| self.kind(*id).namespaced)
+            .collect();
         for id in namespaced {
             let keys: Vec<(ObjKey, Arc<Value>)> = self.objects[id]
                 .iter()
@@ -815,7 +995,13 @@ impl Store {
             .all(|(_, objs)| !objs.keys().any(|(n, _)| n == ns))
     }
 
-    fn commit_put(&mut self, kind: KindId, key: ObjKey, mut obj: Value, etype: EventType) -> Arc<Value> {
+    fn commit_put(
+        &mut self,
+        kind: KindId,
+        key: ObjKey,
+        mut obj: Value,
+        etype: EventType,
+    ) -> Arc<Value> {
         self.rv += 1;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let obj = Arc::new(obj);
@@ -844,7 +1030,13 @@ impl Store {
         Some(gone)
     }
 
-    fn record(&mut self, kind: KindId, etype: EventType, object: Arc<Value>, prev: Option<Arc<Value>>) {
+    fn record(
+        &mut self,
+        kind: KindId,
+        etype: EventType,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
         let ev = Arc::new(WatchEvent::new(kind, etype, self.rv, object, prev));
         self.history.push_back(ev.clone());
         while self.history.len() > self.history_limit {
@@ -863,21 +1055,41 @@ impl Store {
             WatchFrom::Current => {
                 let initial = self.objects[kind]
                     .values()
-                    .map(|o| Arc::new(WatchEvent::new(kind, EventType::Added, resource_version_of(o), o.clone(), None)))
+                    .map(|o| {
+                        Arc::new(WatchEvent::new(
+                            kind,
+                            EventType::Added,
+                            resource_version_of(o),
+                            o.clone(),
+                            None,
+                        ))
+                    })
                     .collect();
                 (initial, self.rv)
             }
             WatchFrom::After(rv) => {
                 if rv < self.history_floor {
-                    return Err(ApiError::expired(format!("too old resource version: {rv} ({})", self.history_floor + 1)));
+                    return Err(ApiError::expired(format!(
+                        "too old resource version: {rv} ({})",
+                        self.history_floor + 1
+                    )));
                 }
-                let initial = self.history.iter().filter(|e| e.rv > rv && e.kind == kind).cloned().collect();
+                let initial = self
+                    .history
+                    .iter()
+                    .filter(|e| e.rv > rv && e.kind == kind)
+                    .cloned()
+                    .collect();
                 (initial, rv.max(self.rv))
             }
         };
         let (tx, events) = mpsc::channel(self.watch_buffer);
         self.watchers[kind].push(Watcher { tx });
-        Ok(WatchStart { initial, events, after })
+        Ok(WatchStart {
+            initial,
+            events,
+            after,
+        })
     }
 
     /// Ends open watches (of one kind, or all): their streams finish after the buffered events.
@@ -905,7 +1117,9 @@ mod tests {
         let reg = Arc::new(Registry::builtin());
         let pvc = reg.core("persistentvolumeclaims").unwrap();
         let pv = reg.core("persistentvolumes").unwrap();
-        let vs = reg.lookup("snapshot.storage.k8s.io", "v1", "volumesnapshots").unwrap();
+        let vs = reg
+            .lookup("snapshot.storage.k8s.io", "v1", "volumesnapshots")
+            .unwrap();
         (Store::new(reg, 100, 100), pvc, pv, vs)
     }
 
@@ -926,12 +1140,31 @@ mod tests {
         let e = s.create(pvc_k, "default", pvc("a"), false).unwrap_err();
         assert_eq!((e.code, e.reason), (409, "AlreadyExists"));
         let e = s.create(pvc_k, "nope", pvc("b"), false).unwrap_err();
-        assert_eq!((e.code, e.message.as_str()), (404, "namespaces \"nope\" not found"));
-        let e = s.create(pvc_k, "default", pvc("#%123-invalid-name"), false).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (404, "namespaces \"nope\" not found")
+        );
+        let e = s
+            .create(pvc_k, "default", pvc("#%123-invalid-name"), false)
+            .unwrap_err();
         assert_eq!((e.code, e.reason), (422, "Invalid"));
-        let g = s.create(pvc_k, "default", json!({"metadata": {"generateName": "gen-"}}), false).unwrap();
+        let g = s
+            .create(
+                pvc_k,
+                "default",
+                json!({"metadata": {"generateName": "gen-"}}),
+                false,
+            )
+            .unwrap();
         assert!(g["metadata"]["name"].as_str().unwrap().starts_with("gen-"));
-        let e = s.create(pvc_k, "default", json!({"kind": "Pod", "metadata": {"name": "x"}}), false).unwrap_err();
+        let e = s
+            .create(
+                pvc_k,
+                "default",
+                json!({"kind": "Pod", "metadata": {"name": "x"}}),
+                false,
+            )
+            .unwrap_err();
         assert_eq!(e.code, 400);
     }
 
@@ -942,24 +1175,44 @@ mod tests {
         let mut stale = (*o).clone();
         stale["spec"]["volumeName"] = json!("pv-1");
         stale["status"] = json!({"phase": "Bound"});
-        let u = s.update(pvc_k, "default", "a", stale.clone(), Target::Main, false).unwrap();
+        let u = s
+            .update(pvc_k, "default", "a", stale.clone(), Target::Main, false)
+            .unwrap();
         assert_eq!(u["spec"]["volumeName"], "pv-1");
         assert_eq!(u["status"]["phase"], "Pending", "main writes ignore status");
-        let e = s.update(pvc_k, "default", "a", stale.clone(), Target::Main, false).unwrap_err();
+        let e = s
+            .update(pvc_k, "default", "a", stale.clone(), Target::Main, false)
+            .unwrap_err();
         assert_eq!((e.code, e.reason), (409, "Conflict"));
         let mut unconditional = stale.clone();
-        unconditional["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+        unconditional["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("resourceVersion");
         unconditional["spec"]["volumeName"] = json!("pv-2");
-        let u2 = s.update(pvc_k, "default", "a", unconditional, Target::Main, false).unwrap();
+        let u2 = s
+            .update(pvc_k, "default", "a", unconditional, Target::Main, false)
+            .unwrap();
         assert_eq!(u2["spec"]["volumeName"], "pv-2");
         let mut st = (*u2).clone();
         st["status"] = json!({"phase": "Bound"});
         st["spec"]["volumeName"] = json!("ignored");
-        let u3 = s.update(pvc_k, "default", "a", st, Target::Status, false).unwrap();
+        let u3 = s
+            .update(pvc_k, "default", "a", st, Target::Status, false)
+            .unwrap();
         assert_eq!(u3["status"]["phase"], "Bound");
-        assert_eq!(u3["spec"]["volumeName"], "pv-2", "status writes ignore the rest");
-        let same = s.update(pvc_k, "default", "a", (*u3).clone(), Target::Main, false).unwrap();
-        assert_eq!(resource_version_of(&same), resource_version_of(&u3), "no-op updates do not bump");
+        assert_eq!(
+            u3["spec"]["volumeName"], "pv-2",
+            "status writes ignore the rest"
+        );
+        let same = s
+            .update(pvc_k, "default", "a", (*u3).clone(), Target::Main, false)
+            .unwrap();
+        assert_eq!(
+            resource_version_of(&same),
+            resource_version_of(&u3),
+            "no-op updates do not bump"
+        );
     }
 
     #[test]
@@ -972,26 +1225,65 @@ mod tests {
         assert!(o.get("status").is_none(), "status is dropped on create");
         let mut m = (*o).clone();
         m["metadata"]["labels"] = json!({"l": "v"});
-        let o = s.update(vs, "default", "s", m, Target::Main, false).unwrap();
+        let o = s
+            .update(vs, "default", "s", m, Target::Main, false)
+            .unwrap();
         assert_eq!(o["metadata"]["generation"], 1);
         let mut m = (*o).clone();
         m["spec"]["a"] = json!(2);
-        let o = s.update(vs, "default", "s", m, Target::Main, false).unwrap();
+        let o = s
+            .update(vs, "default", "s", m, Target::Main, false)
+            .unwrap();
         assert_eq!(o["metadata"]["generation"], 2);
     }
 
     #[test]
     fn finalizers_defer_deletion_until_removed() {
         let (mut s, _, pv, _) = store();
-        s.create(pv, "", json!({"metadata": {"name": "pv", "finalizers": ["a/b"]}, "spec": {}}), false).unwrap();
-        let Deleted::Pending(o) = s.delete(pv, "", "pv", &Preconditions::default(), false).unwrap() else { panic!() };
+        s.create(
+            pv,
+            "",
+            json!({"metadata": {"name": "pv", "finalizers": ["a/b"]}, "spec": {}}),
+            false,
+        )
+        .unwrap();
+        let Deleted::Pending(o) = s
+            .delete(pv, "", "pv", &Preconditions::default(), false)
+            .unwrap()
+        else {
+            panic!()
+        };
         assert!(o["metadata"]["deletionTimestamp"].is_string());
         assert_eq!(o["metadata"]["deletionGracePeriodSeconds"], 0);
-        let Deleted::Pending(again) = s.delete(pv, "", "pv", &Preconditions::default(), false).unwrap() else { panic!() };
+        let Deleted::Pending(again) = s
+            .delete(pv, "", "pv", &Preconditions::default(), false)
+            .unwrap()
+        else {
+            panic!()
+        };
         assert_eq!(resource_version_of(&again), resource_version_of(&o));
-        let e = s.patch(pv, "", "pv", PatchType::Merge, &json!({"metadata": {"finalizers": ["a/b", "new"]}}), Target::Main, false).unwrap_err();
+        let e = s
+            .patch(
+                pv,
+                "",
+                "pv",
+                PatchType::Merge,
+                &json!({"metadata": {"finalizers": ["a/b", "new"]}}),
+                Target::Main,
+                false,
+            )
+            .unwrap_err();
         assert_eq!(e.code, 422);
-        s.patch(pv, "", "pv", PatchType::Json, &json!([{"op": "remove", "path": "/metadata/finalizers/0"}]), Target::Main, false).unwrap();
+        s.patch(
+            pv,
+            "",
+            "pv",
+            PatchType::Json,
+            &json!([{"op": "remove", "path": "/metadata/finalizers/0"}]),
+            Target::Main,
+            false,
+        )
+        .unwrap();
         assert_eq!(s.get(pv, "", "pv").unwrap_err().code, 404);
     }
 
@@ -999,11 +1291,31 @@ mod tests {
     fn delete_preconditions_conflict() {
         let (mut s, pvc_k, _, _) = store();
         s.create(pvc_k, "default", pvc("a"), false).unwrap();
-        let pre = Preconditions { uid: Some("other".into()), resource_version: None };
-        assert_eq!(s.delete(pvc_k, "default", "a", &pre, false).unwrap_err().code, 409);
-        let pre = Preconditions { uid: None, resource_version: Some("1".into()) };
-        assert_eq!(s.delete(pvc_k, "default", "a", &pre, false).unwrap_err().code, 409);
-        assert!(matches!(s.delete(pvc_k, "default", "a", &Preconditions::default(), false).unwrap(), Deleted::Removed(_)));
+        let pre = Preconditions {
+            uid: Some("other".into()),
+            resource_version: None,
+        };
+        assert_eq!(
+            s.delete(pvc_k, "default", "a", &pre, false)
+                .unwrap_err()
+                .code,
+            409
+        );
+        let pre = Preconditions {
+            uid: None,
+            resource_version: Some("1".into()),
+        };
+        assert_eq!(
+            s.delete(pvc_k, "default", "a", &pre, false)
+                .unwrap_err()
+                .code,
+            409
+        );
+        assert!(matches!(
+            s.delete(pvc_k, "default", "a", &Preconditions::default(), false)
+                .unwrap(),
+            Deleted::Removed(_)
+        ));
     }
 
     #[test]
@@ -1012,15 +1324,27 @@ mod tests {
         for n in ["a", "b", "c"] {
             s.create(pvc_k, "default", pvc(n), false).unwrap();
         }
-        let q = ListQuery { limit: Some(2), ..Default::default() };
+        let q = ListQuery {
+            limit: Some(2),
+            ..Default::default()
+        };
         let p1 = s.list(pvc_k, &q).unwrap();
         assert_eq!(p1.items.len(), 2);
         assert_eq!(p1.remaining, Some(1));
-        s.delete(pvc_k, "default", "c", &Preconditions::default(), false).unwrap();
+        s.delete(pvc_k, "default", "c", &Preconditions::default(), false)
+            .unwrap();
         s.create(pvc_k, "default", pvc("d"), false).unwrap();
-        let q2 = ListQuery { limit: Some(2), continue_token: p1.continue_token.as_deref(), ..Default::default() };
+        let q2 = ListQuery {
+            limit: Some(2),
+            continue_token: p1.continue_token.as_deref(),
+            ..Default::default()
+        };
         let p2 = s.list(pvc_k, &q2).unwrap();
-        let names: Vec<_> = p2.items.iter().map(|o| o["metadata"]["name"].as_str().unwrap()).collect();
+        let names: Vec<_> = p2
+            .items
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
         assert_eq!(names, ["c"], "the second page reads the state of the first");
         assert_eq!(p2.resource_version, p1.resource_version);
         assert!(p2.continue_token.is_none());
@@ -1037,11 +1361,20 @@ mod tests {
         s.create(pvc_k, "kube-system", pvc("b"), false).unwrap();
         let all = s.list(pvc_k, &ListQuery::default()).unwrap();
         assert_eq!(all.items.len(), 2);
-        let q = ListQuery { namespace: Some("kube-system"), ..Default::default() };
+        let q = ListQuery {
+            namespace: Some("kube-system"),
+            ..Default::default()
+        };
         assert_eq!(s.list(pvc_k, &q).unwrap().items.len(), 1);
-        let q = ListQuery { labels: LabelSelector::parse("app=x").unwrap(), ..Default::default() };
+        let q = ListQuery {
+            labels: LabelSelector::parse("app=x").unwrap(),
+            ..Default::default()
+        };
         assert_eq!(s.list(pvc_k, &q).unwrap().items[0]["metadata"]["name"], "a");
-        let q = ListQuery { resource_version: Some("999999"), ..Default::default() };
+        let q = ListQuery {
+            resource_version: Some("999999"),
+            ..Default::default()
+        };
         assert_eq!(s.list(pvc_k, &q).unwrap_err().code, 504);
     }
 
@@ -1056,7 +1389,8 @@ mod tests {
         assert_eq!(w.initial[0].object["metadata"]["name"], "b");
         let mut live = s.watch(pvc_k, WatchFrom::Current).unwrap();
         assert_eq!(live.initial.len(), 2);
-        s.delete(pvc_k, "default", "a", &Preconditions::default(), false).unwrap();
+        s.delete(pvc_k, "default", "a", &Preconditions::default(), false)
+            .unwrap();
         let ev = live.events.try_recv().unwrap();
         assert_eq!(ev.etype, EventType::Deleted);
         assert_eq!(resource_version_of(&ev.object), s.resource_version());
@@ -1070,12 +1404,33 @@ mod tests {
     fn deleting_a_namespace_deletes_its_content() {
         let (mut s, pvc_k, _, _) = store();
         let ns_k = s.registry().core("namespaces").unwrap();
-        s.create(ns_k, "", json!({"metadata": {"name": "t"}}), false).unwrap();
-        s.create(pvc_k, "t", json!({"metadata": {"name": "a", "finalizers": ["x/y"]}}), false).unwrap();
-        let Deleted::Pending(ns) = s.delete(ns_k, "", "t", &Preconditions::default(), false).unwrap() else { panic!() };
+        s.create(ns_k, "", json!({"metadata": {"name": "t"}}), false)
+            .unwrap();
+        s.create(
+            pvc_k,
+            "t",
+            json!({"metadata": {"name": "a", "finalizers": ["x/y"]}}),
+            false,
+        )
+        .unwrap();
+        let Deleted::Pending(ns) = s
+            .delete(ns_k, "", "t", &Preconditions::default(), false)
+            .unwrap()
+        else {
+            panic!()
+        };
         assert_eq!(ns["status"]["phase"], "Terminating");
         assert_eq!(s.create(pvc_k, "t", pvc("b"), false).unwrap_err().code, 403);
-        s.patch(pvc_k, "t", "a", PatchType::Merge, &json!({"metadata": {"finalizers": null}}), Target::Main, false).unwrap();
+        s.patch(
+            pvc_k,
+            "t",
+            "a",
+            PatchType::Merge,
+            &json!({"metadata": {"finalizers": null}}),
+            Target::Main,
+            false,
+        )
+        .unwrap();
         assert_eq!(s.get(ns_k, "", "t").unwrap_err().code, 404);
     }
 
@@ -1089,26 +1444,46 @@ mod tests {
         }
         let rv = s.resource_version();
         assert!(s.watch(pvc_k, WatchFrom::After(rv - 3)).is_ok());
-        assert_eq!(s.watch(pvc_k, WatchFrom::After(rv - 4)).unwrap_err().code, 410);
+        assert_eq!(
+            s.watch(pvc_k, WatchFrom::After(rv - 4)).unwrap_err().code,
+            410
+        );
     }
 
     #[test]
     fn strategic_patch_is_refused_for_custom_kinds() {
         let (mut s, _, _, vs) = store();
-        s.create(vs, "default", json!({"metadata": {"name": "s"}}), false).unwrap();
-        let e = s.patch(vs, "default", "s", PatchType::Strategic, &json!({}), Target::Main, false).unwrap_err();
+        s.create(vs, "default", json!({"metadata": {"name": "s"}}), false)
+            .unwrap();
+        let e = s
+            .patch(
+                vs,
+                "default",
+                "s",
+                PatchType::Strategic,
+                &json!({}),
+                Target::Main,
+                false,
+            )
+            .unwrap_err();
         assert_eq!(e.code, 415);
     }
 
     #[test]
     fn default_storage_class_is_assigned() {
         let (mut s, pvc_k, _, _) = store();
-        let sc = s.registry().lookup("storage.k8s.io", "v1", "storageclasses").unwrap();
+        let sc = s
+            .registry()
+            .lookup("storage.k8s.io", "v1", "storageclasses")
+            .unwrap();
         s.create(sc, "", json!({"metadata": {"name": "std", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}}, "provisioner": "x"}), false).unwrap();
         let o = s.create(pvc_k, "default", pvc("a"), false).unwrap();
         assert_eq!(o["spec"]["storageClassName"], "std");
         let mut explicit = pvc("b");
         explicit["spec"]["storageClassName"] = json!("");
-        assert_eq!(s.create(pvc_k, "default", explicit, false).unwrap()["spec"]["storageClassName"], "");
+        assert_eq!(
+            s.create(pvc_k, "default", explicit, false).unwrap()["spec"]["storageClassName"],
+            ""
+        );
     }
 }
