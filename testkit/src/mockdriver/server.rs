@@ -282,7 +282,7 @@ impl MockDriver {
     /// Serves on the named pipe `name` (`\\.\pipe\NAME`).
     #[cfg(windows)]
     pub async fn serve_named_pipe(self, name: &str) -> Result<MockHandle, MockError> {
-        let incoming = pipe::incoming(name).map_err(|source| MockError::Listen {
+        let incoming = pipe::incoming(name.to_owned()).map_err(|source| MockError::Listen {
             path: PathBuf::from(name),
             source,
         })?;
@@ -440,22 +440,22 @@ mod pipe {
     }
 
     pub(super) fn incoming(
-        name: &str,
+        name: String,
     ) -> io::Result<impl Stream<Item = io::Result<PipeConnection>>> {
-        let first = ServerOptions::new()
-            .first_pipe_instance(true)
-            .create(name)?;
-        let state = (Some(first), name.to_owned());
+        // Not `first_pipe_instance`: a mock restarted under the same name
+        // must not fail while the previous one is still closing its instance.
+        let first = ServerOptions::new().create(&name)?;
+        let state = (Some(first), name);
         Ok(futures::stream::unfold(
             state,
             |(server, name)| async move {
                 let server = server?;
                 let connected = server.connect().await.map(|()| PipeConnection(server));
-                let next = ServerOptions::new()
-                .create(&name)
-                .inspect_err(|err| tracing::error!(pipe = %name, "cannot create the next pipe instance: {err}"))
-                .ok();
-                Some((connected, (next, name)))
+                let next = ServerOptions::new().create(&name);
+                if let Err(err) = &next {
+                    tracing::error!(pipe = %name, "cannot create the next pipe instance: {err}");
+                }
+                Some((connected, (next.ok(), name)))
             },
         ))
     }
