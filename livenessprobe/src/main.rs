@@ -6,7 +6,12 @@ fn main() {
     let cli: Cli = parse_env(FlagSyntax::Go);
     lifecycle::exit_if_version(&cli.process, VERSION);
     logging::init(&cli.logging);
-    let runtime = match lifecycle::runtime(&cli.process) {
+    // One thread is plenty for a health check every few seconds, and each worker thread would
+    // add its own stack and malloc arena to the footprint; --automaxprocs has nothing to size.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => lifecycle::fatal(&format!("cannot start the runtime: {err}")),
     };

@@ -6,10 +6,13 @@
 //! that without dialing per probe.
 //!
 //! * Unix: device and inode number.
-//! * Windows: the file's creation time, read from the socket file itself (`symlink_metadata`,
-//!   as an AF_UNIX socket file is a reparse point). If it cannot be read, the endpoint is
-//!   untracked and only a lost connection leads to a redial.
-//! * TCP and named-pipe endpoints have no file: untracked as well.
+//! * Windows: volume serial number and file index of the socket file itself (an AF_UNIX socket
+//!   file is a reparse point, opened as such). Creation times would not do: NTFS gives a file
+//!   created within seconds of a deleted one of the same name the old creation time.
+//!
+//! When the identity cannot be read (no permission, a file system without stable file
+//! indexes), and for TCP and named-pipe endpoints, which have no file, the endpoint is
+//! untracked: only a lost or failing connection leads to a redial.
 
 use std::path::Path;
 
@@ -45,30 +48,46 @@ pub fn socket_file(endpoint: &Endpoint) -> SocketFile {
     }
 }
 
-fn classify(
-    metadata: std::io::Result<std::fs::Metadata>,
-    id: fn(&std::fs::Metadata) -> FileId,
-) -> SocketFile {
-    match metadata {
-        Ok(metadata) => SocketFile::Present(id(&metadata)),
+#[cfg(unix)]
+fn file_at(path: &Path) -> SocketFile {
+    use std::os::unix::fs::MetadataExt;
+    // Follows symlinks: what matters is the socket a dial would reach.
+    match std::fs::metadata(path) {
+        Ok(metadata) => SocketFile::Present(FileId::new(metadata.dev(), metadata.ino())),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => SocketFile::Missing,
         Err(_) => SocketFile::Untracked,
     }
 }
 
-#[cfg(unix)]
-fn file_at(path: &Path) -> SocketFile {
-    use std::os::unix::fs::MetadataExt;
-    // Follows symlinks: what matters is the socket a dial would reach.
-    classify(std::fs::metadata(path), |m| FileId::new(m.dev(), m.ino()))
-}
-
 #[cfg(windows)]
 fn file_at(path: &Path) -> SocketFile {
-    use std::os::windows::fs::MetadataExt;
-    classify(std::fs::symlink_metadata(path), |m| {
-        FileId::new(0, m.creation_time())
-    })
+    use std::os::windows::fs::OpenOptionsExt;
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Storage::FileSystem::{
+        BY_HANDLE_FILE_INFORMATION, FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_OPEN_REPARSE_POINT,
+        GetFileInformationByHandle,
+    };
+
+    // An AF_UNIX socket file is a reparse point: open the point itself, for attributes only.
+    let file = std::fs::OpenOptions::new()
+        .access_mode(0)
+        .custom_flags(FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path);
+    let file = match file {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return SocketFile::Missing,
+        Err(_) => return SocketFile::Untracked,
+    };
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut info: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+    // SAFETY: the handle stays open for the call and `info` is a valid, writable struct.
+    if unsafe { GetFileInformationByHandle(file.as_raw_handle(), &mut info) } == 0 {
+        return SocketFile::Untracked;
+    }
+    SocketFile::Present(FileId::new(
+        u64::from(info.dwVolumeSerialNumber),
+        (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow),
+    ))
 }
 
 #[cfg(all(test, unix))]

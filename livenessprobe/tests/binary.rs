@@ -1,5 +1,6 @@
 //! The real `livenessprobe` binary: flags, exit codes, `--version`, serving, waiting for a late
 //! driver and graceful shutdown.
+#![cfg(unix)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! `/healthz` and metrics of an in-process livenessprobe against the mock CSI driver, over real
 //! unix sockets and real HTTP.
+#![cfg(unix)]
 
 mod common;
 
