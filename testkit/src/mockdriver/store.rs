@@ -1,6 +1,7 @@
 //! The shared [`State`], optionally mirrored to a JSON file that is
 //! replaced atomically (write a temp file beside it, then rename) after
-//! every change, so a restarted mock finds its volumes again.
+//! every change, so a restarted mock finds its volumes again. The file is
+//! not fsynced: it has to survive the mock's process, not the machine.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -67,7 +68,7 @@ impl Store {
         let result = f(&mut inner.state)?;
         if let Some(path) = &self.file {
             let bytes =
-                serde_json::to_vec_pretty(&inner.state).map_err(|source| PersistError::Json {
+                serde_json::to_vec(&inner.state).map_err(|source| PersistError::Json {
                     path: path.clone(),
                     source,
                 })?;
@@ -111,7 +112,6 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
     };
     let mut temp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
     temp.write_all(bytes).map_err(io)?;
-    temp.as_file().sync_all().map_err(io)?;
     temp.persist(path).map_err(|err| io(err.error))?;
     Ok(())
 }
