@@ -67,11 +67,10 @@ impl Store {
         let mut inner = self.lock();
         let result = f(&mut inner.state)?;
         if let Some(path) = &self.file {
-            let bytes =
-                serde_json::to_vec(&inner.state).map_err(|source| PersistError::Json {
-                    path: path.clone(),
-                    source,
-                })?;
+            let bytes = serde_json::to_vec(&inner.state).map_err(|source| PersistError::Json {
+                path: path.clone(),
+                source,
+            })?;
             if bytes != inner.written {
                 write_atomically(path, &bytes)?;
                 inner.written = bytes;
