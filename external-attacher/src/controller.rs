@@ -2,7 +2,7 @@
 //! [`decide`](crate::decide) against the API server and the driver, the ListVolumes reconciler
 //! and the periodic resync.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -127,9 +127,10 @@ struct Controller {
     index: Mutex<Index>,
     va_queue: WorkQueue<String>,
     pv_queue: WorkQueue<String>,
-    /// VolumeAttachments the reconciler found out of sync with the driver: processed even when
-    /// their status says there is nothing to do.
-    forced: Mutex<HashSet<String>>,
+    /// VolumeAttachments the reconciler found out of sync with the driver, with what the driver
+    /// said (published or not): processed even when their status says there is nothing to do,
+    /// unless the status has come to agree with the driver meanwhile.
+    forced: Mutex<HashMap<String, bool>>,
     events: Recorder,
 }
 
@@ -158,7 +159,7 @@ pub async fn run(
         index: Mutex::new(Index::new(&config.policy.driver)),
         va_queue: queue(VA_QUEUE, &Lane::NAMES),
         pv_queue: queue(PV_QUEUE, &["default"]),
-        forced: Mutex::new(HashSet::new()),
+        forced: Mutex::new(HashMap::new()),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
         client,
         config,
@@ -269,8 +270,9 @@ impl Controller {
             self.va_queue.forget(&name.to_string());
             return;
         };
-        let force = lock(&self.forced).remove(name);
         let va = view.va;
+        let forced = lock(&self.forced).remove(name);
+        let force = forced.is_some_and(|published| va.attached != published);
         let lane = Lane::of(&va);
         let pv = match view.pv {
             PvLookup::NotNamed => None,
@@ -278,7 +280,7 @@ impl Controller {
             PvLookup::Uncached(pv) => match self.read_pv(&pv).await {
                 Ok(pv) => pv,
                 Err(failure) => {
-                    self.failed(&va, lane, force, Phase::from(lane), failure)
+                    self.failed(&va, lane, forced, Phase::from(lane), failure)
                         .await;
                     return;
                 }
@@ -297,14 +299,23 @@ impl Controller {
         };
         match result {
             Ok(()) => self.va_queue.forget(&name.to_string()),
-            Err(failure) => self.failed(&va, lane, force, phase, failure).await,
+            Err(failure) => self.failed(&va, lane, forced, phase, failure).await,
         }
     }
 
-    async fn failed(&self, va: &Va, lane: Lane, force: bool, phase: Phase, failure: Failure) {
-        if force {
+    async fn failed(
+        &self,
+        va: &Va,
+        lane: Lane,
+        forced: Option<bool>,
+        phase: Phase,
+        failure: Failure,
+    ) {
+        if let Some(published) = forced {
             // The retry must not skip the operation because the status looks right.
-            lock(&self.forced).insert(va.name.clone());
+            lock(&self.forced)
+                .entry(va.name.clone())
+                .or_insert(published);
         }
         let message = failure.to_string();
         if failure.recorded() {
@@ -507,9 +518,9 @@ impl Controller {
         // The finalizer goes first: a VolumeAttachment being deleted without it counts as
         // detached, while `attached: false` with the finalizer would mean "maybe still attached"
         // and cost another ControllerUnpublish.
-        if let Some(patch) = &plan.remove_finalizer {
-            self.patch_va(&va.name, patch).await.or_else(gone_is_fine)?;
-        }
+        self.patch_va(&va.name, &plan.remove_finalizer)
+            .await
+            .or_else(gone_is_fine)?;
         if plan.clear_status {
             self.patch_va_status(&va.name, &decide::detached_status_patch())
                 .await
@@ -568,14 +579,12 @@ impl Controller {
         loop {
             match self.published(reconcile.max_entries).await {
                 Ok(published) => {
-                    let work = self.index().out_of_sync(&published);
-                    for item in &work {
-                        if let Work::Va { name, .. } = item {
-                            tracing::warn!(volume_attachment = %name, "attached status differs from the driver's ListVolumes; processing it again");
-                            lock(&self.forced).insert(name.clone());
-                        }
+                    let found = self.index().out_of_sync(&published);
+                    for item in found {
+                        tracing::warn!(volume_attachment = %item.name, published = item.published, "attached status differs from the driver's ListVolumes; processing it again");
+                        lock(&self.forced).insert(item.name.clone(), item.published);
+                        self.va_queue.add(item.name, item.lane as usize);
                     }
-                    self.enqueue(work);
                 }
                 Err(status) => tracing::warn!(
                     code = sidecar_kit::metrics::code_label(status.code()),

@@ -125,7 +125,7 @@ pub struct DetachPlan {
     pub secret: Option<SecretRef>,
     pub request: ControllerUnpublishVolumeRequest,
     /// Merge patch removing the finalizer.
-    pub remove_finalizer: Option<Value>,
+    pub remove_finalizer: Value,
     /// Reset the status after unpublishing. False when removing our finalizer deletes the
     /// object: a status write to an object that is gone would only fail.
     pub clear_status: bool,
@@ -156,7 +156,7 @@ pub fn plan_va(
         };
     }
     if va.deleting {
-        plan_detach(policy, va, pv, node, force)
+        plan_detach(policy, va, pv, node)
     } else {
         plan_attach(policy, va, pv, node, force)
     }
@@ -221,15 +221,10 @@ fn plan_attach(
     }))
 }
 
-fn plan_detach(
-    policy: &Policy,
-    va: &Va,
-    pv: Option<&Pv>,
-    node: &NodeLookup,
-    force: bool,
-) -> VaPlan {
-    let has_finalizer = va.has_finalizer(&policy.finalizer);
-    if !has_finalizer && !force {
+fn plan_detach(policy: &Policy, va: &Va, pv: Option<&Pv>, node: &NodeLookup) -> VaPlan {
+    // Our finalizer goes only after a successful unpublish: without it there is nothing to
+    // detach, whatever an earlier reconciler pass saw.
+    if !va.has_finalizer(&policy.finalizer) {
         return VaPlan::Nothing;
     }
     let fail = |problem| VaPlan::Fail(Phase::Detach, problem);
@@ -246,18 +241,10 @@ fn plan_detach(
         .iter()
         .filter(|f| **f != policy.finalizer)
         .collect();
-    let remove_finalizer = has_finalizer.then(|| {
-        let finalizers = if remaining.is_empty() {
-            Value::Null
-        } else {
-            json!(remaining)
-        };
-        json!({"metadata": {"finalizers": finalizers}})
-    });
-    let clear_status = if has_finalizer {
-        !remaining.is_empty()
+    let finalizers = if remaining.is_empty() {
+        Value::Null
     } else {
-        va.attached
+        json!(remaining)
     };
     VaPlan::Detach(Box::new(DetachPlan {
         secret: csi.publish_secret.clone(),
@@ -266,8 +253,8 @@ fn plan_detach(
             node_id,
             secrets: HashMap::new(),
         },
-        remove_finalizer,
-        clear_status,
+        remove_finalizer: json!({"metadata": {"finalizers": finalizers}}),
+        clear_status: !remaining.is_empty(),
     }))
 }
 
@@ -872,7 +859,7 @@ mod tests {
         assert_eq!(plan.request.node_id, "nid-1");
         assert_eq!(
             plan.remove_finalizer,
-            Some(json!({"metadata": {"finalizers": null}}))
+            json!({"metadata": {"finalizers": null}})
         );
         assert!(!plan.clear_status);
 
@@ -880,7 +867,7 @@ mod tests {
         let plan = detach_plan(plan_va(&policy(), &va, Some(&pv()), &found(), false));
         assert_eq!(
             plan.remove_finalizer,
-            Some(json!({"metadata": {"finalizers": ["keep"]}}))
+            json!({"metadata": {"finalizers": ["keep"]}})
         );
         assert!(plan.clear_status, "the object outlives our finalizer");
     }
@@ -889,19 +876,17 @@ mod tests {
     fn detach_table() {
         let mut deleting = va();
         deleting.deleting = true;
-        // Without our finalizer there is nothing to detach...
+        // Without our finalizer there is nothing to detach, even when forced: it goes only
+        // after a successful unpublish.
         assert_eq!(
             plan_va(&policy(), &deleting, Some(&pv()), &found(), false),
             VaPlan::Nothing
         );
-        // ...unless the reconciler says the driver still has it published.
-        deleting.attached = false;
-        let plan = detach_plan(plan_va(&policy(), &deleting, Some(&pv()), &found(), true));
-        assert_eq!(plan.remove_finalizer, None);
-        assert!(!plan.clear_status);
         deleting.attached = true;
-        let plan = detach_plan(plan_va(&policy(), &deleting, Some(&pv()), &found(), true));
-        assert!(plan.clear_status);
+        assert_eq!(
+            plan_va(&policy(), &deleting, Some(&pv()), &found(), true),
+            VaPlan::Nothing
+        );
 
         // The node ID falls back to the annotation when the CSINode or the driver is gone.
         deleting.finalizers = vec![FINALIZER.into()];

@@ -76,6 +76,15 @@ impl<T> Change<T> {
     }
 }
 
+/// A VolumeAttachment whose status disagrees with the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutOfSync {
+    pub name: String,
+    pub lane: Lane,
+    /// What the driver said: published to the node or not.
+    pub published: bool,
+}
+
 /// How the PV of a VolumeAttachment was found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PvLookup {
@@ -427,11 +436,10 @@ impl Index {
     /// VolumeAttachments whose `attached` status disagrees with the driver's published node IDs
     /// (`published`: volume ID → node IDs). Attachments whose volume or node ID is unknown are
     /// skipped, as upstream skips them, and so are deleted ones we already detached.
-    pub fn out_of_sync(&self, published: &HashMap<String, Vec<String>>) -> Vec<Work> {
-        let mut work = Vec::new();
+    pub fn out_of_sync(&self, published: &HashMap<String, Vec<String>>) -> Vec<OutOfSync> {
+        let mut found = Vec::new();
         for va in self.vas.values() {
             if va.deleting && !va.has_finalizer(&self.finalizer) {
-                // Already detached by us; the object is on its way out.
                 continue;
             }
             let node_id = match (self.node_lookup(&va.node_name), &va.node_id_annotation) {
@@ -450,13 +458,14 @@ impl Index {
             };
             let Some(volume_id) = volume_id else { continue };
             if decide::out_of_sync(va.attached, volume_id, &node_id, published) {
-                work.push(Work::Va {
+                found.push(OutOfSync {
                     name: va.name.clone(),
                     lane: Lane::of(va),
+                    published: !va.attached,
                 });
             }
         }
-        work
+        found
     }
 }
 
@@ -695,7 +704,11 @@ mod tests {
         let published: HashMap<String, Vec<String>> = HashMap::new();
         assert_eq!(
             index.out_of_sync(&published),
-            [attach("a")],
+            [OutOfSync {
+                name: "a".into(),
+                lane: Lane::Attach,
+                published: false
+            }],
             "b's volume is unknown"
         );
         let published: HashMap<String, Vec<String>> =
