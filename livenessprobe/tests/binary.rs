@@ -282,3 +282,36 @@ async fn deprecated_health_port_listens_on_all_ipv4_interfaces() {
         .logged("--health-port is deprecated; use --http-endpoint")
         .await;
 }
+
+/// Open file descriptors of a process.
+#[cfg(target_os = "linux")]
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redials_do_not_leak_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let mut drivers = vec![mock_at(&socket).await];
+    let probe = Running::spawn(&[&csi_address(&socket), "--http-endpoint=127.0.0.1:0"]);
+    let address = probe.http_address().await;
+    assert_eq!(get(address, "/healthz").await.status, 200);
+    let pid = probe.child.id();
+    let baseline = open_fds(pid);
+    for _ in 0..5 {
+        // Each new driver takes over the path; the old ones keep serving their orphaned sockets,
+        // so only the livenessprobe can close its connections to them.
+        drivers.push(mock_at(&socket).await);
+        assert_eq!(get(address, "/healthz").await.status, 200);
+    }
+    common::eventually(LIMIT, "old connections to be closed", || async {
+        open_fds(pid) <= baseline
+    })
+    .await;
+    let newest = drivers.last().unwrap();
+    assert_eq!(newest.calls().count(csi_proto::methods::identity::PROBE), 1);
+}
