@@ -1,6 +1,6 @@
 //! Memory benchmark (not a timed test): resident set size of the release binary when idle, and
 //! after 10 000 GetInfo calls over the registration socket, on fresh connections (as kubelet's
-//! connection monitor makes them) and on one connection.
+//! connection monitor makes them) and on one connection, and after 1 000 `/healthz` checks.
 //!
 //! Run with `cargo bench -p node-driver-registrar --bench rss` (Linux: reads VmRSS and VmHWM
 //! from /proc/<pid>/status).
@@ -34,6 +34,8 @@ mod linux {
     const BINARY: &str = env!("CARGO_BIN_EXE_csi-node-driver-registrar");
     const DRIVER: &str = "bench.csi.k8s.io";
     const CALLS: usize = 10_000;
+    /// A day of kubelet liveness probes at the usual 10 s period is 8 640.
+    const HEALTH_CHECKS: usize = 1_000;
     /// The goal for the idle and loaded resident set, against upstream's 18.6 MiB idle.
     const TARGET_KIB: u64 = 5 * 1024;
 
@@ -73,6 +75,21 @@ mod linux {
             .expect("connect to the registration socket")
     }
 
+    /// One liveness probe: each makes the registrar dial its own socket and call GetInfo.
+    async fn healthz(port: u16) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect to /healthz");
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+
     fn report(label: &str, memory: &Memory) {
         let verdict = if memory.rss_kib <= TARGET_KIB {
             "within"
@@ -99,6 +116,10 @@ mod linux {
             .await
             .expect("mock driver");
 
+        let http_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|probe| probe.local_addr())
+            .expect("a free port")
+            .port();
         let mut child = tokio::process::Command::new(BINARY)
             .arg(format!("--csi-address={}", driver_socket.display()))
             .arg(format!(
@@ -106,7 +127,7 @@ mod linux {
                 driver_socket.display()
             ))
             .arg(format!("--plugin-registration-path={}", registry.display()))
-            .arg("--http-endpoint=127.0.0.1:0")
+            .arg(format!("--http-endpoint=127.0.0.1:{http_port}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -153,6 +174,10 @@ mod linux {
             &format!("after {CALLS} more GetInfo on one connection"),
             &memory(pid),
         );
+        for _ in 0..HEALTH_CHECKS {
+            healthz(http_port).await;
+        }
+        report(&format!("after {HEALTH_CHECKS} GET /healthz"), &memory(pid));
         println!(
             "(wall time, informational: {:.1} s with fresh connections, {:.1} s on one connection)",
             fresh.as_secs_f64(),

@@ -6,13 +6,16 @@
 
 use std::time::Duration;
 
+use csi_proto::methods::identity::GET_PLUGIN_INFO;
+use csi_proto::v1::GetPluginInfoRequest;
+use csi_proto::v1::identity_client::IdentityClient;
 use sidecar_kit::connection::{self, ConnectError, ConnectOptions, LossPolicy};
-use sidecar_kit::csi::CsiClient;
-use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::metrics::{CsiMetrics, MetricsError};
+use sidecar_kit::csi::DEADLINE_MESSAGE;
+use sidecar_kit::metrics::code_label;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::Code;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
 
 /// Pause between GetPluginInfo attempts.
 pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
@@ -20,28 +23,60 @@ pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
 pub const REPORT_PERIOD: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
+pub enum NameError {
+    #[error("GetPluginInfo failed: {code}: {message}", code = code_label(.0.code()), message = .0.message())]
+    Call(Status),
+    #[error("driver name is empty")]
+    Empty,
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     #[error("error connecting to CSI driver: {0}")]
     Connect(#[from] ConnectError),
     #[error("error retrieving CSI driver name: {0}")]
-    Name(IdentityError),
-    #[error(transparent)]
-    Metrics(#[from] MetricsError),
+    Name(NameError),
     #[error("error retrieving CSI driver name: no answer within {waited:?}: {last}")]
-    GaveUp {
-        waited: Duration,
-        last: IdentityError,
-    },
+    GaveUp { waited: Duration, last: NameError },
 }
 
 /// Whether a failed GetPluginInfo is worth another try.
-pub fn is_retryable(error: &IdentityError) -> bool {
+pub fn is_retryable(error: &NameError) -> bool {
     match error {
         // A driver without an Identity service, or one that has no name, will not grow them.
-        IdentityError::Call { status, .. } => status.code() != Code::Unimplemented,
-        IdentityError::EmptyName => false,
-        IdentityError::Cancelled => false,
+        NameError::Call(status) => status.code() != Code::Unimplemented,
+        NameError::Empty => false,
     }
+}
+
+/// One GetPluginInfo call, bounded by `timeout` (also sent to the driver as the deadline).
+///
+/// The registrar calls the driver once, so it goes without the kit's measured client: no
+/// metrics are served, and GetPluginInfo carries no secrets to strip from the `-v=5` log.
+pub async fn driver_name(channel: Channel, timeout: Duration) -> Result<String, NameError> {
+    let mut request = tonic::Request::new(GetPluginInfoRequest {});
+    request.set_timeout(timeout);
+    tracing::trace!(method = GET_PLUGIN_INFO, "GRPC call");
+    let started = Instant::now();
+    let answer = tokio::time::timeout(
+        timeout,
+        IdentityClient::new(channel).get_plugin_info(request),
+    )
+    .await
+    .unwrap_or_else(|_| Err(Status::deadline_exceeded(DEADLINE_MESSAGE)))
+    .map(tonic::Response::into_inner);
+    tracing::trace!(method = GET_PLUGIN_INFO, ?answer, "GRPC response");
+    let info = answer.map_err(|status| match status.code() {
+        // tonic reports its own deadline as Cancelled; the gRPC meaning is DeadlineExceeded.
+        Code::Cancelled if started.elapsed() >= timeout => {
+            NameError::Call(Status::deadline_exceeded(DEADLINE_MESSAGE))
+        }
+        _ => NameError::Call(status),
+    })?;
+    if info.name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    Ok(info.name)
 }
 
 /// Connects to the driver and returns its name, waiting up to `startup_timeout` for it to come up;
@@ -62,16 +97,14 @@ pub async fn wait_for_driver_name(
             policy: LossPolicy::Reconnect,
         },
     );
+    // The connection is dropped on return: the registrar needs the driver only for its name.
     let connection = tokio::select! {
         _ = shutdown.cancelled() => return Ok(None),
         connected = connecting => connected?,
     };
-    // The connection is dropped on return: the registrar needs the driver only for its name.
-    // Upstream's registrar serves no metrics; the registry only satisfies the client.
-    let client = CsiClient::new(connection, CsiMetrics::new()?);
     let mut next_report = Instant::now();
     loop {
-        let error = match identity::driver_name(&client, Some(call_timeout)).await {
+        let error = match driver_name(connection.channel(), call_timeout).await {
             Ok(name) => return Ok(Some(name)),
             Err(error) if !is_retryable(&error) => return Err(DriverError::Name(error)),
             Err(error) => error,
@@ -105,15 +138,12 @@ mod tests {
 
     #[test]
     fn retry_rules() {
-        let call = |status| IdentityError::Call {
-            call: "GetPluginInfo",
-            status,
-        };
+        let call = NameError::Call;
         assert!(is_retryable(&call(Status::unavailable("starting"))));
         assert!(is_retryable(&call(Status::deadline_exceeded("slow"))));
         assert!(is_retryable(&call(Status::failed_precondition("init"))));
         assert!(!is_retryable(&call(Status::unimplemented("no identity"))));
-        assert!(!is_retryable(&IdentityError::EmptyName));
+        assert!(!is_retryable(&NameError::Empty));
     }
 
     #[tokio::test]
