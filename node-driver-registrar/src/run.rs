@@ -16,9 +16,9 @@ use crate::config::Config;
 use crate::driver::{self, DriverError};
 use crate::health::{self, Health};
 use crate::paths::{self, PathError};
-use crate::server::{self, Connections};
+use crate::server::Server;
 use crate::service::{RegistrationService, plugin_info};
-use crate::socket::{self, Accept, FileId, RegistrationListener, SocketError, SocketState};
+use crate::socket::{self, FileId, RegistrationListener, SocketError, SocketState};
 
 /// How long in-flight calls (such as kubelet's NotifyRegistrationStatus) may take to finish once
 /// the registrar stops.
@@ -53,10 +53,8 @@ pub enum RunError {
     #[error(transparent)]
     Http(#[from] HttpError),
     #[error("registration server stopped serving: {0}")]
-    Serve(String),
+    Serve(io::Error),
 }
-
-type Stream = <RegistrationListener as Accept>::Stream;
 
 /// Runs the registrar until `shutdown` is cancelled or kubelet rejects the registration.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Exit, RunError> {
@@ -75,10 +73,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Exit, Ru
 
     let (service, mut rejections) =
         RegistrationService::new(plugin_info(&driver_name, &config.kubelet_registration_path));
-    let server_stop = CancellationToken::new();
-    let (connections, server) = server::spawn_server::<Stream>(service, server_stop.clone());
-    let mut server = Some(server);
-    let mut socket = Socket::bind(&socket_path, connections.clone())?;
+    let server = Server::new(service);
+    let mut socket = Socket::bind(&socket_path, &server)?;
     tracing::info!(path = %socket_path.display(), "registration socket is listening; waiting for kubelet");
 
     let http_stop = CancellationToken::new();
@@ -92,6 +88,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Exit, Ru
         );
         if let Err(err) = HttpServer::spawn(address, routes, http_stop.clone()).await {
             socket.stop(&socket_path);
+            server.shutdown(DRAIN_TIMEOUT).await;
             return Err(err.into());
         }
     }
@@ -105,49 +102,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Exit, Ru
         tokio::select! {
             _ = shutdown.cancelled() => break Ok(Exit::Shutdown),
             Some(rejection) = rejections.recv() => break Ok(Exit::Rejected(rejection.error)),
-            ended = running(&mut server) => {
-                let reason = match ended {
-                    Ok(Ok(())) => "the server ended".to_string(),
-                    Ok(Err(err)) => err.to_string(),
-                    Err(err) => err.to_string(),
-                };
-                break Err(RunError::Serve(reason));
-            }
-            ended = socket.ended() => {
-                let reason = match ended {
-                    Err(err) => err.to_string(),
-                    Ok(()) => "listener closed".to_string(),
-                };
+            error = socket.failed() => {
                 if checks.is_none() {
-                    break Err(RunError::Serve(reason));
+                    break Err(RunError::Serve(error));
                 }
-                tracing::warn!(path = %socket_path.display(), error = %reason, "registration socket stopped accepting connections; re-creating it");
-                socket.keep_or_recreate(&socket_path, &connections);
+                tracing::warn!(path = %socket_path.display(), %error, "registration socket stopped accepting connections; re-creating it");
+                socket.keep_or_recreate(&socket_path, &server);
             }
-            _ = tick(&mut checks) => socket.keep_or_recreate(&socket_path, &connections),
-            _ = recheck.notified() => socket.keep_or_recreate(&socket_path, &connections),
+            _ = tick(&mut checks) => socket.keep_or_recreate(&socket_path, &server),
+            _ = recheck.notified() => socket.keep_or_recreate(&socket_path, &server),
         }
     };
 
     http_stop.cancel();
     socket.stop(&socket_path);
-    server_stop.cancel();
-    if let Some(server) = server
-        && tokio::time::timeout(DRAIN_TIMEOUT, server).await.is_err()
-    {
-        tracing::debug!("calls still in flight at exit");
-    }
+    server.shutdown(DRAIN_TIMEOUT).await;
     outcome
-}
-
-/// Resolves when the server task ends, and takes it; never once it has been taken.
-async fn running<T>(task: &mut Option<JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
-    let Some(handle) = task else {
-        return std::future::pending().await;
-    };
-    let ended = handle.await;
-    *task = None;
-    ended
 }
 
 async fn tick(checks: &mut Option<Interval>) {
@@ -200,38 +170,41 @@ struct Socket {
 }
 
 impl Socket {
-    fn bind(path: &Path, connections: Connections<Stream>) -> Result<Self, SocketError> {
+    fn bind(path: &Path, server: &Server) -> Result<Self, SocketError> {
         let mut socket = Self {
             id: None,
             accepting: None,
             reported_replaced: false,
         };
-        socket.start(RegistrationListener::bind(path)?, connections);
+        socket.start(RegistrationListener::bind(path)?, server);
         Ok(socket)
     }
 
-    fn start(&mut self, listener: RegistrationListener, connections: Connections<Stream>) {
+    fn start(&mut self, listener: RegistrationListener, server: &Server) {
         self.id = Some(listener.id());
         let stop = CancellationToken::new();
-        let accepting = tokio::spawn(server::accept_loop(listener, connections, stop.clone()));
+        let accepting = server.spawn_accept_loop(listener, stop.clone());
         self.accepting = Some((stop, accepting));
     }
 
-    /// Resolves when the accept loop ends on its own; never while there is none.
-    async fn ended(&mut self) -> io::Result<()> {
+    /// Resolves with the error when the accept loop fails; never while it runs or there is none.
+    async fn failed(&mut self) -> io::Error {
         let Some((_, accepting)) = &mut self.accepting else {
             return std::future::pending().await;
         };
-        let ended = accepting
-            .await
-            .unwrap_or_else(|err| Err(io::Error::other(err)));
+        let ended = accepting.await;
         self.accepting = None;
-        ended
+        match ended {
+            Ok(Err(error)) => error,
+            // The loop returns Ok only when asked to stop, which also takes it out of here.
+            Ok(Ok(())) => io::Error::other("listener closed"),
+            Err(panicked) => io::Error::other(panicked),
+        }
     }
 
     /// Re-creates the socket when it is gone or no longer accepted on; leaves a file that is not
     /// ours alone.
-    fn keep_or_recreate(&mut self, path: &Path, connections: &Connections<Stream>) {
+    fn keep_or_recreate(&mut self, path: &Path, server: &Server) {
         let state = match self.id {
             Some(id) => socket::socket_state(path, id),
             None => Ok(SocketState::Missing),
@@ -264,7 +237,7 @@ impl Socket {
         }
         match RegistrationListener::bind(path) {
             Ok(listener) => {
-                self.start(listener, connections.clone());
+                self.start(listener, server);
                 tracing::info!(path = %path.display(), "re-created the registration socket");
             }
             Err(err) => {

@@ -1,100 +1,100 @@
 //! The gRPC server of the registration socket, generic over the byte stream.
 //!
-//! One tonic server lives as long as the process; listeners feed it connections through a
-//! channel. So a deleted socket can be re-created and served again without restarting the server,
-//! and Linux (unix streams) and Windows (AF_UNIX through Winsock) run the same code.
+//! Each accepted connection is served as plain HTTP/2 by hyper with the generated
+//! `Registration` service; there is one service and one method table for two methods, so
+//! tonic's router and its transport layers would only add code (and so resident memory).
+//! Listeners come and go (a deleted socket is re-created) while the server stays, and Linux
+//! (unix streams) and Windows (AF_UNIX through Winsock) run the same code.
 
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
+use csi_proto::pluginregistration::registration_server::RegistrationServer;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::Connected;
+use tokio_util::task::TaskTracker;
 
 use crate::service::RegistrationService;
 use crate::socket::Accept;
 
-/// An accepted connection. The server asks it for no addresses: AF_UNIX peers have none worth
-/// reporting, and on Windows the stream type would misreport them.
-pub struct Conn<S>(S);
-
-impl<S> Connected for Conn<S> {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
+/// Serves the registration service on connections from any number of listeners.
+pub struct Server {
+    service: RegistrationServer<RegistrationService>,
+    /// Asks every connection to finish its calls in flight and close.
+    draining: CancellationToken,
+    connections: TaskTracker,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Conn<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+impl Server {
+    pub fn new(service: RegistrationService) -> Self {
+        Self {
+            service: service.into_server(),
+            draining: CancellationToken::new(),
+            connections: TaskTracker::new(),
+        }
+    }
+
+    /// Accepts on `listener` until `stop` is cancelled (`Ok`) or accepting fails (`Err`), serving
+    /// each connection in a task of its own. The listener is dropped when the loop ends.
+    pub fn spawn_accept_loop<A: Accept>(
+        &self,
+        mut listener: A,
+        stop: CancellationToken,
+    ) -> JoinHandle<io::Result<()>> {
+        let service = self.service.clone();
+        let draining = self.draining.clone();
+        let connections = self.connections.clone();
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    accepted = listener.accept() => accepted?,
+                };
+                connections.spawn(serve_connection(stream, service.clone(), draining.clone()));
+            }
+        })
+    }
+
+    /// Lets the calls in flight finish (such as kubelet's NotifyRegistrationStatus that made the
+    /// registrar stop), for at most `timeout`. Accept loops must be stopped first.
+    pub async fn shutdown(self, timeout: Duration) {
+        self.draining.cancel();
+        self.connections.close();
+        if tokio::time::timeout(timeout, self.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::debug!("registration calls still in flight at exit");
+        }
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Conn<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, data)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-/// Hands accepted connections to the server.
-pub type Connections<S> = mpsc::Sender<S>;
-
-/// Starts the server; it serves what is sent into the returned sender until `stop` is cancelled,
-/// then finishes the calls in flight.
-pub fn spawn_server<S>(
-    service: RegistrationService,
-    stop: CancellationToken,
-) -> (
-    Connections<S>,
-    JoinHandle<Result<(), tonic::transport::Error>>,
-)
-where
+async fn serve_connection<S>(
+    stream: S,
+    service: RegistrationServer<RegistrationService>,
+    draining: CancellationToken,
+) where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (connections, accepted) = mpsc::channel::<S>(16);
-    let incoming = ReceiverStream::new(accepted).map(|stream| Ok::<_, io::Error>(Conn(stream)));
-    let server = tonic::transport::Server::builder()
-        .add_service(service.into_server())
-        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned());
-    (connections, tokio::spawn(server))
-}
-
-/// Accepts connections into `connections` until `stop` is cancelled (`Ok`) or accepting fails
-/// (`Err`), after which the listener is dropped.
-pub async fn accept_loop<A: Accept>(
-    mut listener: A,
-    connections: Connections<A::Stream>,
-    stop: CancellationToken,
-) -> io::Result<()> {
-    loop {
-        let stream = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            accepted = listener.accept() => accepted?,
-        };
-        if connections.send(stream).await.is_err() {
-            // The server is gone: the process is shutting down.
-            return Ok(());
+    let service = hyper::service::service_fn(move |request| {
+        tower::ServiceExt::oneshot(service.clone(), request)
+    });
+    let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        _ = draining.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
         }
+    };
+    if let Err(err) = served {
+        // A peer that hangs up early, or a probe that connects and closes (kubelet on Windows
+        // does that to tell sockets apart), is not worth more than a debug line.
+        tracing::debug!(error = %err, "registration connection ended");
     }
 }
 
@@ -102,10 +102,10 @@ pub async fn accept_loop<A: Accept>(
 mod tests {
     use super::*;
     use crate::service::plugin_info;
-    use csi_proto::pluginregistration::InfoRequest;
     use csi_proto::pluginregistration::registration_client::RegistrationClient;
-    use hyper_util::rt::TokioIo;
+    use csi_proto::pluginregistration::{InfoRequest, RegistrationStatus};
     use tokio::io::DuplexStream;
+    use tokio::sync::mpsc;
 
     /// Hands out the server ends of in-memory pipes, then fails.
     struct Pipes(mpsc::Receiver<DuplexStream>);
@@ -141,44 +141,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn serves_connections_from_any_listener_until_stopped() {
-        let (service, _rejections) = RegistrationService::new(plugin_info("d", "/p"));
-        let stop = CancellationToken::new();
-        let (connections, server) = spawn_server::<DuplexStream>(service, stop.clone());
+    async fn serves_connections_from_any_listener_until_shut_down() {
+        let (service, mut rejections) = RegistrationService::new(plugin_info("d", "/p"));
+        let server = Server::new(service);
 
         // Two listeners in turn, as after a re-created socket.
         for _ in 0..2 {
             let (pipes, accepted) = mpsc::channel(1);
-            let accept_stop = CancellationToken::new();
-            let accepting = tokio::spawn(accept_loop(
-                Pipes(accepted),
-                connections.clone(),
-                accept_stop.clone(),
-            ));
-            let info = client(&pipes)
-                .await
-                .get_info(InfoRequest {})
-                .await
-                .unwrap()
-                .into_inner();
+            let accepting = server.spawn_accept_loop(Pipes(accepted), CancellationToken::new());
+            let mut client = client(&pipes).await;
+            let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
             assert_eq!(info.name, "d");
+            assert_eq!(info.supported_versions, vec!["1.0.0".to_string()]);
             drop(pipes);
             let ended = accepting.await.unwrap();
             assert_eq!(ended.unwrap_err().kind(), io::ErrorKind::BrokenPipe);
         }
 
-        stop.cancel();
-        server.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn accept_loop_stops_on_request() {
-        let (_pipes, accepted) = mpsc::channel::<DuplexStream>(1);
-        let (connections, _server_side) = mpsc::channel(1);
+        // A connection still open when the server stops gets its call answered.
+        let (pipes, accepted) = mpsc::channel(1);
         let stop = CancellationToken::new();
-        stop.cancel();
-        accept_loop(Pipes(accepted), connections, stop)
+        let accepting = server.spawn_accept_loop(Pipes(accepted), stop.clone());
+        let mut client = client(&pipes).await;
+        client
+            .notify_registration_status(RegistrationStatus {
+                plugin_registered: false,
+                error: "no".into(),
+            })
             .await
             .unwrap();
+        assert_eq!(rejections.recv().await.unwrap().error, "no");
+        stop.cancel();
+        accepting.await.unwrap().unwrap();
+        server.shutdown(Duration::from_secs(5)).await;
+        assert!(client.get_info(InfoRequest {}).await.is_err());
     }
 }
