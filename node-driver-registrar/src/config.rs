@@ -108,6 +108,8 @@ pub enum ConfigError {
     EmptyRegistrationDir,
     #[error("--timeout must be more than zero")]
     ZeroTimeout,
+    #[error("{0}")]
+    HttpEndpoint(String),
 }
 
 /// Everything the registrar needs to run.
@@ -166,6 +168,10 @@ pub fn plan(cli: &Cli, platform: Platform) -> Result<(Plan, Vec<String>), Config
     } else {
         Some(cli.http_endpoint.clone())
     };
+    if let Some(address) = &http_endpoint {
+        sidecar_kit::http::listen_target(address)
+            .map_err(|err| ConfigError::HttpEndpoint(err.to_string()))?;
+    }
     if !cli.connection_timeout.is_zero() {
         warnings.push("--connection-timeout is deprecated and will have no effect".to_string());
     }
@@ -354,6 +360,19 @@ mod tests {
             check(&[REG, "--timeout=0"], Platform::Unix),
             Err(ConfigError::ZeroTimeout)
         );
+        for bad in [
+            "--http-endpoint=9809",
+            "--http-endpoint=:http",
+            "--health-port=70000",
+        ] {
+            assert!(
+                matches!(
+                    check(&[REG, bad], Platform::Unix),
+                    Err(ConfigError::HttpEndpoint(_))
+                ),
+                "{bad}"
+            );
+        }
         assert!(
             check(
                 &[

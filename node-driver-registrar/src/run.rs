@@ -33,15 +33,6 @@ pub enum Exit {
     Rejected(String),
 }
 
-impl Exit {
-    pub fn code(&self) -> i32 {
-        match self {
-            Self::Shutdown => 0,
-            Self::Rejected(_) => 1,
-        }
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
