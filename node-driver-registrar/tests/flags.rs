@@ -7,7 +7,10 @@ use std::time::Duration;
 use common::process::run_to_exit;
 
 const WAIT: Duration = Duration::from_secs(20);
+#[cfg(not(windows))]
 const REG: &str = "--kubelet-registration-path=/var/lib/kubelet/plugins/d/csi.sock";
+#[cfg(windows)]
+const REG: &str = r"--kubelet-registration-path=C:\var\lib\kubelet\plugins\d\csi.sock";
 
 #[tokio::test]
 async fn missing_kubelet_registration_path_exits_1() {
@@ -64,7 +67,12 @@ async fn relative_kubelet_registration_path_is_refused() {
     let (status, output) =
         run_to_exit(&["-kubelet-registration-path", "plugins/d/csi.sock"], WAIT).await;
     assert_eq!(status.code(), Some(1), "{output}");
-    assert!(output.contains("must be the absolute path"), "{output}");
+    let expected = if cfg!(windows) {
+        "must be an absolute Windows path with a drive letter"
+    } else {
+        "must be the absolute path"
+    };
+    assert!(output.contains(expected), "{output}");
 }
 
 #[tokio::test]
