@@ -3,7 +3,9 @@
 //!
 //! `cargo bench -p external-attacher --bench attach`. Sizes can be changed with
 //! `BENCH_VAS` (unlimited QPS, default 1000), `BENCH_VAS_DEFAULT_QPS` (default 300: at 5 QPS a
-//! run is bound by the rate limit, not by the attacher) and `BENCH_STORM` (default 1000).
+//! run is bound by the rate limit, not by the attacher) and `BENCH_STORM` (default 1000);
+//! `BENCH_ONLY=unlimited|default|storm` runs one scenario, `BENCH_BIN` measures another build of
+//! the binary, and `BENCH_SMAPS=1` lists the largest resident mappings at idle.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -41,6 +43,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 #[derive(Clone, Copy, Debug, Default)]
 struct Usage {
     rss_kib: u64,
+    anon_kib: u64,
+    file_kib: u64,
     peak_rss_kib: u64,
     cpu_seconds: f64,
 }
@@ -77,6 +81,8 @@ fn usage(pid: u32, ticks: f64) -> Usage {
     };
     Usage {
         rss_kib: field("VmRSS:"),
+        anon_kib: field("RssAnon:"),
+        file_kib: field("RssFile:"),
         peak_rss_kib: field("VmHWM:"),
         cpu_seconds: (tick(11) + tick(12)) / ticks,
     }
@@ -161,6 +167,7 @@ impl Bench {
         let mock = MockDriver::builder()
             .driver_name(DRIVER)
             .call_log_limit(0)
+            .default_volume_size(1 << 20)
             .serve_unix(dir.path().join("csi.sock"))
             .await
             .unwrap();
@@ -201,7 +208,9 @@ impl Bench {
             format!("--http-endpoint=127.0.0.1:{port}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Command::new(BIN)
+        // BENCH_BIN measures another build of the binary (e.g. other profile settings).
+        let bin = std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string());
+        Command::new(bin)
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -356,6 +365,25 @@ async fn throughput_run(label: &str, count: usize, qps: &[&str]) {
     ready(&child, port).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = usage(pid, bench.ticks);
+    if std::env::var_os("BENCH_SMAPS").is_some() {
+        let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+        let mut current = String::new();
+        for line in smaps.lines() {
+            if line.contains('-') && !line.starts_with(|c: char| c.is_ascii_uppercase()) {
+                current = line.to_string();
+            } else if let Some(rss) = line.strip_prefix("Rss:") {
+                let kib: u64 = rss
+                    .trim()
+                    .trim_end_matches(" kB")
+                    .trim()
+                    .parse()
+                    .unwrap_or(0);
+                if kib >= 64 {
+                    println!("{kib:>8} kB  {current}");
+                }
+            }
+        }
+    }
 
     bench.api.counters().reset();
     let before = usage(pid, bench.ticks);
@@ -379,8 +407,10 @@ async fn throughput_run(label: &str, count: usize, qps: &[&str]) {
 
     println!("== {label}: {count} VolumeAttachments ==");
     println!(
-        "idle RSS after start-up          {:.1} MiB",
-        idle.rss_kib as f64 / 1024.0
+        "idle RSS after start-up {:.1} MiB (anonymous {:.1} MiB, file-backed {:.1} MiB)",
+        idle.rss_kib as f64 / 1024.0,
+        idle.anon_kib as f64 / 1024.0,
+        idle.file_kib as f64 / 1024.0,
     );
     println!(
         "attach: {:.1}/s, latency p50 {} p99 {} max {}",
@@ -443,19 +473,28 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // BENCH_ONLY=unlimited|default|storm runs one scenario.
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let run = |name: &str| only.is_empty() || only == name;
     runtime.block_on(async {
-        throughput_run(
-            "unlimited QPS (--kube-api-qps=-1)",
-            env_usize("BENCH_VAS", 1000),
-            &["--kube-api-qps=-1"],
-        )
-        .await;
-        throughput_run(
-            "default QPS 5, burst 10",
-            env_usize("BENCH_VAS_DEFAULT_QPS", 300),
-            &[],
-        )
-        .await;
-        storm_run(env_usize("BENCH_STORM", 1000), 100).await;
+        if run("unlimited") {
+            throughput_run(
+                "unlimited QPS (--kube-api-qps=-1)",
+                env_usize("BENCH_VAS", 1000),
+                &["--kube-api-qps=-1"],
+            )
+            .await;
+        }
+        if run("default") {
+            throughput_run(
+                "default QPS 5, burst 10",
+                env_usize("BENCH_VAS_DEFAULT_QPS", 300),
+                &[],
+            )
+            .await;
+        }
+        if run("storm") {
+            storm_run(env_usize("BENCH_STORM", 1000), 100).await;
+        }
     });
 }
