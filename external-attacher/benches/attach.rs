@@ -135,11 +135,11 @@ fn observe(client: kube::Client) -> Arc<Mutex<Observed>> {
             let now = Instant::now();
             let mut o = sink.lock().unwrap();
             match event {
-                watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
-                    if va.status.as_ref().is_some_and(|s| s.attached) {
-                        let name = va.metadata.name.unwrap_or_default();
-                        o.attached.entry(name).or_insert(now);
-                    }
+                watcher::Event::Apply(va) | watcher::Event::InitApply(va)
+                    if va.status.as_ref().is_some_and(|s| s.attached) =>
+                {
+                    let name = va.metadata.name.unwrap_or_default();
+                    o.attached.entry(name).or_insert(now);
                 }
                 watcher::Event::Delete(va) => {
                     o.deleted.insert(va.metadata.name.unwrap_or_default(), now);

@@ -361,3 +361,34 @@ async fn a_gracefully_restarted_driver_ends_the_sidecar_at_its_next_call() {
     second.shutdown().await.unwrap();
     env.stop().await;
 }
+
+#[tokio::test]
+async fn losing_leadership_exits_1() {
+    use testkit::apiserver::{RequestMatch, Verb};
+    let env = Env::without_controller(mock()).await;
+    let running = spawn(&[
+        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--csi-address={}", env.mock.endpoint()),
+        "--leader-election".into(),
+        "--leader-election-namespace=default".into(),
+        "--leader-election-lease-duration=3s".into(),
+        "--leader-election-renew-deadline=2s".into(),
+        "--leader-election-retry-period=500ms".into(),
+    ]);
+    eventually("leadership", || async {
+        Api::<Lease>::namespaced(env.client(), "default")
+            .get_opt("external-attacher-leader-hostpath-csi-k8s-io")
+            .await
+            .unwrap()
+    })
+    .await;
+    // The API server refuses every renewal from now on.
+    env.api
+        .faults()
+        .fail_next(RequestMatch::new(Verb::Update, "leases"), u32::MAX, 500);
+    let (code, stderr) = running.exit().await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("lost leadership"), "{stderr}");
+    env.api.faults().clear();
+    env.stop().await;
+}
