@@ -130,3 +130,38 @@ mod tests {
         );
     }
 }
+
+#[cfg(all(test, windows))]
+mod windows_tests {
+    use super::*;
+
+    #[test]
+    fn file_index_identifies_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("csi.sock");
+        let endpoint = Endpoint::Unix(path.clone());
+        assert_eq!(socket_file(&endpoint), SocketFile::Missing);
+
+        std::fs::write(&path, b"").unwrap();
+        let SocketFile::Present(first) = socket_file(&endpoint) else {
+            panic!("file not identified");
+        };
+        assert_eq!(socket_file(&endpoint), SocketFile::Present(first));
+
+        // The old file lives on under another name, so its index cannot be reused.
+        std::fs::rename(&path, dir.path().join("old.sock")).unwrap();
+        std::fs::write(&path, b"").unwrap();
+        let SocketFile::Present(second) = socket_file(&endpoint) else {
+            panic!("file not identified");
+        };
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn pipes_are_untracked() {
+        assert_eq!(
+            socket_file(&Endpoint::NamedPipe(r"\\.\pipe\csi".into())),
+            SocketFile::Untracked
+        );
+    }
+}

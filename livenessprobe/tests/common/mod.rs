@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use livenessprobe::flags::Cli;
@@ -57,10 +56,21 @@ pub fn cli(args: &[&str]) -> Cli {
 }
 
 /// A mock driver named [`DRIVER`] at `path`.
-pub async fn mock_at(path: &Path) -> MockHandle {
+#[cfg(unix)]
+pub async fn mock_at(path: &std::path::Path) -> MockHandle {
     MockDriver::builder()
         .driver_name(DRIVER)
         .serve_unix(path)
+        .await
+        .expect("serve mock driver")
+}
+
+/// A mock driver named [`DRIVER`] on the named pipe `name`.
+#[cfg(windows)]
+pub async fn mock_on_pipe(name: &str) -> MockHandle {
+    MockDriver::builder()
+        .driver_name(DRIVER)
+        .serve_named_pipe(name)
         .await
         .expect("serve mock driver")
 }
