@@ -207,9 +207,11 @@ impl Prober {
         if link.take().is_some() {
             tracing::info!(endpoint = %self.endpoint, "CSI driver socket replaced or connection lost; reconnecting");
         }
+        // Retrying stops a little before the deadline so that the answer names the last dial
+        // error; the caller's deadline still cuts off a dial that hangs.
         let remaining = deadline.saturating_duration_since(Instant::now());
         let fresh = self
-            .dial(Some(remaining))
+            .dial(Some(remaining - remaining / 10))
             .await
             .map_err(|err| Health::Failed(dial_failure(&err)))?;
         *link = Some(fresh.clone());
