@@ -213,10 +213,14 @@ async fn channel_for(endpoint: &Endpoint, state: Arc<LinkState>) -> Result<Chann
         .connect_with_connector(connector)
         .await
         .map_err(|err| {
+            // Error chains often repeat their cause in their own text: add each cause once.
             let mut text = err.to_string();
             let mut source = std::error::Error::source(&err);
             while let Some(inner) = source {
-                text = format!("{text}: {inner}");
+                let cause = inner.to_string();
+                if !text.contains(&cause) {
+                    text = format!("{text}: {cause}");
+                }
                 source = inner.source();
             }
             text

@@ -63,6 +63,8 @@ pub fn init(flags: &LoggingFlags) {
     let filter = filter(flags.verbosity);
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in container logs.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     let installed = match flags.logging_format {
         LogFormat::Text => tracing_subscriber::registry()
