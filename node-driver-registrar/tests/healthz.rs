@@ -21,6 +21,7 @@ fn quiet_kubelet() -> KubeletOptions {
 
 #[tokio::test]
 async fn healthz_reports_ok_missing_and_broken_sockets() {
+    require_af_unix!();
     let dirs = Dirs::new();
     let driver = start_driver(&dirs).await;
     let mut kubelet = FakeKubelet::start(&dirs.registry(), quiet_kubelet());
@@ -113,6 +114,7 @@ async fn healthz_fails_when_the_socket_answers_for_another_driver() {
 
 #[tokio::test]
 async fn healthz_on_a_missing_socket_gets_it_recreated() {
+    require_af_unix!();
     let dirs = Dirs::new();
     let driver = start_driver(&dirs).await;
     let mut kubelet = FakeKubelet::start(&dirs.registry(), quiet_kubelet());
@@ -139,6 +141,7 @@ async fn healthz_on_a_missing_socket_gets_it_recreated() {
 
 #[tokio::test]
 async fn deprecated_health_port_serves_healthz_on_all_interfaces() {
+    require_af_unix!();
     let port = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().port()

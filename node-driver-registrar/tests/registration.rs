@@ -21,6 +21,7 @@ fn kubelet_options() -> KubeletOptions {
 
 #[tokio::test]
 async fn registers_with_kubelet_and_answers_its_monitor() {
+    require_af_unix!();
     let dirs = Dirs::new();
     let driver = start_driver(&dirs).await;
     let mut kubelet = FakeKubelet::start(&dirs.registry(), kubelet_options());
@@ -67,6 +68,7 @@ async fn registration_socket_is_owner_only() {
 
 #[tokio::test]
 async fn rejection_by_kubelet_exits_1_and_removes_the_socket() {
+    require_af_unix!();
     let dirs = Dirs::new();
     let driver = start_driver(&dirs).await;
     let mut kubelet = FakeKubelet::start(
@@ -160,6 +162,7 @@ async fn sigint_removes_the_socket_and_exits_0() {
 
 #[tokio::test]
 async fn deleted_socket_is_recreated_and_registered_again() {
+    require_af_unix!();
     let dirs = Dirs::new();
     let driver = start_driver(&dirs).await;
     let mut kubelet = FakeKubelet::start(&dirs.registry(), kubelet_options());
@@ -252,6 +255,7 @@ async fn waits_for_a_driver_socket_that_appears_late() {
 
 #[tokio::test]
 async fn retries_get_plugin_info_while_the_driver_is_not_ready() {
+    require_af_unix!();
     let dirs = Dirs::new();
     let driver = start_driver(&dirs).await;
     driver
@@ -271,6 +275,7 @@ async fn retries_get_plugin_info_while_the_driver_is_not_ready() {
 
 #[tokio::test]
 async fn retries_get_plugin_info_that_exceeds_the_timeout() {
+    require_af_unix!();
     let dirs = Dirs::new();
     let driver = start_driver(&dirs).await;
     driver

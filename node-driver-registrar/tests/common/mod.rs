@@ -40,3 +40,31 @@ pub async fn start_driver(dirs: &Dirs) -> MockHandle {
         .await
         .expect("the mock driver serves")
 }
+
+/// Whether this system can serve AF_UNIX sockets: always on unix; on Windows from 10 1803 on, but
+/// not under Wine, where only the tests that need no registration socket can run.
+pub async fn af_unix_available() -> bool {
+    #[cfg(windows)]
+    {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        match sidecar_kit::windows::UnixListener::bind(&dir.path().join("probe.sock")) {
+            Ok(_) => true,
+            Err(err) => {
+                eprintln!("skipped: this system has no AF_UNIX sockets ({err})");
+                false
+            }
+        }
+    }
+    #[cfg(not(windows))]
+    true
+}
+
+/// Ends the test early where the registration socket cannot exist (Wine).
+#[macro_export]
+macro_rules! require_af_unix {
+    () => {
+        if !common::af_unix_available().await {
+            return;
+        }
+    };
+}
