@@ -162,8 +162,8 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             kube_flags.kube_api_qps,
             kube_flags.kube_api_burst,
         )?;
-        let lock_name = format!("external-attacher-leader-{driver}");
-        let mut settings = ElectionConfig::from_flags(&lock_name, &cli.common.leader_election)?;
+        let mut settings =
+            ElectionConfig::from_flags(&model::lease_name(&driver), &cli.common.leader_election)?;
         settings.release_on_exit = cli.release_lease_on_exit();
         Some(LeaderElector::new(le_client, settings))
     } else {

@@ -463,10 +463,6 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.shared.ready.notify_waiters();
     }
 
-    pub fn is_shut_down(&self) -> bool {
-        self.state().shutting_down
-    }
-
     /// Waits until no key is being processed.
     pub async fn wait_idle(&self) {
         loop {
