@@ -32,7 +32,8 @@ pub const VA_QUEUE: &str = "csi-attacher-va";
 pub const PV_QUEUE: &str = "csi-attacher-pv";
 /// Reporting component of the Events.
 pub const COMPONENT: &str = "csi-attacher";
-/// A key that waited longer than this in its lane is logged, so that a backlog is visible.
+/// A key that waited longer than this in its lane is logged (at most once per this period), so
+/// that a backlog is visible.
 const BACKLOG_WARNING: Duration = Duration::from_secs(30);
 /// How often a ListVolumes pass restarts from the first page after ABORTED (invalid token).
 const LIST_RESTARTS: u32 = 3;
@@ -132,6 +133,7 @@ struct Controller {
     /// unless the status has come to agree with the driver meanwhile.
     forced: Mutex<HashMap<String, bool>>,
     events: Recorder,
+    last_backlog_report: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Runs the attacher until `shutdown` is cancelled; then stops taking work, lets the running
@@ -160,6 +162,7 @@ pub async fn run(
         va_queue: queue(VA_QUEUE, &Lane::NAMES),
         pv_queue: queue(PV_QUEUE, &["default"]),
         forced: Mutex::new(HashMap::new()),
+        last_backlog_report: Mutex::new(None),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
         client,
         config,
@@ -246,11 +249,21 @@ impl Controller {
         }
     }
 
+    fn backlog_report_due(&self) -> bool {
+        let mut last = lock(&self.last_backlog_report);
+        let now = tokio::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < BACKLOG_WARNING) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
     // --- VolumeAttachments ---
 
     async fn va_worker(self: Arc<Self>) {
         while let Some(item) = self.va_queue.get().await {
-            if item.waited > BACKLOG_WARNING {
+            if item.waited > BACKLOG_WARNING && self.backlog_report_due() {
                 tracing::warn!(
                     volume_attachment = %item.key,
                     lane = Lane::NAMES[item.lane],
