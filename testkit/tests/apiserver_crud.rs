@@ -220,7 +220,10 @@ async fn status_subresource_separates_status_from_the_rest() {
         )
         .await
         .unwrap();
-    assert!(main.status.unwrap().attached, "main writes keep the stored status");
+    assert!(
+        main.status.unwrap().attached,
+        "main writes keep the stored status"
+    );
     assert_eq!(main.metadata.labels.unwrap()["x"], "y");
 }
 

@@ -268,7 +268,10 @@ fn resolve(
         .lookup(group, version, plural)
         .ok_or_else(not_found_path)?;
     let k = registry.get(kind);
-    let scope_ok = !matches!((k.namespaced, &namespace, &name), (false, Some(_), _) | (true, None, Some(_)));
+    let scope_ok = !matches!(
+        (k.namespaced, &namespace, &name),
+        (false, Some(_), _) | (true, None, Some(_))
+    );
     let sub_ok = subresource
         .as_deref()
         .is_none_or(|s| s == "status" && k.status_subresource);
