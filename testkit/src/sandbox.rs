@@ -139,6 +139,11 @@ fn terminate(child: &mut Child) {
     let _ = child.start_kill();
 }
 
+/// A typed object from its JSON form.
+fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, SandboxError> {
+    serde_json::from_value(value).map_err(|e| SandboxError::Setup(e.to_string()))
+}
+
 fn free_port() -> Result<u16, SandboxError> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -242,16 +247,14 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
 }
 
 async fn create_node(client: &kube::Client) -> Result<(), SandboxError> {
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": NODE}}))
-        .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    let node: Node = object(json!({"metadata": {"name": NODE}}))?;
     Api::<Node>::all(client.clone())
         .create(&PostParams::default(), &node)
         .await?;
-    let csinode: CSINode = serde_json::from_value(json!({
+    let csinode: CSINode = object(json!({
         "metadata": {"name": NODE},
         "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE, "topologyKeys": []}]}
-    }))
-    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    }))?;
     Api::<CSINode>::all(client.clone())
         .create(&PostParams::default(), &csinode)
         .await?;
@@ -380,21 +383,19 @@ async fn attacher_and_volumes(
         )?;
     }
 
-    let class: StorageClass = serde_json::from_value(json!({
+    let class: StorageClass = object(json!({
         "metadata": {"name": "sandbox"},
         "provisioner": DRIVER,
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "Immediate"
-    }))
-    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    }))?;
     Api::<StorageClass>::all(client.clone())
         .create(&PostParams::default(), &class)
         .await?;
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+    let claim: PersistentVolumeClaim = object(json!({
         "metadata": {"name": "sandbox-pvc", "namespace": NAMESPACE},
         "spec": {"storageClassName": "sandbox", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    }))
-    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    }))?;
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE);
     let claim = claims.create(&PostParams::default(), &claim).await?;
 
@@ -433,11 +434,10 @@ async fn attacher_and_volumes(
     if attacher.is_none() {
         return Ok(());
     }
-    let attachment: VolumeAttachment = serde_json::from_value(json!({
+    let attachment: VolumeAttachment = object(json!({
         "metadata": {"name": "sandbox-va"},
         "spec": {"attacher": DRIVER, "nodeName": NODE, "source": {"persistentVolumeName": pv_name}}
-    }))
-    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    }))?;
     let attachments = Api::<VolumeAttachment>::all(client);
     attachments
         .create(&PostParams::default(), &attachment)
@@ -498,7 +498,7 @@ async fn provision_by_hand(
     let volume = created
         .volume
         .ok_or_else(|| SandboxError::Setup("CreateVolume returned no volume".into()))?;
-    let pv: PersistentVolume = serde_json::from_value(json!({
+    let pv: PersistentVolume = object(json!({
         "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER}},
         "spec": {
             "capacity": {"storage": "1Gi"},
@@ -508,8 +508,7 @@ async fn provision_by_hand(
             "claimRef": {"kind": "PersistentVolumeClaim", "namespace": NAMESPACE, "name": "sandbox-pvc", "uid": uid},
             "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id, "fsType": "ext4"}
         }
-    }))
-    .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    }))?;
     Api::<PersistentVolume>::all(sandbox.api.client())
         .create(&PostParams::default(), &pv)
         .await?;
