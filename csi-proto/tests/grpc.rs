@@ -1,4 +1,5 @@
 //! The generated clients and servers talking over real unix sockets.
+#![cfg(unix)]
 
 mod common;
 
