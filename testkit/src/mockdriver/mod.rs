@@ -3,6 +3,7 @@
 //! CSI spec's idempotency and error codes, with run-time fault injection.
 //!
 //! ```no_run
+//! # #[cfg(unix)]
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! use csi_proto::methods::controller::CREATE_VOLUME;
 //! use testkit::mockdriver::MockDriver;
