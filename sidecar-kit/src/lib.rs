@@ -14,6 +14,7 @@ pub mod leader;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+pub mod migration;
 #[cfg(windows)]
 pub mod windows;
 pub mod workqueue;
