@@ -146,6 +146,10 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     let driver = identity::driver_name(&csi, Some(IDENTITY_TIMEOUT)).await?;
     metrics.set_driver_name(&driver);
     tracing::info!(%driver, "CSI driver name");
+    match identity::label_migration_metrics(&csi, &driver, cli.timeout, &shutdown).await {
+        Err(IdentityError::Cancelled) => return Ok(()),
+        other => other?,
+    };
     let caps = capabilities(&csi).await?;
     if !caps.publishes() {
         tracing::info!(

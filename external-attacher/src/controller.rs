@@ -496,9 +496,13 @@ impl Controller {
         }
         let mut request = plan.request;
         request.secrets = secrets;
+        let options = CallOptions {
+            migrated: plan.migrated,
+            ..CallOptions::timeout(self.config.timeout)
+        };
         let response = self
             .csi
-            .controller_publish_volume(request, CallOptions::timeout(self.config.timeout))
+            .controller_publish_volume(request, options)
             .await
             .map_err(Failure::Csi)?;
         tracing::debug!(volume_attachment = %va.name, "attached");
@@ -519,8 +523,12 @@ impl Controller {
         tracing::debug!(volume_attachment = %va.name, "detaching");
         let mut request = plan.request;
         request.secrets = self.secrets(plan.secret.as_ref()).await?;
+        let options = CallOptions {
+            migrated: plan.migrated,
+            ..CallOptions::timeout(self.config.timeout)
+        };
         self.csi
-            .controller_unpublish_volume(request, CallOptions::timeout(self.config.timeout))
+            .controller_unpublish_volume(request, options)
             .await
             .map_err(Failure::Csi)?;
         tracing::debug!(volume_attachment = %va.name, "detached");

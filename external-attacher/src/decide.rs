@@ -80,6 +80,8 @@ pub enum Problem {
     InlineNotCsi,
     #[error("pv spec contained non-csi source that was not migrated")]
     NotCsi,
+    #[error("failed to translate in tree pv to CSI: {0}")]
+    Translation(String),
     #[error("{0}")]
     AccessModes(String),
     #[error("csinode.storage.k8s.io \"{0}\" not found")]
@@ -116,6 +118,8 @@ pub struct AttachPlan {
     /// Merge patch of the VolumeAttachment's metadata.
     pub va_metadata: Option<Value>,
     pub request: ControllerPublishVolumeRequest,
+    /// The volume is an in-tree one translated to CSI (the `migrated` metric label).
+    pub migrated: bool,
 }
 
 /// The steps of a detach: ControllerUnpublishVolume, removal of the VA finalizer, and the status
@@ -129,6 +133,8 @@ pub struct DetachPlan {
     /// Reset the status after unpublishing. False when removing our finalizer deletes the
     /// object: a status write to an object that is gone would only fail.
     pub clear_status: bool,
+    /// The volume is an in-tree one translated to CSI (the `migrated` metric label).
+    pub migrated: bool,
 }
 
 /// What to do with one PersistentVolume.
@@ -182,7 +188,7 @@ fn plan_attach(
     {
         return fail(Problem::PvDeleting(pv.name.clone()));
     }
-    let csi = match csi_source(va, spec) {
+    let csi = match csi_source(va, spec, pv) {
         Ok(csi) => csi,
         Err(problem) => return fail(problem),
     };
@@ -218,6 +224,7 @@ fn plan_attach(
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         },
+        migrated: migrated(pv),
     }))
 }
 
@@ -228,7 +235,7 @@ fn plan_detach(policy: &Policy, va: &Va, pv: Option<&Pv>, node: &NodeLookup) -> 
         return VaPlan::Nothing;
     }
     let fail = |problem| VaPlan::Fail(Phase::Detach, problem);
-    let csi = match volume_spec(va, pv).and_then(|(spec, _)| csi_source(va, spec)) {
+    let csi = match volume_spec(va, pv).and_then(|(spec, pv)| csi_source(va, spec, pv)) {
         Ok(csi) => csi,
         Err(problem) => return fail(problem),
     };
@@ -255,6 +262,7 @@ fn plan_detach(policy: &Policy, va: &Va, pv: Option<&Pv>, node: &NodeLookup) -> 
         },
         remove_finalizer: json!({"metadata": {"finalizers": finalizers}}),
         clear_status: !remaining.is_empty(),
+        migrated: migrated(pv),
     }))
 }
 
@@ -274,12 +282,25 @@ fn volume_spec<'a>(
     }
 }
 
-fn csi_source<'a>(va: &Va, spec: &'a VolumeSpec) -> Result<&'a CsiSource, Problem> {
+fn csi_source<'a>(
+    va: &Va,
+    spec: &'a VolumeSpec,
+    pv: Option<&Pv>,
+) -> Result<&'a CsiSource, Problem> {
+    let translation_error = pv
+        .and_then(|pv| pv.in_tree.as_ref())
+        .and_then(|in_tree| in_tree.error.clone());
     match (&spec.csi, &va.source) {
         (Some(csi), _) => Ok(csi),
         (None, VaSource::Inline(_)) => Err(Problem::InlineNotCsi),
-        (None, _) => Err(Problem::NotCsi),
+        (None, _) => Err(translation_error.map_or(Problem::NotCsi, Problem::Translation)),
     }
+}
+
+/// Whether the calls for this volume count as migrated: a PV translated from an in-tree source.
+/// Inline specs never do, as upstream labels them.
+fn migrated(pv: Option<&Pv>) -> bool {
+    pv.is_some_and(|pv| pv.in_tree.is_some())
 }
 
 /// The node ID: from the CSINode, or when detaching from the annotation written at attach time
@@ -449,9 +470,10 @@ pub fn error_status_patch(phase: Phase, message: &str, code: Option<i32>, now: T
 }
 
 /// What to do with a PersistentVolume whose events passed [`pv_needs_processing`]: remove our
-/// finalizer once it is being deleted and no VolumeAttachment names it.
+/// finalizer once no VolumeAttachment names it, if the PV is being deleted or is an in-tree
+/// volume whose migration to this driver was rolled back.
 pub fn plan_pv(policy: &Policy, pv: &Pv, referenced: bool) -> PvPlan {
-    if !pv.deleting || referenced {
+    if !finalizer_may_go(pv, &policy.driver) || referenced {
         return PvPlan::Nothing;
     }
     match remove_finalizer_patch(&pv.finalizers, &policy.finalizer) {
@@ -463,9 +485,13 @@ pub fn plan_pv(policy: &Policy, pv: &Pv, referenced: bool) -> PvPlan {
     }
 }
 
-/// Upstream's PV event filter: only PVs being deleted that carry our finalizer need work.
-pub fn pv_needs_processing(pv: &Pv, finalizer: &str) -> bool {
-    pv.deleting && pv.has_finalizer(finalizer)
+/// Upstream's PV event filter: only PVs carrying our finalizer that may lose it need work.
+pub fn pv_needs_processing(pv: &Pv, driver: &str, finalizer: &str) -> bool {
+    finalizer_may_go(pv, driver) && pv.has_finalizer(finalizer)
+}
+
+fn finalizer_may_go(pv: &Pv, driver: &str) -> bool {
+    pv.deleting || pv.migration_rolled_back(driver)
 }
 
 /// Whether the driver's view (`published`: volume ID → node IDs) disagrees with the status.
@@ -486,6 +512,7 @@ mod tests {
     use super::*;
     use crate::model::SecretRef;
 
+    const DRIVER: &str = "hostpath.csi.k8s.io";
     const FINALIZER: &str = "external-attacher/hostpath-csi-k8s-io";
 
     fn policy() -> Policy {
@@ -522,7 +549,9 @@ mod tests {
             resource_version: "5".into(),
             deleting: false,
             finalizers: vec![],
+            migrated_to: None,
             spec: spec(),
+            in_tree: None,
         }
     }
 
@@ -993,9 +1022,9 @@ mod tests {
             PvPlan::Nothing,
             "not deleting"
         );
-        assert!(!pv_needs_processing(&pv, FINALIZER));
+        assert!(!pv_needs_processing(&pv, DRIVER, FINALIZER));
         pv.deleting = true;
-        assert!(pv_needs_processing(&pv, FINALIZER));
+        assert!(pv_needs_processing(&pv, DRIVER, FINALIZER));
         assert_eq!(
             plan_pv(&policy(), &pv, true),
             PvPlan::Nothing,
@@ -1013,6 +1042,81 @@ mod tests {
         );
         pv.finalizers = vec!["other".into()];
         assert_eq!(plan_pv(&policy(), &pv, false), PvPlan::Nothing);
+    }
+
+    fn in_tree_pv(extra: Value) -> Pv {
+        let mut pv = json!({
+            "metadata": {"name": "pv-1", "resourceVersion": "5",
+                         "annotations": {"pv.kubernetes.io/migrated-to": DRIVER}},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "cinder": {"volumeID": "c-1", "fsType": "xfs", "readOnly": true}},
+        });
+        if let (Value::Object(pv), Value::Object(extra)) = (&mut pv, extra) {
+            pv.extend(extra);
+        }
+        Pv::from_api(&serde_json::from_value(pv).unwrap())
+    }
+
+    #[test]
+    fn in_tree_volumes_attach_and_detach_translated_and_labelled_migrated() {
+        let mut p = policy();
+        p.publish_readonly = true;
+        let pv = in_tree_pv(json!({}));
+        let plan = attach_plan(plan_va(&p, &va(), Some(&pv), &found(), false));
+        assert!(plan.migrated);
+        assert_eq!(plan.request.volume_id, "c-1");
+        assert!(plan.request.readonly);
+        assert!(plan.request.volume_context.is_empty());
+        assert!(
+            matches!(plan.request.volume_capability.unwrap().access_type,
+                Some(AccessType::Mount(MountVolume { ref fs_type, .. })) if fs_type == "xfs")
+        );
+        assert!(plan.pv_finalizer.is_some());
+
+        let mut deleting = va();
+        deleting.deleting = true;
+        deleting.finalizers = vec![FINALIZER.into()];
+        let plan = detach_plan(plan_va(&p, &deleting, Some(&pv), &found(), false));
+        assert!(plan.migrated);
+        assert_eq!(plan.request.volume_id, "c-1");
+
+        let plan = attach_plan(plan_va(&p, &va(), Some(&self::pv()), &found(), false));
+        assert!(!plan.migrated, "CSI volumes are not migrated");
+    }
+
+    #[test]
+    fn untranslatable_in_tree_volumes_fail_with_the_translation_error() {
+        let pv = in_tree_pv(json!({"spec": {"awsElasticBlockStore": {"volumeID": "aws://z/x"}}}));
+        assert_eq!(
+            plan_va(&policy(), &va(), Some(&pv), &found(), false),
+            VaPlan::Fail(
+                Phase::Attach,
+                Problem::Translation(
+                    "failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume (aws://z/x)".into()
+                )
+            )
+        );
+    }
+
+    #[test]
+    fn rolled_back_migration_releases_the_pv_finalizer() {
+        let mut rolled_back = in_tree_pv(json!({"metadata": {"name": "pv-1"}}));
+        rolled_back.finalizers = vec![FINALIZER.into()];
+        assert!(pv_needs_processing(&rolled_back, DRIVER, FINALIZER));
+        assert!(matches!(
+            plan_pv(&policy(), &rolled_back, false),
+            PvPlan::RemoveFinalizer(_)
+        ));
+        assert_eq!(plan_pv(&policy(), &rolled_back, true), PvPlan::Nothing);
+
+        let mut migrated = in_tree_pv(json!({}));
+        migrated.finalizers = vec![FINALIZER.into()];
+        assert!(!pv_needs_processing(&migrated, DRIVER, FINALIZER));
+        assert_eq!(plan_pv(&policy(), &migrated, false), PvPlan::Nothing);
+
+        let mut to_another = migrated.clone();
+        to_another.migrated_to = Some("other.example.com".into());
+        assert!(pv_needs_processing(&to_another, DRIVER, FINALIZER));
     }
 
     #[test]

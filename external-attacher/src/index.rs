@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 
 use crate::decide::{self, NodeLookup};
+use sidecar_kit::migration;
+
 use crate::model::{self, Pv, Va, VaSource, csinode_node_id};
 
 /// Lanes of the VolumeAttachment queue.
@@ -302,8 +304,8 @@ impl Index {
             self.pvs.remove(&pv.name);
             return;
         }
-        let changed_spec = old.is_none_or(|old| old.spec != pv.spec);
-        if decide::pv_needs_processing(&pv, &self.finalizer) {
+        let changed_spec = old.is_none_or(|old| old.spec != pv.spec || old.in_tree != pv.in_tree);
+        if decide::pv_needs_processing(&pv, &self.driver, &self.finalizer) {
             work.push(Work::Pv(pv.name.clone()));
         }
         if changed_spec {
@@ -428,7 +430,7 @@ impl Index {
         let pvs = self
             .pvs
             .values()
-            .filter(|pv| decide::pv_needs_processing(pv, &self.finalizer))
+            .filter(|pv| decide::pv_needs_processing(pv, &self.driver, &self.finalizer))
             .map(|pv| Work::Pv(pv.name.clone()));
         vas.chain(pvs).collect()
     }
@@ -447,17 +449,31 @@ impl Index {
                 (_, Some(id)) => id.clone(),
                 _ => continue,
             };
-            let volume_id = match &va.source {
-                VaSource::Pv(pv) => self
-                    .pvs
-                    .get(pv)
-                    .and_then(|pv| pv.spec.csi.as_ref())
-                    .map(|csi| csi.volume_handle.as_str()),
-                VaSource::Inline(spec) => spec.csi.as_ref().map(|csi| csi.volume_handle.as_str()),
-                _ => None,
+            let (csi, migrated) = match &va.source {
+                VaSource::Pv(pv) => match self.pvs.get(pv) {
+                    Some(pv) => (pv.spec.csi.as_ref(), pv.in_tree.is_some()),
+                    None => continue,
+                },
+                // Inline specs in VolumeAttachments come from migrated inline volumes.
+                VaSource::Inline(spec) => (
+                    spec.csi.as_ref(),
+                    spec.csi
+                        .as_ref()
+                        .is_some_and(|csi| migration::is_migrated_csi_driver(&csi.driver)),
+                ),
+                _ => continue,
             };
-            let Some(volume_id) = volume_id else { continue };
-            if decide::out_of_sync(va.attached, volume_id, &node_id, published) {
+            let Some(csi) = csi else { continue };
+            // A migrated volume's handle as the driver lists it; skipped if it cannot be known.
+            let volume_id = if migrated {
+                match migration::repair_volume_handle(&csi.driver, &csi.volume_handle, &node_id) {
+                    Ok(handle) => handle,
+                    Err(_) => continue,
+                }
+            } else {
+                csi.volume_handle.clone()
+            };
+            if decide::out_of_sync(va.attached, &volume_id, &node_id, published) {
                 found.push(OutOfSync {
                     name: va.name.clone(),
                     lane: Lane::of(va),
@@ -509,6 +525,71 @@ mod tests {
             }
             (t, p) => *t = p.clone(),
         }
+    }
+
+    #[test]
+    fn reconciling_migrated_gce_volumes_compares_repaired_handles() {
+        const GCE: &str = "pd.csi.storage.gke.io";
+        let mut index = Index::new(GCE);
+        let node = csinode(
+            "node-1",
+            json!([{"name": GCE, "nodeID": "projects/p-1/zones/us-central1-a/instances/vm-1"}]),
+        );
+        index.csinode_event(Change::Apply(&node));
+        let in_tree: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pv-1", "resourceVersion": "1"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "gcePersistentDisk": {"pdName": "disk-1"}},
+        }))
+        .unwrap();
+        index.pv_event(Change::Apply(&in_tree));
+        let attached = va(
+            "va-1",
+            "1",
+            json!({"spec": {"attacher": GCE}, "status": {"attached": true}}),
+        );
+        index.va_event(Change::Apply(&attached));
+
+        let listed: HashMap<String, Vec<String>> = [(
+            "projects/p-1/zones/us-central1-a/disks/disk-1".to_string(),
+            vec!["projects/p-1/zones/us-central1-a/instances/vm-1".to_string()],
+        )]
+        .into();
+        assert_eq!(index.out_of_sync(&listed), []);
+        let unpublished = HashMap::new();
+        assert_eq!(
+            index.out_of_sync(&unpublished),
+            [OutOfSync {
+                name: "va-1".into(),
+                lane: Lane::Attach,
+                published: false
+            }]
+        );
+        // A node ID the handle cannot be repaired from: skipped, as upstream skips it.
+        let node = csinode("node-1", json!([{"name": GCE, "nodeID": "vm-1"}]));
+        index.csinode_event(Change::Apply(&node));
+        assert_eq!(index.out_of_sync(&unpublished), []);
+    }
+
+    #[test]
+    fn in_tree_pvs_whose_migration_was_rolled_back_are_queued() {
+        const EBS: &str = "ebs.csi.aws.com";
+        let mut index = Index::new(EBS);
+        let finalizer = model::finalizer_name(EBS);
+        let migrated = json!({"metadata": {"name": "pv-1", "resourceVersion": "1",
+                "finalizers": [finalizer],
+                "annotations": {"pv.kubernetes.io/migrated-to": EBS}},
+            "spec": {"awsElasticBlockStore": {"volumeID": "vol-1"}}});
+        let migrated: PersistentVolume = serde_json::from_value(migrated).unwrap();
+        assert_eq!(index.pv_event(Change::Apply(&migrated)), []);
+        assert_eq!(index.pv_count(), 1);
+        let mut rolled_back = migrated.clone();
+        rolled_back.metadata.resource_version = Some("2".into());
+        rolled_back.metadata.annotations = None;
+        assert_eq!(
+            index.pv_event(Change::Apply(&rolled_back)),
+            [Work::Pv("pv-1".into())]
+        );
+        assert_eq!(index.resync(), [Work::Pv("pv-1".into())]);
     }
 
     fn attach(name: &str) -> Work {

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use sidecar_kit::migration;
 
 /// Annotation on the VolumeAttachment that remembers the node ID, for detaching after the
 /// node's CSINode is gone.
@@ -52,14 +53,28 @@ pub struct VolumeSpec {
     pub mount_options: Vec<String>,
 }
 
-/// A PersistentVolume.
+/// A PersistentVolume. The spec of an in-tree volume with a migration path is the translated
+/// one, as the replacing CSI driver sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pv {
     pub name: String,
     pub resource_version: String,
     pub deleting: bool,
     pub finalizers: Vec<String>,
+    /// Annotation `pv.kubernetes.io/migrated-to`: the driver the PV controller migrated it to.
+    pub migrated_to: Option<String>,
     pub spec: VolumeSpec,
+    /// Set for in-tree volumes (CSI migration).
+    pub in_tree: Option<InTree>,
+}
+
+/// How an in-tree PersistentVolume translates to CSI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InTree {
+    /// The CSI driver that replaces its in-tree plugin.
+    pub driver: String,
+    /// Why the translation failed; the spec then has no CSI source.
+    pub error: Option<String>,
 }
 
 /// What a VolumeAttachment attaches.
@@ -193,26 +208,54 @@ impl VolumeSpec {
 impl Pv {
     pub fn from_api(pv: &PersistentVolume) -> Self {
         let meta = &pv.metadata;
+        let spec_of = |pv: &PersistentVolume| {
+            pv.spec
+                .as_ref()
+                .map(VolumeSpec::from_api)
+                .unwrap_or_default()
+        };
+        let plugin = pv.spec.as_ref().and_then(migration::in_tree_plugin);
+        let (spec, in_tree) = match plugin {
+            None => (spec_of(pv), None),
+            Some(plugin) => {
+                let (spec, error) = match migration::translate_in_tree_pv(pv) {
+                    Ok(translated) => (spec_of(translated.as_ref().unwrap_or(pv)), None),
+                    Err(err) => (spec_of(pv), Some(err.to_string())),
+                };
+                let driver = plugin.csi_driver.to_string();
+                (spec, Some(InTree { driver, error }))
+            }
+        };
         Self {
             name: meta.name.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
             finalizers: meta.finalizers.clone().unwrap_or_default(),
-            spec: pv
-                .spec
+            migrated_to: meta
+                .annotations
                 .as_ref()
-                .map(VolumeSpec::from_api)
-                .unwrap_or_default(),
+                .and_then(|a| a.get(migration::MIGRATED_TO_ANNOTATION).cloned()),
+            spec,
+            in_tree,
         }
+    }
+
+    /// An in-tree volume no longer (or not yet) migrated to `driver`: CSI migration of its
+    /// plugin is off, so our finalizer must not hold it.
+    pub fn migration_rolled_back(&self, driver: &str) -> bool {
+        self.in_tree.is_some() && self.migrated_to.as_deref() != Some(driver)
     }
 
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
         self.finalizers.iter().any(|f| f == finalizer)
     }
 
-    /// Whether the cache needs this PV: a CSI volume of the driver, or one carrying its finalizer.
+    /// Whether the cache needs this PV: a CSI volume of the driver (translated from an in-tree
+    /// one or not), or one carrying its finalizer.
     pub fn concerns(&self, driver: &str, finalizer: &str) -> bool {
-        self.spec.csi.as_ref().is_some_and(|c| c.driver == driver) || self.has_finalizer(finalizer)
+        self.spec.csi.as_ref().is_some_and(|c| c.driver == driver)
+            || self.in_tree.as_ref().is_some_and(|t| t.driver == driver)
+            || self.has_finalizer(finalizer)
     }
 }
 
@@ -331,6 +374,58 @@ mod tests {
         assert!(pv.concerns("d", "external-attacher/x"));
         assert!(!pv.concerns("other", "external-attacher/x"));
         assert!(pv.concerns("other", "kubernetes.io/pv-protection"));
+    }
+
+    #[test]
+    fn in_tree_pvs_are_projected_translated() {
+        let gce: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pv-gce", "labels": {"topology.kubernetes.io/zone": "europe-west1-b"},
+                         "annotations": {"pv.kubernetes.io/migrated-to": "pd.csi.storage.gke.io"}},
+            "spec": {"accessModes": ["ReadWriteMany"], "gcePersistentDisk": {"pdName": "d", "fsType": "ext4"}},
+        }))
+        .unwrap();
+        let pv = Pv::from_api(&gce);
+        let csi = pv.spec.csi.as_ref().unwrap();
+        assert_eq!(csi.driver, "pd.csi.storage.gke.io");
+        assert_eq!(
+            csi.volume_handle,
+            "projects/UNSPECIFIED/zones/europe-west1-b/disks/d"
+        );
+        assert_eq!(csi.fs_type, "ext4");
+        assert_eq!(pv.spec.access_modes, ["ReadWriteOnce"]);
+        assert_eq!(
+            pv.in_tree,
+            Some(InTree {
+                driver: "pd.csi.storage.gke.io".into(),
+                error: None
+            })
+        );
+        assert!(pv.concerns("pd.csi.storage.gke.io", "f"));
+        assert!(!pv.migration_rolled_back("pd.csi.storage.gke.io"));
+        assert!(pv.migration_rolled_back("other.example.com"));
+
+        let broken: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pv-ebs"},
+            "spec": {"awsElasticBlockStore": {"volumeID": "aws://z/disk"}},
+        }))
+        .unwrap();
+        let pv = Pv::from_api(&broken);
+        assert_eq!(pv.spec.csi, None);
+        let in_tree = pv.in_tree.as_ref().unwrap();
+        assert_eq!(in_tree.driver, "ebs.csi.aws.com");
+        assert!(in_tree.error.as_deref().unwrap().contains("Invalid format"));
+        assert!(pv.concerns("ebs.csi.aws.com", "f"));
+        assert!(pv.migration_rolled_back("ebs.csi.aws.com"), "no annotation");
+
+        let csi = Pv::from_api(
+            &serde_json::from_value(json!({
+                "metadata": {"name": "pv-csi"},
+                "spec": {"csi": {"driver": "d", "volumeHandle": "h"}},
+            }))
+            .unwrap(),
+        );
+        assert_eq!(csi.in_tree, None);
+        assert!(!csi.migration_rolled_back("d"));
     }
 
     #[test]

@@ -392,3 +392,49 @@ async fn losing_leadership_exits_1() {
     env.api.faults().clear();
     env.stop().await;
 }
+
+#[tokio::test]
+async fn a_migration_target_labels_its_calls_migrated() {
+    const EBS: &str = "ebs.csi.aws.com";
+    let env =
+        Env::without_controller(testkit::mockdriver::MockDriver::builder().driver_name(EBS)).await;
+    let port = free_port();
+    let running = spawn(&[
+        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--csi-address={}", env.mock.endpoint()),
+        format!("--http-endpoint=127.0.0.1:{port}"),
+    ]);
+    env.create_csinode_for("node-1", EBS, "i-1").await;
+    let handle = env.create_volume("ebs-1").await;
+    env.create_pv(
+        "pv-1",
+        serde_json::json!({"accessModes": ["ReadWriteOnce"],
+            "awsElasticBlockStore": {"volumeID": format!("aws://us-east-1a/{handle}")}}),
+    )
+    .await;
+    env.create_va_for(
+        "va-1",
+        EBS,
+        serde_json::json!({"persistentVolumeName": "pv-1"}),
+        "node-1",
+    )
+    .await;
+    env.wait_va("va-1", attached).await;
+
+    let (status, metrics) = http_get(port, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    for line in [
+        r#"csi_sidecar_operations_seconds_count{driver_name="ebs.csi.aws.com",grpc_status_code="OK",method_name="/csi.v1.Controller/ControllerPublishVolume",migrated="true"} 1"#,
+        // The probe after switching to the migrated label, as upstream probes after reconnecting.
+        r#"csi_sidecar_operations_seconds_count{driver_name="ebs.csi.aws.com",grpc_status_code="OK",method_name="/csi.v1.Identity/Probe",migrated="false"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("GetPluginInfo"),
+        "calls before the switch are dropped, as upstream's new registry drops them"
+    );
+    sigterm(&running.child);
+    assert_eq!(running.exit().await.0, 0);
+    env.stop().await;
+}

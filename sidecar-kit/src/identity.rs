@@ -21,6 +21,8 @@ pub enum IdentityError {
     EmptyName,
     #[error("cancelled while waiting for the CSI driver to become ready")]
     Cancelled,
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 fn call_error(call: &'static str) -> impl FnOnce(Status) -> IdentityError {
@@ -144,6 +146,27 @@ pub async fn probe_forever(
             _ = tokio::time::sleep(PROBE_PERIOD) => {}
         }
     }
+}
+
+/// For a driver that replaces an in-tree volume plugin, adds the `migrated` label to the CSI
+/// metrics and probes the driver again, as upstream does when it reconnects with that label (the
+/// calls recorded before are dropped). Returns whether the driver is such a target.
+pub async fn label_migration_metrics(
+    client: &CsiClient,
+    driver: &str,
+    attempt_timeout: Duration,
+    shutdown: &CancellationToken,
+) -> Result<bool, IdentityError> {
+    if !crate::migration::is_migrated_csi_driver(driver) {
+        return Ok(false);
+    }
+    client.metrics().enable_migration_label()?;
+    tracing::info!(
+        driver,
+        "the driver replaces an in-tree volume plugin: CSI metrics carry the migrated label"
+    );
+    probe_forever(client, attempt_timeout, shutdown).await?;
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -74,8 +74,13 @@ pub async fn csi_client(mock: &MockHandle) -> CsiClient {
 /// The controller configuration a deployment with default flags gets for the mock, with fast
 /// retries for tests.
 pub async fn test_config(csi: &CsiClient, cli: &Cli) -> Config {
+    test_config_for(csi, cli, DRIVER).await
+}
+
+/// [`test_config`] for a driver of another name.
+pub async fn test_config_for(csi: &CsiClient, cli: &Cli, driver: &str) -> Config {
     let caps = app::capabilities(csi).await.unwrap();
-    let mut config = app::config(cli, DRIVER, caps, "test-replica");
+    let mut config = app::config(cli, driver, caps, "test-replica");
     config.backoff = Backoff {
         start: Duration::from_millis(50),
         max: Duration::from_secs(1),
@@ -189,9 +194,13 @@ impl Env {
     }
 
     pub async fn create_csinode(&self, node: &str, node_id: &str) {
+        self.create_csinode_for(node, DRIVER, node_id).await
+    }
+
+    pub async fn create_csinode_for(&self, node: &str, driver: &str, node_id: &str) {
         let csinode: CSINode = serde_json::from_value(json!({
             "metadata": {"name": node},
-            "spec": {"drivers": [{"name": DRIVER, "nodeID": node_id}]},
+            "spec": {"drivers": [{"name": driver, "nodeID": node_id}]},
         }))
         .unwrap();
         Api::<CSINode>::all(self.client())
@@ -215,9 +224,19 @@ impl Env {
     }
 
     pub async fn create_va(&self, name: &str, source: Value, node: &str) -> VolumeAttachment {
+        self.create_va_for(name, DRIVER, source, node).await
+    }
+
+    pub async fn create_va_for(
+        &self,
+        name: &str,
+        attacher: &str,
+        source: Value,
+        node: &str,
+    ) -> VolumeAttachment {
         let va: VolumeAttachment = serde_json::from_value(json!({
             "metadata": {"name": name},
-            "spec": {"attacher": DRIVER, "nodeName": node, "source": source},
+            "spec": {"attacher": attacher, "nodeName": node, "source": source},
         }))
         .unwrap();
         self.vas()
