@@ -5,7 +5,8 @@
 //! `BENCH_VAS` (unlimited QPS, default 1000), `BENCH_VAS_DEFAULT_QPS` (default 300: at 5 QPS a
 //! run is bound by the rate limit, not by the attacher) and `BENCH_STORM` (default 1000);
 //! `BENCH_ONLY=unlimited|default|storm` runs one scenario, `BENCH_BIN` measures another build of
-//! the binary, and `BENCH_SMAPS=1` lists the largest resident mappings at idle.
+//! the binary, `BENCH_SMAPS=1` lists the largest resident mappings at idle, and
+//! `BENCH_LOG=<file>` keeps the binary's log at `-v=5`.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -210,10 +211,18 @@ impl Bench {
         args.extend(extra.iter().map(|s| s.to_string()));
         // BENCH_BIN measures another build of the binary (e.g. other profile settings).
         let bin = std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string());
+        // BENCH_LOG keeps the binary's log (at -v=5) in that file.
+        let stderr = match std::env::var("BENCH_LOG") {
+            Ok(path) => {
+                args.push("--v=5".into());
+                Stdio::from(std::fs::File::create(path).unwrap())
+            }
+            Err(_) => Stdio::null(),
+        };
         Command::new(bin)
             .args(args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .unwrap()

@@ -254,14 +254,18 @@ impl Index {
     }
 
     /// Stores a VolumeAttachment returned by a write, unless the cache already has a newer one.
+    /// A write never brings back an attachment the watch reported deleted meanwhile, and one
+    /// being deleted without finalizers is gone: the watch's DELETED event does the rest.
     pub fn store_va(&mut self, api: &VolumeAttachment) {
         let va = Va::from_api(api);
-        if va.attacher != self.driver {
+        let Some(old) = self.vas.get(&va.name) else {
+            return;
+        };
+        if va.attacher != self.driver || stale(&va.resource_version, &old.resource_version) {
             return;
         }
-        if let Some(old) = self.vas.get(&va.name)
-            && stale(&va.resource_version, &old.resource_version)
-        {
+        if va.deleting && va.finalizers.is_empty() {
+            self.vas.remove(&va.name);
             return;
         }
         self.vas.insert(va.name.clone(), va);
@@ -337,7 +341,9 @@ impl Index {
         {
             return;
         }
-        if pv.concerns(&self.driver, &self.finalizer) {
+        // Being deleted without finalizers: the write completed the deletion.
+        let gone = pv.deleting && pv.finalizers.is_empty();
+        if !gone && pv.concerns(&self.driver, &self.finalizer) {
             self.pvs.insert(pv.name.clone(), pv);
         } else {
             self.pvs.remove(&pv.name);
@@ -680,6 +686,52 @@ mod tests {
                 .is_empty()
         );
         assert!(index.va_view("a").unwrap().va.attached);
+    }
+
+    #[test]
+    fn writes_never_bring_back_deleted_objects() {
+        let mut index = Index::new(DRIVER);
+        let deleting = json!({"metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z",
+                                           "finalizers": [FINALIZER]}});
+        index.va_event(Change::Apply(&va("a", "5", deleting.clone())));
+        // The finalizer removal's response arrives after the watch reported the deletion.
+        let last = va(
+            "a",
+            "6",
+            json!({"metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z"}}),
+        );
+        assert_eq!(
+            index.va_event(Change::Delete(&last)),
+            [Work::Pv("pv-1".into())]
+        );
+        index.store_va(&last);
+        assert_eq!(index.va_view("a"), None);
+        assert_eq!(index.va_count(), 0);
+
+        // The other order: the response completes the deletion before the event.
+        index.va_event(Change::Apply(&va("b", "5", deleting)));
+        index.store_va(&va(
+            "b",
+            "6",
+            json!({"metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z"}}),
+        ));
+        assert_eq!(index.va_view("b"), None);
+        assert_eq!(
+            index.va_event(Change::Delete(&va("b", "6", json!({})))),
+            [Work::Pv("pv-1".into())],
+            "the PV still learns that the attachment is gone"
+        );
+
+        index.pv_event(Change::Apply(&pv(
+            "1",
+            json!({"metadata": {"finalizers": [FINALIZER]}}),
+        )));
+        assert_eq!(index.pv_count(), 1);
+        index.store_pv(&pv(
+            "2",
+            json!({"metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z"}}),
+        ));
+        assert_eq!(index.pv_count(), 0);
     }
 
     #[test]

@@ -819,8 +819,9 @@ impl Store {
             return Ok(Arc::new(new));
         }
         if being_deleted(&new) && finalizers(&new).is_empty() {
-            // Removing the last finalizer completes the deletion; watchers see DELETED.
-            return Ok(self.commit_remove(kind, &key).unwrap_or(old));
+            // Removing the last finalizer completes the deletion; the response and the DELETED
+            // event carry the object as this update left it, without finalizers.
+            return Ok(self.commit_remove(kind, &key, Some(new)).unwrap_or(old));
         }
         Ok(self.commit_put(kind, key, new, EventType::Modified))
     }
@@ -946,7 +947,7 @@ impl Store {
 
     fn delete_object(&mut self, kind: KindId, key: ObjKey, old: Arc<Value>) -> Deleted {
         if finalizers(&old).is_empty() {
-            return Deleted::Removed(self.commit_remove(kind, &key).unwrap_or(old));
+            return Deleted::Removed(self.commit_remove(kind, &key, None).unwrap_or(old));
         }
         if being_deleted(&old) {
             return Deleted::Pending(old);
@@ -980,7 +981,7 @@ impl Store {
         match self.objects[kind].get(&key) {
             Some(still) if self.namespace_is_empty(&ns) => {
                 let still = still.clone();
-                Deleted::Removed(self.commit_remove(kind, &key).unwrap_or(still))
+                Deleted::Removed(self.commit_remove(kind, &key, None).unwrap_or(still))
             }
             Some(still) => Deleted::Pending(still.clone()),
             None => Deleted::Removed(current),
@@ -1010,10 +1011,16 @@ impl Store {
         obj
     }
 
-    fn commit_remove(&mut self, kind: KindId, key: &ObjKey) -> Option<Arc<Value>> {
+    /// Removes an object; its last state is `last`, or what was stored.
+    fn commit_remove(
+        &mut self,
+        kind: KindId,
+        key: &ObjKey,
+        last: Option<Value>,
+    ) -> Option<Arc<Value>> {
         let prev = self.objects[kind].remove(key)?;
         self.rv += 1;
-        let mut gone = (*prev).clone();
+        let mut gone = last.unwrap_or_else(|| (*prev).clone());
         meta_mut(&mut gone).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let gone = Arc::new(gone);
         self.record(kind, EventType::Deleted, gone.clone(), Some(prev));
@@ -1024,7 +1031,7 @@ impl Store {
                 && self.namespace_is_empty(ns)
                 && let Some(nk) = self.registry.core("namespaces")
             {
-                self.commit_remove(nk, &(String::new(), ns.clone()));
+                self.commit_remove(nk, &(String::new(), ns.clone()), None);
             }
         }
         Some(gone)
@@ -1274,17 +1281,21 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(e.code, 422);
-        s.patch(
-            pv,
-            "",
-            "pv",
-            PatchType::Json,
-            &json!([{"op": "remove", "path": "/metadata/finalizers/0"}]),
-            Target::Main,
-            false,
-        )
-        .unwrap();
+        let last = s
+            .patch(
+                pv,
+                "",
+                "pv",
+                PatchType::Json,
+                &json!([{"op": "remove", "path": "/metadata/finalizers/0"}]),
+                Target::Main,
+                false,
+            )
+            .unwrap();
         assert_eq!(s.get(pv, "", "pv").unwrap_err().code, 404);
+        // The response is the object as the patch left it, as a real server answers.
+        assert_eq!(last["metadata"]["finalizers"], json!([]));
+        assert!(last["metadata"]["deletionTimestamp"].is_string());
     }
 
     #[test]
