@@ -50,6 +50,8 @@ export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
 export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER=wine
 export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 build_std=(-Zbuild-std=std,panic_unwind,test --target "$target")
+# The release profile aborts on panic.
+build_std_release=(-Zbuild-std=std,panic_abort --target "$target")
 
 "$cargo_bin" build --locked "${build_std[@]}" --workspace --bins
 if [ "${1:-}" = build ]; then
@@ -60,7 +62,7 @@ test_args=()
 for crate in "${test_crates[@]}"; do test_args+=(-p "$crate"); done
 "$cargo_bin" test --locked "${build_std[@]}" "${test_args[@]}"
 
-"$cargo_bin" build --locked --release "${build_std[@]}" --workspace --bins
+"$cargo_bin" build --locked --release "${build_std_release[@]}" --workspace --bins
 release="$CARGO_TARGET_DIR/$target/release"
 echo "release binaries for $target:"
 for exe in "$release/"*.exe; do
