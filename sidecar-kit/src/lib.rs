@@ -1,6 +1,6 @@
 //! What every CSI sidecar shares: flags in upstream syntax, logging, lifecycle, metrics, the
-//! HTTP endpoint, the Kubernetes client with its rate limit, leader election, and the
-//! connection to the CSI driver with its identity calls.
+//! HTTP endpoint, the Kubernetes client with its rate limit, leader election, the connection to
+//! the CSI driver with its identity calls, and the CSI migration of in-tree volumes.
 
 pub mod connection;
 pub mod csi;
