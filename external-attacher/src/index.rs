@@ -10,10 +10,9 @@ use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-
-use crate::decide::{self, NodeLookup};
 use sidecar_kit::migration;
 
+use crate::decide::{self, NodeLookup};
 use crate::model::{self, Pv, Va, VaSource, csinode_node_id};
 
 /// Lanes of the VolumeAttachment queue.
