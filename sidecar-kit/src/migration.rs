@@ -149,12 +149,12 @@ pub fn translate_in_tree_pv(
     let Some(plugin) = in_tree_plugin(spec) else {
         return Ok(None);
     };
-    let mut translated = pv.clone();
     let csi = csi_source(plugin, pv, spec)?;
     let labels = pv.metadata.labels.clone().unwrap_or_default();
-    let Some(spec) = translated.spec.as_mut() else {
-        return Ok(None);
-    };
+    let mut translated = pv.clone();
+    let spec = translated
+        .spec
+        .get_or_insert_with(PersistentVolumeSpec::default);
     match plugin.kind {
         Kind::AwsEbs => translate_topology(spec, &labels, "topology.ebs.csi.aws.com/zone"),
         Kind::GcePd => {
