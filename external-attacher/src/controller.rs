@@ -7,17 +7,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use csi_proto::v1::ListVolumesRequest;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
-use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
-use tokio::task::JoinSet;
+use sidecar_kit::pipeline::Pipeline;
+use sidecar_kit::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -181,31 +180,12 @@ impl Controller {
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI attacher");
-        let mut watches = JoinSet::new();
-        let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(3);
-        watches.spawn(watch(
-            Api::<VolumeAttachment>::all(self.client.clone()),
-            Index::va_event,
-            synced_tx.clone(),
-            self.clone(),
-        ));
-        watches.spawn(watch(
-            Api::<PersistentVolume>::all(self.client.clone()),
-            Index::pv_event,
-            synced_tx.clone(),
-            self.clone(),
-        ));
-        watches.spawn(watch(
-            Api::<CSINode>::all(self.client.clone()),
-            Index::csinode_event,
-            synced_tx,
-            self.clone(),
-        ));
-        for _ in 0..3 {
-            tokio::select! {
-                _ = shutdown.cancelled() => return self.stop(watches, JoinSet::new()).await,
-                _ = synced_rx.recv() => {}
-            }
+        let mut pipeline = Pipeline::new();
+        self.feed(&mut pipeline, Index::va_event);
+        self.feed(&mut pipeline, Index::pv_event);
+        self.feed(&mut pipeline, Index::csinode_event);
+        if !pipeline.wait_synced(&shutdown).await {
+            return self.stop(pipeline).await;
         }
         {
             let index = self.index();
@@ -216,27 +196,49 @@ impl Controller {
             );
         }
 
-        let mut workers = JoinSet::new();
-        for _ in 0..self.config.workers {
-            workers.spawn(self.clone().va_worker());
-            workers.spawn(self.clone().pv_worker());
-        }
+        let me = self.clone();
+        pipeline.workers(&self.va_queue, self.config.workers, move |item| {
+            let me = me.clone();
+            async move { me.va_work(item).await }
+        });
+        let me = self.clone();
+        pipeline.workers(&self.pv_queue, self.config.workers, move |item| {
+            let me = me.clone();
+            async move { me.sync_pv(&item.key).await }
+        });
         if let Some(reconcile) = self.config.reconcile {
-            workers.spawn(self.clone().reconciler(reconcile, shutdown.clone()));
+            pipeline.spawn(self.clone().reconciler(reconcile, shutdown.clone()));
         }
         if !self.config.resync.is_zero() {
-            workers.spawn(self.clone().resyncer(shutdown.clone()));
+            pipeline.spawn(self.clone().resyncer(shutdown.clone()));
         }
         shutdown.cancelled().await;
-        self.stop(watches, workers).await;
+        self.stop(pipeline).await;
     }
 
-    async fn stop(&self, mut watches: JoinSet<()>, mut workers: JoinSet<()>) {
-        self.va_queue.shut_down();
-        self.pv_queue.shut_down();
-        watches.abort_all();
+    /// Watches every object of one kind into the index, and the work it finds into the queues.
+    fn feed<K>(
+        self: &Arc<Self>,
+        pipeline: &mut Pipeline,
+        apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
+    ) where
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K::DynamicType: Default,
+    {
+        let me = self.clone();
+        pipeline.watch(
+            Api::<K>::all(self.client.clone()),
+            watcher::Config::default(),
+            move |change| {
+                let work = apply(&mut me.index(), change);
+                me.enqueue(work);
+            },
+        );
+    }
+
+    async fn stop(&self, pipeline: Pipeline) {
         // Workers finish the operation they are in; the timers stop at once.
-        while workers.join_next().await.is_some() {}
+        pipeline.stop().await;
         tracing::info!("CSI attacher stopped");
     }
 
@@ -261,20 +263,17 @@ impl Controller {
 
     // --- VolumeAttachments ---
 
-    async fn va_worker(self: Arc<Self>) {
-        while let Some(item) = self.va_queue.get().await {
-            if item.waited > BACKLOG_WARNING && self.backlog_report_due() {
-                tracing::warn!(
-                    volume_attachment = %item.key,
-                    lane = Lane::NAMES[item.lane],
-                    waited = ?item.waited,
-                    queued = self.va_queue.len(),
-                    "VolumeAttachment waited long in the queue: the attacher is behind"
-                );
-            }
-            self.sync_va(&item.key).await;
-            self.va_queue.done(&item.key);
+    async fn va_work(&self, item: Item<String>) {
+        if item.waited > BACKLOG_WARNING && self.backlog_report_due() {
+            tracing::warn!(
+                volume_attachment = %item.key,
+                lane = Lane::NAMES[item.lane],
+                waited = ?item.waited,
+                queued = self.va_queue.len(),
+                "VolumeAttachment waited long in the queue: the attacher is behind"
+            );
         }
+        self.sync_va(&item.key).await;
     }
 
     async fn sync_va(&self, name: &str) {
@@ -552,13 +551,6 @@ impl Controller {
 
     // --- PersistentVolumes ---
 
-    async fn pv_worker(self: Arc<Self>) {
-        while let Some(item) = self.pv_queue.get().await {
-            self.sync_pv(&item.key).await;
-            self.pv_queue.done(&item.key);
-        }
-    }
-
     async fn sync_pv(&self, name: &str) {
         let key = name.to_string();
         let Some((pv, referenced)) = self.index().pv_view(name) else {
@@ -678,38 +670,6 @@ impl From<Lane> for Phase {
         match lane {
             Lane::Attach => Phase::Attach,
             Lane::Detach => Phase::Detach,
-        }
-    }
-}
-
-/// Feeds one kind's watch events into the index and the resulting work into the queues; reports
-/// on `synced` once the first list is complete.
-async fn watch<K>(
-    api: Api<K>,
-    apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
-    synced: tokio::sync::mpsc::Sender<()>,
-    controller: Arc<Controller>,
-) where
-    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    futures::pin_mut!(stream);
-    let mut reported = false;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => {
-                let change = Change::from_watcher(event);
-                let done = matches!(change, Change::Relisted);
-                let work = apply(&mut controller.index(), change.as_ref());
-                controller.enqueue(work);
-                if done && !reported {
-                    reported = true;
-                    let _ = synced.send(()).await;
-                }
-            }
-            Err(err) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
         }
     }
 }

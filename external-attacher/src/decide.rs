@@ -328,44 +328,7 @@ fn node_id(
 
 /// Maps PV access modes to a CSI access mode, as csi-lib-utils' `ToCSIAccessMode` does.
 pub fn csi_access_mode(modes: &[String], single_node_multi_writer: bool) -> Result<Mode, Problem> {
-    let has = |mode: &str| modes.iter().any(|m| m == mode);
-    let distinct = {
-        let mut sorted: Vec<&String> = modes.iter().collect();
-        sorted.sort();
-        sorted.dedup();
-        sorted.len()
-    };
-    if has("ReadWriteOncePod") {
-        if distinct > 1 {
-            return Err(Problem::AccessModes(
-                "Kubernetes does not support use of ReadWriteOncePod with other access modes on the same PersistentVolume".into(),
-            ));
-        }
-        return Ok(if single_node_multi_writer {
-            Mode::SingleNodeSingleWriter
-        } else {
-            Mode::SingleNodeWriter
-        });
-    }
-    if has("ReadWriteMany") {
-        return Ok(Mode::MultiNodeMultiWriter);
-    }
-    match (has("ReadOnlyMany"), has("ReadWriteOnce")) {
-        (true, true) => Err(Problem::AccessModes(
-            "CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume"
-                .into(),
-        )),
-        (true, false) => Ok(Mode::MultiNodeReaderOnly),
-        (false, true) => Ok(if single_node_multi_writer {
-            Mode::SingleNodeMultiWriter
-        } else {
-            Mode::SingleNodeWriter
-        }),
-        (false, false) => Err(Problem::AccessModes(format!(
-            "unsupported AccessMode combination: [{}]",
-            modes.join(" ")
-        ))),
-    }
+    sidecar_kit::accessmodes::to_csi(modes, single_node_multi_writer).map_err(Problem::AccessModes)
 }
 
 /// The VolumeCapability of a publish: block or mount (fsType, else `--default-fstype`; mount
@@ -768,58 +731,6 @@ mod tests {
             plan_va(&policy(), &va, Some(&pv()), &NodeLookup::NoCsiNode, false),
             VaPlan::Fail(Phase::Attach, Problem::NoCsiNode(_))
         ));
-    }
-
-    #[test]
-    fn access_mode_table() {
-        let cases: &[(&[&str], bool, Result<Mode, &str>)] = &[
-            (&["ReadWriteOnce"], false, Ok(Mode::SingleNodeWriter)),
-            (&["ReadWriteOnce"], true, Ok(Mode::SingleNodeMultiWriter)),
-            (&["ReadWriteOncePod"], false, Ok(Mode::SingleNodeWriter)),
-            (
-                &["ReadWriteOncePod"],
-                true,
-                Ok(Mode::SingleNodeSingleWriter),
-            ),
-            (
-                &["ReadWriteOncePod", "ReadWriteOncePod"],
-                true,
-                Ok(Mode::SingleNodeSingleWriter),
-            ),
-            (&["ReadOnlyMany"], false, Ok(Mode::MultiNodeReaderOnly)),
-            (&["ReadOnlyMany"], true, Ok(Mode::MultiNodeReaderOnly)),
-            (&["ReadWriteMany"], false, Ok(Mode::MultiNodeMultiWriter)),
-            (
-                &["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"],
-                true,
-                Ok(Mode::MultiNodeMultiWriter),
-            ),
-            (
-                &["ReadWriteOncePod", "ReadWriteOnce"],
-                false,
-                Err(
-                    "Kubernetes does not support use of ReadWriteOncePod with other access modes on the same PersistentVolume",
-                ),
-            ),
-            (
-                &["ReadOnlyMany", "ReadWriteOnce"],
-                false,
-                Err(
-                    "CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume",
-                ),
-            ),
-            (&[], false, Err("unsupported AccessMode combination: []")),
-            (
-                &["Bogus", "Other"],
-                true,
-                Err("unsupported AccessMode combination: [Bogus Other]"),
-            ),
-        ];
-        for (modes, snmw, expected) in cases {
-            let modes: Vec<String> = modes.iter().map(|s| s.to_string()).collect();
-            let got = csi_access_mode(&modes, *snmw).map_err(|p| p.to_string());
-            assert_eq!(got, expected.map_err(str::to_string), "{modes:?} {snmw}");
-        }
     }
 
     #[test]

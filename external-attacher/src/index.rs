@@ -41,41 +41,7 @@ pub enum Work {
     Pv(String),
 }
 
-/// One watch event, as kube's watcher reports them.
-#[derive(Debug)]
-pub enum Change<T> {
-    Apply(T),
-    Delete(T),
-    /// A (re-)list starts.
-    Relist,
-    /// An object of the (re-)list.
-    Listed(T),
-    /// The (re-)list is complete: objects not listed are gone.
-    Relisted,
-}
-
-impl<T> Change<T> {
-    pub fn from_watcher(event: kube::runtime::watcher::Event<T>) -> Self {
-        use kube::runtime::watcher::Event;
-        match event {
-            Event::Apply(o) => Self::Apply(o),
-            Event::Delete(o) => Self::Delete(o),
-            Event::Init => Self::Relist,
-            Event::InitApply(o) => Self::Listed(o),
-            Event::InitDone => Self::Relisted,
-        }
-    }
-
-    pub fn as_ref(&self) -> Change<&T> {
-        match self {
-            Self::Apply(o) => Change::Apply(o),
-            Self::Delete(o) => Change::Delete(o),
-            Self::Relist => Change::Relist,
-            Self::Listed(o) => Change::Listed(o),
-            Self::Relisted => Change::Relisted,
-        }
-    }
-}
+pub use sidecar_kit::pipeline::Change;
 
 /// A VolumeAttachment whose status disagrees with the driver.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 //! HTTP endpoint, the Kubernetes client with its rate limit, leader election, the connection to
 //! the CSI driver with its identity calls, and the CSI migration of in-tree volumes.
 
+pub mod accessmodes;
 pub mod connection;
 pub mod csi;
 pub mod endpoint;
@@ -15,6 +16,8 @@ pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
 pub mod migration;
+pub mod pipeline;
+pub mod quantity;
 #[cfg(windows)]
 pub mod windows;
 pub mod workqueue;

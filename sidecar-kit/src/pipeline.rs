@@ -1,0 +1,230 @@
+//! The plumbing every controller sidecar runs: watches feed a cache ("index") with the changes
+//! they see, the index answers with the keys to work on, and workers take the keys from work
+//! queues. A sidecar configures one [`Pipeline`] with its watches and worker pools and keeps
+//! its own decisions; this module knows nothing of what the keys mean.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::hash::Hash;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::workqueue::{Item, WorkQueue};
+
+/// One watch event, as kube's watcher reports them.
+#[derive(Debug)]
+pub enum Change<T> {
+    Apply(T),
+    Delete(T),
+    /// A (re-)list starts.
+    Relist,
+    /// An object of the (re-)list.
+    Listed(T),
+    /// The (re-)list is complete: objects not listed are gone.
+    Relisted,
+}
+
+impl<T> Change<T> {
+    pub fn from_watcher(event: watcher::Event<T>) -> Self {
+        use watcher::Event;
+        match event {
+            Event::Apply(o) => Self::Apply(o),
+            Event::Delete(o) => Self::Delete(o),
+            Event::Init => Self::Relist,
+            Event::InitApply(o) => Self::Listed(o),
+            Event::InitDone => Self::Relisted,
+        }
+    }
+
+    pub fn as_ref(&self) -> Change<&T> {
+        match self {
+            Self::Apply(o) => Change::Apply(o),
+            Self::Delete(o) => Change::Delete(o),
+            Self::Relist => Change::Relist,
+            Self::Listed(o) => Change::Listed(o),
+            Self::Relisted => Change::Relisted,
+        }
+    }
+}
+
+/// The names seen during a re-list, to find the objects that went away while the watch was
+/// down (their delete events are lost).
+#[derive(Debug, Default)]
+pub struct Relist {
+    seen: Option<HashSet<String>>,
+}
+
+impl Relist {
+    pub fn start(&mut self) {
+        self.seen = Some(HashSet::new());
+    }
+
+    pub fn saw(&mut self, name: &str) {
+        if let Some(seen) = self.seen.as_mut() {
+            seen.insert(name.to_string());
+        }
+    }
+
+    /// Ends the re-list: of `known`, the names it did not list.
+    pub fn finish<'a>(&mut self, known: impl Iterator<Item = &'a String>) -> Vec<String> {
+        match self.seen.take() {
+            Some(seen) => known.filter(|n| !seen.contains(*n)).cloned().collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// Watches every object of `api`'s kind (lists are paged by the watcher) and hands each change
+/// to `apply`; after the first complete list, reports once on `synced`. Failed watches are
+/// logged and restarted with the watcher's backoff; the future ends only when dropped.
+pub async fn watch<K, F>(api: Api<K>, config: watcher::Config, mut apply: F, synced: Synced)
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+    F: FnMut(Change<&K>) + Send,
+{
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let stream = watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    let mut synced = Some(synced);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                let change = Change::from_watcher(event);
+                let done = matches!(change, Change::Relisted);
+                apply(change.as_ref());
+                if done && let Some(synced) = synced.take() {
+                    synced.report().await;
+                }
+            }
+            Err(err) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
+        }
+    }
+}
+
+/// A watch's report that its cache holds the first complete list.
+pub struct Synced(mpsc::Sender<()>);
+
+impl Synced {
+    async fn report(self) {
+        // The receiver is gone only when the pipeline stopped waiting, which is fine.
+        let _ = self.0.send(()).await;
+    }
+}
+
+/// Watches, and the workers started once every watch has synced.
+pub struct Pipeline {
+    watches: JoinSet<()>,
+    workers: JoinSet<()>,
+    synced_tx: mpsc::Sender<()>,
+    synced_rx: mpsc::Receiver<()>,
+    expected: usize,
+    stops: Vec<Box<dyn FnOnce() + Send>>,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pipeline {
+    pub fn new() -> Self {
+        let (synced_tx, synced_rx) = mpsc::channel(16);
+        Self {
+            watches: JoinSet::new(),
+            workers: JoinSet::new(),
+            synced_tx,
+            synced_rx,
+            expected: 0,
+            stops: Vec::new(),
+        }
+    }
+
+    /// Starts a watch of `api`'s kind whose changes go to `apply`.
+    pub fn watch<K, F>(&mut self, api: Api<K>, config: watcher::Config, apply: F)
+    where
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K::DynamicType: Default,
+        F: FnMut(Change<&K>) + Send + 'static,
+    {
+        self.expected += 1;
+        let synced = Synced(self.synced_tx.clone());
+        self.watches.spawn(watch(api, config, apply, synced));
+    }
+
+    /// Waits until every watch has listed once; `false` if `shutdown` came first.
+    pub async fn wait_synced(&mut self, shutdown: &CancellationToken) -> bool {
+        for _ in 0..self.expected {
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = self.synced_rx.recv() => {}
+            }
+        }
+        true
+    }
+
+    /// Starts `count` workers taking keys from `queue` and handing them to `work`; each key is
+    /// marked done when `work` returns. The queue shuts down when the pipeline stops.
+    pub fn workers<K, F, Fut>(&mut self, queue: &WorkQueue<K>, count: usize, work: F)
+    where
+        K: Clone + Eq + Hash + Send + Sync + 'static,
+        F: Fn(Item<K>) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        for _ in 0..count {
+            let queue = queue.clone();
+            let work = work.clone();
+            self.workers.spawn(async move {
+                while let Some(item) = queue.get().await {
+                    let key = item.key.clone();
+                    work(item).await;
+                    queue.done(&key);
+                }
+            });
+        }
+        let queue = queue.clone();
+        self.stops.push(Box::new(move || queue.shut_down()));
+    }
+
+    /// Runs `task` beside the workers until the pipeline stops (periodic work).
+    pub fn spawn<Fut>(&mut self, task: Fut)
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.workers.spawn(task);
+    }
+
+    /// Stops taking work: queues shut down, watches end, and the workers finish the operation
+    /// they are in.
+    pub async fn stop(mut self) {
+        for stop in self.stops.drain(..) {
+            stop();
+        }
+        self.watches.abort_all();
+        while self.workers.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relist_finds_what_was_not_listed() {
+        let mut relist = Relist::default();
+        let known: Vec<String> = vec!["a".into(), "b".into(), "c".into()];
+        assert!(relist.finish(known.iter()).is_empty(), "no re-list running");
+        relist.start();
+        relist.saw("a");
+        relist.saw("c");
+        assert_eq!(relist.finish(known.iter()), vec!["b".to_string()]);
+        assert!(relist.finish(known.iter()).is_empty(), "finished once");
+    }
+}
