@@ -1,0 +1,310 @@
+//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
+//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
+use csi_proto::v1::plugin_capability::service::Type as Service;
+use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
+use sidecar_kit::csi::CsiClient;
+use sidecar_kit::events::Reporter;
+use sidecar_kit::http::{HttpPlan, HttpServer, Reply, Routes};
+use sidecar_kit::identity::{self, IdentityError};
+use sidecar_kit::leader::{self, ElectionConfig, LeaderElector};
+use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::{self, COMPONENT, Config};
+use crate::decide::{Capabilities, Policy};
+use crate::flags::Cli;
+use crate::metrics::ProvisionMetrics;
+use crate::model;
+
+/// Path of the leader election health check.
+pub const LEADER_HEALTH_PATH: &str = "/healthz/leader-election";
+/// Period of the full resync of claims and volumes (upstream's library resyncs every 15 min).
+pub const RESYNC: Duration = Duration::from_secs(15 * 60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Http(#[from] sidecar_kit::http::HttpError),
+    #[error(transparent)]
+    Kube(#[from] sidecar_kit::kube::KubeError),
+    #[error("invalid --master {url:?}: {message}")]
+    Master { url: String, message: String },
+    #[error(transparent)]
+    Metrics(#[from] sidecar_kit::metrics::MetricsError),
+    #[error("cannot register metrics: {0}")]
+    Registry(#[from] prometheus::Error),
+    #[error(transparent)]
+    Connect(#[from] connection::ConnectError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+    #[error("{0} is not implemented by this provisioner version")]
+    Unsupported(&'static str),
+}
+
+/// Asks the driver for its capabilities, each call bounded by `timeout`.
+pub async fn capabilities(
+    csi: &CsiClient,
+    timeout: Duration,
+) -> Result<Capabilities, IdentityError> {
+    let plugin = identity::plugin_capabilities(csi, timeout).await?;
+    let mut caps = Capabilities {
+        controller_service: plugin.contains(&Service::ControllerService),
+        accessibility_constraints: plugin.contains(&Service::VolumeAccessibilityConstraints),
+        ..Capabilities::default()
+    };
+    if caps.controller_service {
+        let rpcs = identity::controller_capabilities(csi, timeout).await?;
+        caps.create_delete_volume = rpcs.contains(&Rpc::CreateDeleteVolume);
+        caps.create_delete_snapshot = rpcs.contains(&Rpc::CreateDeleteSnapshot);
+        caps.clone_volume = rpcs.contains(&Rpc::CloneVolume);
+        caps.modify_volume = rpcs.contains(&Rpc::ModifyVolume);
+        caps.publish_unpublish = rpcs.contains(&Rpc::PublishUnpublishVolume);
+        caps.single_node_multi_writer = rpcs.contains(&Rpc::SingleNodeMultiWriter);
+    }
+    Ok(caps)
+}
+
+/// The provisioner identity: `<unix ms>-<0..9999>-<driver>`, as upstream builds it.
+pub fn identity_string(driver: &str) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    // Any per-process variation will do; the standard library's hasher seed is random.
+    let random = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(now.as_nanos());
+        hasher.finish() % 10_000
+    };
+    format!("{}-{random}-{driver}", now.as_millis())
+}
+
+/// The controller configuration for `driver` with `caps`, from the flags.
+pub fn config(
+    cli: &Cli,
+    driver: &str,
+    caps: Capabilities,
+    identity: &str,
+    instance: &str,
+) -> Config {
+    let topology = caps.accessibility_constraints && cli.feature_gates.topology;
+    Config {
+        policy: Policy {
+            driver: driver.to_string(),
+            identity: identity.to_string(),
+            caps,
+            topology,
+            strict_topology: cli.strict_topology,
+            immediate_topology: cli.immediate_topology,
+            volume_name_prefix: cli.volume_name_prefix.clone(),
+            volume_name_uuid_length: cli.volume_name_uuid_length,
+            default_fstype: cli.default_fstype.clone(),
+            extra_create_metadata: cli.extra_create_metadata,
+            controller_publish_readonly: cli.controller_publish_readonly,
+        },
+        timeout: cli.timeout,
+        backoff: Backoff {
+            start: cli.retry_interval_start,
+            max: cli.retry_interval_max,
+        },
+        workers: cli.worker_threads,
+        resync: RESYNC,
+        watch_topology: topology,
+        watch_attachments: caps.publish_unpublish,
+        queue_metrics: None,
+        metrics: None,
+        reporter: Reporter {
+            component: COMPONENT.to_string(),
+            instance: instance.to_string(),
+        },
+    }
+}
+
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    if cli.enable_capacity {
+        return Err(AppError::Unsupported("--enable-capacity"));
+    }
+    if cli.node_deployment {
+        return Err(AppError::Unsupported("--node-deployment"));
+    }
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let mut kube_flags = cli.common.kube.clone();
+    // Upstream's provisioner lets $KUBECONFIG win over --kubeconfig.
+    if let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        kube_flags.kubeconfig = path.to_string_lossy().into_owned();
+    }
+    let mut kube_config = sidecar_kit::kube::load_config(&kube_flags).await?;
+    if !cli.master.is_empty() {
+        kube_config.cluster_url =
+            cli.master
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| AppError::Master {
+                    url: cli.master.clone(),
+                    message: e.to_string(),
+                })?;
+    }
+    let client = sidecar_kit::kube::client(
+        kube_config.clone(),
+        kube_flags.kube_api_qps,
+        kube_flags.kube_api_burst,
+    )?;
+
+    let metrics = CsiMetrics::new()?;
+    let connection = connection::connect(
+        &cli.common.csi.csi_address,
+        ConnectOptions {
+            dial_timeout: Some(connection::DEFAULT_DIAL_TIMEOUT),
+            policy: LossPolicy::Exit,
+        },
+    )
+    .await?;
+    connection.exit_on_loss();
+    let csi = CsiClient::new(connection, metrics.clone());
+
+    match identity::probe_forever(&csi, cli.timeout, &shutdown).await {
+        Err(IdentityError::Cancelled) => return Ok(()),
+        other => other?,
+    }
+    let driver = identity::driver_name(&csi, Some(cli.timeout)).await?;
+    metrics.set_driver_name(&driver);
+    tracing::info!(%driver, "CSI driver name");
+    match identity::label_migration_metrics(&csi, &driver, cli.timeout, &shutdown).await {
+        Err(IdentityError::Cancelled) => return Ok(()),
+        other => other?,
+    };
+    let caps = capabilities(&csi, cli.timeout).await?;
+    let identity_string = identity_string(&driver);
+    tracing::info!(identity = %identity_string, ?caps, "provisioner identity");
+    let instance = leader::default_identity();
+    let mut config = config(&cli, &driver, caps, &identity_string, &instance);
+    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
+    config.metrics = Some(ProvisionMetrics::register(metrics.registry())?);
+
+    let election = if cli.leader_election() {
+        let le_client = sidecar_kit::kube::client(
+            kube_config,
+            kube_flags.kube_api_qps,
+            kube_flags.kube_api_burst,
+        )?;
+        let mut settings =
+            ElectionConfig::from_flags(&model::lease_name(&driver), &cli.common.leader_election)?;
+        settings.release_on_exit = cli.release_lease_on_exit();
+        Some(LeaderElector::new(le_client, settings))
+    } else {
+        None
+    };
+
+    let metrics_path = cli.common.http.metrics_path.clone();
+    let mut routes = Routes::new().metrics(&metrics_path, metrics.clone());
+    let address = match &http_plan {
+        HttpPlan::Disabled => None,
+        HttpPlan::Full(address) => {
+            if let Some(elector) = &election {
+                let health = elector.health();
+                routes = routes.route(LEADER_HEALTH_PATH, move || {
+                    let health = health.clone();
+                    async move { health.check() }
+                });
+            }
+            if cli.enable_pprof {
+                tracing::warn!(
+                    "--enable-pprof: /debug/pprof is a Go runtime facility; it answers 404 here"
+                );
+                for path in [
+                    "/debug/pprof/",
+                    "/debug/pprof/cmdline",
+                    "/debug/pprof/profile",
+                    "/debug/pprof/symbol",
+                    "/debug/pprof/trace",
+                ] {
+                    routes = routes.route(path, || async {
+                        Reply::text(
+                            http::StatusCode::NOT_FOUND,
+                            "pprof is a Go facility; this provisioner is not written in Go\n",
+                        )
+                    });
+                }
+            }
+            Some(address)
+        }
+        HttpPlan::MetricsOnly(address) => Some(address),
+    };
+    if let Some(address) = address {
+        HttpServer::spawn(address, routes, shutdown.clone()).await?;
+    }
+
+    match election {
+        Some(elector) => {
+            elector
+                .run(shutdown, |leading| {
+                    controller::run(config, client, csi, leading)
+                })
+                .await?
+        }
+        None => controller::run(config, client, csi, shutdown).await,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sidecar_kit::flags::{FlagSyntax, parse_from};
+
+    fn cli(args: &[&str]) -> Cli {
+        parse_from(
+            std::iter::once("csi-provisioner").chain(args.iter().copied()),
+            FlagSyntax::Gnu,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn identity_has_upstreams_shape() {
+        let id = identity_string("hostpath.csi.k8s.io");
+        let parts: Vec<&str> = id.splitn(3, '-').collect();
+        assert!(parts[0].parse::<u64>().unwrap() > 1_600_000_000_000);
+        assert!(parts[1].parse::<u32>().unwrap() < 10_000);
+        assert_eq!(parts[2], "hostpath.csi.k8s.io");
+    }
+
+    #[test]
+    fn config_from_flags_and_capabilities() {
+        let caps = Capabilities {
+            controller_service: true,
+            accessibility_constraints: true,
+            create_delete_volume: true,
+            publish_unpublish: true,
+            ..Capabilities::default()
+        };
+        let c = config(
+            &cli(&["--strict-topology", "--worker-threads=7"]),
+            "d",
+            caps,
+            "id",
+            "pod-0",
+        );
+        assert!(c.policy.topology && c.watch_topology && c.watch_attachments);
+        assert!(c.policy.strict_topology);
+        assert_eq!(c.workers, 7);
+        assert_eq!(c.timeout, Duration::from_secs(10));
+        let no_gate = config(
+            &cli(&["--feature-gates=Topology=false"]),
+            "d",
+            caps,
+            "id",
+            "p",
+        );
+        assert!(!no_gate.policy.topology && !no_gate.watch_topology);
+        let plain = config(&cli(&[]), "d", Capabilities::default(), "id", "p");
+        assert!(!plain.watch_topology && !plain.watch_attachments);
+    }
+}

@@ -1,0 +1,821 @@
+//! The I/O edges: watches feeding the index, workers executing the decisions of
+//! [`decide`](crate::decide) against the API server and the driver, and the periodic resync.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use csi_proto::v1::DeleteVolumeRequest;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
+use sidecar_kit::csi::{CallOptions, CsiClient};
+use sidecar_kit::events::{EventType, Recorder, Reporter};
+use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::decide::{self, Created, DeletionSecret, Failure, Policy, Prepared, State, VolumePlan};
+use crate::index::{Index, Work};
+use crate::metrics::ProvisionMetrics;
+use crate::model::{self, Claim, SecretRef};
+
+/// Queue names, as upstream names them in the workqueue metrics.
+pub const CLAIM_QUEUE: &str = "claims";
+pub const VOLUME_QUEUE: &str = "volumes";
+/// Reporting component of the Events, as upstream's second recorder names it.
+pub const COMPONENT: &str = "external-provisioner";
+/// A claim backing off longer than this gets a Warning Event saying when it is retried.
+const LONG_BACKOFF: Duration = Duration::from_secs(60);
+/// DeleteVolume attempts to undo an unusable volume, within one `--timeout`.
+const CLEANUP_ATTEMPTS: usize = 5;
+
+/// Everything the controller needs besides its clients.
+#[derive(Clone)]
+pub struct Config {
+    pub policy: Policy,
+    /// Timeout of each CreateVolume and DeleteVolume.
+    pub timeout: Duration,
+    pub backoff: Backoff,
+    /// Workers per queue.
+    pub workers: usize,
+    /// Period of the full resync (zero: none).
+    pub resync: Duration,
+    /// Watch Nodes and CSINodes (topology).
+    pub watch_topology: bool,
+    /// Watch VolumeAttachments (deletion waits for detach).
+    pub watch_attachments: bool,
+    pub queue_metrics: Option<WorkQueueMetrics>,
+    pub metrics: Option<ProvisionMetrics>,
+    pub reporter: Reporter,
+}
+
+/// A CreateVolume that has not been answered for sure: repeated with the identical request
+/// until it has, even after its claim is gone.
+#[derive(Clone, Debug)]
+struct InFlight {
+    claim: Claim,
+    class: String,
+    prepared: Prepared,
+    /// The PV built from a successful answer whose creation failed: only the write is retried.
+    pv: Option<Box<PersistentVolume>>,
+    started: Instant,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn api_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// The text of a Kubernetes API error as client-go renders it: the Status message.
+fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A gRPC error as grpc-go renders it, which upstream's Events and logs show.
+fn rpc_message(status: &tonic::Status) -> String {
+    format!(
+        "rpc error: code = {} desc = {}",
+        sidecar_kit::metrics::code_label(status.code()),
+        status.message()
+    )
+}
+
+struct Controller {
+    config: Config,
+    client: kube::Client,
+    pvs: Api<PersistentVolume>,
+    csi: CsiClient,
+    index: Mutex<Index>,
+    claims: WorkQueue<String>,
+    volumes: WorkQueue<String>,
+    in_flight: Mutex<HashMap<String, InFlight>>,
+    /// Claims the driver found infeasible (InvalidArgument): the class UID then, and when.
+    infeasible: Mutex<HashMap<String, (String, Instant)>>,
+    events: Recorder,
+}
+
+/// Runs the provisioner until `shutdown` is cancelled; then stops taking work, lets the running
+/// operations finish, and returns.
+pub async fn run(
+    config: Config,
+    client: kube::Client,
+    csi: CsiClient,
+    shutdown: CancellationToken,
+) {
+    let queue = |name: &str| {
+        WorkQueue::new(
+            QueueConfig {
+                name: name.to_string(),
+                lanes: vec!["default".to_string()],
+                backoff: config.backoff,
+            },
+            config.queue_metrics.as_ref(),
+        )
+    };
+    let controller = Arc::new(Controller {
+        pvs: Api::all(client.clone()),
+        csi,
+        index: Mutex::new(Index::new(&config.policy.driver)),
+        claims: queue(CLAIM_QUEUE),
+        volumes: queue(VOLUME_QUEUE),
+        in_flight: Mutex::new(HashMap::new()),
+        infeasible: Mutex::new(HashMap::new()),
+        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        client,
+        config,
+    });
+    controller.run(shutdown).await;
+}
+
+impl Controller {
+    fn index(&self) -> MutexGuard<'_, Index> {
+        lock(&self.index)
+    }
+
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        tracing::info!(driver = %self.config.policy.driver, "starting CSI provisioner");
+        let mut pipeline = Pipeline::new();
+        self.feed::<StorageClass>(&mut pipeline, Index::class_event);
+        self.feed::<PersistentVolume>(&mut pipeline, Index::volume_event);
+        self.feed::<PersistentVolumeClaim>(&mut pipeline, Index::claim_event);
+        if self.config.watch_topology {
+            self.feed::<CSINode>(&mut pipeline, Index::csinode_event);
+            self.feed::<Node>(&mut pipeline, Index::node_event);
+        }
+        if self.config.watch_attachments {
+            self.feed::<VolumeAttachment>(&mut pipeline, Index::attachment_event);
+        }
+        if !pipeline.wait_synced(&shutdown).await {
+            pipeline.stop().await;
+            return;
+        }
+        {
+            let index = self.index();
+            tracing::info!(
+                claims = index.claim_count(),
+                persistent_volumes = index.volume_count(),
+                "caches synced"
+            );
+        }
+        let me = self.clone();
+        pipeline.workers(&self.claims, self.config.workers, move |item| {
+            let me = me.clone();
+            async move { me.sync_claim(&item.key).await }
+        });
+        let me = self.clone();
+        pipeline.workers(&self.volumes, self.config.workers, move |item| {
+            let me = me.clone();
+            async move { me.sync_volume(&item.key).await }
+        });
+        if !self.config.resync.is_zero() {
+            pipeline.spawn(self.clone().resyncer(shutdown.clone()));
+        }
+        shutdown.cancelled().await;
+        pipeline.stop().await;
+        let unanswered = lock(&self.in_flight).len();
+        if unanswered > 0 {
+            tracing::warn!(
+                claims = unanswered,
+                "stopping with CreateVolume calls not answered for sure; the next leader repeats them for claims that still exist"
+            );
+        }
+        tracing::info!("CSI provisioner stopped");
+    }
+
+    fn feed<K>(
+        self: &Arc<Self>,
+        pipeline: &mut Pipeline,
+        apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
+    ) where
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K::DynamicType: Default,
+    {
+        let me = self.clone();
+        pipeline.watch(
+            Api::<K>::all(self.client.clone()),
+            watcher::Config::default(),
+            move |change| {
+                let work = apply(&mut me.index(), change);
+                me.enqueue(work);
+            },
+        );
+    }
+
+    fn enqueue(&self, work: Vec<Work>) {
+        for item in work {
+            match item {
+                Work::Claim(uid) => self.claims.add(uid, 0),
+                Work::Volume(name) => self.volumes.add(name, 0),
+            }
+        }
+    }
+
+    async fn resyncer(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.config.resync) => {}
+            }
+            let work = self.index().resync();
+            self.enqueue(work);
+        }
+    }
+
+    // --- Claims ---
+
+    async fn sync_claim(&self, uid: &str) {
+        let key = uid.to_string();
+        let in_flight = lock(&self.in_flight).get(uid).cloned();
+        let flight = match in_flight {
+            Some(flight) => flight,
+            None => match self.start_claim(uid) {
+                Start::Go(flight) => *flight,
+                Start::Stop => return,
+                Start::Fail(claim, class, failure) => {
+                    return self.claim_failed(&claim, &class, "", failure).await;
+                }
+            },
+        };
+        if let Some(pv) = flight.pv.clone() {
+            return self.save_pv(flight, *pv).await;
+        }
+        let secrets = match self
+            .secrets(flight.prepared.provisioner_secret.as_ref())
+            .await
+        {
+            Ok(secrets) => secrets,
+            Err(message) => {
+                return self
+                    .flight_failed(&flight, Failure::new(State::NoChange, message))
+                    .await;
+            }
+        };
+        lock(&self.in_flight).insert(key.clone(), flight.clone());
+        let mut request = flight.prepared.request.clone();
+        request.secrets = secrets.clone();
+        tracing::debug!(claim = %flight.claim.key(), volume = %request.name, "calling CreateVolume");
+        let answer = self
+            .csi
+            .create_volume(request, CallOptions::timeout(self.config.timeout))
+            .await;
+        let volume = match answer {
+            Ok(response) => response.volume,
+            Err(status) => {
+                let may_reschedule =
+                    self.config.policy.topology && flight.claim.selected_node().is_some();
+                let state = decide::classify(Some(status.code()), may_reschedule);
+                if state != State::InBackground {
+                    lock(&self.in_flight).remove(uid);
+                }
+                let failure = Failure {
+                    state,
+                    message: rpc_message(&status),
+                    infeasible: status.code() == tonic::Code::InvalidArgument,
+                };
+                return self.flight_failed(&flight, failure).await;
+            }
+        };
+        let Some(volume) = volume else {
+            let failure = Failure::new(
+                State::InBackground,
+                "CreateVolume answered without a volume",
+            );
+            return self.flight_failed(&flight, failure).await;
+        };
+        let claim_gone = self.index().claim(uid).is_none();
+        if claim_gone {
+            // Nobody will use the volume: delete it instead of writing a PV for the PV
+            // controller to release and delete later.
+            tracing::info!(claim = %flight.claim.key(), volume_id = %volume.volume_id, "claim deleted while its volume was being created; deleting the volume");
+            match self.cleanup(&volume.volume_id, &secrets).await {
+                Ok(()) => {
+                    lock(&self.in_flight).remove(uid);
+                    self.claims.forget(&key);
+                }
+                Err(status) => {
+                    let failure = Failure::new(
+                        State::InBackground,
+                        format!(
+                            "deleting the volume of a deleted claim failed: {}",
+                            rpc_message(&status)
+                        ),
+                    );
+                    self.flight_failed(&flight, failure).await;
+                }
+            }
+            return;
+        }
+        match decide::build_pv(&self.config.policy, &flight.prepared, &volume) {
+            Created::Pv(pv) => {
+                let mut flight = flight;
+                flight.pv = Some(pv.clone());
+                lock(&self.in_flight).insert(key, flight.clone());
+                self.save_pv(flight, *pv).await;
+            }
+            Created::Undo { volume_id, message } => {
+                let message = match self.cleanup(&volume_id, &secrets).await {
+                    Ok(()) => message,
+                    Err(status) => format!(
+                        "{message}. Cleanup of volume {} failed, volume is orphaned: {}",
+                        flight.prepared.request.name,
+                        rpc_message(&status)
+                    ),
+                };
+                self.flight_failed(&flight, Failure::new(State::InBackground, message))
+                    .await;
+            }
+        }
+    }
+
+    /// Decides about a claim not in flight.
+    fn start_claim(&self, uid: &str) -> Start {
+        let key = uid.to_string();
+        let policy = &self.config.policy;
+        let index = self.index();
+        let Some(claim) = index.claim(uid).cloned() else {
+            self.claims.forget(&key);
+            return Start::Stop;
+        };
+        let class_name = claim
+            .pending
+            .as_ref()
+            .and_then(|p| p.storage_class.clone())
+            .unwrap_or_default();
+        let class = index.class(&class_name).cloned();
+        let name = decide::volume_name(
+            &policy.volume_name_prefix,
+            uid,
+            policy.volume_name_uuid_length,
+        )
+        .unwrap_or_default();
+        if let Err(skip) =
+            decide::should_provision(policy, &claim, class.as_ref(), index.has_volume(&name))
+        {
+            drop(index);
+            if skip == decide::Skip::NoClass {
+                tracing::info!(claim = %claim.key(), storage_class = %class_name, "StorageClass not found; waiting for it");
+            } else {
+                tracing::trace!(claim = %claim.key(), reason = ?skip, "not provisioning");
+            }
+            self.claims.forget(&key);
+            return Start::Stop;
+        }
+        let Some(class) = class else {
+            return Start::Stop;
+        };
+        if let Some((class_uid, at)) = lock(&self.infeasible).get(uid).cloned() {
+            let wait = self.config.backoff.max.saturating_sub(at.elapsed());
+            if class_uid == class.uid && !wait.is_zero() {
+                drop(index);
+                tracing::debug!(claim = %claim.key(), retry_in = ?wait, "infeasible claim waits before its next attempt");
+                self.claims.add_after(key, 0, wait);
+                return Start::Stop;
+            }
+        }
+        let prepared = decide::prepare(policy, &claim, &class, &*index);
+        drop(index);
+        self.events.record(
+            claim.object_ref(),
+            EventType::Normal,
+            "Provisioning",
+            &format!(
+                "External provisioner is provisioning volume for claim \"{}\"",
+                claim.key()
+            ),
+        );
+        match prepared {
+            Ok(prepared) => Start::Go(Box::new(InFlight {
+                claim,
+                class: class.name.clone(),
+                prepared,
+                pv: None,
+                started: Instant::now(),
+            })),
+            Err(failure) => Start::Fail(Box::new(claim), class.name.clone(), failure),
+        }
+    }
+
+    async fn flight_failed(&self, flight: &InFlight, failure: Failure) {
+        self.claim_failed(
+            &flight.claim,
+            &flight.class,
+            &flight.prepared.source,
+            failure,
+        )
+        .await;
+    }
+
+    async fn claim_failed(&self, claim: &Claim, class: &str, source: &str, failure: Failure) {
+        let key = claim.uid.clone();
+        if failure.state == State::Ignored {
+            tracing::debug!(claim = %claim.key(), reason = %failure.message, "not provisioning");
+            if failure.message == decide::POPULATOR_MESSAGE {
+                self.events.record(
+                    claim.object_ref(),
+                    EventType::Normal,
+                    "Provisioning",
+                    &failure.message,
+                );
+            }
+            self.claims.forget(&key);
+            return;
+        }
+        if let Some(metrics) = &self.config.metrics {
+            metrics.provision(class, source, Err(()));
+        }
+        if failure.infeasible {
+            lock(&self.infeasible).insert(key.clone(), (self.class_uid(class), Instant::now()));
+            let message = format!(
+                "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
+                failure.message
+            );
+            self.events.record(
+                claim.object_ref(),
+                EventType::Warning,
+                "ProvisioningFailed",
+                &message,
+            );
+            tracing::warn!(claim = %claim.key(), error = %failure.message, retry_in = ?self.config.backoff.max, "provisioning infeasible");
+            self.claims.add_after(key, 0, self.config.backoff.max);
+            return;
+        }
+        self.events.record(
+            claim.object_ref(),
+            EventType::Warning,
+            "ProvisioningFailed",
+            &failure.message,
+        );
+        if failure.state == State::Reschedule && claim.selected_node().is_some() {
+            match self.reschedule(claim).await {
+                Ok(()) => {
+                    tracing::info!(claim = %claim.key(), error = %failure.message, "asked the scheduler for another node");
+                    self.claims.forget(&key);
+                    return;
+                }
+                Err(err) => {
+                    tracing::info!(claim = %claim.key(), error = %err, "Volume rescheduling failed")
+                }
+            }
+        }
+        let delay = self.claims.add_rate_limited(key, 0);
+        tracing::info!(claim = %claim.key(), error = %failure.message, state = ?failure.state, retry_in = ?delay, "provisioning failed");
+        if delay >= LONG_BACKOFF {
+            let next = Timestamp::now()
+                .checked_add(jiff_duration(delay))
+                .unwrap_or_else(|_| Timestamp::now());
+            self.events.record(
+                claim.object_ref(),
+                EventType::Warning,
+                "ProvisioningBackoff",
+                &format!(
+                    "Provisioning keeps failing; next attempt at {next} (in {}s)",
+                    delay.as_secs()
+                ),
+            );
+        }
+    }
+
+    fn class_uid(&self, class: &str) -> String {
+        self.index()
+            .class(class)
+            .map(|c| c.uid.clone())
+            .unwrap_or_default()
+    }
+
+    /// Removes `volume.kubernetes.io/selected-node` so that the scheduler picks a node again
+    /// (an update, as upstream's RBAC grants no patch on claims).
+    async fn reschedule(&self, claim: &Claim) -> Result<(), String> {
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace);
+        let mut current = api.get(&claim.name).await.map_err(|e| api_message(&e))?;
+        if current.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+            return Ok(());
+        }
+        let annotations = current.metadata.annotations.get_or_insert_default();
+        annotations.remove(model::ANN_SELECTED_NODE);
+        annotations.remove(model::ANN_ALPHA_SELECTED_NODE);
+        let updated = api
+            .replace(&claim.name, &PostParams::default(), &current)
+            .await
+            .map_err(|e| api_message(&e))?;
+        self.index().store_claim(&updated);
+        Ok(())
+    }
+
+    /// Writes the PV of a created volume. A PV of that name with another volume handle means
+    /// this volume is a second one (a create replayed after a delete): it is deleted again.
+    async fn save_pv(&self, flight: InFlight, pv: PersistentVolume) {
+        let key = flight.claim.uid.clone();
+        let name = flight.prepared.pv.name.clone();
+        let volume_id = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.clone())
+            .unwrap_or_default();
+        match self.pvs.create(&PostParams::default(), &pv).await {
+            Ok(created) => {
+                self.index().store_volume(&created, true);
+            }
+            Err(err) if api_code(&err) == Some(409) => match self.pvs.get_opt(&name).await {
+                Ok(Some(existing)) if decide::same_volume(&existing, &volume_id) => {
+                    self.index().store_volume(&existing, true);
+                }
+                Ok(Some(_)) => {
+                    tracing::warn!(persistent_volume = %name, volume_id = %volume_id, "a PV of this name names another volume; deleting the volume just created");
+                    let secrets = self
+                        .secrets(flight.prepared.provisioner_secret.as_ref())
+                        .await
+                        .unwrap_or_default();
+                    if let Err(status) = self.cleanup(&volume_id, &secrets).await {
+                        let failure = Failure::new(
+                            State::InBackground,
+                            format!(
+                                "deleting duplicate volume {volume_id} failed: {}",
+                                rpc_message(&status)
+                            ),
+                        );
+                        return self.flight_failed(&flight, failure).await;
+                    }
+                    lock(&self.in_flight).remove(&key);
+                    self.claims.forget(&key);
+                    return;
+                }
+                Ok(None) | Err(_) => {
+                    let failure = Failure::new(
+                        State::InBackground,
+                        format!(
+                            "error saving persistentvolume {name}: {}",
+                            api_message(&err)
+                        ),
+                    );
+                    return self.flight_failed(&flight, failure).await;
+                }
+            },
+            Err(err) => {
+                let failure = Failure::new(
+                    State::InBackground,
+                    format!(
+                        "error saving persistentvolume {name}: {}",
+                        api_message(&err)
+                    ),
+                );
+                return self.flight_failed(&flight, failure).await;
+            }
+        }
+        lock(&self.in_flight).remove(&key);
+        lock(&self.infeasible).remove(&key);
+        self.claims.forget(&key);
+        if let Some(metrics) = &self.config.metrics {
+            metrics.provision(
+                &flight.class,
+                &flight.prepared.source,
+                Ok(flight.started.elapsed()),
+            );
+        }
+        tracing::info!(claim = %flight.claim.key(), persistent_volume = %name, "provisioned");
+        self.events.record(
+            flight.claim.object_ref(),
+            EventType::Normal,
+            "ProvisioningSucceeded",
+            &format!("Successfully provisioned volume {name}"),
+        );
+    }
+
+    /// DeleteVolume for a volume that must not stay: several attempts within one timeout.
+    async fn cleanup(
+        &self,
+        volume_id: &str,
+        secrets: &HashMap<String, String>,
+    ) -> Result<(), tonic::Status> {
+        let deadline = Instant::now() + self.config.timeout;
+        let mut last = tonic::Status::deadline_exceeded(sidecar_kit::csi::DEADLINE_MESSAGE);
+        for _ in 0..CLEANUP_ATTEMPTS {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let request = DeleteVolumeRequest {
+                volume_id: volume_id.to_string(),
+                secrets: secrets.clone(),
+            };
+            match self
+                .csi
+                .delete_volume(request, CallOptions::timeout(left))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(status) => last = status,
+            }
+        }
+        Err(last)
+    }
+
+    async fn secrets(
+        &self,
+        reference: Option<&SecretRef>,
+    ) -> Result<HashMap<String, String>, String> {
+        let Some(reference) = reference else {
+            return Ok(HashMap::new());
+        };
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
+        let secret = api.get(&reference.name).await.map_err(|err| {
+            format!(
+                "error getting secret {} in namespace {}: {}",
+                reference.name,
+                reference.namespace,
+                api_message(&err)
+            )
+        })?;
+        Ok(secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+
+    // --- Volumes ---
+
+    async fn sync_volume(&self, name: &str) {
+        let key = name.to_string();
+        let (volume, plan) = {
+            let index = self.index();
+            let Some(volume) = index.volume(name).cloned() else {
+                self.volumes.forget(&key);
+                return;
+            };
+            let attached = if self.config.watch_attachments {
+                index.attached_to(name)
+            } else {
+                None
+            };
+            let class = index.class(&volume.storage_class);
+            let plan =
+                decide::plan_volume(&self.config.policy, &volume, class, attached.as_deref());
+            (volume, plan)
+        };
+        let result = match plan {
+            VolumePlan::Nothing => Ok(()),
+            VolumePlan::AddFinalizer => self.patch_finalizers(&volume, true).await,
+            VolumePlan::RemoveFinalizer => self.patch_finalizers(&volume, false).await,
+            VolumePlan::Refuse(message) => {
+                self.events.record(
+                    volume.object_ref(),
+                    EventType::Warning,
+                    "VolumeFailedDelete",
+                    &message,
+                );
+                Err(message)
+            }
+            VolumePlan::Delete(plan) => self.delete_volume(&volume, plan).await,
+        };
+        match result {
+            Ok(()) => self.volumes.forget(&key),
+            Err(message) => {
+                let delay = self.volumes.add_rate_limited(key, 0);
+                tracing::info!(persistent_volume = name, error = %message, retry_in = ?delay, "volume sync failed");
+            }
+        }
+    }
+
+    async fn patch_finalizers(&self, volume: &model::Volume, add: bool) -> Result<(), String> {
+        let patch = decide::finalizers_patch(volume, add);
+        match self
+            .pvs
+            .patch(&volume.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => {
+                self.index().store_volume(&updated, false);
+                Ok(())
+            }
+            Err(err) if api_code(&err) == Some(404) => Ok(()),
+            Err(err) => Err(format!(
+                "failed to modify finalizers on volume {}: {}",
+                volume.name,
+                api_message(&err)
+            )),
+        }
+    }
+
+    async fn delete_volume(
+        &self,
+        volume: &model::Volume,
+        plan: decide::DeletePlan,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        let secret = match plan.secret {
+            DeletionSecret::None => None,
+            DeletionSecret::Annotated(r) => Some(r),
+            DeletionSecret::FromClass(Ok(r)) => r,
+            DeletionSecret::FromClass(Err(message)) => {
+                self.record_delete_failure(volume, &message);
+                return Err(message);
+            }
+        };
+        let secrets = match self.secrets(secret.as_ref()).await {
+            Ok(secrets) => secrets,
+            Err(message) => {
+                // The secret may be gone already: delete without it, as upstream does.
+                tracing::error!(persistent_volume = %volume.name, error = %message, "failed to get credentials for volume; deleting without them");
+                HashMap::new()
+            }
+        };
+        let mut request = plan.request;
+        request.secrets = secrets;
+        if let Err(status) = self
+            .csi
+            .delete_volume(request, CallOptions::timeout(self.config.timeout))
+            .await
+        {
+            let message = rpc_message(&status);
+            self.record_delete_failure(volume, &message);
+            return Err(message);
+        }
+        tracing::info!(persistent_volume = %volume.name, "volume deleted");
+        match self
+            .pvs
+            .delete(&volume.name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(err) if api_code(&err) == Some(404) => {}
+            Err(err) => {
+                let message = format!(
+                    "failed to delete persistentvolume {}: {}",
+                    volume.name,
+                    api_message(&err)
+                );
+                return Err(message);
+            }
+        }
+        let current = self.index().volume(&volume.name).cloned();
+        if let Some(current) = current.filter(|v| v.has_finalizer()) {
+            self.patch_finalizers(&current, false).await?;
+        } else if volume.has_finalizer() {
+            // The watch has not shown the deletion yet: patch without a version guard.
+            let patch = serde_json::json!({"metadata": {"finalizers": volume
+                .finalizers
+                .iter()
+                .filter(|f| *f != model::PV_FINALIZER)
+                .collect::<Vec<_>>()}});
+            match self
+                .pvs
+                .patch(&volume.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(err) if api_code(&err) == Some(404) => {}
+                Err(err) => {
+                    return Err(format!(
+                        "failed to remove finalizer from persistentvolume {}: {}",
+                        volume.name,
+                        api_message(&err)
+                    ));
+                }
+            }
+        }
+        if let Some(metrics) = &self.config.metrics {
+            metrics.delete(&volume.storage_class, Ok(started.elapsed()));
+        }
+        Ok(())
+    }
+
+    fn record_delete_failure(&self, volume: &model::Volume, message: &str) {
+        if let Some(metrics) = &self.config.metrics {
+            metrics.delete(&volume.storage_class, Err(()));
+        }
+        self.events.record(
+            volume.object_ref(),
+            EventType::Warning,
+            "VolumeFailedDelete",
+            message,
+        );
+    }
+}
+
+/// What to do with a claim that is not in flight.
+enum Start {
+    Go(Box<InFlight>),
+    Stop,
+    Fail(Box<Claim>, String, Failure),
+}
+
+fn jiff_duration(d: Duration) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or(k8s_openapi::jiff::SignedDuration::MAX)
+}

@@ -1,0 +1,686 @@
+//! Pure decisions: which claims to provision, the CreateVolume request, the PersistentVolume to
+//! write, how a failed call is classified, and what to do with a PersistentVolume. No I/O.
+
+use std::collections::{BTreeMap, HashMap};
+
+use csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use csi_proto::v1::{
+    CapacityRange, CreateVolumeRequest, DeleteVolumeRequest, Volume as CsiVolume, VolumeCapability,
+};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectReference, PersistentVolume, PersistentVolumeSpec, SecretReference, VolumeNodeAffinity,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tonic::Code;
+
+use crate::model::{self, Claim, ClaimSpec, Class, SecretRef, Volume};
+use crate::params::{self, TemplateInputs};
+use crate::topology::{self, ClusterTopology, TopologyError};
+
+/// What the driver can do, from GetPluginCapabilities and ControllerGetCapabilities.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub controller_service: bool,
+    pub accessibility_constraints: bool,
+    pub create_delete_volume: bool,
+    pub create_delete_snapshot: bool,
+    pub clone_volume: bool,
+    pub modify_volume: bool,
+    pub publish_unpublish: bool,
+    pub single_node_multi_writer: bool,
+}
+
+/// Everything the decisions depend on besides the objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub driver: String,
+    /// The provisioner identity written into every PV's volume attributes.
+    pub identity: String,
+    pub caps: Capabilities,
+    /// Topology is used: the driver has VOLUME_ACCESSIBILITY_CONSTRAINTS and the gate is on.
+    pub topology: bool,
+    pub strict_topology: bool,
+    pub immediate_topology: bool,
+    pub volume_name_prefix: String,
+    pub volume_name_uuid_length: i32,
+    pub default_fstype: String,
+    pub extra_create_metadata: bool,
+    pub controller_publish_readonly: bool,
+}
+
+/// How a provisioning attempt ended, as upstream's `ProvisioningState`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Not in progress: the next attempt starts over.
+    Finished,
+    /// The driver may still be creating the volume: repeat the identical call until it answers
+    /// for sure, even if the claim is deleted meanwhile.
+    InBackground,
+    /// Give up for now and ask the scheduler for another node.
+    Reschedule,
+    /// Nothing changed: retry later.
+    NoChange,
+    /// Not for us after all (a volume populator fills the claim): stop without retrying.
+    Ignored,
+}
+
+/// A failed attempt: its state, its message, and whether it is "infeasible" (slow retries).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub state: State,
+    pub message: String,
+    pub infeasible: bool,
+}
+
+impl Failure {
+    pub fn new(state: State, message: impl Into<String>) -> Self {
+        Self {
+            state,
+            message: message.into(),
+            infeasible: false,
+        }
+    }
+}
+
+/// Why a claim is not provisioned by us (logged at debug level, no Event).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    Bound,
+    NotOurs,
+    WaitingForNode,
+    NoClass,
+    VolumeExists,
+}
+
+/// The volume name of a claim: `<prefix>-<uid>`, or the UID without dashes cut to `length`.
+pub fn volume_name(prefix: &str, uid: &str, length: i32) -> Result<String, String> {
+    if prefix.is_empty() {
+        return Err("volume name prefix cannot be of length 0".into());
+    }
+    if uid.is_empty() {
+        return Err("corrupted PVC object, it is missing UID".into());
+    }
+    if length < 0 {
+        return Ok(format!("{prefix}-{uid}"));
+    }
+    let compact: String = uid.chars().filter(|c| *c != '-').collect();
+    let cut: String = compact.chars().take(length as usize).collect();
+    Ok(format!("{prefix}-{cut}"))
+}
+
+/// Whether the claim is one to provision now (upstream's `shouldProvision` and the checks that
+/// precede `Provision`). `class` is the claim's StorageClass if it exists.
+pub fn should_provision(
+    policy: &Policy,
+    claim: &Claim,
+    class: Option<&Class>,
+    volume_exists: bool,
+) -> Result<(), Skip> {
+    if claim.pending.is_none() {
+        return Err(Skip::Bound);
+    }
+    let announced = claim.provisioner();
+    let migrated = claim.annotation(model::ANN_MIGRATED_TO);
+    if announced != Some(policy.driver.as_str()) && migrated != Some(policy.driver.as_str()) {
+        return Err(Skip::NotOurs);
+    }
+    let Some(class) = class else {
+        return Err(Skip::NoClass);
+    };
+    if class.wait_for_first_consumer && claim.selected_node().is_none() {
+        return Err(Skip::WaitingForNode);
+    }
+    if volume_exists {
+        return Err(Skip::VolumeExists);
+    }
+    Ok(())
+}
+
+/// What a prepared provisioning carries to the call and to the PV.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prepared {
+    /// The request, without secret values.
+    pub request: CreateVolumeRequest,
+    /// Where the CreateVolume secrets come from.
+    pub provisioner_secret: Option<SecretRef>,
+    pub pv: PvTemplate,
+    /// The `source` label of the provisioning metrics: the data source kind, or empty.
+    pub source: String,
+}
+
+/// The parts of the PersistentVolume known before CreateVolume answers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PvTemplate {
+    pub name: String,
+    pub claim_ref: ObjectReference,
+    pub storage_class: String,
+    pub provisioned_by: String,
+    pub reclaim_policy: String,
+    pub mount_options: Vec<String>,
+    pub access_modes: Vec<String>,
+    pub volume_mode: Option<String>,
+    pub block: bool,
+    pub fs_type: String,
+    pub read_only: bool,
+    pub controller_publish_secret: Option<SecretRef>,
+    pub node_stage_secret: Option<SecretRef>,
+    pub node_publish_secret: Option<SecretRef>,
+    pub controller_expand_secret: Option<SecretRef>,
+    pub node_expand_secret: Option<SecretRef>,
+    pub modify_secret: Option<SecretRef>,
+    pub deletion_secret: Option<SecretRef>,
+}
+
+/// Checks a claim and builds its CreateVolume request (upstream's `prepareProvision`).
+pub fn prepare(
+    policy: &Policy,
+    claim: &Claim,
+    class: &Class,
+    cluster: &dyn ClusterTopology,
+) -> Result<Prepared, Failure> {
+    let finished = |m: String| Failure::new(State::Finished, m);
+    let no_change = |m: String| Failure::new(State::NoChange, m);
+    let Some(spec) = claim.pending.as_deref() else {
+        return Err(finished("claim is already bound".into()));
+    };
+    let source = data_source_kind(spec)?;
+    check_capabilities(&policy.caps)?;
+    if spec.has_selector {
+        return Err(finished("claim Selector is not supported".into()));
+    }
+    let pv_name = volume_name(
+        &policy.volume_name_prefix,
+        &claim.uid,
+        policy.volume_name_uuid_length,
+    )
+    .map_err(finished)?;
+    let (fs_type, deprecated_fstype) =
+        params::fs_type(&class.parameters, &policy.default_fstype).map_err(finished)?;
+    if deprecated_fstype {
+        tracing::warn!(
+            "\"fstype\" is deprecated and will be removed in a future release, please use \"{}\" instead",
+            params::FSTYPE_KEY
+        );
+    }
+    for key in params::deprecated_keys(&class.parameters) {
+        tracing::warn!(storage_class = %class.name, "\"{key}\" is deprecated and will be removed in a future release");
+    }
+    let required = required_bytes(spec)?;
+    let capabilities = volume_capabilities(policy, spec, class, &fs_type).map_err(finished)?;
+
+    let accessibility = if policy.topology {
+        let request = topology::Request {
+            claim_name: &claim.name,
+            allowed: &class.allowed_topologies,
+            selected_node: claim.selected_node(),
+            strict: policy.strict_topology,
+            immediate: policy.immediate_topology,
+        };
+        match topology::requirements(request, cluster) {
+            Ok(r) => r,
+            Err(TopologyError::NotFound(m)) => return Err(Failure::new(State::Reschedule, m)),
+            Err(e) => return Err(no_change(e.to_string())),
+        }
+    } else {
+        None
+    };
+
+    let inputs = TemplateInputs {
+        pv_name: &pv_name,
+        claim: Some((&claim.namespace, &claim.name)),
+        claim_annotations: Some(&spec.annotations),
+    };
+    let secret = |kind| params::secret_ref(kind, &class.parameters, &inputs).map_err(no_change);
+    let provisioner_secret = secret(&params::PROVISIONER_SECRET)?;
+    let controller_publish_secret = secret(&params::CONTROLLER_PUBLISH_SECRET)?;
+    let node_stage_secret = secret(&params::NODE_STAGE_SECRET)?;
+    let node_publish_secret = secret(&params::NODE_PUBLISH_SECRET)?;
+    let controller_expand_secret = secret(&params::CONTROLLER_EXPAND_SECRET)?;
+    let node_expand_secret = secret(&params::NODE_EXPAND_SECRET)?;
+    let modify_secret = secret(&params::CONTROLLER_MODIFY_SECRET)?;
+
+    let mut parameters = params::driver_parameters(&class.parameters).map_err(finished)?;
+    if policy.extra_create_metadata {
+        parameters.insert(params::PVC_NAME_KEY.into(), claim.name.clone());
+        parameters.insert(params::PVC_NAMESPACE_KEY.into(), claim.namespace.clone());
+        parameters.insert(params::PV_NAME_KEY.into(), pv_name.clone());
+    }
+    let read_only = policy.controller_publish_readonly
+        && capabilities.len() == 1
+        && capabilities[0].access_mode.as_ref().map(|m| m.mode)
+            == Some(
+                csi_proto::v1::volume_capability::access_mode::Mode::MultiNodeReaderOnly as i32,
+            );
+
+    let request = CreateVolumeRequest {
+        name: pv_name.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: required,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: capabilities,
+        parameters: parameters.into_iter().collect(),
+        secrets: HashMap::new(),
+        volume_content_source: None,
+        accessibility_requirements: accessibility,
+        mutable_parameters: HashMap::new(),
+    };
+    let pv = PvTemplate {
+        name: pv_name,
+        claim_ref: claim.object_ref(),
+        storage_class: spec.storage_class.clone().unwrap_or_default(),
+        provisioned_by: class.provisioner.clone(),
+        reclaim_policy: class.reclaim_policy.clone(),
+        mount_options: class.mount_options.clone(),
+        access_modes: spec.access_modes.clone(),
+        volume_mode: spec.volume_mode.clone(),
+        block: spec.block,
+        fs_type,
+        read_only,
+        controller_publish_secret,
+        node_stage_secret,
+        node_publish_secret,
+        controller_expand_secret,
+        node_expand_secret,
+        modify_secret,
+        deletion_secret: provisioner_secret.clone(),
+    };
+    Ok(Prepared {
+        request,
+        provisioner_secret,
+        pv,
+        source,
+    })
+}
+
+/// The data source kind for the metrics, or the failure of a source this provisioner does not
+/// fill: other kinds belong to a volume populator.
+fn data_source_kind(spec: &ClaimSpec) -> Result<String, Failure> {
+    let Some(source) = &spec.data_source else {
+        return Ok(String::new());
+    };
+    if source.name.is_empty() {
+        return Err(Failure::new(
+            State::Finished,
+            "the PVC source not found for PVC",
+        ));
+    }
+    match source.kind.as_str() {
+        "VolumeSnapshot" if source.api_group != "snapshot.storage.k8s.io" => Err(Failure::new(
+            State::Finished,
+            format!(
+                "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got {}",
+                source.api_group
+            ),
+        )),
+        "VolumeSnapshot" | "PersistentVolumeClaim" => Err(Failure::new(
+            State::Finished,
+            format!(
+                "provisioning from a {} data source is not supported by this provisioner version",
+                source.kind
+            ),
+        )),
+        _ => Err(Failure::new(State::Ignored, POPULATOR_MESSAGE)),
+    }
+}
+
+/// The Normal event for claims whose data source belongs to a volume populator.
+pub const POPULATOR_MESSAGE: &str = "Assuming an external populator will provision the volume";
+
+fn check_capabilities(caps: &Capabilities) -> Result<(), Failure> {
+    if !caps.controller_service {
+        return Err(Failure::new(
+            State::Finished,
+            "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported",
+        ));
+    }
+    if !caps.create_delete_volume {
+        return Err(Failure::new(
+            State::Finished,
+            "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
+        ));
+    }
+    Ok(())
+}
+
+/// The requested size in bytes. Kubernetes validates requests, but a claim written when the
+/// rules were looser (or a real cluster's fuzzed object) must not crash us.
+fn required_bytes(spec: &ClaimSpec) -> Result<i64, Failure> {
+    let text = spec.request.as_deref().unwrap_or("0");
+    let bytes = sidecar_kit::quantity::parse(text)
+        .map_err(|e| Failure::new(State::Finished, format!("invalid storage request: {e}")))?;
+    if bytes < 0 {
+        return Err(Failure::new(
+            State::Finished,
+            format!("invalid storage request {text:?}: negative"),
+        ));
+    }
+    i64::try_from(bytes).map_err(|_| {
+        Failure::new(
+            State::Finished,
+            format!(
+                "storage request {text:?} is larger than a volume can be ({} bytes)",
+                i64::MAX
+            ),
+        )
+    })
+}
+
+/// One capability per claim access mode: block or mount (fsType, class mount options).
+fn volume_capabilities(
+    policy: &Policy,
+    spec: &ClaimSpec,
+    class: &Class,
+    fs_type: &str,
+) -> Result<Vec<VolumeCapability>, String> {
+    spec.access_modes
+        .iter()
+        .map(|mode| {
+            let mode = sidecar_kit::accessmodes::to_csi(
+                std::slice::from_ref(mode),
+                policy.caps.single_node_multi_writer,
+            )?;
+            let access_type = if spec.block {
+                AccessType::Block(BlockVolume {})
+            } else {
+                AccessType::Mount(MountVolume {
+                    fs_type: fs_type.to_string(),
+                    mount_flags: class.mount_options.clone(),
+                    volume_mount_group: String::new(),
+                })
+            };
+            Ok(VolumeCapability {
+                access_mode: Some(AccessMode { mode: mode as i32 }),
+                access_type: Some(access_type),
+            })
+        })
+        .collect()
+}
+
+/// How a failed CreateVolume is handled (upstream's `checkError`).
+pub fn classify(code: Option<Code>, may_reschedule: bool) -> State {
+    match code {
+        None => State::InBackground,
+        Some(Code::ResourceExhausted) if may_reschedule => State::Reschedule,
+        Some(Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable | Code::Aborted) => {
+            State::InBackground
+        }
+        Some(_) => State::Finished,
+    }
+}
+
+/// What a CreateVolume answer means for the PV.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Created {
+    Pv(Box<PersistentVolume>),
+    /// The volume is unusable and must be deleted before provisioning goes on.
+    Undo {
+        volume_id: String,
+        message: String,
+    },
+}
+
+/// The PersistentVolume of a created volume, or the reason to delete it again.
+pub fn build_pv(policy: &Policy, prepared: &Prepared, volume: &CsiVolume) -> Created {
+    let requested = prepared
+        .request
+        .capacity_range
+        .as_ref()
+        .map_or(0, |r| r.required_bytes);
+    let capacity = if volume.capacity_bytes == 0 {
+        requested
+    } else if volume.capacity_bytes < requested {
+        return Created::Undo {
+            volume_id: volume.volume_id.clone(),
+            message: format!(
+                "created volume capacity {} less than requested capacity {requested}",
+                volume.capacity_bytes
+            ),
+        };
+    } else {
+        volume.capacity_bytes
+    };
+    let t = &prepared.pv;
+    let mut attributes: BTreeMap<String, String> = volume
+        .volume_context
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    attributes.insert(model::PROVISIONER_ID_KEY.into(), policy.identity.clone());
+    let secret = |r: &Option<SecretRef>| {
+        r.as_ref().map(|r| SecretReference {
+            name: Some(r.name.clone()),
+            namespace: Some(r.namespace.clone()),
+        })
+    };
+    let mut annotations = BTreeMap::new();
+    annotations.insert(
+        model::ANN_PROVISIONED_BY.to_string(),
+        t.provisioned_by.clone(),
+    );
+    let (deletion_namespace, deletion_name) = t
+        .deletion_secret
+        .as_ref()
+        .map_or((String::new(), String::new()), |r| {
+            (r.namespace.clone(), r.name.clone())
+        });
+    annotations.insert(model::ANN_DELETION_SECRET_NAME.into(), deletion_name);
+    annotations.insert(
+        model::ANN_DELETION_SECRET_NAMESPACE.into(),
+        deletion_namespace,
+    );
+    if let Some(modify) = &t.modify_secret {
+        annotations.insert(model::ANN_MODIFY_SECRET_NAME.into(), modify.name.clone());
+        annotations.insert(
+            model::ANN_MODIFY_SECRET_NAMESPACE.into(),
+            modify.namespace.clone(),
+        );
+    }
+    let node_affinity = if policy.topology {
+        node_affinity(&volume.accessible_topology)
+    } else {
+        None
+    };
+    let mut capacity_map = BTreeMap::new();
+    capacity_map.insert(
+        "storage".to_string(),
+        Quantity(sidecar_kit::quantity::format_binary(capacity)),
+    );
+    let pv = PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(t.name.clone()),
+            annotations: Some(annotations),
+            finalizers: Some(vec![model::PV_FINALIZER.to_string()]),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(t.access_modes.clone()),
+            capacity: Some(capacity_map),
+            claim_ref: Some(t.claim_ref.clone()),
+            mount_options: (!t.mount_options.is_empty()).then(|| t.mount_options.clone()),
+            persistent_volume_reclaim_policy: Some(t.reclaim_policy.clone()),
+            storage_class_name: Some(t.storage_class.clone()),
+            volume_mode: t.volume_mode.clone(),
+            node_affinity,
+            csi: Some(CSIPersistentVolumeSource {
+                driver: policy.driver.clone(),
+                volume_handle: volume.volume_id.clone(),
+                volume_attributes: Some(attributes),
+                fs_type: (!t.block)
+                    .then(|| t.fs_type.clone())
+                    .filter(|f| !f.is_empty()),
+                read_only: t.read_only.then_some(true),
+                controller_publish_secret_ref: secret(&t.controller_publish_secret),
+                node_stage_secret_ref: secret(&t.node_stage_secret),
+                node_publish_secret_ref: secret(&t.node_publish_secret),
+                controller_expand_secret_ref: secret(&t.controller_expand_secret),
+                node_expand_secret_ref: secret(&t.node_expand_secret),
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    Created::Pv(Box::new(pv))
+}
+
+/// One node selector term per accessible segment, each key `In` its single value.
+fn node_affinity(topology: &[csi_proto::v1::Topology]) -> Option<VolumeNodeAffinity> {
+    let terms: Vec<NodeSelectorTerm> = topology
+        .iter()
+        .filter(|t| !t.segments.is_empty())
+        .map(|t| {
+            let sorted: BTreeMap<&String, &String> = t.segments.iter().collect();
+            NodeSelectorTerm {
+                match_expressions: Some(
+                    sorted
+                        .into_iter()
+                        .map(|(k, v)| NodeSelectorRequirement {
+                            key: k.clone(),
+                            operator: "In".into(),
+                            values: Some(vec![v.clone()]),
+                        })
+                        .collect(),
+                ),
+                match_fields: None,
+            }
+        })
+        .collect();
+    if topology.is_empty() {
+        return None;
+    }
+    Some(VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms: terms,
+        }),
+    })
+}
+
+/// What to do with a PersistentVolume of this driver.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VolumePlan {
+    Nothing,
+    AddFinalizer,
+    RemoveFinalizer,
+    /// DeleteVolume, then delete the PV, then drop the finalizer.
+    Delete(DeletePlan),
+    /// Refused: the message is the error to report.
+    Refuse(String),
+}
+
+/// Where the secrets of a DeleteVolume come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeletionSecret {
+    None,
+    /// From the PV's annotations.
+    Annotated(SecretRef),
+    /// Recomputed from the StorageClass (PVs written before the annotations existed).
+    FromClass(Result<Option<SecretRef>, String>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeletePlan {
+    pub request: DeleteVolumeRequest,
+    pub secret: DeletionSecret,
+}
+
+/// The finalizer and deletion decisions for a PV (upstream's `syncVolume`). `attached_to` is the
+/// node of a VolumeAttachment naming the PV, when the driver publishes volumes.
+pub fn plan_volume(
+    policy: &Policy,
+    volume: &Volume,
+    class: Option<&Class>,
+    attached_to: Option<&str>,
+) -> VolumePlan {
+    if !volume.owned_by(&policy.driver) {
+        return VolumePlan::Nothing;
+    }
+    let delete_policy = volume.reclaim_policy == "Delete";
+    if delete_policy && !volume.deleting && volume.phase == "Bound" && !volume.has_finalizer() {
+        return VolumePlan::AddFinalizer;
+    }
+    if matches!(volume.reclaim_policy.as_str(), "Retain" | "Recycle") && volume.has_finalizer() {
+        return VolumePlan::RemoveFinalizer;
+    }
+    let should_delete =
+        (volume.has_finalizer() || !volume.deleting) && volume.phase == "Released" && delete_policy;
+    if !should_delete {
+        return VolumePlan::Nothing;
+    }
+    if volume.driver.is_empty() || volume.volume_handle.is_empty() {
+        return VolumePlan::Refuse("invalid CSI PV".into());
+    }
+    if let Some(node) = attached_to {
+        return VolumePlan::Refuse(format!(
+            "persistentvolume {} is still attached to node {node}",
+            volume.name
+        ));
+    }
+    let secret = match &volume.deletion_secret {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+            DeletionSecret::Annotated(SecretRef {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
+        }
+        Some(_) => DeletionSecret::None,
+        None => match (class, &volume.claim) {
+            (Some(class), Some((namespace, name))) => {
+                let inputs = TemplateInputs {
+                    pv_name: &volume.name,
+                    claim: Some((namespace, name)),
+                    claim_annotations: None,
+                };
+                DeletionSecret::FromClass(
+                    params::secret_ref(&params::PROVISIONER_SECRET, &class.parameters, &inputs)
+                        .map_err(|e| {
+                            format!(
+                                "failed to get secretreference for volume {}: {e}",
+                                volume.name
+                            )
+                        }),
+                )
+            }
+            _ => DeletionSecret::None,
+        },
+    };
+    VolumePlan::Delete(DeletePlan {
+        request: DeleteVolumeRequest {
+            volume_id: volume.volume_handle.clone(),
+            secrets: HashMap::new(),
+        },
+        secret,
+    })
+}
+
+/// A merge patch setting a PV's finalizers to `finalizers`, guarded by its resourceVersion.
+pub fn finalizers_patch(volume: &Volume, add: bool) -> serde_json::Value {
+    let mut finalizers: Vec<String> = volume
+        .finalizers
+        .iter()
+        .filter(|f| *f != model::PV_FINALIZER)
+        .cloned()
+        .collect();
+    if add {
+        finalizers.push(model::PV_FINALIZER.to_string());
+    }
+    serde_json::json!({
+        "metadata": {
+            "finalizers": if finalizers.is_empty() { serde_json::Value::Null } else { serde_json::json!(finalizers) },
+            "resourceVersion": volume.resource_version,
+        }
+    })
+}
+
+/// Whether an existing PV is the one a replayed CreateVolume would have written.
+pub fn same_volume(existing: &PersistentVolume, volume_id: &str) -> bool {
+    existing
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .is_some_and(|c| c.volume_handle == volume_id)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,523 @@
+use std::collections::BTreeMap;
+
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use serde_json::json;
+
+use super::*;
+use crate::topology::ClusterTopology;
+
+struct NoNodes;
+
+impl ClusterTopology for NoNodes {
+    fn keys_of(&self, _: &str) -> Option<Vec<String>> {
+        None
+    }
+    fn labels_of(&self, _: &str) -> Option<&BTreeMap<String, String>> {
+        None
+    }
+    fn any_keys(&self) -> Option<Vec<String>> {
+        None
+    }
+    fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
+        Box::new(std::iter::empty())
+    }
+}
+
+fn policy() -> Policy {
+    Policy {
+        driver: "d".into(),
+        identity: "1-2-d".into(),
+        caps: Capabilities {
+            controller_service: true,
+            create_delete_volume: true,
+            ..Capabilities::default()
+        },
+        topology: false,
+        strict_topology: false,
+        immediate_topology: true,
+        volume_name_prefix: "pvc".into(),
+        volume_name_uuid_length: -1,
+        default_fstype: String::new(),
+        extra_create_metadata: false,
+        controller_publish_readonly: false,
+    }
+}
+
+fn claim(spec: serde_json::Value) -> Claim {
+    Claim::from_api(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "ns", "uid": "1234-abcd", "resourceVersion": "3",
+                "annotations": {model::ANN_STORAGE_PROVISIONER: "d"}},
+            "spec": spec
+        }))
+        .unwrap(),
+    )
+}
+
+fn class(params: &[(&str, &str)]) -> Class {
+    Class {
+        name: "fast".into(),
+        uid: "sc-uid".into(),
+        provisioner: "d".into(),
+        parameters: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        reclaim_policy: "Delete".into(),
+        mount_options: vec!["noatime".into()],
+        ..Class::default()
+    }
+}
+
+fn basic_claim() -> Claim {
+    claim(
+        json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}}}),
+    )
+}
+
+#[test]
+fn volume_names() {
+    assert_eq!(
+        volume_name("pvc", "12-34-56", -1),
+        Ok("pvc-12-34-56".into())
+    );
+    assert_eq!(volume_name("pv", "12-34-56", 4), Ok("pv-1234".into()));
+    assert_eq!(volume_name("pv", "12-34", 40), Ok("pv-1234".into()));
+    assert!(volume_name("", "1", -1).is_err());
+    assert!(volume_name("p", "", -1).is_err());
+}
+
+#[test]
+fn which_claims_are_ours() {
+    let p = policy();
+    let c = class(&[]);
+    assert_eq!(
+        should_provision(&p, &basic_claim(), Some(&c), false),
+        Ok(())
+    );
+    assert_eq!(
+        should_provision(&p, &basic_claim(), None, false),
+        Err(Skip::NoClass)
+    );
+    assert_eq!(
+        should_provision(&p, &basic_claim(), Some(&c), true),
+        Err(Skip::VolumeExists)
+    );
+    let wffc = Class {
+        wait_for_first_consumer: true,
+        ..class(&[])
+    };
+    assert_eq!(
+        should_provision(&p, &basic_claim(), Some(&wffc), false),
+        Err(Skip::WaitingForNode)
+    );
+    let other = Policy {
+        driver: "x".into(),
+        ..policy()
+    };
+    assert_eq!(
+        should_provision(&other, &basic_claim(), Some(&c), false),
+        Err(Skip::NotOurs)
+    );
+}
+
+#[test]
+fn request_as_upstream_builds_it() {
+    let p = Policy {
+        extra_create_metadata: true,
+        ..policy()
+    };
+    let c = class(&[
+        ("type", "ssd"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+        ("csi.storage.k8s.io/provisioner-secret-name", "prov"),
+        (
+            "csi.storage.k8s.io/provisioner-secret-namespace",
+            "${pvc.namespace}",
+        ),
+        ("csi.storage.k8s.io/node-stage-secret-name", "stage"),
+        (
+            "csi.storage.k8s.io/node-stage-secret-namespace",
+            "kube-system",
+        ),
+    ]);
+    let prepared = prepare(&p, &basic_claim(), &c, &NoNodes).unwrap();
+    let r = &prepared.request;
+    assert_eq!(r.name, "pvc-1234-abcd");
+    assert_eq!(r.capacity_range.as_ref().unwrap().required_bytes, 1 << 30);
+    assert_eq!(r.capacity_range.as_ref().unwrap().limit_bytes, 0);
+    assert_eq!(r.parameters.get("type").map(String::as_str), Some("ssd"));
+    assert_eq!(
+        r.parameters.get(params::PVC_NAME_KEY).map(String::as_str),
+        Some("data")
+    );
+    assert_eq!(
+        r.parameters.get(params::PV_NAME_KEY).map(String::as_str),
+        Some("pvc-1234-abcd")
+    );
+    assert!(!r.parameters.contains_key("csi.storage.k8s.io/fstype"));
+    assert!(
+        r.secrets.is_empty(),
+        "secret values are fetched at call time"
+    );
+    assert_eq!(r.volume_capabilities.len(), 1);
+    let cap = &r.volume_capabilities[0];
+    assert_eq!(
+        cap.access_mode.as_ref().unwrap().mode,
+        Mode::SingleNodeWriter as i32
+    );
+    match cap.access_type.as_ref().unwrap() {
+        AccessType::Mount(m) => {
+            assert_eq!(m.fs_type, "xfs");
+            assert_eq!(m.mount_flags, vec!["noatime".to_string()]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        prepared.provisioner_secret,
+        Some(SecretRef {
+            namespace: "ns".into(),
+            name: "prov".into()
+        })
+    );
+    assert_eq!(
+        prepared.pv.node_stage_secret.as_ref().unwrap().namespace,
+        "kube-system"
+    );
+    assert!(r.accessibility_requirements.is_none(), "topology off");
+}
+
+#[test]
+fn bad_claims_fail_with_clear_messages() {
+    let p = policy();
+    let selector = claim(
+        json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+        "selector": {"matchLabels": {"a": "b"}}, "resources": {"requests": {"storage": "1Gi"}}}),
+    );
+    let f = prepare(&p, &selector, &class(&[]), &NoNodes).unwrap_err();
+    assert_eq!(
+        (f.state, f.message.as_str()),
+        (State::Finished, "claim Selector is not supported")
+    );
+
+    let unknown = prepare(
+        &p,
+        &basic_claim(),
+        &class(&[("csi.storage.k8s.io/bogus", "x")]),
+        &NoNodes,
+    )
+    .unwrap_err();
+    assert!(
+        unknown
+            .message
+            .contains("found unknown parameter key \"csi.storage.k8s.io/bogus\"")
+    );
+
+    let mode = claim(
+        json!({"storageClassName": "fast", "accessModes": ["ReadWriteSometimes"],
+        "resources": {"requests": {"storage": "1Gi"}}}),
+    );
+    assert_eq!(
+        prepare(&p, &mode, &class(&[]), &NoNodes)
+            .unwrap_err()
+            .message,
+        "unsupported AccessMode combination: [ReadWriteSometimes]"
+    );
+
+    let huge = claim(
+        json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "100Ei"}}}),
+    );
+    assert!(
+        prepare(&p, &huge, &class(&[]), &NoNodes)
+            .unwrap_err()
+            .message
+            .contains("larger than a volume can be")
+    );
+
+    let template = class(&[
+        ("csi.storage.k8s.io/provisioner-secret-name", "${pvc.nope}"),
+        ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
+    ]);
+    let f = prepare(&p, &basic_claim(), &template, &NoNodes).unwrap_err();
+    assert_eq!(f.state, State::NoChange);
+    assert!(f.message.contains("invalid tokens"), "{}", f.message);
+
+    let no_create = Policy {
+        caps: Capabilities {
+            controller_service: true,
+            ..Capabilities::default()
+        },
+        ..policy()
+    };
+    assert!(
+        prepare(&no_create, &basic_claim(), &class(&[]), &NoNodes)
+            .unwrap_err()
+            .message
+            .contains("CREATE_DELETE_VOLUME capability is not reported")
+    );
+
+    let populator = claim(
+        json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+        "dataSourceRef": {"apiGroup": "example.com", "kind": "Hello", "name": "h"},
+        "resources": {"requests": {"storage": "1Gi"}}}),
+    );
+    let f = prepare(&p, &populator, &class(&[]), &NoNodes).unwrap_err();
+    assert_eq!(
+        (f.state, f.message.as_str()),
+        (State::Ignored, POPULATOR_MESSAGE)
+    );
+}
+
+#[test]
+fn block_claims_get_block_capabilities() {
+    let p = Policy {
+        default_fstype: "ext4".into(),
+        ..policy()
+    };
+    let block = claim(
+        json!({"storageClassName": "fast", "accessModes": ["ReadOnlyMany"],
+        "volumeMode": "Block", "resources": {"requests": {"storage": "10Mi"}}}),
+    );
+    let prepared = prepare(&p, &block, &class(&[]), &NoNodes).unwrap();
+    let cap = &prepared.request.volume_capabilities[0];
+    assert!(matches!(cap.access_type, Some(AccessType::Block(_))));
+    assert_eq!(
+        cap.access_mode.as_ref().unwrap().mode,
+        Mode::MultiNodeReaderOnly as i32
+    );
+    let Created::Pv(pv) = build_pv(
+        &p,
+        &prepared,
+        &CsiVolume {
+            volume_id: "v".into(),
+            ..Default::default()
+        },
+    ) else {
+        panic!("no PV");
+    };
+    let spec = pv.spec.unwrap();
+    assert_eq!(spec.csi.unwrap().fs_type, None, "no fsType on block PVs");
+    assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+}
+
+#[test]
+fn pv_as_upstream_writes_it() {
+    let p = Policy {
+        topology: true,
+        ..policy()
+    };
+    let prepared = prepare(
+        &Policy {
+            topology: false,
+            ..p.clone()
+        },
+        &basic_claim(),
+        &class(&[]),
+        &NoNodes,
+    )
+    .unwrap();
+    let volume = CsiVolume {
+        volume_id: "vol-1".into(),
+        capacity_bytes: 2 << 30,
+        volume_context: [("k".to_string(), "v".to_string())].into(),
+        accessible_topology: vec![csi_proto::v1::Topology {
+            segments: [("zone".to_string(), "a".to_string())].into(),
+        }],
+        ..Default::default()
+    };
+    let Created::Pv(pv) = build_pv(&p, &prepared, &volume) else {
+        panic!("no PV")
+    };
+    let meta = &pv.metadata;
+    assert_eq!(meta.name.as_deref(), Some("pvc-1234-abcd"));
+    assert_eq!(
+        meta.finalizers.as_ref().unwrap(),
+        &vec![model::PV_FINALIZER.to_string()]
+    );
+    let ann = meta.annotations.as_ref().unwrap();
+    assert_eq!(ann[model::ANN_PROVISIONED_BY], "d");
+    assert_eq!(ann[model::ANN_DELETION_SECRET_NAME], "");
+    assert_eq!(ann[model::ANN_DELETION_SECRET_NAMESPACE], "");
+    let spec = pv.spec.as_ref().unwrap();
+    assert_eq!(spec.capacity.as_ref().unwrap()["storage"].0, "2Gi");
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Delete")
+    );
+    assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+    let claim_ref = spec.claim_ref.as_ref().unwrap();
+    assert_eq!(claim_ref.uid.as_deref(), Some("1234-abcd"));
+    assert_eq!(claim_ref.resource_version.as_deref(), Some("3"));
+    let csi = spec.csi.as_ref().unwrap();
+    assert_eq!(csi.volume_handle, "vol-1");
+    let attrs = csi.volume_attributes.as_ref().unwrap();
+    assert_eq!(attrs[model::PROVISIONER_ID_KEY], "1-2-d");
+    assert_eq!(attrs["k"], "v");
+    let terms = &spec
+        .node_affinity
+        .as_ref()
+        .unwrap()
+        .required
+        .as_ref()
+        .unwrap()
+        .node_selector_terms;
+    assert_eq!(terms[0].match_expressions.as_ref().unwrap()[0].key, "zone");
+
+    let small = CsiVolume {
+        volume_id: "v".into(),
+        capacity_bytes: 1,
+        ..Default::default()
+    };
+    assert!(matches!(
+        build_pv(&p, &prepared, &small),
+        Created::Undo { .. }
+    ));
+    let unknown = CsiVolume {
+        volume_id: "v".into(),
+        capacity_bytes: 0,
+        ..Default::default()
+    };
+    let Created::Pv(pv) = build_pv(&p, &prepared, &unknown) else {
+        panic!()
+    };
+    assert_eq!(
+        pv.spec.unwrap().capacity.unwrap()["storage"].0,
+        "1Gi",
+        "0 means the request"
+    );
+}
+
+#[test]
+fn error_classes() {
+    use tonic::Code::*;
+    for code in [Cancelled, DeadlineExceeded, Unavailable, Aborted] {
+        assert_eq!(classify(Some(code), true), State::InBackground, "{code:?}");
+    }
+    assert_eq!(classify(None, false), State::InBackground);
+    assert_eq!(classify(Some(ResourceExhausted), true), State::Reschedule);
+    assert_eq!(classify(Some(ResourceExhausted), false), State::Finished);
+    for code in [
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        OutOfRange,
+        FailedPrecondition,
+        Internal,
+        Unimplemented,
+        Unknown,
+        PermissionDenied,
+        DataLoss,
+        Unauthenticated,
+    ] {
+        assert_eq!(classify(Some(code), true), State::Finished, "{code:?}");
+    }
+}
+
+fn volume(value: serde_json::Value) -> Volume {
+    Volume::from_api(&serde_json::from_value(value).unwrap())
+}
+
+#[test]
+fn volume_plans() {
+    let p = policy();
+    let bound = volume(
+        json!({"metadata": {"name": "pv", "annotations": {model::ANN_PROVISIONED_BY: "d"}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "csi": {"driver": "d", "volumeHandle": "h"}},
+        "status": {"phase": "Bound"}}),
+    );
+    assert_eq!(
+        plan_volume(&p, &bound, None, None),
+        VolumePlan::AddFinalizer
+    );
+    let retain = volume(
+        json!({"metadata": {"name": "pv", "finalizers": [model::PV_FINALIZER], "annotations": {model::ANN_PROVISIONED_BY: "d"}},
+        "spec": {"persistentVolumeReclaimPolicy": "Retain", "csi": {"driver": "d", "volumeHandle": "h"}},
+        "status": {"phase": "Released"}}),
+    );
+    assert_eq!(
+        plan_volume(&p, &retain, None, None),
+        VolumePlan::RemoveFinalizer
+    );
+    let released = volume(
+        json!({"metadata": {"name": "pv", "finalizers": [model::PV_FINALIZER],
+            "annotations": {model::ANN_PROVISIONED_BY: "d", model::ANN_DELETION_SECRET_NAME: "s", model::ANN_DELETION_SECRET_NAMESPACE: "n"}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "csi": {"driver": "d", "volumeHandle": "h"}},
+        "status": {"phase": "Released"}}),
+    );
+    match plan_volume(&p, &released, None, None) {
+        VolumePlan::Delete(plan) => {
+            assert_eq!(plan.request.volume_id, "h");
+            assert_eq!(
+                plan.secret,
+                DeletionSecret::Annotated(SecretRef {
+                    namespace: "n".into(),
+                    name: "s".into()
+                })
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        plan_volume(&p, &released, None, Some("node-1")),
+        VolumePlan::Refuse("persistentvolume pv is still attached to node node-1".into())
+    );
+    let gone_finalizer = volume(
+        json!({"metadata": {"name": "pv", "deletionTimestamp": "2026-01-01T00:00:00Z", "annotations": {model::ANN_PROVISIONED_BY: "d"}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "csi": {"driver": "d", "volumeHandle": "h"}},
+        "status": {"phase": "Released"}}),
+    );
+    assert_eq!(
+        plan_volume(&p, &gone_finalizer, None, None),
+        VolumePlan::Nothing,
+        "already deleted"
+    );
+    let not_ours = volume(
+        json!({"metadata": {"name": "pv", "annotations": {model::ANN_PROVISIONED_BY: "x"}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete"}, "status": {"phase": "Released"}}),
+    );
+    assert_eq!(plan_volume(&p, &not_ours, None, None), VolumePlan::Nothing);
+    // Old PVs without the annotations: the secret comes from the class.
+    let old = volume(
+        json!({"metadata": {"name": "pv", "finalizers": [model::PV_FINALIZER], "annotations": {model::ANN_PROVISIONED_BY: "d"}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast", "csi": {"driver": "d", "volumeHandle": "h"},
+            "claimRef": {"namespace": "ns", "name": "data"}},
+        "status": {"phase": "Released"}}),
+    );
+    let c = class(&[
+        ("csi.storage.k8s.io/provisioner-secret-name", "${pvc.name}"),
+        (
+            "csi.storage.k8s.io/provisioner-secret-namespace",
+            "${pvc.namespace}",
+        ),
+    ]);
+    match plan_volume(&p, &old, Some(&c), None) {
+        VolumePlan::Delete(plan) => assert_eq!(
+            plan.secret,
+            DeletionSecret::FromClass(Ok(Some(SecretRef {
+                namespace: "ns".into(),
+                name: "data".into()
+            })))
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn finalizer_patches_keep_other_finalizers() {
+    let v = volume(
+        json!({"metadata": {"name": "pv", "resourceVersion": "9", "finalizers": ["kubernetes.io/pv-protection"]}}),
+    );
+    assert_eq!(
+        finalizers_patch(&v, true),
+        json!({"metadata": {"finalizers": ["kubernetes.io/pv-protection", model::PV_FINALIZER], "resourceVersion": "9"}})
+    );
+    let only = volume(
+        json!({"metadata": {"name": "pv", "resourceVersion": "9", "finalizers": [model::PV_FINALIZER]}}),
+    );
+    assert_eq!(
+        finalizers_patch(&only, false),
+        json!({"metadata": {"finalizers": null, "resourceVersion": "9"}})
+    );
+}

@@ -1,0 +1,429 @@
+//! The fields of PersistentVolumeClaims, PersistentVolumes, StorageClasses, Nodes, CSINodes and
+//! VolumeAttachments the provisioner decides from, projected out of the API objects so that the
+//! cache holds only these.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+pub const ANN_MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
+pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
+pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+pub const ANN_DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
+pub const ANN_DELETION_SECRET_NAMESPACE: &str =
+    "volume.kubernetes.io/provisioner-deletion-secret-namespace";
+pub const ANN_MODIFY_SECRET_NAME: &str = "volume.kubernetes.io/controller-modify-secret-name";
+pub const ANN_MODIFY_SECRET_NAMESPACE: &str =
+    "volume.kubernetes.io/controller-modify-secret-namespace";
+/// The finalizer on the PersistentVolumes of volumes to delete.
+pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+/// Volume attribute naming the provisioner instance that created the volume.
+pub const PROVISIONER_ID_KEY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
+/// kubectl's copy of the applied object: large, and never needed.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The leader election Lease name, as upstream names it: the driver name with `/` replaced.
+pub fn lease_name(driver: &str) -> String {
+    sidecar_kit::leader::sanitize_name(&driver.replace('/', "-"))
+}
+
+fn name_of(meta: &ObjectMeta) -> String {
+    meta.name.clone().unwrap_or_default()
+}
+
+/// What a claim asks its volume to be filled from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataSource {
+    pub api_group: String,
+    pub kind: String,
+    pub name: String,
+    /// `dataSourceRef.namespace` (cross-namespace sources).
+    pub namespace: Option<String>,
+}
+
+/// What provisioning needs of a claim that has no volume yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimSpec {
+    pub annotations: BTreeMap<String, String>,
+    pub storage_class: Option<String>,
+    pub access_modes: Vec<String>,
+    pub block: bool,
+    /// `volumeMode` as written (`None`: unset).
+    pub volume_mode: Option<String>,
+    /// `resources.requests.storage` as written.
+    pub request: Option<String>,
+    pub has_selector: bool,
+    pub data_source: Option<DataSource>,
+    pub volume_attributes_class: Option<String>,
+}
+
+/// A PersistentVolumeClaim. Bound claims keep only their identity: nothing is provisioned for
+/// them, and most claims in a cluster are bound.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claim {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub resource_version: String,
+    pub volume_name: String,
+    /// Present while the claim has no volume.
+    pub pending: Option<Box<ClaimSpec>>,
+}
+
+impl Claim {
+    pub fn from_api(pvc: &PersistentVolumeClaim) -> Self {
+        let meta = &pvc.metadata;
+        let spec = pvc.spec.as_ref();
+        let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let pending = (volume_name.is_empty()).then(|| {
+            let spec = spec.cloned().unwrap_or_default();
+            let mut annotations = meta.annotations.clone().unwrap_or_default();
+            annotations.remove(LAST_APPLIED);
+            let data_source = spec
+                .data_source_ref
+                .as_ref()
+                .map(|r| DataSource {
+                    api_group: r.api_group.clone().unwrap_or_default(),
+                    kind: r.kind.clone(),
+                    name: r.name.clone(),
+                    namespace: r.namespace.clone().filter(|n| !n.is_empty()),
+                })
+                .or_else(|| {
+                    spec.data_source.as_ref().map(|r| DataSource {
+                        api_group: r.api_group.clone().unwrap_or_default(),
+                        kind: r.kind.clone(),
+                        name: r.name.clone(),
+                        namespace: None,
+                    })
+                });
+            Box::new(ClaimSpec {
+                annotations,
+                storage_class: spec.storage_class_name.clone(),
+                access_modes: spec.access_modes.clone().unwrap_or_default(),
+                block: spec.volume_mode.as_deref() == Some("Block"),
+                volume_mode: spec.volume_mode.clone(),
+                request: spec
+                    .resources
+                    .as_ref()
+                    .and_then(|r| r.requests.as_ref())
+                    .and_then(|r| r.get("storage"))
+                    .map(|q| q.0.clone()),
+                has_selector: spec.selector.is_some(),
+                data_source,
+                volume_attributes_class: spec
+                    .volume_attributes_class_name
+                    .clone()
+                    .filter(|n| !n.is_empty()),
+            })
+        });
+        Self {
+            uid: meta.uid.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: name_of(meta),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            volume_name,
+            pending,
+        }
+    }
+
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.pending
+            .as_ref()
+            .and_then(|p| p.annotations.get(key))
+            .map(String::as_str)
+    }
+
+    /// The provisioner the PV controller announced, from the GA annotation or the beta one.
+    pub fn provisioner(&self) -> Option<&str> {
+        self.annotation(ANN_STORAGE_PROVISIONER)
+            .or_else(|| self.annotation(ANN_BETA_STORAGE_PROVISIONER))
+    }
+
+    /// The node the scheduler chose (late binding).
+    pub fn selected_node(&self) -> Option<&str> {
+        self.annotation(ANN_SELECTED_NODE)
+            .or_else(|| self.annotation(ANN_ALPHA_SELECTED_NODE))
+            .filter(|n| !n.is_empty())
+    }
+
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolumeClaim".into()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            resource_version: Some(self.resource_version.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// One `allowedTopologies` term: an AND of keys, each with an OR of values.
+pub type TopologySelectorTerm = Vec<(String, Vec<String>)>;
+
+/// A StorageClass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Class {
+    pub name: String,
+    pub uid: String,
+    pub provisioner: String,
+    pub parameters: BTreeMap<String, String>,
+    /// `Delete` (the default), `Retain` or `Recycle`.
+    pub reclaim_policy: String,
+    pub mount_options: Vec<String>,
+    pub wait_for_first_consumer: bool,
+    pub allowed_topologies: Vec<TopologySelectorTerm>,
+}
+
+impl Class {
+    pub fn from_api(sc: &StorageClass) -> Self {
+        Self {
+            name: name_of(&sc.metadata),
+            uid: sc.metadata.uid.clone().unwrap_or_default(),
+            provisioner: sc.provisioner.clone(),
+            parameters: sc.parameters.clone().unwrap_or_default(),
+            reclaim_policy: sc
+                .reclaim_policy
+                .clone()
+                .unwrap_or_else(|| "Delete".to_string()),
+            mount_options: sc.mount_options.clone().unwrap_or_default(),
+            wait_for_first_consumer: sc.volume_binding_mode.as_deref()
+                == Some("WaitForFirstConsumer"),
+            allowed_topologies: sc
+                .allowed_topologies
+                .iter()
+                .flatten()
+                .map(|term| {
+                    term.match_label_expressions
+                        .iter()
+                        .flatten()
+                        .map(|e| (e.key.clone(), e.values.clone()))
+                        .collect()
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A reference to a Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A PersistentVolume this provisioner is responsible for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Volume {
+    pub name: String,
+    pub resource_version: String,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+    pub phase: String,
+    pub reclaim_policy: String,
+    pub storage_class: String,
+    /// `spec.csi.driver` and `spec.csi.volumeHandle` (empty for in-tree volumes).
+    pub driver: String,
+    pub volume_handle: String,
+    /// `claimRef` namespace and name.
+    pub claim: Option<(String, String)>,
+    pub claim_uid: String,
+    /// The deletion secret annotations; `None` when they are absent.
+    pub deletion_secret: Option<(String, String)>,
+    pub provisioned_by: Option<String>,
+    pub migrated_to: Option<String>,
+}
+
+impl Volume {
+    pub fn from_api(pv: &PersistentVolume) -> Self {
+        let meta = &pv.metadata;
+        let annotations = meta.annotations.as_ref();
+        let annotation = |key: &str| annotations.and_then(|a| a.get(key)).cloned();
+        let spec = pv.spec.as_ref();
+        let csi = spec.and_then(|s| s.csi.as_ref());
+        let claim_ref = spec.and_then(|s| s.claim_ref.as_ref());
+        let deletion_secret = match (
+            annotation(ANN_DELETION_SECRET_NAME),
+            annotation(ANN_DELETION_SECRET_NAMESPACE),
+        ) {
+            (Some(name), Some(namespace)) => Some((namespace, name)),
+            _ => None,
+        };
+        Self {
+            name: name_of(meta),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            phase: pv
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default(),
+            reclaim_policy: spec
+                .and_then(|s| s.persistent_volume_reclaim_policy.clone())
+                .unwrap_or_default(),
+            storage_class: spec
+                .and_then(|s| s.storage_class_name.clone())
+                .unwrap_or_default(),
+            driver: csi.map(|c| c.driver.clone()).unwrap_or_default(),
+            volume_handle: csi.map(|c| c.volume_handle.clone()).unwrap_or_default(),
+            claim: claim_ref.map(|r| {
+                (
+                    r.namespace.clone().unwrap_or_default(),
+                    r.name.clone().unwrap_or_default(),
+                )
+            }),
+            claim_uid: claim_ref.and_then(|r| r.uid.clone()).unwrap_or_default(),
+            deletion_secret,
+            provisioned_by: annotation(ANN_PROVISIONED_BY),
+            migrated_to: annotation(ANN_MIGRATED_TO),
+        }
+    }
+
+    /// Whether `driver` is responsible for this PV: it provisioned it (or the PV was migrated
+    /// to it), or it is a static CSI PV of the driver.
+    pub fn owned_by(&self, driver: &str) -> bool {
+        match &self.provisioned_by {
+            Some(by) => by == driver || self.migrated_to.as_deref() == Some(driver),
+            None if !self.driver.is_empty() => self.driver == driver,
+            None => self.migrated_to.as_deref() == Some(driver),
+        }
+    }
+
+    pub fn has_finalizer(&self) -> bool {
+        self.finalizers.iter().any(|f| f == PV_FINALIZER)
+    }
+
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolume".into()),
+            name: Some(self.name.clone()),
+            resource_version: Some(self.resource_version.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// The topology keys `driver` registered in a CSINode (`None`: not registered there).
+pub fn csinode_topology_keys(csinode: &CSINode, driver: &str) -> Option<Vec<String>> {
+    csinode
+        .spec
+        .drivers
+        .iter()
+        .find(|d| d.name == driver)
+        .map(|d| d.topology_keys.clone().unwrap_or_default())
+}
+
+/// The labels of a Node.
+pub fn node_labels(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+/// The PV a VolumeAttachment names, and its node.
+pub fn attachment_of(va: &VolumeAttachment) -> Option<(String, String)> {
+    va.spec
+        .source
+        .persistent_volume_name
+        .clone()
+        .map(|pv| (pv, va.spec.node_name.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pvc(value: serde_json::Value) -> PersistentVolumeClaim {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn pending_claims_keep_what_provisioning_needs() {
+        let claim = Claim::from_api(&pvc(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "annotations": {ANN_BETA_STORAGE_PROVISIONER: "d", ANN_SELECTED_NODE: "n1",
+                    LAST_APPLIED: "{...}"}},
+            "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+                "volumeMode": "Block", "resources": {"requests": {"storage": "1Gi"}},
+                "dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}}
+        })));
+        assert_eq!(claim.provisioner(), Some("d"));
+        assert_eq!(claim.selected_node(), Some("n1"));
+        let spec = claim.pending.as_ref().unwrap();
+        assert!(spec.block);
+        assert_eq!(spec.request.as_deref(), Some("1Gi"));
+        assert!(!spec.annotations.contains_key(LAST_APPLIED));
+        assert_eq!(spec.data_source.as_ref().unwrap().name, "src");
+    }
+
+    #[test]
+    fn bound_claims_keep_only_their_identity() {
+        let claim = Claim::from_api(&pvc(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1",
+                "annotations": {ANN_STORAGE_PROVISIONER: "d"}},
+            "spec": {"volumeName": "pv-1", "storageClassName": "fast"}
+        })));
+        assert_eq!(claim.volume_name, "pv-1");
+        assert!(claim.pending.is_none());
+        assert_eq!(claim.provisioner(), None);
+    }
+
+    #[test]
+    fn data_source_ref_wins_over_data_source() {
+        let claim = Claim::from_api(&pvc(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "a"},
+                "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "b", "namespace": "other"}}
+        })));
+        let source = claim.pending.unwrap().data_source.unwrap();
+        assert_eq!(
+            (source.name.as_str(), source.namespace.as_deref()),
+            ("b", Some("other"))
+        );
+    }
+
+    #[test]
+    fn volume_ownership_follows_upstream() {
+        let pv = |value: serde_json::Value| -> Volume {
+            Volume::from_api(&serde_json::from_value(value).unwrap())
+        };
+        let provisioned = pv(
+            json!({"metadata": {"name": "p", "annotations": {ANN_PROVISIONED_BY: "d"}},
+            "spec": {"csi": {"driver": "other", "volumeHandle": "h"}}}),
+        );
+        assert!(provisioned.owned_by("d"));
+        assert!(!provisioned.owned_by("other"), "the annotation decides");
+        let static_pv = pv(
+            json!({"metadata": {"name": "p"}, "spec": {"csi": {"driver": "d", "volumeHandle": "h"}}}),
+        );
+        assert!(static_pv.owned_by("d") && !static_pv.owned_by("x"));
+        let migrated = pv(
+            json!({"metadata": {"name": "p", "annotations": {ANN_PROVISIONED_BY: "kubernetes.io/gce-pd", ANN_MIGRATED_TO: "d"}}, "spec": {}}),
+        );
+        assert!(migrated.owned_by("d"));
+        let deletion = pv(
+            json!({"metadata": {"name": "p", "annotations": {ANN_DELETION_SECRET_NAME: "", ANN_DELETION_SECRET_NAMESPACE: ""}}}),
+        );
+        assert_eq!(
+            deletion.deletion_secret,
+            Some((String::new(), String::new()))
+        );
+    }
+
+    #[test]
+    fn lease_name_is_the_sanitized_driver_name() {
+        assert_eq!(lease_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
+        assert_eq!(lease_name("example.com/x"), "example-com-x");
+    }
+}
