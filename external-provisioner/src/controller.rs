@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use csi_proto::v1::DeleteVolumeRequest;
+use either::Either;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
@@ -748,46 +749,28 @@ impl Controller {
             return Err(message);
         }
         tracing::info!(persistent_volume = %volume.name, "volume deleted");
+        // The deletion answers with the PV as it is now (deletionTimestamp set, finalizers
+        // still on): the finalizer patch is guarded by that version, not by a cached one.
         match self
             .pvs
             .delete(&volume.name, &DeleteParams::default())
             .await
         {
-            Ok(_) => {}
+            Ok(Either::Left(remaining)) => {
+                self.index().store_volume(&remaining, false);
+                let remaining = model::Volume::from_api(&remaining);
+                if remaining.has_finalizer() {
+                    self.patch_finalizers(&remaining, false).await?;
+                }
+            }
+            Ok(Either::Right(_)) => {}
             Err(err) if api_code(&err) == Some(404) => {}
             Err(err) => {
-                let message = format!(
+                return Err(format!(
                     "failed to delete persistentvolume {}: {}",
                     volume.name,
                     api_message(&err)
-                );
-                return Err(message);
-            }
-        }
-        let current = self.index().volume(&volume.name).cloned();
-        if let Some(current) = current.filter(|v| v.has_finalizer()) {
-            self.patch_finalizers(&current, false).await?;
-        } else if volume.has_finalizer() {
-            // The watch has not shown the deletion yet: patch without a version guard.
-            let patch = serde_json::json!({"metadata": {"finalizers": volume
-                .finalizers
-                .iter()
-                .filter(|f| *f != model::PV_FINALIZER)
-                .collect::<Vec<_>>()}});
-            match self
-                .pvs
-                .patch(&volume.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {}
-                Err(err) if api_code(&err) == Some(404) => {}
-                Err(err) => {
-                    return Err(format!(
-                        "failed to remove finalizer from persistentvolume {}: {}",
-                        volume.name,
-                        api_message(&err)
-                    ));
-                }
+                ));
             }
         }
         if let Some(metrics) = &self.config.metrics {

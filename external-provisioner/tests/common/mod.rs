@@ -1,0 +1,303 @@
+//! Shared set-up of the provisioner tests: a cluster (the in-process API server with its PV
+//! controller, or a real one through `CSI_SIDECARS_TEST_KUBECONFIG`), the mock driver on a unix
+//! socket, and the controller running in-process against both.
+
+// Each test crate uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use external_provisioner::app;
+use external_provisioner::controller::{self, Config};
+use external_provisioner::flags::Cli;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
+use sidecar_kit::csi::CsiClient;
+use sidecar_kit::flags::{FlagSyntax, parse_from};
+use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::workqueue::Backoff;
+use testkit::apiserver::TestCluster;
+use testkit::mockdriver::{MockDriver, MockHandle};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const DRIVER: &str = "hostpath.csi.k8s.io";
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Polls `check` until it yields a value, failing the test after [`WAIT`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn cli(args: &[&str]) -> Cli {
+    parse_from(
+        std::iter::once("csi-provisioner").chain(args.iter().copied()),
+        FlagSyntax::Gnu,
+    )
+    .unwrap()
+}
+
+/// A mock driver of [`DRIVER`] with its default capabilities.
+pub fn mock() -> MockDriver {
+    MockDriver::builder().driver_name(DRIVER)
+}
+
+pub async fn csi_client(mock: &MockHandle) -> CsiClient {
+    let connection = connection::connect(
+        &mock.endpoint(),
+        ConnectOptions {
+            dial_timeout: Some(Duration::from_secs(5)),
+            policy: LossPolicy::Reconnect,
+        },
+    )
+    .await
+    .unwrap();
+    CsiClient::new(connection, CsiMetrics::new().unwrap())
+}
+
+/// A name unique across tests and runs, for cluster-scoped objects.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{:x}-{nanos:x}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Cluster, mock driver and one in-process provisioner.
+pub struct Env {
+    pub cluster: TestCluster,
+    pub mock: MockHandle,
+    pub csi: CsiClient,
+    pub shutdown: CancellationToken,
+    pub task: Option<JoinHandle<()>>,
+    pub classes: Vec<String>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub async fn start(
+        driver: MockDriver,
+        args: &[&str],
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
+        let cluster = TestCluster::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mock = driver
+            .serve_unix(dir.path().join("csi.sock"))
+            .await
+            .unwrap();
+        let csi = csi_client(&mock).await;
+        let cli = cli(args);
+        let caps = app::capabilities(&csi, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut config = app::config(
+            &cli,
+            DRIVER,
+            caps,
+            "1700000000000-42-hostpath.csi.k8s.io",
+            "test-replica",
+        );
+        config.backoff = Backoff {
+            start: Duration::from_millis(50),
+            max: Duration::from_secs(2),
+        };
+        config.workers = 4;
+        adjust(&mut config);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(controller::run(
+            config,
+            cluster.client(),
+            csi.clone(),
+            shutdown.clone(),
+        ));
+        Self {
+            cluster,
+            mock,
+            csi,
+            shutdown,
+            task: Some(task),
+            classes: Vec::new(),
+            dir,
+        }
+    }
+
+    pub fn client(&self) -> kube::Client {
+        self.cluster.client()
+    }
+
+    pub fn namespace(&self) -> String {
+        self.cluster.namespace().to_string()
+    }
+
+    pub fn pvcs(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client(), self.cluster.namespace())
+    }
+
+    pub fn pvs(&self) -> Api<PersistentVolume> {
+        Api::all(self.client())
+    }
+
+    /// A StorageClass of the driver; returns its (unique) name.
+    pub async fn create_class(&mut self, extra: Value) -> String {
+        let name = unique("sc");
+        let mut sc = json!({"metadata": {"name": name}, "provisioner": DRIVER});
+        merge(&mut sc, extra);
+        let sc: StorageClass = serde_json::from_value(sc).unwrap();
+        Api::<StorageClass>::all(self.client())
+            .create(&PostParams::default(), &sc)
+            .await
+            .unwrap();
+        self.classes.push(name.clone());
+        name
+    }
+
+    pub async fn create_claim(
+        &self,
+        name: &str,
+        class: &str,
+        extra: Value,
+    ) -> PersistentVolumeClaim {
+        let mut pvc = json!({
+            "metadata": {"name": name},
+            "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}}
+        });
+        merge(&mut pvc, extra);
+        let pvc: PersistentVolumeClaim = serde_json::from_value(pvc).unwrap();
+        self.pvcs()
+            .create(&PostParams::default(), &pvc)
+            .await
+            .unwrap()
+    }
+
+    pub async fn delete_claim(&self, name: &str) {
+        self.pvcs()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the claim is bound; returns its PV.
+    pub async fn wait_bound(&self, claim: &str) -> PersistentVolume {
+        let pvcs = self.pvcs();
+        let pvs = self.pvs();
+        eventually(&format!("claim {claim} bound"), || {
+            let (pvcs, pvs) = (pvcs.clone(), pvs.clone());
+            let claim = claim.to_string();
+            async move {
+                let pvc = pvcs.get_opt(&claim).await.unwrap()?;
+                let bound = pvc.status.as_ref()?.phase.as_deref() == Some("Bound");
+                let volume = pvc.spec.as_ref()?.volume_name.clone()?;
+                if !bound {
+                    return None;
+                }
+                pvs.get_opt(&volume).await.unwrap()
+            }
+        })
+        .await
+    }
+
+    pub async fn wait_pv_gone(&self, name: &str) {
+        let pvs = self.pvs();
+        eventually(&format!("PV {name} deleted"), || {
+            let pvs = pvs.clone();
+            let name = name.to_string();
+            async move { pvs.get_opt(&name).await.unwrap().is_none().then_some(()) }
+        })
+        .await
+    }
+
+    /// Events about the claim or PV `name` in `namespace`.
+    pub async fn events_for(&self, namespace: &str, name: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client(), namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .collect()
+    }
+
+    pub async fn wait_event(&self, name: &str, reason: &str, message_part: &str) -> Event {
+        let namespace = self.namespace();
+        eventually(
+            &format!("a {reason} event for {name} containing {message_part:?}"),
+            || async {
+                self.events_for(&namespace, name)
+                    .await
+                    .into_iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some(reason)
+                            && e.message
+                                .as_deref()
+                                .is_some_and(|m| m.contains(message_part))
+                    })
+            },
+        )
+        .await
+    }
+
+    /// Volumes the mock driver holds.
+    pub fn driver_volumes(&self) -> Vec<String> {
+        self.mock.state().volumes.keys().cloned().collect()
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+        }
+        for class in &self.classes {
+            let _ = Api::<StorageClass>::all(self.client())
+                .delete(class, &DeleteParams::default())
+                .await;
+        }
+        self.mock.shutdown().await.unwrap();
+        self.cluster.cleanup().await.unwrap();
+    }
+}
+
+/// Merges `extra` into `base` (objects recursively, everything else replaced).
+pub fn merge(base: &mut Value, extra: Value) {
+    match (base, extra) {
+        (Value::Object(base), Value::Object(extra)) => {
+            for (k, v) in extra {
+                merge(base.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (base, extra) => *base = extra,
+    }
+}
+
+/// The JSON of the kept calls of `method`.
+pub fn requests(mock: &MockHandle, method: &str) -> Vec<Value> {
+    mock.calls()
+        .of(method)
+        .into_iter()
+        .map(|c| serde_json::from_str(&c.request).unwrap())
+        .collect()
+}
