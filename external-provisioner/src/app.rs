@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::controller::{self, COMPONENT, Config};
 use crate::decide::{Capabilities, Policy};
 use crate::flags::Cli;
+use crate::journal::{Location, journal_name};
 use crate::metrics::ProvisionMetrics;
 use crate::model;
 
@@ -120,6 +121,7 @@ pub fn config(
         watch_attachments: caps.publish_unpublish,
         queue_metrics: None,
         metrics: None,
+        journal: None,
         reporter: Reporter {
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
@@ -187,6 +189,10 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     let mut config = config(&cli, &driver, caps, &identity_string, &instance);
     config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
     config.metrics = Some(ProvisionMetrics::register(metrics.registry())?);
+    config.journal = Some(Location {
+        namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
+        name: journal_name(&model::lease_name(&driver)),
+    });
 
     let election = if cli.leader_election() {
         let le_client = sidecar_kit::kube::client(

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decide::{self, Created, DeletionSecret, Failure, Policy, Prepared, State, VolumePlan};
 use crate::index::{Index, Work};
+use crate::journal::{Intent, Journal, Location};
 use crate::metrics::ProvisionMetrics;
 use crate::model::{self, Claim, SecretRef};
 
@@ -53,6 +54,8 @@ pub struct Config {
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub metrics: Option<ProvisionMetrics>,
     pub reporter: Reporter,
+    /// Where unfinished CreateVolume calls are recorded (`None`: nowhere, as upstream).
+    pub journal: Option<Location>,
 }
 
 /// A CreateVolume that has not been answered for sure: repeated with the identical request
@@ -65,6 +68,8 @@ struct InFlight {
     /// The PV built from a successful answer whose creation failed: only the write is retried.
     pv: Option<Box<PersistentVolume>>,
     started: Instant,
+    /// Recorded in the journal.
+    journaled: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,6 +112,7 @@ struct Controller {
     /// Claims the driver found infeasible (InvalidArgument): the class UID then, and when.
     infeasible: Mutex<HashMap<String, (String, Instant)>>,
     events: Recorder,
+    journal: Journal,
 }
 
 /// Runs the provisioner until `shutdown` is cancelled; then stops taking work, lets the running
@@ -136,6 +142,10 @@ pub async fn run(
         in_flight: Mutex::new(HashMap::new()),
         infeasible: Mutex::new(HashMap::new()),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        journal: match &config.journal {
+            Some(location) => Journal::start(client.clone(), location.clone()),
+            None => Journal::off(),
+        },
         client,
         config,
     });
@@ -172,6 +182,7 @@ impl Controller {
                 "caches synced"
             );
         }
+        self.replay_journal(&shutdown).await;
         let me = self.clone();
         pipeline.workers(&self.claims, self.config.workers, move |item| {
             let me = me.clone();
@@ -214,6 +225,59 @@ impl Controller {
                 me.enqueue(work);
             },
         );
+    }
+
+    /// Takes up the CreateVolume calls a previous leader (or this process before a restart) left
+    /// unanswered: each is repeated with its recorded request before anything else happens to
+    /// its claim.
+    async fn replay_journal(&self, shutdown: &CancellationToken) {
+        let mut delay = Duration::from_millis(200);
+        let intents = loop {
+            match self.journal.load().await {
+                Ok(intents) => break intents,
+                Err(err) => {
+                    tracing::warn!(error = %err, retry_in = ?delay, "cannot read the intent journal; unfinished provisionings wait for it");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(self.config.backoff.max);
+                }
+            }
+        };
+        if intents.is_empty() {
+            return;
+        }
+        tracing::info!(
+            count = intents.len(),
+            "taking up unfinished provisionings from the intent journal"
+        );
+        for (uid, intent) in intents {
+            if self.index().has_volume(&intent.prepared.pv.name) {
+                // The PV was written: the intent is done.
+                self.journal.forget(&uid);
+                continue;
+            }
+            lock(&self.in_flight).insert(
+                uid.clone(),
+                InFlight {
+                    claim: intent.claim,
+                    class: intent.class,
+                    prepared: intent.prepared,
+                    pv: None,
+                    started: Instant::now(),
+                    journaled: true,
+                },
+            );
+            self.claims.add(uid, 0);
+        }
+    }
+
+    /// A CreateVolume is answered for sure and its outcome settled.
+    fn finish(&self, uid: &str) {
+        if lock(&self.in_flight).remove(uid).is_some() {
+            self.journal.forget(uid);
+        }
     }
 
     fn enqueue(&self, work: Vec<Work>) {
@@ -265,6 +329,34 @@ impl Controller {
                     .await;
             }
         };
+        let mut flight = flight;
+        if !flight.journaled {
+            let intent = Intent {
+                claim: flight.claim.clone(),
+                class: flight.class.clone(),
+                prepared: flight.prepared.clone(),
+            };
+            match tokio::time::timeout(self.config.timeout, self.journal.record(uid, &intent)).await
+            {
+                Ok(Ok(())) => flight.journaled = true,
+                Ok(Err(err)) => {
+                    return self
+                        .flight_failed(
+                            &flight,
+                            Failure::new(
+                                State::NoChange,
+                                format!("cannot record the provisioning intent: {err}"),
+                            ),
+                        )
+                        .await;
+                }
+                Err(_) => {
+                    return self
+                        .flight_failed(&flight, Failure::new(State::NoChange, "cannot record the provisioning intent: the journal write took longer than --timeout"))
+                        .await;
+                }
+            }
+        }
         lock(&self.in_flight).insert(key.clone(), flight.clone());
         let mut request = flight.prepared.request.clone();
         request.secrets = secrets.clone();
@@ -280,7 +372,7 @@ impl Controller {
                     self.config.policy.topology && flight.claim.selected_node().is_some();
                 let state = decide::classify(Some(status.code()), may_reschedule);
                 if state != State::InBackground {
-                    lock(&self.in_flight).remove(uid);
+                    self.finish(uid);
                 }
                 let failure = Failure {
                     state,
@@ -304,7 +396,7 @@ impl Controller {
             tracing::info!(claim = %flight.claim.key(), volume_id = %volume.volume_id, "claim deleted while its volume was being created; deleting the volume");
             match self.cleanup(&volume.volume_id, &secrets).await {
                 Ok(()) => {
-                    lock(&self.in_flight).remove(uid);
+                    self.finish(uid);
                     self.claims.forget(&key);
                 }
                 Err(status) => {
@@ -405,6 +497,7 @@ impl Controller {
                 prepared,
                 pv: None,
                 started: Instant::now(),
+                journaled: false,
             })),
             Err(failure) => Start::Fail(Box::new(claim), class.name.clone(), failure),
         }
@@ -552,7 +645,7 @@ impl Controller {
                         );
                         return self.flight_failed(&flight, failure).await;
                     }
-                    lock(&self.in_flight).remove(&key);
+                    self.finish(&key);
                     self.claims.forget(&key);
                     return;
                 }
@@ -578,7 +671,7 @@ impl Controller {
                 return self.flight_failed(&flight, failure).await;
             }
         }
-        lock(&self.in_flight).remove(&key);
+        self.finish(&key);
         lock(&self.infeasible).remove(&key);
         self.claims.forget(&key);
         if let Some(metrics) = &self.config.metrics {

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
 use tonic::Code;
 
 use crate::model::{self, Claim, ClaimSpec, Class, SecretRef, Volume};
@@ -139,9 +140,10 @@ pub fn should_provision(
 }
 
 /// What a prepared provisioning carries to the call and to the PV.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Prepared {
     /// The request, without secret values.
+    #[serde(with = "request_bytes")]
     pub request: CreateVolumeRequest,
     /// Where the CreateVolume secrets come from.
     pub provisioner_secret: Option<SecretRef>,
@@ -151,7 +153,7 @@ pub struct Prepared {
 }
 
 /// The parts of the PersistentVolume known before CreateVolume answers.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PvTemplate {
     pub name: String,
     pub claim_ref: ObjectReference,
@@ -680,6 +682,29 @@ pub fn same_volume(existing: &PersistentVolume, volume_id: &str) -> bool {
         .as_ref()
         .and_then(|s| s.csi.as_ref())
         .is_some_and(|c| c.volume_handle == volume_id)
+}
+
+/// A CreateVolume request in the journal: its protobuf encoding in base64, so that every field
+/// (present and future) survives unchanged.
+mod request_bytes {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use csi_proto::v1::CreateVolumeRequest;
+    use prost::Message;
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub fn serialize<S: Serializer>(
+        request: &CreateVolumeRequest,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(request.encode_to_vec()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<CreateVolumeRequest, D::Error> {
+        let text = String::deserialize(d)?;
+        let bytes = STANDARD.decode(text).map_err(de::Error::custom)?;
+        CreateVolumeRequest::decode(bytes.as_slice()).map_err(de::Error::custom)
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! - [`topology`]: the accessibility requirements of a CreateVolume call;
 //! - [`decide`]: pure decisions (which claims, the CreateVolume request, the PV, error classes);
 //! - [`index`]: the cache fed by watch events, without I/O;
+//! - [`journal`]: the durable record of unanswered CreateVolume calls;
 //! - [`controller`]: the watches and workers doing the I/O ([`controller::run`]);
 //! - [`app`]: start-up from the command line ([`app::serve`]);
 //! - [`flags`]: the command line.
@@ -15,6 +16,7 @@ pub mod controller;
 pub mod decide;
 pub mod flags;
 pub mod index;
+pub mod journal;
 pub mod metrics;
 pub mod model;
 pub mod params;

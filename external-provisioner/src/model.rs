@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
 
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
@@ -37,7 +38,7 @@ fn name_of(meta: &ObjectMeta) -> String {
 }
 
 /// What a claim asks its volume to be filled from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataSource {
     pub api_group: String,
     pub kind: String,
@@ -47,7 +48,7 @@ pub struct DataSource {
 }
 
 /// What provisioning needs of a claim that has no volume yet.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimSpec {
     pub annotations: BTreeMap<String, String>,
     pub storage_class: Option<String>,
@@ -64,7 +65,7 @@ pub struct ClaimSpec {
 
 /// A PersistentVolumeClaim. Bound claims keep only their identity: nothing is provisioned for
 /// them, and most claims in a cluster are bound.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     pub uid: String,
     pub namespace: String,
@@ -216,7 +217,7 @@ impl Class {
 }
 
 /// A reference to a Secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretRef {
     pub namespace: String,
     pub name: String,

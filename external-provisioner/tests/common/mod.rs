@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use external_provisioner::app;
 use external_provisioner::controller::{self, Config};
 use external_provisioner::flags::Cli;
+use external_provisioner::journal::Location;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -102,6 +103,14 @@ impl Env {
         args: &[&str],
         adjust: impl FnOnce(&mut Config),
     ) -> Self {
+        let mut env = Self::without_controller(driver).await;
+        let mut config = env.config(args).await;
+        adjust(&mut config);
+        env.launch(config);
+        env
+    }
+
+    pub async fn without_controller(driver: MockDriver) -> Self {
         let cluster = TestCluster::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mock = driver
@@ -109,8 +118,21 @@ impl Env {
             .await
             .unwrap();
         let csi = csi_client(&mock).await;
+        Self {
+            cluster,
+            mock,
+            csi,
+            shutdown: CancellationToken::new(),
+            task: None,
+            classes: Vec::new(),
+            dir,
+        }
+    }
+
+    /// The configuration a deployment with `args` gets for the mock, with fast retries.
+    pub async fn config(&self, args: &[&str]) -> Config {
         let cli = cli(args);
-        let caps = app::capabilities(&csi, Duration::from_secs(5))
+        let caps = app::capabilities(&self.csi, Duration::from_secs(5))
             .await
             .unwrap();
         let mut config = app::config(
@@ -125,22 +147,33 @@ impl Env {
             max: Duration::from_secs(2),
         };
         config.workers = 4;
-        adjust(&mut config);
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(controller::run(
+        config
+    }
+
+    /// The journal location of the tests: in the test's namespace.
+    pub fn journal_location(&self) -> Location {
+        Location {
+            namespace: self.namespace(),
+            name: "provisioner-journal".into(),
+        }
+    }
+
+    /// Starts a controller.
+    pub fn launch(&mut self, config: Config) {
+        self.shutdown = CancellationToken::new();
+        self.task = Some(tokio::spawn(controller::run(
             config,
-            cluster.client(),
-            csi.clone(),
-            shutdown.clone(),
-        ));
-        Self {
-            cluster,
-            mock,
-            csi,
-            shutdown,
-            task: Some(task),
-            classes: Vec::new(),
-            dir,
+            self.cluster.client(),
+            self.csi.clone(),
+            self.shutdown.clone(),
+        )));
+    }
+
+    /// Crashes the controller: its task is dropped wherever it is.
+    pub async fn crash(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
         }
     }
 

@@ -43,6 +43,8 @@ struct Script {
     latency: HashMap<String, Duration>,
     default_latency: Duration,
     not_ready: bool,
+    /// Answers to replace after the call was handled: method → (count left, code).
+    lost_answers: HashMap<String, (u64, Code)>,
 }
 
 impl Script {
@@ -158,6 +160,31 @@ impl Faults {
     /// Delays calls of methods without a latency of their own.
     pub fn set_default_latency(&self, delay: Duration) {
         self.edit(|s| s.default_latency = delay);
+    }
+
+    /// The next `k` calls of `method` are handled (a CreateVolume creates its volume) but answered
+    /// with `code`, as when the answer is lost on its way or the call outlived the client's
+    /// deadline: what a sidecar must survive without leaking.
+    pub fn lose_answers(&self, method: &str, k: u64, code: Code) {
+        self.edit(|s| {
+            if k == 0 {
+                s.lost_answers.remove(method);
+            } else {
+                s.lost_answers.insert(method.to_owned(), (k, code));
+            }
+        });
+    }
+
+    /// The error replacing the answer of a handled call of `method`, if one is due.
+    pub(crate) fn take_lost_answer(&self, method: &str) -> Option<Status> {
+        let mut script = lock(&self.script);
+        let (left, code) = script.lost_answers.get_mut(method)?;
+        let status = Status::new(*code, "the answer was lost after the call was handled");
+        *left -= 1;
+        if *left == 0 {
+            script.lost_answers.remove(method);
+        }
+        Some(status)
     }
 
     /// Removes the latency of `method` (the default applies again).

@@ -76,6 +76,13 @@ impl MockService {
             Ok(()) => handler(driver, request),
             Err(status) => Err(status),
         };
+        let result = match result {
+            Ok(answer) => match driver.faults.take_lost_answer(method) {
+                Some(lost) => Err(lost),
+                None => Ok(answer),
+            },
+            Err(status) => Err(status),
+        };
         match &result {
             Ok(_) => tracing::debug!(method, seq, "answered OK"),
             Err(status) => tracing::debug!(
