@@ -5,5 +5,6 @@ pub mod grpcgo;
 #[cfg(unix)]
 pub mod kubelet;
 pub mod mockdriver;
+pub mod process;
 #[cfg(unix)]
 pub mod sandbox;
