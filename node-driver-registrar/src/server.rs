@@ -10,6 +10,7 @@ use std::io;
 use std::time::Duration;
 
 use csi_proto::pluginregistration::registration_server::RegistrationServer;
+use h2_authority::AuthorityFix;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
@@ -82,7 +83,7 @@ async fn serve_connection<S>(
         tower::ServiceExt::oneshot(service.clone(), request)
     });
     let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(TokioIo::new(AuthorityFix::new(stream)), service);
     tokio::pin!(connection);
     let served = tokio::select! {
         served = connection.as_mut() => served,

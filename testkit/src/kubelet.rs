@@ -1,17 +1,26 @@
 //! What the kubelet's plugin watcher does with a registration socket, for the sandbox and tests:
 //! dial it, ask `GetInfo`, check the answer as kubelet does, and report the outcome with
-//! `NotifyRegistrationStatus`.
+//! `NotifyRegistrationStatus`. The calls go out as kubelet's grpc-go client sends them, with the
+//! socket path as `:authority` (see [`crate::grpcgo`]).
 
 use std::path::Path;
 use std::time::Duration;
 
-use csi_proto::pluginregistration::registration_client::RegistrationClient;
-use csi_proto::pluginregistration::{CSI_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus};
+use csi_proto::methods::registration::{GET_INFO, NOTIFY_REGISTRATION_STATUS};
+use csi_proto::pluginregistration::{
+    CSI_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::grpcgo::{self, GrpcGoError};
+
 /// The CSI plugin API versions this kubelet accepts.
 pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
+/// Kubelet's timeouts: dialing, and `GetInfo`.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(1);
+const GET_INFO_TIMEOUT: Duration = Duration::from_secs(1);
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
@@ -20,16 +29,18 @@ pub enum RegistrationError {
         path: String,
         source: tonic::transport::Error,
     },
-    #[error("{call} failed: {status}")]
+    #[error("cannot connect to {path}: {source}")]
+    Connect { path: String, source: GrpcGoError },
+    #[error("{call} failed: {source}")]
     Call {
         call: &'static str,
-        status: tonic::Status,
+        source: GrpcGoError,
     },
     #[error("plugin rejected: {0}")]
     Rejected(String),
 }
 
-/// Dials a gRPC server on a unix socket with kubelet's 1 s connection timeout.
+/// A tonic channel to a gRPC server on a unix socket, for calls that need not look like kubelet.
 pub async fn dial_unix(socket: &Path) -> Result<Channel, RegistrationError> {
     let path = socket.to_path_buf();
     let connector = tower::service_fn(move |_: Uri| {
@@ -41,7 +52,7 @@ pub async fn dial_unix(socket: &Path) -> Result<Channel, RegistrationError> {
         }
     });
     Endpoint::from_static("http://plugin.local")
-        .connect_timeout(Duration::from_secs(1))
+        .connect_timeout(DIAL_TIMEOUT)
         .connect_with_connector(connector)
         .await
         .map_err(|source| RegistrationError::Dial {
@@ -77,29 +88,37 @@ pub fn validate(info: &PluginInfo) -> Option<String> {
 
 /// Registers the plugin behind `socket` as kubelet does; returns its `PluginInfo`.
 pub async fn register(socket: &Path) -> Result<PluginInfo, RegistrationError> {
-    let mut client = RegistrationClient::new(dial_unix(socket).await?);
-    let mut request = tonic::Request::new(InfoRequest {});
-    request.set_timeout(Duration::from_secs(1));
-    let info = client
-        .get_info(request)
+    let options = grpcgo::Options {
+        timeout: Some(GET_INFO_TIMEOUT),
+        ..grpcgo::Options::kubelet(socket)
+    };
+    let mut client = grpcgo::with_timeout(DIAL_TIMEOUT, grpcgo::dial_unix(socket, options))
         .await
-        .map_err(|status| RegistrationError::Call {
-            call: "GetInfo",
-            status,
-        })?
-        .into_inner();
+        .map_err(|source| RegistrationError::Connect {
+            path: socket.display().to_string(),
+            source,
+        })?;
+    let info: PluginInfo =
+        grpcgo::with_timeout(GET_INFO_TIMEOUT, client.unary(GET_INFO, &InfoRequest {}))
+            .await
+            .map_err(|source| RegistrationError::Call {
+                call: "GetInfo",
+                source,
+            })?;
     let problem = validate(&info);
     let status = RegistrationStatus {
         plugin_registered: problem.is_none(),
         error: problem.clone().unwrap_or_default(),
     };
-    client
-        .notify_registration_status(status)
-        .await
-        .map_err(|status| RegistrationError::Call {
-            call: "NotifyRegistrationStatus",
-            status,
-        })?;
+    let _: RegistrationStatusResponse = grpcgo::with_timeout(
+        NOTIFY_TIMEOUT,
+        client.unary(NOTIFY_REGISTRATION_STATUS, &status),
+    )
+    .await
+    .map_err(|source| RegistrationError::Call {
+        call: "NotifyRegistrationStatus",
+        source,
+    })?;
     match problem {
         None => Ok(info),
         Some(problem) => Err(RegistrationError::Rejected(problem)),

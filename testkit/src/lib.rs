@@ -1,8 +1,10 @@
 //! Test kit for the CSI sidecars.
 
 pub mod apiserver;
+pub mod grpcgo;
 #[cfg(unix)]
 pub mod kubelet;
 pub mod mockdriver;
+pub mod process;
 #[cfg(unix)]
 pub mod sandbox;

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::controller_client::ControllerClient;
@@ -54,10 +55,76 @@ pub struct Step {
 }
 
 /// Where the sidecar binaries are and where to put sockets and logs.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct SandboxOptions {
     pub bin_dir: PathBuf,
     pub work_dir: PathBuf,
+    /// Where the started sidecars are kept: the caller's handle stops them even while
+    /// [`start`] is still waiting for a step (e.g. on a signal).
+    pub children: Children,
+}
+
+/// The sidecar processes of a sandbox. Each dies with the sandbox process however that ends
+/// ([`crate::process::die_with_parent`]); [`Children::stop`] stops them gracefully.
+#[derive(Clone, Debug, Default)]
+pub struct Children(Arc<Mutex<Vec<(&'static str, Child)>>>);
+
+impl Children {
+    fn spawn(
+        &self,
+        name: &'static str,
+        binary: &Path,
+        args: &[String],
+        log_dir: &Path,
+    ) -> Result<(), SandboxError> {
+        let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
+        let child = crate::process::die_with_parent(
+            Command::new(binary)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .kill_on_drop(true),
+        )
+        .spawn()?;
+        if let Some(pid) = child.id() {
+            println!("started {name} (pid {pid})");
+        }
+        self.lock().push((name, child));
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(&'static str, Child)>> {
+        // A panic while holding the lock leaves a plain Vec behind: still usable.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The process ids of the children still held.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.lock()
+            .iter()
+            .filter_map(|(name, child)| Some((*name, child.id()?)))
+            .collect()
+    }
+
+    /// SIGTERM to every child, then waits for each (killing any still running after 10 s).
+    pub async fn stop(&self) {
+        let mut children = std::mem::take(&mut *self.lock());
+        for (_, child) in &mut children {
+            terminate(child);
+        }
+        for (name, child) in &mut children {
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                println!("{name} did not stop within 10 s; killing it");
+                let _ = child.kill().await;
+            }
+        }
+    }
 }
 
 /// A running sandbox; dropping it stops every process and server.
@@ -65,7 +132,7 @@ pub struct Sandbox {
     pub api: ApiServer,
     pub driver: MockHandle,
     pub steps: Vec<Step>,
-    children: Vec<(&'static str, Child)>,
+    children: Children,
     work_dir: PathBuf,
 }
 
@@ -92,17 +159,8 @@ impl Sandbox {
     }
 
     /// Stops the sidecars gracefully (SIGTERM, then kill after 10 s).
-    pub async fn stop(mut self) {
-        for (name, child) in &mut self.children {
-            terminate(child);
-            if tokio::time::timeout(Duration::from_secs(10), child.wait())
-                .await
-                .is_err()
-            {
-                println!("{name} did not stop within 10 s; killing it");
-                let _ = child.kill().await;
-            }
-        }
+    pub async fn stop(self) {
+        self.children.stop().await;
     }
 
     fn spawn(
@@ -111,16 +169,7 @@ impl Sandbox {
         binary: &Path,
         args: &[String],
     ) -> Result<(), SandboxError> {
-        let log = std::fs::File::create(self.work_dir.join(format!("{name}.log")))?;
-        let child = Command::new(binary)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()?;
-        self.children.push((name, child));
-        Ok(())
+        self.children.spawn(name, binary, args, &self.work_dir)
     }
 }
 
@@ -204,7 +253,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
         api,
         driver,
         steps: Vec::new(),
-        children: Vec::new(),
+        children: options.children.clone(),
         work_dir: options.work_dir.clone(),
     };
     sandbox.record(
@@ -227,15 +276,15 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     };
     let endpoint = sandbox.driver.endpoint();
 
-    livenessprobe(&mut sandbox, binary("livenessprobe"), &endpoint).await?;
-    registrar(&mut sandbox, binary("csi-node-driver-registrar"), &endpoint).await?;
-    attacher_and_volumes(
-        &mut sandbox,
-        binary("csi-attacher"),
-        binary("csi-provisioner"),
-        &endpoint,
-    )
-    .await?;
+    // Every process first, so that all of them are up (and stoppable) before any step waits.
+    let probe = spawn_livenessprobe(&mut sandbox, binary("livenessprobe"), &endpoint)?;
+    let registrar = spawn_registrar(&mut sandbox, binary("csi-node-driver-registrar"), &endpoint)?;
+    let attacher = spawn_attacher(&mut sandbox, binary("csi-attacher"), &endpoint)?;
+    let provisioner = spawn_provisioner(&mut sandbox, binary("csi-provisioner"), &endpoint)?;
+
+    check_livenessprobe(&mut sandbox, probe).await;
+    check_registrar(&mut sandbox, registrar).await;
+    volumes(&mut sandbox, attacher, provisioner).await?;
 
     println!();
     println!(
@@ -261,17 +310,18 @@ async fn create_node(client: &kube::Client) -> Result<(), SandboxError> {
     Ok(())
 }
 
-async fn livenessprobe(
+/// Starts the livenessprobe; its HTTP port, or `None` when it is not built.
+fn spawn_livenessprobe(
     sandbox: &mut Sandbox,
     binary: Option<PathBuf>,
     endpoint: &str,
-) -> Result<(), SandboxError> {
+) -> Result<Option<u16>, SandboxError> {
     let Some(binary) = binary else {
         sandbox.record(
             "livenessprobe",
             Outcome::Skipped("binary livenessprobe not built".into()),
         );
-        return Ok(());
+        return Ok(None);
     };
     let port = free_port()?;
     sandbox.spawn(
@@ -282,6 +332,13 @@ async fn livenessprobe(
             format!("--http-endpoint=127.0.0.1:{port}"),
         ],
     )?;
+    Ok(Some(port))
+}
+
+async fn check_livenessprobe(sandbox: &mut Sandbox, port: Option<u16>) {
+    let Some(port) = port else {
+        return;
+    };
     let answer = wait_for(|| async move {
         http_get(port, "/healthz")
             .await
@@ -297,20 +354,20 @@ async fn livenessprobe(
         )),
     };
     sandbox.record("livenessprobe", outcome);
-    Ok(())
 }
 
-async fn registrar(
+/// Starts the registrar; its registration socket and HTTP port, or `None` when it is not built.
+fn spawn_registrar(
     sandbox: &mut Sandbox,
     binary: Option<PathBuf>,
     endpoint: &str,
-) -> Result<(), SandboxError> {
+) -> Result<Option<(PathBuf, u16)>, SandboxError> {
     let Some(binary) = binary else {
         sandbox.record(
             "node-driver-registrar",
             Outcome::Skipped("binary csi-node-driver-registrar not built".into()),
         );
-        return Ok(());
+        return Ok(None);
     };
     let registry = sandbox.work_dir.join("plugins_registry");
     std::fs::create_dir_all(&registry)?;
@@ -326,7 +383,13 @@ async fn registrar(
             format!("--http-endpoint=127.0.0.1:{port}"),
         ],
     )?;
-    let socket = registry.join(format!("{DRIVER}-reg.sock"));
+    Ok(Some((registry.join(format!("{DRIVER}-reg.sock")), port)))
+}
+
+async fn check_registrar(sandbox: &mut Sandbox, registrar: Option<(PathBuf, u16)>) {
+    let Some((socket, port)) = registrar else {
+        return;
+    };
     let registered = wait_for(|| {
         let socket = socket.clone();
         async move { kubelet::register(&socket).await.ok() }
@@ -343,46 +406,64 @@ async fn registrar(
         )),
     };
     sandbox.record("node-driver-registrar", outcome);
-    Ok(())
 }
 
-async fn attacher_and_volumes(
+/// Starts the attacher; its HTTP port, or `None` when it is not built.
+fn spawn_attacher(
     sandbox: &mut Sandbox,
-    attacher: Option<PathBuf>,
-    provisioner: Option<PathBuf>,
+    binary: Option<PathBuf>,
     endpoint: &str,
-) -> Result<(), SandboxError> {
-    let client = sandbox.api.client();
-    let kubeconfig = sandbox.kubeconfig().display().to_string();
-    let attacher_port = free_port()?;
-    match &attacher {
-        Some(binary) => sandbox.spawn(
-            "external-attacher",
-            binary,
-            &[
-                format!("--csi-address={endpoint}"),
-                format!("--kubeconfig={kubeconfig}"),
-                "--leader-election".into(),
-                format!("--leader-election-namespace={NAMESPACE}"),
-                format!("--http-endpoint=127.0.0.1:{attacher_port}"),
-            ],
-        )?,
-        None => sandbox.record(
+) -> Result<Option<u16>, SandboxError> {
+    let Some(binary) = binary else {
+        sandbox.record(
             "external-attacher",
             Outcome::Skipped("binary csi-attacher not built".into()),
-        ),
-    }
-    if let Some(binary) = &provisioner {
-        sandbox.spawn(
-            "external-provisioner",
-            binary,
-            &[
-                format!("--csi-address={endpoint}"),
-                format!("--kubeconfig={kubeconfig}"),
-            ],
-        )?;
-    }
+        );
+        return Ok(None);
+    };
+    let kubeconfig = sandbox.kubeconfig().display().to_string();
+    let port = free_port()?;
+    sandbox.spawn(
+        "external-attacher",
+        &binary,
+        &[
+            format!("--csi-address={endpoint}"),
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-election".into(),
+            format!("--leader-election-namespace={NAMESPACE}"),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+        ],
+    )?;
+    Ok(Some(port))
+}
 
+/// Starts the provisioner if it is built; whether it runs.
+fn spawn_provisioner(
+    sandbox: &mut Sandbox,
+    binary: Option<PathBuf>,
+    endpoint: &str,
+) -> Result<bool, SandboxError> {
+    let Some(binary) = binary else {
+        return Ok(false);
+    };
+    let kubeconfig = sandbox.kubeconfig().display().to_string();
+    sandbox.spawn(
+        "external-provisioner",
+        &binary,
+        &[
+            format!("--csi-address={endpoint}"),
+            format!("--kubeconfig={kubeconfig}"),
+        ],
+    )?;
+    Ok(true)
+}
+
+async fn volumes(
+    sandbox: &mut Sandbox,
+    attacher_port: Option<u16>,
+    provisioner: bool,
+) -> Result<(), SandboxError> {
+    let client = sandbox.api.client();
     let class: StorageClass = object(json!({
         "metadata": {"name": "sandbox"},
         "provisioner": DRIVER,
@@ -399,7 +480,7 @@ async fn attacher_and_volumes(
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE);
     let claim = claims.create(&PostParams::default(), &claim).await?;
 
-    if provisioner.is_none() {
+    if !provisioner {
         sandbox.record(
             "external-provisioner",
             Outcome::Skipped(
@@ -431,9 +512,9 @@ async fn attacher_and_volumes(
         Outcome::Ok(format!("PVC {NAMESPACE}/sandbox-pvc bound to PV {pv_name}")),
     );
 
-    if attacher.is_none() {
+    let Some(attacher_port) = attacher_port else {
         return Ok(());
-    }
+    };
     let attachment: VolumeAttachment = object(json!({
         "metadata": {"name": "sandbox-va"},
         "spec": {"attacher": DRIVER, "nodeName": NODE, "source": {"persistentVolumeName": pv_name}}

@@ -20,6 +20,7 @@ async fn sandbox_reaches_its_end_state() {
     let options = SandboxOptions {
         bin_dir: bin_dir(),
         work_dir: work.path().to_path_buf(),
+        ..SandboxOptions::default()
     };
     let running = sandbox::start(&options).await.unwrap();
 

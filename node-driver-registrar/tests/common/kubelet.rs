@@ -1,5 +1,6 @@
 //! A fake kubelet plugin watcher, behaving as kubelet's `pluginwatcher`, `operation_generator` and
-//! connection monitor do with a CSI plugin:
+//! connection monitor do with a CSI plugin, and calling it as kubelet's grpc-go client does
+//! (socket path as `:authority`, HPACK with indexing; see `testkit::grpcgo`):
 //!
 //! * watches a directory for new `*.sock` files (names starting with `.` ignored; re-created
 //!   sockets count as new), and for removed ones (deregistration);
@@ -16,15 +17,17 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use csi_proto::pluginregistration::registration_client::RegistrationClient;
-use csi_proto::pluginregistration::{CSI_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus};
-use csi_proto::v1::NodeGetInfoRequest;
-use csi_proto::v1::node_client::NodeClient;
-use hyper_util::rt::TokioIo;
+use csi_proto::methods::node::NODE_GET_INFO;
+use csi_proto::methods::registration::{GET_INFO, NOTIFY_REGISTRATION_STATUS};
+use csi_proto::pluginregistration::{
+    CSI_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
+use sidecar_kit::connection::DriverIo;
 use sidecar_kit::endpoint::Endpoint;
+use testkit::grpcgo;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 const GET_INFO_TIMEOUT: Duration = Duration::from_secs(1);
@@ -224,34 +227,35 @@ async fn watch(
     }
 }
 
-/// A gRPC channel over a fresh connection to the unix socket at `path`.
-pub async fn channel(path: &Path, timeout: Duration) -> Result<Channel, String> {
+/// A fresh connection to the unix socket at `path`, speaking HTTP/2 as kubelet's grpc-go client
+/// does: the socket path is the `:authority` of every call.
+pub async fn connect(
+    path: &Path,
+    timeout: Duration,
+) -> Result<grpcgo::Client<Box<dyn DriverIo>>, String> {
     let endpoint = Endpoint::Unix(path.to_path_buf());
-    let target = tonic::transport::Endpoint::from_static("http://kubelet.local");
-    let connecting = target.connect_with_connector(tower::service_fn(move |_| {
-        let endpoint = endpoint.clone();
-        async move {
-            sidecar_kit::connection::dial(&endpoint)
-                .await
-                .map(TokioIo::new)
-        }
-    }));
+    let options = grpcgo::Options {
+        timeout: Some(timeout),
+        ..grpcgo::Options::kubelet(path)
+    };
+    let connecting = async {
+        let stream = sidecar_kit::connection::dial(&endpoint).await?;
+        grpcgo::Client::handshake(stream, options)
+            .await
+            .map_err(std::io::Error::other)
+    };
     match tokio::time::timeout(timeout, connecting).await {
-        Ok(Ok(channel)) => Ok(channel),
-        Ok(Err(err)) => Err(format!("dial {}: {err:?}", path.display())),
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(err)) => Err(format!("dial {}: {err}", path.display())),
         Err(_) => Err(format!("dial {}: timed out", path.display())),
     }
 }
 
 async fn get_info(path: &Path, timeout: Duration) -> Result<PluginInfo, String> {
-    let channel = channel(path, DIAL_TIMEOUT).await?;
-    let mut request = tonic::Request::new(InfoRequest {});
-    request.set_timeout(timeout);
-    tokio::time::timeout(timeout, RegistrationClient::new(channel).get_info(request))
+    let mut client = connect(path, DIAL_TIMEOUT).await?;
+    grpcgo::with_timeout(timeout, client.unary(GET_INFO, &InfoRequest {}))
         .await
-        .map_err(|_| "GetInfo timed out".to_string())?
-        .map(tonic::Response::into_inner)
-        .map_err(|status| format!("GetInfo: {status}"))
+        .map_err(|err| format!("GetInfo: {err}"))
 }
 
 /// Kubelet's CSI `validateVersions`: non-empty; versions above major 1 ignored; the highest of
@@ -289,17 +293,18 @@ fn parse_generic(text: &str) -> Option<(u64, u64, u64)> {
 }
 
 async fn notify(path: &Path, registered: bool, error: String) -> Result<(), String> {
-    let channel = channel(path, DIAL_TIMEOUT).await?;
-    let mut request = tonic::Request::new(RegistrationStatus {
+    let mut client = connect(path, DIAL_TIMEOUT).await?;
+    let status = RegistrationStatus {
         plugin_registered: registered,
         error,
-    });
-    request.set_timeout(NOTIFY_TIMEOUT);
-    RegistrationClient::new(channel)
-        .notify_registration_status(request)
-        .await
-        .map(|_| ())
-        .map_err(|status| format!("NotifyRegistrationStatus: {status}"))
+    };
+    let _: RegistrationStatusResponse = grpcgo::with_timeout(
+        NOTIFY_TIMEOUT,
+        client.unary(NOTIFY_REGISTRATION_STATUS, &status),
+    )
+    .await
+    .map_err(|err| format!("NotifyRegistrationStatus: {err}"))?;
+    Ok(())
 }
 
 /// What kubelet's operation generator decides for a plugin's info.
@@ -318,12 +323,13 @@ async fn verdict_for(socket: &Path, info: &mut PluginInfo, options: &KubeletOpti
     }
     if options.node_get_info {
         let node_info = async {
-            let channel = channel(Path::new(&info.endpoint), DIAL_TIMEOUT).await?;
-            NodeClient::new(channel)
-                .node_get_info(NodeGetInfoRequest {})
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(|status| format!("NodeGetInfo: {status}"))
+            let mut client = connect(Path::new(&info.endpoint), DIAL_TIMEOUT).await?;
+            grpcgo::with_timeout(
+                DIAL_TIMEOUT,
+                client.unary::<_, NodeGetInfoResponse>(NODE_GET_INFO, &NodeGetInfoRequest {}),
+            )
+            .await
+            .map_err(|err| format!("NodeGetInfo: {err}"))
         };
         match node_info.await {
             Ok(response) if response.node_id.is_empty() => {

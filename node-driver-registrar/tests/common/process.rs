@@ -1,4 +1,5 @@
-//! Runs the real `csi-node-driver-registrar` binary and reads its JSON logs.
+//! Runs the real `csi-node-driver-registrar` binary and reads its JSON logs. The binary dies
+//! with the test process, even one killed outright.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -6,6 +7,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use testkit::process::die_with_parent;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -46,15 +48,17 @@ impl Registrar {
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
-        let mut child = Command::new(BINARY)
-            .args(args)
-            .arg("--logging-format=json")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the registrar binary starts");
+        let mut child = die_with_parent(
+            Command::new(BINARY)
+                .args(args)
+                .arg("--logging-format=json")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true),
+        )
+        .spawn()
+        .expect("the registrar binary starts");
         let stderr = child.stderr.take().expect("stderr is piped");
         let (sender, lines) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -151,14 +155,16 @@ impl Registrar {
 
 /// Runs the binary to completion with `args`; returns its status and stderr.
 pub async fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {
-    let mut child = Command::new(BINARY)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the registrar binary starts");
+    let mut child = die_with_parent(
+        Command::new(BINARY)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true),
+    )
+    .spawn()
+    .expect("the registrar binary starts");
     let mut stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
     let collect = async {

@@ -55,10 +55,44 @@ fn main() -> std::process::ExitCode {
     std::process::ExitCode::from(2)
 }
 
+/// SIGTERM, SIGINT and SIGHUP: each stops the sandbox and its sidecars.
+#[cfg(unix)]
+struct StopSignals([tokio::signal::unix::Signal; 3]);
+
+#[cfg(unix)]
+impl StopSignals {
+    fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self([
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::hangup())?,
+        ]))
+    }
+
+    /// Waits for the next one; its name.
+    async fn recv(&mut self) -> &'static str {
+        let [term, int, hup] = &mut self.0;
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+            _ = hup.recv() => "SIGHUP",
+        }
+    }
+}
+
 #[cfg(unix)]
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Before any child exists, so that no signal finds the sandbox without its handlers.
+    let mut signals = match StopSignals::new() {
+        Ok(signals) => signals,
+        Err(err) => {
+            eprintln!("cannot handle signals: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let bin_dir = match cli
         .bin_dir
         .clone()
@@ -73,11 +107,22 @@ async fn main() -> std::process::ExitCode {
     // Started by `cargo run`: build the sidecars first so that the sandbox runs the current code.
     if let Some(cargo) = std::env::var_os("CARGO").filter(|_| !cli.no_build) {
         println!("building the sidecar binaries...");
-        let built = tokio::process::Command::new(cargo)
+        let mut command = tokio::process::Command::new(cargo);
+        command
             .args(["build", "--workspace", "--bins"])
-            .status()
-            .await;
-        if !built.is_ok_and(|status| status.success()) {
+            .kill_on_drop(true);
+        let built = match testkit::process::die_with_parent(&mut command).spawn() {
+            Ok(mut build) => tokio::select! {
+                status = build.wait() => status.is_ok_and(|status| status.success()),
+                signal = signals.recv() => {
+                    println!("{signal}: stopping the build");
+                    let _ = build.kill().await;
+                    return std::process::ExitCode::FAILURE;
+                }
+            },
+            Err(_) => false,
+        };
+        if !built {
             eprintln!("cargo build failed; sidecars that are not built are skipped");
         }
     }
@@ -91,11 +136,22 @@ async fn main() -> std::process::ExitCode {
     let options = SandboxOptions {
         bin_dir,
         work_dir: work_dir.path().to_path_buf(),
+        children: sandbox::Children::default(),
     };
-    let running = match sandbox::start(&options).await {
+    // A signal while the steps still wait stops the sidecars started so far.
+    let started = tokio::select! {
+        started = sandbox::start(&options) => started,
+        signal = signals.recv() => {
+            println!("{signal}: stopping");
+            options.children.stop().await;
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let running = match started {
         Ok(running) => running,
         Err(err) => {
             eprintln!("sandbox failed: {err}");
+            options.children.stop().await;
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -108,12 +164,12 @@ async fn main() -> std::process::ExitCode {
             println!("running for {duration:?}");
             tokio::select! {
                 _ = tokio::time::sleep(duration) => {}
-                _ = tokio::signal::ctrl_c() => {}
+                signal = signals.recv() => println!("{signal}"),
             }
         }
         None => {
-            println!("running; Ctrl-C stops the sandbox");
-            let _ = tokio::signal::ctrl_c().await;
+            println!("running; Ctrl-C (or SIGTERM, SIGHUP) stops the sandbox");
+            println!("{}", signals.recv().await);
         }
     }
     println!("stopping");

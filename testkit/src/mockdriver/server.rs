@@ -8,6 +8,7 @@ use std::sync::Arc;
 use csi_proto::v1::controller_server::ControllerServer;
 use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::node_server::NodeServer;
+use h2_authority::AuthorityFix;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -269,7 +270,7 @@ impl MockDriver {
             .and_then(|addr| addr.as_pathname().map(Path::to_owned))
             .ok_or(MockError::UnnamedListener)?;
         let (driver, router) = self.start()?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let incoming = fix_authority(tokio_stream::wrappers::UnixListenerStream::new(listener));
         let stop = driver.shutdown.clone();
         let task = tokio::spawn(async move {
             router
@@ -286,6 +287,7 @@ impl MockDriver {
             path: PathBuf::from(name),
             source,
         })?;
+        let incoming = fix_authority(incoming);
         let (driver, router) = self.start()?;
         let stop = driver.shutdown.clone();
         let task = tokio::spawn(async move {
@@ -295,6 +297,14 @@ impl MockDriver {
         });
         Ok(MockHandle::new(driver, PathBuf::from(name), None, task))
     }
+}
+
+/// Every connection through [`AuthorityFix`]: CSI clients written with grpc-go (kubelet among
+/// them) may send the socket path or nothing as `:authority`, which h2 would reset.
+fn fix_authority<S, E>(
+    incoming: impl futures::Stream<Item = Result<S, E>>,
+) -> impl futures::Stream<Item = Result<AuthorityFix<S>, E>> {
+    futures::StreamExt::map(incoming, |accepted| accepted.map(AuthorityFix::new))
 }
 
 /// A running mock driver. Dropping it stops serving and removes the

@@ -1,0 +1,71 @@
+//! HTTP/2 frame layout (RFC 9113, 4.1) and the few constants the adapter needs.
+
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const HEADER_LEN: usize = 9;
+/// The smallest SETTINGS_MAX_FRAME_SIZE there can be, and its initial value.
+pub const DEFAULT_MAX_FRAME_SIZE: usize = 16_384;
+pub const MAX_MAX_FRAME_SIZE: usize = (1 << 24) - 1;
+
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const SETTINGS: u8 = 0x4;
+pub const PUSH_PROMISE: u8 = 0x5;
+pub const CONTINUATION: u8 = 0x9;
+
+pub const END_STREAM: u8 = 0x1;
+pub const ACK: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const PADDED: u8 = 0x8;
+pub const PRIORITY: u8 = 0x20;
+
+pub const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
+pub const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub len: usize,
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+}
+
+impl FrameHeader {
+    pub fn parse(bytes: &[u8; HEADER_LEN]) -> Self {
+        Self {
+            len: usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]),
+            kind: bytes[3],
+            flags: bytes[4],
+            stream: u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff,
+        }
+    }
+
+    /// The nine header bytes; `len` must be below 2^24.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let len = (self.len as u32).to_be_bytes();
+        let stream = self.stream.to_be_bytes();
+        [
+            len[1], len[2], len[3], self.kind, self.flags, stream[0], stream[1], stream[2],
+            stream[3],
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip() {
+        let header = FrameHeader {
+            len: 0x01_02_03,
+            kind: HEADERS,
+            flags: END_HEADERS | END_STREAM,
+            stream: 0x7fff_fffe,
+        };
+        assert_eq!(FrameHeader::parse(&header.encode()), header);
+        // The reserved bit is ignored.
+        let mut bytes = header.encode();
+        bytes[5] |= 0x80;
+        assert_eq!(FrameHeader::parse(&bytes), header);
+    }
+}

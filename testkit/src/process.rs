@@ -1,0 +1,114 @@
+//! Child processes that do not outlive the process that started them.
+
+/// Makes the child be killed (SIGKILL) when this process dies, however it dies, even by
+/// SIGKILL: Linux's `PR_SET_PDEATHSIG`. Elsewhere this does nothing, and callers rely on
+/// stopping their children themselves.
+///
+/// The kernel ties the signal to the *thread* that forked, not the process: spawn from a thread
+/// that lives as long as the parent should (the main thread, a test's thread, a tokio runtime
+/// worker; not a blocking-pool thread, which ends when idle).
+pub fn die_with_parent(command: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the child between fork and exec and only makes
+        // async-signal-safe calls (prctl, getppid) without allocating.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before prctl: then no signal would ever come.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+    command
+}
+
+/// Whether the process `pid` has ended (gone, or a zombie not yet reaped). Linux only.
+#[cfg(target_os = "linux")]
+pub fn has_ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may contain spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
+}
+
+/// Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: std::time::Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Spawns `sleep` from a thread of its own that then ends; returns the child's pid.
+    fn spawn_from_short_lived_thread(guarded: bool) -> u32 {
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let mut command = tokio::process::Command::new("sleep");
+                command.arg("600");
+                if guarded {
+                    die_with_parent(&mut command);
+                }
+                command.spawn().unwrap().id().unwrap()
+            })
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn the_child_is_killed_when_the_thread_that_spawned_it_ends() {
+        // The kernel treats the end of the forking thread as the parent's death, which makes
+        // this testable in one process.
+        let guarded = spawn_from_short_lived_thread(true);
+        assert!(wait_until(Duration::from_secs(10), || has_ended(guarded)));
+
+        let unguarded = spawn_from_short_lived_thread(false);
+        assert!(!wait_until(Duration::from_millis(300), || has_ended(
+            unguarded
+        )));
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(unguarded as libc::pid_t, libc::SIGKILL) };
+        assert!(wait_until(Duration::from_secs(10), || has_ended(unguarded)));
+    }
+
+    #[tokio::test]
+    async fn a_guarded_child_runs_as_usual() {
+        let output = die_with_parent(tokio::process::Command::new("sh").args(["-c", "echo $PPID"]))
+            .output()
+            .await
+            .unwrap();
+        assert!(output.status.success());
+        let ppid: u32 = String::from_utf8(output.stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(ppid, std::process::id());
+    }
+}
