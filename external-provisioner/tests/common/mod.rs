@@ -294,9 +294,19 @@ impl Env {
         .await
     }
 
-    /// Volumes the mock driver holds.
+    /// Volumes the mock driver holds (by the key of its state).
     pub fn driver_volumes(&self) -> Vec<String> {
         self.mock.state().volumes.keys().cloned().collect()
+    }
+
+    /// IDs of the volumes the mock driver holds.
+    pub fn driver_volumes_by_id(&self) -> Vec<String> {
+        self.mock
+            .state()
+            .volumes
+            .values()
+            .map(|v| v.id.clone())
+            .collect()
     }
 
     pub async fn stop(mut self) {
