@@ -1,0 +1,256 @@
+//! The real `csi-provisioner` binary: flags, start-up, HTTP, metrics and leader election.
+
+#![cfg(unix)]
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{Env, WAIT, eventually, mock};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET over plain HTTP/1.0: status code and body, or `None` while nothing listens.
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+async fn run_to_exit(args: &[&str]) -> (i32, String, String) {
+    let output = tokio::time::timeout(
+        WAIT,
+        Command::new(BIN)
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("exits in time")
+    .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn spawn(env: &Env, extra: &[String]) -> Child {
+    let mut command = Command::new(BIN);
+    command
+        .arg(format!(
+            "--kubeconfig={}",
+            env.cluster.kubeconfig_path().display()
+        ))
+        .arg(format!(
+            "--csi-address={}",
+            env.mock.socket_path().display()
+        ))
+        .arg(format!("--leader-election-namespace={}", env.namespace()))
+        .args(extra)
+        .env_remove("KUBECONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    testkit::process::die_with_parent(&mut command);
+    command.spawn().unwrap()
+}
+
+#[tokio::test]
+async fn version_help_and_flag_errors() {
+    let (code, stdout, _) = run_to_exit(&["--version"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        stdout.trim(),
+        format!("{BIN} {}", env!("CARGO_PKG_VERSION"))
+    );
+
+    let (code, help, _) = run_to_exit(&["--help"]).await;
+    assert_eq!(code, 0);
+    for flag in [
+        "--csi-address",
+        "--kubeconfig",
+        "--master",
+        "--volume-name-prefix",
+        "--volume-name-uuid-length",
+        "--retry-interval-start",
+        "--retry-interval-max",
+        "--worker-threads",
+        "--cloning-protection-threads",
+        "--snapshot-orphan-sweep-interval",
+        "--capacity-threads",
+        "--timeout",
+        "--strict-topology",
+        "--immediate-topology",
+        "--extra-create-metadata",
+        "--enable-pprof",
+        "--default-fstype",
+        "--kube-api-qps",
+        "--kube-api-burst",
+        "--kube-api-capacity-qps",
+        "--kube-api-capacity-burst",
+        "--enable-capacity",
+        "--capacity-for-immediate-binding",
+        "--capacity-poll-interval",
+        "--capacity-ownerref-level",
+        "--node-deployment",
+        "--node-deployment-immediate-binding",
+        "--node-deployment-base-delay",
+        "--node-deployment-max-delay",
+        "--controller-publish-readonly",
+        "--prevent-volume-mode-conversion",
+        "--feature-gates",
+        "--leader-election",
+        "--leader-election-namespace",
+        "--leader-election-lease-duration",
+        "--leader-election-renew-deadline",
+        "--leader-election-retry-period",
+        "--leader-election-labels",
+        "--http-endpoint",
+        "--metrics-address",
+        "--metrics-path",
+        "--automaxprocs",
+        "--logging-format",
+        "--vmodule",
+        "--version",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+
+    for bad in [
+        &["--no-such-flag"][..],
+        &["--feature-gates=Bogus=true"],
+        &["--timeout=15"],
+        &["--strict-topology", "false"],
+    ] {
+        let (code, _, stderr) = run_to_exit(bad).await;
+        assert_eq!(code, 2, "{bad:?}: {stderr}");
+    }
+    let (code, _, stderr) = run_to_exit(&["--worker-threads=0"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("--worker-threads must be greater than zero"),
+        "{stderr}"
+    );
+
+    // Removed flags are warned about, not refused: start-up goes on (and fails later here, on
+    // the missing kubeconfig).
+    let (code, _, stderr) = run_to_exit(&[
+        "--provisioner=x",
+        "--enable-leader-election",
+        "--kubeconfig=/nonexistent/kubeconfig",
+    ])
+    .await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("--provisioner was removed"), "{stderr}");
+    assert!(stderr.contains("use --leader-election"), "{stderr}");
+    assert!(stderr.contains("/nonexistent/kubeconfig"), "{stderr}");
+}
+
+#[tokio::test]
+async fn provisions_and_serves_metrics() {
+    let mut env = Env::without_controller(mock()).await;
+    let port = free_port();
+    let mut child = spawn(
+        &env,
+        &[
+            format!("--http-endpoint=127.0.0.1:{port}"),
+            "--enable-pprof".into(),
+        ],
+    );
+    let class = env.create_class(json!({})).await;
+    env.create_claim("data", &class, json!({})).await;
+    env.wait_bound("data").await;
+    let metrics = eventually("metrics with the provisioning counted", || async {
+        let (status, body) = http_get(port, "/metrics").await?;
+        (status == 200 && body.contains("controller_persistentvolumeclaim_provision_total"))
+            .then_some(body)
+    })
+    .await;
+    assert!(metrics.contains("csi_sidecar_operations_seconds_count{driver_name=\"hostpath.csi.k8s.io\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/CreateVolume\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "controller_persistentvolumeclaim_provision_total{{class=\"{class}\",source=\"\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("workqueue_adds_total{name=\"claims\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("workqueue_depth{name=\"volumes\"}"),
+        "{metrics}"
+    );
+    let (status, _) = http_get(port, "/debug/pprof/").await.unwrap();
+    assert_eq!(status, 404);
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn leads_under_its_lease_and_releases_it_on_sigterm() {
+    let mut env = Env::without_controller(mock()).await;
+    let child = spawn(&env, &["--leader-election".to_string()]);
+    let leases: Api<Lease> = Api::namespaced(env.client(), &env.namespace());
+    eventually("the Lease named after the driver", || async {
+        leases
+            .get_opt("hostpath-csi-k8s-io")
+            .await
+            .unwrap()?
+            .spec?
+            .holder_identity
+    })
+    .await;
+    let class = env.create_class(json!({})).await;
+    env.create_claim("one", &class, json!({})).await;
+    env.wait_bound("one").await;
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(WAIT, wait(child)).await.unwrap();
+    assert_eq!(status, Some(0), "a graceful stop");
+    let lease = leases.get("hostpath-csi-k8s-io").await.unwrap();
+    assert_eq!(
+        lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default(),
+        "",
+        "released"
+    );
+    env.stop().await;
+}
+
+async fn wait(mut child: Child) -> Option<i32> {
+    child.wait().await.ok()?.code()
+}
