@@ -26,6 +26,7 @@ use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::metrics::CsiMetrics;
 use testkit::apiserver::{ApiServer, Verb};
+use testkit::measure::{clock_ticks, percentile, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::process::{Child, Command};
 
@@ -38,71 +39,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// `/proc` figures of the child.
-#[derive(Clone, Copy, Debug, Default)]
-struct Usage {
-    rss_kib: u64,
-    anon_kib: u64,
-    file_kib: u64,
-    peak_rss_kib: u64,
-    cpu_seconds: f64,
-}
-
-fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-fn usage(pid: u32, ticks: f64) -> Usage {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let tick = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Usage {
-        rss_kib: field("VmRSS:"),
-        anon_kib: field("RssAnon:"),
-        file_kib: field("RssFile:"),
-        peak_rss_kib: field("VmHWM:"),
-        cpu_seconds: (tick(11) + tick(12)) / ticks,
-    }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn metrics_up(port: u16) -> bool {
@@ -368,7 +304,7 @@ fn ms(d: Duration) -> String {
 async fn throughput_run(label: &str, count: usize, qps: &[&str]) {
     let bench = Bench::start().await;
     bench.volumes("pv", count).await;
-    let port = free_port();
+    let port = testkit::measure::free_port().unwrap();
     let child = bench.spawn(port, qps);
     let pid = child.id().unwrap();
     ready(&child, port).await;
@@ -449,7 +385,7 @@ async fn storm_run(storm: usize, attaches: usize) {
     let bench = Bench::start().await;
     bench.volumes("old", storm).await;
     bench.volumes("new", attaches).await;
-    let port = free_port();
+    let port = testkit::measure::free_port().unwrap();
     let child = bench.spawn(port, &["--kube-api-qps=-1"]);
     ready(&child, port).await;
     let created = bench.create_vas("old", storm).await;

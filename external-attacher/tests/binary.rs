@@ -8,35 +8,12 @@ use common::*;
 use csi_proto::methods::identity::GET_PLUGIN_INFO;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use testkit::measure::{free_port, http_get};
+use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-attacher");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET over plain HTTP/1.0: status code and body, or `None` while nothing listens.
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
 
 async fn run_to_exit(args: &[&str]) -> (i32, String, String) {
     let output = tokio::time::timeout(
@@ -140,7 +117,7 @@ async fn version_and_flag_errors_exit_like_upstream() {
 #[tokio::test]
 async fn serves_metrics_and_leader_health_attaches_and_releases_the_lease_on_sigterm() {
     let env = Env::without_controller(mock()).await;
-    let port = free_port();
+    let port = free_port().unwrap();
     let args: Vec<String> = vec![
         format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
         format!("-csi-address={}", env.mock.endpoint()),
@@ -218,7 +195,7 @@ async fn serves_metrics_and_leader_health_attaches_and_releases_the_lease_on_sig
 #[tokio::test]
 async fn metrics_address_serves_metrics_only() {
     let env = Env::without_controller(mock()).await;
-    let port = free_port();
+    let port = free_port().unwrap();
     let running = spawn(&[
         format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
         format!("--csi-address={}", env.mock.endpoint()),
@@ -304,7 +281,7 @@ impl KillableDriver {
 async fn a_killed_driver_ends_the_sidecar_with_exit_1() {
     let env = Env::without_controller(mock()).await;
     let driver = KillableDriver::start(env.dir.path());
-    let port = free_port();
+    let port = free_port().unwrap();
     let running = spawn(&[
         format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
         format!("--csi-address={}", driver.endpoint),
@@ -329,7 +306,7 @@ async fn a_gracefully_restarted_driver_ends_the_sidecar_at_its_next_call() {
     let env = Env::without_controller(mock()).await;
     let socket = env.dir.path().join("graceful.sock");
     let first = mock().serve_unix(&socket).await.unwrap();
-    let port = free_port();
+    let port = free_port().unwrap();
     let running = spawn(&[
         format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
         format!("--csi-address={}", first.endpoint()),
@@ -398,7 +375,7 @@ async fn a_migration_target_labels_its_calls_migrated() {
     const EBS: &str = "ebs.csi.aws.com";
     let env =
         Env::without_controller(testkit::mockdriver::MockDriver::builder().driver_name(EBS)).await;
-    let port = free_port();
+    let port = free_port().unwrap();
     let running = spawn(&[
         format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
         format!("--csi-address={}", env.mock.endpoint()),

@@ -10,34 +10,10 @@ use common::{Env, WAIT, eventually, mock};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use testkit::measure::{free_port, http_get};
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET over plain HTTP/1.0: status code and body, or `None` while nothing listens.
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
 
 async fn run_to_exit(args: &[&str]) -> (i32, String, String) {
     let output = tokio::time::timeout(
@@ -173,7 +149,7 @@ async fn version_help_and_flag_errors() {
 #[tokio::test]
 async fn provisions_and_serves_metrics() {
     let mut env = Env::without_controller(mock()).await;
-    let port = free_port();
+    let port = free_port().unwrap();
     let mut child = spawn(
         &env,
         &[

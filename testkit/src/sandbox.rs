@@ -193,12 +193,6 @@ fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T,
     serde_json::from_value(value).map_err(|e| SandboxError::Setup(e.to_string()))
 }
 
-fn free_port() -> Result<u16, SandboxError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// Polls `check` until it yields a value or the step timeout passes.
 async fn wait_for<T, F, Fut>(mut check: F) -> Option<T>
 where
@@ -213,26 +207,6 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     None
-}
-
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
 }
 
 /// Starts everything and shows each step; errors only for failures of the kit itself.
@@ -323,7 +297,7 @@ fn spawn_livenessprobe(
         );
         return Ok(None);
     };
-    let port = free_port()?;
+    let port = crate::measure::free_port()?;
     sandbox.spawn(
         "livenessprobe",
         &binary,
@@ -340,7 +314,7 @@ async fn check_livenessprobe(sandbox: &mut Sandbox, port: Option<u16>) {
         return;
     };
     let answer = wait_for(|| async move {
-        http_get(port, "/healthz")
+        crate::measure::http_get(port, "/healthz")
             .await
             .filter(|(status, _)| *status == 200)
     })
@@ -372,7 +346,7 @@ fn spawn_registrar(
     let registry = sandbox.work_dir.join("plugins_registry");
     std::fs::create_dir_all(&registry)?;
     let kubelet_path = format!("/var/lib/kubelet/plugins/{DRIVER}/csi.sock");
-    let port = free_port()?;
+    let port = crate::measure::free_port()?;
     sandbox.spawn(
         "node-driver-registrar",
         &binary,
@@ -422,7 +396,7 @@ fn spawn_attacher(
         return Ok(None);
     };
     let kubeconfig = sandbox.kubeconfig().display().to_string();
-    let port = free_port()?;
+    let port = crate::measure::free_port()?;
     sandbox.spawn(
         "external-attacher",
         &binary,

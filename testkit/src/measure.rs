@@ -1,0 +1,119 @@
+//! Probing and measuring the sidecar processes that tests and benchmarks start: a free port,
+//! a plain HTTP GET, `/proc` figures (resident memory, CPU time) and latency percentiles.
+
+use std::time::Duration;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// GET over HTTP/1.1 with `Connection: close`: the status code and body, or `None` while
+/// nothing answers (bounded to 5 s).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// `/proc` figures of a process (Linux; zeros elsewhere).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub rss_kib: u64,
+    pub anon_kib: u64,
+    pub file_kib: u64,
+    pub peak_rss_kib: u64,
+    pub cpu_seconds: f64,
+}
+
+/// Clock ticks per second, for the CPU times of `/proc/<pid>/stat`.
+pub fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// Resident memory and CPU time of `pid` now.
+pub fn usage(pid: u32, ticks: f64) -> Usage {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Usage {
+        rss_kib: field("VmRSS:"),
+        anon_kib: field("RssAnon:"),
+        file_kib: field("RssFile:"),
+        peak_rss_kib: field("VmHWM:"),
+        cpu_seconds: (tick(11) + tick(12)) / ticks,
+    }
+}
+
+/// The `p` quantile (0..=1) of sorted durations, nearest rank.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let d: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&d, 0.5), Duration::from_millis(51));
+        assert_eq!(percentile(&d, 0.99), Duration::from_millis(99));
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_none() {
+        let port = free_port().unwrap();
+        assert!(http_get(port, "/").await.is_none());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn own_usage_is_read() {
+        let me = usage(std::process::id(), clock_ticks());
+        assert!(me.rss_kib > 0 && me.peak_rss_kib >= me.rss_kib);
+    }
+}
