@@ -63,6 +63,29 @@ pub fn client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client
     Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
 }
 
+/// Two clients sharing one rate limit: `main` for the work (it waits for its turn, first come
+/// first served), `background` for best-effort writes such as Events, which only use tokens the
+/// work leaves unused, so that they never delay it.
+#[derive(Clone)]
+pub struct Clients {
+    pub main: kube::Client,
+    pub background: kube::Client,
+}
+
+/// See [`Clients`].
+pub fn clients(config: kube::Config, qps: f64, burst: u32) -> Result<Clients, KubeError> {
+    let bucket = TokenBucket::new(qps, burst).map(Arc::new);
+    let main = kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&RateLimitLayer {
+            bucket: bucket.clone(),
+        })
+        .build();
+    let background = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&BackgroundLayer { bucket })
+        .build();
+    Ok(Clients { main, background })
+}
+
 /// A token bucket: `burst` requests at once, then `qps` per second. Waiting callers are served
 /// in the order they reserved, as client-go's limiter does.
 #[derive(Debug)]
@@ -111,6 +134,83 @@ impl TokenBucket {
         } else {
             Duration::from_secs_f64(-state.tokens / self.qps)
         }
+    }
+}
+
+impl TokenBucket {
+    /// Takes a token only if one is free now; never goes into debt, so callers waiting in
+    /// [`reserve`](Self::reserve) order keep their turn. Otherwise says when to ask again.
+    pub fn try_take(&self) -> Result<(), Duration> {
+        let Ok(mut state) = self.state.lock() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let refill = now.duration_since(state.updated).as_secs_f64() * self.qps;
+        state.tokens = (state.tokens + refill).min(self.burst);
+        state.updated = now;
+        if state.tokens >= 1.0 {
+            state.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - state.tokens) / self.qps))
+        }
+    }
+}
+
+/// Tower layer letting requests through only on tokens nobody else waits for.
+#[derive(Clone, Debug)]
+pub struct BackgroundLayer {
+    bucket: Option<Arc<TokenBucket>>,
+}
+
+impl<S> Layer<S> for BackgroundLayer {
+    type Service = Background<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Background {
+            inner,
+            bucket: self.bucket.clone(),
+            wait: None,
+            granted: false,
+        }
+    }
+}
+
+/// The service made by [`BackgroundLayer`].
+pub struct Background<S> {
+    inner: S,
+    bucket: Option<Arc<TokenBucket>>,
+    wait: Option<Pin<Box<Sleep>>>,
+    granted: bool,
+}
+
+impl<S, R> Service<R> for Background<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if let Some(bucket) = &self.bucket {
+            while !self.granted {
+                if let Some(wait) = self.wait.as_mut() {
+                    ready!(Future::poll(wait.as_mut(), cx));
+                    self.wait = None;
+                }
+                match bucket.try_take() {
+                    Ok(()) => self.granted = true,
+                    Err(retry) => self.wait = Some(Box::pin(tokio::time::sleep(retry))),
+                }
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        self.granted = false;
+        self.inner.call(request)
     }
 }
 
@@ -197,6 +297,42 @@ mod tests {
         let waits: Vec<Duration> = (0..4).map(|_| bucket.reserve()).collect();
         assert_eq!(&waits[..3], &[Duration::ZERO; 3]);
         assert!(!waits[3].is_zero());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn background_takes_only_tokens_nobody_waits_for() {
+        let bucket = TokenBucket::new(10.0, 2).unwrap();
+        assert_eq!(bucket.try_take(), Ok(()));
+        // The work takes the last token and goes into debt for the next.
+        assert_eq!(bucket.reserve(), Duration::ZERO);
+        assert_eq!(bucket.reserve(), Duration::from_millis(100));
+        // Background must wait until the debt is paid and a whole token is free.
+        let retry = bucket.try_take().unwrap_err();
+        assert_eq!(retry, Duration::from_millis(200));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(
+            bucket.try_take().is_err(),
+            "the waiting work request comes first"
+        );
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(bucket.try_take(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn background_service_waits_for_a_free_token() {
+        use tower::ServiceExt;
+        let bucket = Arc::new(TokenBucket::new(10.0, 1).unwrap());
+        let _ = bucket.reserve();
+        let _ = bucket.reserve();
+        let service = BackgroundLayer {
+            bucket: Some(bucket),
+        }
+        .layer(tower::service_fn(|_: ()| async {
+            Ok::<_, std::convert::Infallible>(Instant::now())
+        }));
+        let start = Instant::now();
+        let at = service.oneshot(()).await.unwrap();
+        assert_eq!(at.duration_since(start), Duration::from_millis(200));
     }
 
     #[test]

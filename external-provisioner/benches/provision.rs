@@ -1,0 +1,424 @@
+//! Throughput, latency, API writes, CPU and memory of the real `csi-provisioner` binary, against
+//! the in-process API server (with its PV controller) and the mock driver at zero latency.
+//!
+//! `cargo bench -p external-provisioner --bench provision`. `BENCH_CLAIMS` (default 1000) sets
+//! the claims of the unlimited-QPS run, `BENCH_CLAIMS_DEFAULT_QPS` (default 200) those of the run
+//! at the default QPS 5 / burst 10, `BENCH_PAIRS` (default 50000) the bound PVC+PV pairs of the
+//! idle-memory run; `BENCH_ONLY=unlimited|default|idle` runs one scenario and `BENCH_BIN`
+//! measures another build of the binary.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use testkit::apiserver::{ApiServer, Verb};
+use testkit::measure::{clock_ticks, free_port, http_get, percentile, usage};
+use testkit::mockdriver::{MockDriver, MockHandle};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
+const DRIVER: &str = "hostpath.csi.k8s.io";
+const NAMESPACE: &str = "default";
+const CLASS: &str = "bench";
+const PARALLEL: usize = 64;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// When each claim was first seen Bound, and when each PV disappeared.
+#[derive(Default)]
+struct Observed {
+    bound: HashMap<String, Instant>,
+    pv_gone: HashMap<String, Instant>,
+}
+
+fn observe(client: kube::Client) -> Arc<Mutex<Observed>> {
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let claims = observed.clone();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    tokio::spawn(async move {
+        let stream = watcher(pvcs, watcher::Config::default()).default_backoff();
+        futures::pin_mut!(stream);
+        while let Ok(Some(event)) = stream.try_next().await {
+            if let watcher::Event::Apply(pvc) | watcher::Event::InitApply(pvc) = event
+                && pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+            {
+                let name = pvc.metadata.name.unwrap_or_default();
+                claims
+                    .lock()
+                    .unwrap()
+                    .bound
+                    .entry(name)
+                    .or_insert_with(Instant::now);
+            }
+        }
+    });
+    let volumes = observed.clone();
+    let pvs: Api<PersistentVolume> = Api::all(client);
+    tokio::spawn(async move {
+        let stream = watcher(pvs, watcher::Config::default()).default_backoff();
+        futures::pin_mut!(stream);
+        while let Ok(Some(event)) = stream.try_next().await {
+            if let watcher::Event::Delete(pv) = event {
+                let name = pv.metadata.name.unwrap_or_default();
+                volumes.lock().unwrap().pv_gone.insert(name, Instant::now());
+            }
+        }
+    });
+    observed
+}
+
+struct Bench {
+    api: ApiServer,
+    mock: MockHandle,
+    _dir: tempfile::TempDir,
+    observed: Arc<Mutex<Observed>>,
+    ticks: f64,
+}
+
+impl Bench {
+    async fn start() -> Self {
+        let api = ApiServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mock = MockDriver::builder()
+            .driver_name(DRIVER)
+            .call_log_limit(16)
+            .serve_unix(dir.path().join("csi.sock"))
+            .await
+            .unwrap();
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": CLASS}, "provisioner": DRIVER
+        }))
+        .unwrap();
+        Api::<StorageClass>::all(api.client())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+        let observed = observe(api.client());
+        Self {
+            api,
+            mock,
+            _dir: dir,
+            observed,
+            ticks: clock_ticks(),
+        }
+    }
+
+    fn spawn(&self, port: u16, extra: &[&str]) -> Child {
+        let bin = std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string());
+        Command::new(bin)
+            .arg(format!(
+                "--kubeconfig={}",
+                self.api.kubeconfig_path().display()
+            ))
+            .arg(format!("--csi-address={}", self.mock.endpoint()))
+            .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+            .arg(format!("--leader-election-namespace={NAMESPACE}"))
+            .args(extra)
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Creates `count` claims `{prefix}-{i}`; returns when each was created.
+    async fn create_claims(&self, prefix: &str, count: usize) -> HashMap<String, Instant> {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.api.client(), NAMESPACE);
+        futures::stream::iter(0..count)
+            .map(|i| {
+                let pvcs = pvcs.clone();
+                async move {
+                    let name = format!("{prefix}-{i}");
+                    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+                        "metadata": {"name": name},
+                        "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"],
+                                 "resources": {"requests": {"storage": "1Gi"}}}
+                    }))
+                    .unwrap();
+                    let at = Instant::now();
+                    pvcs.create(&PostParams::default(), &pvc).await.unwrap();
+                    (name, at)
+                }
+            })
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await
+    }
+
+    async fn delete_claims(&self, prefix: &str, count: usize) {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.api.client(), NAMESPACE);
+        futures::stream::iter(0..count)
+            .map(|i| {
+                let pvcs = pvcs.clone();
+                async move {
+                    pvcs.delete(&format!("{prefix}-{i}"), &DeleteParams::default())
+                        .await
+                        .unwrap();
+                }
+            })
+            .buffer_unordered(PARALLEL)
+            .collect::<Vec<_>>()
+            .await;
+    }
+
+    async fn wait_bound(&self, created: &HashMap<String, Instant>) -> (Vec<Duration>, Instant) {
+        loop {
+            {
+                let observed = self.observed.lock().unwrap();
+                if created.keys().all(|n| observed.bound.contains_key(n)) {
+                    let mut latencies: Vec<Duration> = created
+                        .iter()
+                        .map(|(n, at)| observed.bound[n].duration_since(*at))
+                        .collect();
+                    latencies.sort();
+                    let last = created
+                        .keys()
+                        .map(|n| observed.bound[n])
+                        .max()
+                        .unwrap_or_else(Instant::now);
+                    return (latencies, last);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn wait_pvs_gone(&self) -> Instant {
+        let pvs: Api<PersistentVolume> = Api::all(self.api.client());
+        loop {
+            if pvs
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+            {
+                return Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Writes by others than the bench itself: the provisioner's, by resource.
+    fn writes(&self) -> (u64, String) {
+        let c = self.api.counters();
+        let mut parts = Vec::new();
+        let mut total = 0;
+        for (verb, resource) in [
+            (Verb::Create, "persistentvolumes"),
+            (Verb::Patch, "persistentvolumes"),
+            (Verb::Delete, "persistentvolumes"),
+            (Verb::Update, "persistentvolumeclaims"),
+            (Verb::Create, "events"),
+            (Verb::Patch, "events"),
+            (Verb::Create, "configmaps"),
+            (Verb::Update, "configmaps"),
+        ] {
+            let n = c.total(verb, resource);
+            total += n;
+            if n > 0 {
+                parts.push(format!("{} {resource} {n}", verb.as_str()));
+            }
+        }
+        (total, parts.join(", "))
+    }
+}
+
+async fn ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Some((200, body)) = http_get(port, "/metrics").await
+            && body.contains("workqueue_depth{name=\"claims\"}")
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the provisioner did not start");
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
+    let bench = Bench::start().await;
+    let port = free_port().unwrap();
+    let child = bench.spawn(port, extra);
+    let pid = child.id().unwrap();
+    ready(port).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = usage(pid, bench.ticks);
+    bench.api.counters().reset();
+
+    let start = Instant::now();
+    let created = bench.create_claims("c", count).await;
+    let (latencies, last) = bench.wait_bound(&created).await;
+    let provision_time = last.duration_since(start);
+    let after_provision = usage(pid, bench.ticks);
+    let (writes, detail) = bench.writes();
+    // Let lone journal forgets and folded events settle before counting the deletions.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (settled, settled_detail) = bench.writes();
+
+    bench.api.counters().reset();
+    let delete_start = Instant::now();
+    bench.delete_claims("c", count).await;
+    let done = bench.wait_pvs_gone().await;
+    let delete_time = done.duration_since(delete_start);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (delete_writes, delete_detail) = bench.writes();
+    let end = usage(pid, bench.ticks);
+    let volumes_left = bench.mock.state().volumes.len();
+
+    println!("## {label}: {count} claims");
+    println!(
+        "provision: {:.0} claims/s; claim→Bound p50 {} p99 {} max {}",
+        count as f64 / provision_time.as_secs_f64(),
+        ms(percentile(&latencies, 0.5)),
+        ms(percentile(&latencies, 0.99)),
+        ms(*latencies.last().unwrap_or(&Duration::ZERO))
+    );
+    println!(
+        "API writes per provisioned volume: {:.3} when all were bound ({detail}); {:.3} settled ({settled_detail})",
+        writes as f64 / count as f64,
+        settled as f64 / count as f64
+    );
+    println!(
+        "delete: {:.0} volumes/s; API writes per deleted volume {:.3} ({delete_detail}); volumes left in the driver: {volumes_left}",
+        count as f64 / delete_time.as_secs_f64(),
+        delete_writes as f64 / count as f64
+    );
+    println!(
+        "CPU: {:.2} s per 1000 provisions (incl. watch traffic), {:.2} s per 1000 provisions+deletions",
+        (after_provision.cpu_seconds - idle.cpu_seconds) * 1000.0 / count as f64,
+        (end.cpu_seconds - idle.cpu_seconds) * 1000.0 / count as f64
+    );
+    println!(
+        "RSS: idle {} KiB, peak {} KiB, end {} KiB",
+        idle.rss_kib, end.peak_rss_kib, end.rss_kib
+    );
+    drop(child);
+}
+
+/// Idle memory with `pairs` bound PVC+PV pairs of the driver in the caches.
+async fn idle_run(pairs: usize) {
+    let bench = Bench::start().await;
+    let client = bench.api.client();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, NAMESPACE);
+    let fill = Instant::now();
+    futures::stream::iter(0..pairs)
+        .map(|i| {
+            let (pvs, pvcs) = (pvs.clone(), pvcs.clone());
+            async move {
+                let name = format!("pair-{i}");
+                let uid = format!("00000000-0000-0000-0000-{i:012}");
+                let pv: PersistentVolume = serde_json::from_value(json!({
+                    "metadata": {"name": format!("pvc-{uid}"), "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+                        "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER,
+                            "volume.kubernetes.io/provisioner-deletion-secret-name": "",
+                            "volume.kubernetes.io/provisioner-deletion-secret-namespace": ""}},
+                    "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Delete", "storageClassName": CLASS,
+                        "claimRef": {"namespace": NAMESPACE, "name": name, "uid": uid},
+                        "csi": {"driver": DRIVER, "volumeHandle": format!("vol-{i}"), "fsType": "ext4",
+                            "volumeAttributes": {"storage.kubernetes.io/csiProvisionerIdentity": "1700000000000-1-hostpath.csi.k8s.io"}}}
+                }))
+                .unwrap();
+                pvs.create(&PostParams::default(), &pv).await.unwrap();
+                let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+                    "metadata": {"name": name, "annotations": {"volume.kubernetes.io/storage-provisioner": DRIVER,
+                        "pv.kubernetes.io/bind-completed": "yes"}},
+                    "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"], "volumeName": format!("pvc-{uid}"),
+                        "resources": {"requests": {"storage": "1Gi"}}}
+                }))
+                .unwrap();
+                pvcs.create(&PostParams::default(), &pvc).await.unwrap();
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .collect::<Vec<_>>()
+        .await;
+    let fill = fill.elapsed();
+
+    // Baseline: the same binary with nothing to cache (another API server).
+    let empty = Bench::start().await;
+    let port = free_port().unwrap();
+    let child = empty.spawn(port, &["--kube-api-qps=-1"]);
+    ready(port).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let baseline = usage(child.id().unwrap(), empty.ticks);
+    drop(child);
+
+    let port = free_port().unwrap();
+    let child = bench.spawn(port, &["--kube-api-qps=-1"]);
+    let pid = child.id().unwrap();
+    let started = Instant::now();
+    ready(port).await;
+    // A marker claim is provisioned only after every cache has synced.
+    let marker = bench.create_claims("marker", 1).await;
+    bench.wait_bound(&marker).await;
+    let synced = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let loaded = usage(pid, bench.ticks);
+    let per_pair = (loaded.rss_kib.saturating_sub(baseline.rss_kib)) as f64 * 1024.0 / pairs as f64;
+    println!(
+        "## idle with {pairs} bound PVC+PV pairs (filled in {:.1} s)",
+        fill.as_secs_f64()
+    );
+    println!(
+        "RSS: empty caches {} KiB; with the pairs {} KiB (anon {} KiB), peak {} KiB; {:.0} bytes per pair; start-up to a provisioned claim {:.1} s, {:.2} CPU s",
+        baseline.rss_kib,
+        loaded.rss_kib,
+        loaded.anon_kib,
+        loaded.peak_rss_kib,
+        per_pair,
+        synced.as_secs_f64(),
+        loaded.cpu_seconds
+    );
+    drop(child);
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let run = |name: &str| only.is_empty() || only == name;
+    runtime.block_on(async {
+        if run("unlimited") {
+            throughput_run(
+                "unlimited QPS (--kube-api-qps=-1)",
+                env_usize("BENCH_CLAIMS", 1000),
+                &["--kube-api-qps=-1"],
+            )
+            .await;
+        }
+        if run("default") {
+            throughput_run(
+                "default QPS 5, burst 10",
+                env_usize("BENCH_CLAIMS_DEFAULT_QPS", 200),
+                &[],
+            )
+            .await;
+        }
+        if run("idle") {
+            idle_run(env_usize("BENCH_PAIRS", 50_000)).await;
+        }
+    });
+}
