@@ -322,6 +322,91 @@ fn check_type(k: &Kind, obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// What the real server's v1-to-internal conversion and defaulting do to a
+/// Secret on every write: `stringData` is merged into `data` (as the UTF-8
+/// bytes, winning over `data` for the same key) and never stored, `data` must
+/// be base64, and `type` defaults to `Opaque`.
+pub fn normalize_secret(k: &Kind, obj: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    let Value::Object(m) = obj else {
+        return Ok(());
+    };
+    let string_data = m.remove("stringData");
+    if let Some(data) = m.get("data").and_then(Value::as_object) {
+        for (key, v) in data {
+            let ok = v.as_str().is_some_and(|s| STANDARD.decode(s).is_ok()) || v.is_null();
+            if !ok {
+                return Err(ApiError::bad_request(format!(
+                    "Secret in version \"v1\" cannot be handled as a Secret: illegal base64 data in data.{key}"
+                )));
+            }
+        }
+    }
+    match string_data {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(sd)) if sd.is_empty() => {}
+        Some(Value::Object(sd)) => {
+            if !m.get("data").is_some_and(Value::is_object) {
+                m.insert("data".into(), json!({}));
+            }
+            if let Some(Value::Object(data)) = m.get_mut("data") {
+                for (key, v) in sd {
+                    let Some(s) = v.as_str() else {
+                        return Err(ApiError::bad_request(format!(
+                            "Secret in version \"v1\" cannot be handled as a Secret: stringData.{key} must be a string"
+                        )));
+                    };
+                    data.insert(key, json!(STANDARD.encode(s.as_bytes())));
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "Secret in version \"v1\" cannot be handled as a Secret: stringData must be an object",
+            ));
+        }
+    }
+    if m.get("type")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        m.insert("type".into(), json!("Opaque"));
+    }
+    if let Some(data) = m.get("data").and_then(Value::as_object) {
+        let name = m
+            .get("metadata")
+            .and_then(|md| md.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        for key in data.keys() {
+            if !is_config_key(key) {
+                return Err(ApiError::invalid(
+                    k,
+                    name,
+                    &format!("data[{key}]"),
+                    "FieldValueInvalid",
+                    &format!(
+                        "Invalid value: {key:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keys of Secret and ConfigMap data: `[-._a-zA-Z0-9]+`, at most 253 characters, not `.`/`..`.
+fn is_config_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 fn validate_meta(k: &Kind, obj: &Value) -> Result<(), ApiError> {
     let name = meta_str(obj, "name");
     if let Some(why) = name_error(k.name_rule, name) {
@@ -377,6 +462,9 @@ fn prepare_update(
     key: &ObjKey,
 ) -> Result<Value, ApiError> {
     check_type(k, &mut new)?;
+    if k.is_core("Secret") && target == Target::Main {
+        normalize_secret(k, &mut new)?;
+    }
     let (ns, name) = key;
     let body_name = meta_str(&new, "name");
     if !body_name.is_empty() && body_name != name {
@@ -680,6 +768,9 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let k = self.kind(kind).clone();
         check_type(&k, &mut obj)?;
+        if k.is_core("Secret") {
+            normalize_secret(&k, &mut obj)?;
+        }
         let body_ns = meta_str(&obj, "namespace").to_string();
         if k.namespaced && !body_ns.is_empty() && body_ns != ns {
             return Err(ApiError::bad_request(
@@ -1478,6 +1569,65 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(e.code, 415);
+    }
+
+    #[test]
+    fn secret_string_data_is_merged_into_data_and_dropped() {
+        let (mut s, _, _, _) = store();
+        let sk = s.registry().core("secrets").unwrap();
+        let o = s
+            .create(
+                sk,
+                "default",
+                json!({"metadata": {"name": "s"}, "data": {"a": "b2xk", "b": "Yg=="}, "stringData": {"a": "new", "c": "h\u{e9}"}}),
+                false,
+            )
+            .unwrap();
+        assert!(o.get("stringData").is_none());
+        assert_eq!(
+            o["data"],
+            json!({"a": "bmV3", "b": "Yg==", "c": "aMOp"}),
+            "stringData wins, values are the UTF-8 bytes"
+        );
+        assert_eq!(o["type"], "Opaque");
+        let o = s
+            .patch(
+                sk,
+                "default",
+                "s",
+                PatchType::Merge,
+                &json!({"stringData": {"b": "x"}}),
+                Target::Main,
+                false,
+            )
+            .unwrap();
+        assert_eq!(o["data"]["b"], "eA==");
+        assert!(o.get("stringData").is_none());
+        let mut u = (*o).clone();
+        u["stringData"] = json!({"d": ""});
+        let o = s
+            .update(sk, "default", "s", u, Target::Main, false)
+            .unwrap();
+        assert_eq!(o["data"]["d"], "");
+        assert!(o.get("stringData").is_none());
+        let e = s
+            .create(
+                sk,
+                "default",
+                json!({"metadata": {"name": "bad"}, "data": {"a": "not base64!"}}),
+                false,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, 400);
+        let e = s
+            .create(
+                sk,
+                "default",
+                json!({"metadata": {"name": "bad"}, "stringData": {"a/b": "x"}}),
+                false,
+            )
+            .unwrap_err();
+        assert_eq!((e.code, e.reason), (422, "Invalid"));
     }
 
     #[test]
