@@ -396,6 +396,43 @@ pub fn normalize_secret(k: &Kind, obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The defaulting the real server applies to every decoded object of the
+/// storage kinds (SetDefaults_* of core/v1 and storage/v1).
+pub fn apply_defaults(k: &Kind, obj: &mut Value) {
+    // `section` is "" for top-level fields, else a top-level object such as "spec".
+    fn default(obj: &mut Value, section: &str, field: &str, value: &str) {
+        let Value::Object(root) = obj else {
+            return;
+        };
+        let target = if section.is_empty() {
+            root
+        } else {
+            match root.entry(section).or_insert_with(|| json!({})) {
+                Value::Object(m) => m,
+                _ => return,
+            }
+        };
+        let missing = target
+            .get(field)
+            .is_none_or(|v| v.is_null() || v.as_str() == Some(""));
+        if missing {
+            target.insert(field.into(), json!(value));
+        }
+    }
+    match (k.group, k.kind) {
+        ("", "PersistentVolume") => {
+            default(obj, "spec", "persistentVolumeReclaimPolicy", "Retain");
+            default(obj, "spec", "volumeMode", "Filesystem");
+        }
+        ("", "PersistentVolumeClaim") => default(obj, "spec", "volumeMode", "Filesystem"),
+        ("storage.k8s.io", "StorageClass") => {
+            default(obj, "", "reclaimPolicy", "Delete");
+            default(obj, "", "volumeBindingMode", "Immediate");
+        }
+        _ => {}
+    }
+}
+
 /// Keys of Secret and ConfigMap data: `[-._a-zA-Z0-9]+`, at most 253 characters, not `.`/`..`.
 fn is_config_key(key: &str) -> bool {
     !key.is_empty()
@@ -464,6 +501,9 @@ fn prepare_update(
     check_type(k, &mut new)?;
     if k.is_core("Secret") && target == Target::Main {
         normalize_secret(k, &mut new)?;
+    }
+    if target == Target::Main {
+        apply_defaults(k, &mut new);
     }
     let (ns, name) = key;
     let body_name = meta_str(&new, "name");
@@ -771,6 +811,7 @@ impl Store {
         if k.is_core("Secret") {
             normalize_secret(&k, &mut obj)?;
         }
+        apply_defaults(&k, &mut obj);
         let body_ns = meta_str(&obj, "namespace").to_string();
         if k.namespaced && !body_ns.is_empty() && body_ns != ns {
             return Err(ApiError::bad_request(
@@ -1628,6 +1669,56 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!((e.code, e.reason), (422, "Invalid"));
+    }
+
+    #[test]
+    fn storage_kinds_get_the_real_servers_defaults() {
+        let (mut s, pvc_k, pv_k, _) = store();
+        let sc = s
+            .registry()
+            .lookup("storage.k8s.io", "v1", "storageclasses")
+            .unwrap();
+        let o = s
+            .create(
+                sc,
+                "",
+                json!({"metadata": {"name": "c"}, "provisioner": "x"}),
+                false,
+            )
+            .unwrap();
+        assert_eq!(
+            (o["reclaimPolicy"].as_str(), o["volumeBindingMode"].as_str()),
+            (Some("Delete"), Some("Immediate"))
+        );
+        let o = s
+            .create(
+                pv_k,
+                "",
+                json!({"metadata": {"name": "v"}, "spec": {}}),
+                false,
+            )
+            .unwrap();
+        assert_eq!(o["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+        assert_eq!(o["spec"]["volumeMode"], "Filesystem");
+        let o = s.create(pvc_k, "default", pvc("a"), false).unwrap();
+        assert_eq!(o["spec"]["volumeMode"], "Filesystem");
+        let mut block = pvc("b");
+        block["spec"]["volumeMode"] = json!("Block");
+        let o = s.create(pvc_k, "default", block, false).unwrap();
+        assert_eq!(o["spec"]["volumeMode"], "Block");
+        // Updates are defaulted too: dropping the field does not remove it.
+        let o = s
+            .patch(
+                pv_k,
+                "",
+                "v",
+                PatchType::Merge,
+                &json!({"spec": {"volumeMode": null}}),
+                Target::Main,
+                false,
+            )
+            .unwrap();
+        assert_eq!(o["spec"]["volumeMode"], "Filesystem");
     }
 
     #[test]
