@@ -12,10 +12,13 @@ use testkit::apiserver::Verb;
 #[tokio::test]
 async fn attach_then_detach_at_the_write_floor() {
     let env = Env::start(mock(), |_| {}).await;
+    if skip_on_real_cluster(&env, "it counts API requests") {
+        return env.stop().await;
+    }
     env.create_csinode("node-1", "nid-1").await;
     let handle = env.create_volume("vol-a").await;
     env.create_csi_pv("pv-a", &handle).await;
-    let counters = env.api.counters();
+    let counters = env.counters();
     counters.reset();
 
     env.create_pv_va("va-a", "pv-a", "node-1").await;
@@ -26,13 +29,13 @@ async fn attach_then_detach_at_the_write_floor() {
         format!("/dev/mock/{handle}")
     );
     assert!(status.attach_error.is_none());
-    assert_eq!(finalizers(&va.metadata), [FINALIZER]);
+    assert_eq!(finalizers(&va.metadata), [env.finalizer()]);
     assert_eq!(
         va.metadata.annotations.as_ref().unwrap()[NODE_ID_ANNOTATION],
         "nid-1"
     );
-    let pv = env.pvs().get("pv-a").await.unwrap();
-    assert_eq!(finalizers(&pv.metadata), [FINALIZER]);
+    let pv = env.pvs().get(&env.n("pv-a")).await.unwrap();
+    assert_eq!(pv_finalizers(&pv.metadata), [env.finalizer()]);
 
     let publishes = requests(&env.mock, CONTROLLER_PUBLISH_VOLUME);
     assert_eq!(publishes.len(), 1);
@@ -96,7 +99,7 @@ async fn detach_keeps_foreign_finalizers_and_clears_the_status() {
     let env = Env::start(mock(), |_| {}).await;
     env.create_csinode("node-1", "nid-1").await;
     let va = env.attached_volume(1).await;
-    let patch = json!({"metadata": {"finalizers": [FINALIZER, "example.com/keep"]}});
+    let patch = json!({"metadata": {"finalizers": [env.finalizer(), "example.com/keep"]}});
     env.vas()
         .patch(
             va.metadata.name.as_deref().unwrap(),
@@ -121,7 +124,10 @@ async fn detach_keeps_foreign_finalizers_and_clears_the_status() {
 async fn trivial_attacher_for_drivers_without_controller_publish() {
     for driver in [mock().publish_unpublish(false), mock().controller(false)] {
         let env = Env::start(driver, |_| {}).await;
-        let counters = env.api.counters();
+        if skip_on_real_cluster(&env, "it counts API requests") {
+            return env.stop().await;
+        }
+        let counters = env.counters();
         // No CSINode, no PV: none is needed.
         env.create_pv_va("va-t", "pv-missing", "node-1").await;
         let va = env.wait_va("va-t", attached).await;
@@ -140,12 +146,15 @@ async fn trivial_attacher_for_drivers_without_controller_publish() {
 #[tokio::test]
 async fn inline_volumes_attach_without_a_pv() {
     let env = Env::start(mock(), |_| {}).await;
+    if skip_on_real_cluster(&env, "it counts API requests") {
+        return env.stop().await;
+    }
     env.create_csinode("node-1", "nid-1").await;
     let handle = env.create_volume("inline").await;
     let source = json!({"inlineVolumeSpec": {
         "accessModes": ["ReadWriteMany"],
         "volumeMode": "Block",
-        "csi": {"driver": DRIVER, "volumeHandle": handle, "volumeAttributes": {"k": "v"}},
+        "csi": {"driver": env.driver, "volumeHandle": handle, "volumeAttributes": {"k": "v"}},
     }});
     env.create_va("va-inline", source, "node-1").await;
     env.wait_va("va-inline", attached).await;
@@ -157,7 +166,7 @@ async fn inline_volumes_attach_without_a_pv() {
     );
     assert!(request["volume_capability"].get("block").is_some());
     assert_eq!(request["volume_context"]["k"], "v");
-    assert_eq!(env.api.counters().get(Verb::Patch, "persistentvolumes"), 0);
+    assert_eq!(env.counters().get(Verb::Patch, "persistentvolumes"), 0);
 
     env.delete_va("va-inline").await;
     env.wait_va_gone("va-inline").await;
@@ -171,7 +180,7 @@ async fn readonly_is_sent_only_with_publish_readonly() {
         let env = Env::start(mock().publish_readonly(capable), |_| {}).await;
         env.create_csinode("node-1", "nid-1").await;
         let handle = env.create_volume("ro").await;
-        let mut spec = csi_pv_spec(&handle);
+        let mut spec = env.csi_pv_spec(&handle);
         spec["csi"]["readOnly"] = json!(true);
         spec["accessModes"] = json!(["ReadOnlyMany"]);
         env.create_pv("pv-ro", spec).await;
@@ -196,7 +205,7 @@ async fn single_node_multi_writer_drivers_get_the_new_access_modes() {
         (2, "ReadWriteOncePod", "SINGLE_NODE_SINGLE_WRITER"),
     ] {
         let handle = env.create_volume(&format!("snmw-{n}")).await;
-        let mut spec = csi_pv_spec(&handle);
+        let mut spec = env.csi_pv_spec(&handle);
         spec["accessModes"] = json!([mode]);
         env.create_pv(&format!("pv-{n}"), spec).await;
         env.create_pv_va(&format!("va-{n}"), &format!("pv-{n}"), "node-1")
@@ -219,18 +228,19 @@ async fn secrets_are_read_and_passed_but_never_logged() {
     let env = Env::start(mock(), |_| {}).await;
     env.create_csinode("node-1", "nid-1").await;
     let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "publish", "namespace": "default"},
+        "metadata": {"name": "publish", "namespace": env.cluster.namespace()},
         // "hunter2", base64-encoded.
         "data": {"password": "aHVudGVyMg=="},
     }))
     .unwrap();
-    Api::<Secret>::namespaced(env.client(), "default")
+    Api::<Secret>::namespaced(env.client(), env.cluster.namespace())
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
     let handle = env.create_volume("sec").await;
-    let mut spec = csi_pv_spec(&handle);
-    spec["csi"]["controllerPublishSecretRef"] = json!({"name": "publish", "namespace": "default"});
+    let mut spec = env.csi_pv_spec(&handle);
+    spec["csi"]["controllerPublishSecretRef"] =
+        json!({"name": "publish", "namespace": env.cluster.namespace()});
     env.create_pv("pv-s", spec).await;
     env.create_pv_va("va-s", "pv-s", "node-1").await;
     env.wait_va("va-s", attached).await;
@@ -265,15 +275,15 @@ async fn pv_finalizer_lifecycle() {
     env.attached_volume(1).await;
     // The PV is deleted while attached: our finalizer holds it.
     env.pvs()
-        .delete("pv-1", &DeleteParams::default())
+        .delete(&env.n("pv-1"), &DeleteParams::default())
         .await
         .unwrap();
     env.wait_pv("pv-1", |pv| {
         pv.is_some_and(|pv| pv.metadata.deletion_timestamp.is_some())
     })
     .await;
-    let pv = env.pvs().get("pv-1").await.unwrap();
-    assert_eq!(finalizers(&pv.metadata), [FINALIZER]);
+    let pv = env.pvs().get(&env.n("pv-1")).await.unwrap();
+    assert_eq!(pv_finalizers(&pv.metadata), [env.finalizer()]);
     // A new attachment of a PV being deleted is refused.
     env.create_csinode("node-2", "nid-2").await;
     env.create_pv_va("va-late", "pv-1", "node-2").await;
@@ -286,7 +296,7 @@ async fn pv_finalizer_lifecycle() {
     );
     env.delete_va("va-late").await;
     env.wait_va_gone("va-late").await;
-    assert!(env.pvs().get_opt("pv-1").await.unwrap().is_some());
+    assert!(env.pvs().get_opt(&env.n("pv-1")).await.unwrap().is_some());
 
     // The last attachment goes: the finalizer goes, and with it the PV.
     env.delete_va("va-1").await;
@@ -303,20 +313,20 @@ async fn pv_finalizer_removal_keeps_other_finalizers() {
     let mut pv = env.create_csi_pv("pv-k", &handle).await;
     pv.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
     env.pvs()
-        .replace("pv-k", &PostParams::default(), &pv)
+        .replace(&env.n("pv-k"), &PostParams::default(), &pv)
         .await
         .unwrap();
     env.create_pv_va("va-k", "pv-k", "node-1").await;
     env.wait_va("va-k", attached).await;
-    let pv = env.pvs().get("pv-k").await.unwrap();
+    let pv = env.pvs().get(&env.n("pv-k")).await.unwrap();
     assert_eq!(
         finalizers(&pv.metadata),
-        ["kubernetes.io/pv-protection", FINALIZER]
+        ["kubernetes.io/pv-protection".to_string(), env.finalizer()]
     );
     env.delete_va("va-k").await;
     env.wait_va_gone("va-k").await;
     env.pvs()
-        .delete("pv-k", &DeleteParams::default())
+        .delete(&env.n("pv-k"), &DeleteParams::default())
         .await
         .unwrap();
     env.wait_pv("pv-k", |pv| {

@@ -119,10 +119,10 @@ async fn serves_metrics_and_leader_health_attaches_and_releases_the_lease_on_sig
     let env = Env::without_controller(mock()).await;
     let port = free_port().unwrap();
     let args: Vec<String> = vec![
-        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("-csi-address={}", env.mock.endpoint()),
         "-leader-election".into(),
-        "--leader-election-namespace=default".into(),
+        format!("--leader-election-namespace={}", env.cluster.namespace()),
         format!("--http-endpoint=127.0.0.1:{port}"),
         "--v=5".into(),
         "--kube-api-qps=-1".into(),
@@ -140,8 +140,8 @@ async fn serves_metrics_and_leader_health_attaches_and_releases_the_lease_on_sig
     env.attached_volume(1).await;
 
     let lease = eventually("the Lease", || async {
-        Api::<Lease>::namespaced(env.client(), "default")
-            .get_opt("external-attacher-leader-hostpath-csi-k8s-io")
+        Api::<Lease>::namespaced(env.client(), env.cluster.namespace())
+            .get_opt(&env.lease_name())
             .await
             .unwrap()
             .filter(|l| {
@@ -157,7 +157,10 @@ async fn serves_metrics_and_leader_health_attaches_and_releases_the_lease_on_sig
     let (status, metrics) = http_get(port, "/metrics").await.unwrap();
     assert_eq!(status, 200);
     for line in [
-        r#"csi_sidecar_operations_seconds_count{driver_name="hostpath.csi.k8s.io",grpc_status_code="OK",method_name="/csi.v1.Controller/ControllerPublishVolume"} 1"#,
+        &format!(
+            r#"csi_sidecar_operations_seconds_count{{driver_name="{}",grpc_status_code="OK",method_name="/csi.v1.Controller/ControllerPublishVolume"}} 1"#,
+            env.driver
+        ),
         r#"workqueue_adds_total{name="csi-attacher-va"}"#,
         r#"workqueue_adds_total{name="csi-attacher-pv"}"#,
         r#"workqueue_depth{name="csi-attacher-va"} 0"#,
@@ -180,8 +183,8 @@ async fn serves_metrics_and_leader_health_attaches_and_releases_the_lease_on_sig
         !stderr.contains("FramedRead"),
         "transport crates stay quiet"
     );
-    let lease = Api::<Lease>::namespaced(env.client(), "default")
-        .get("external-attacher-leader-hostpath-csi-k8s-io")
+    let lease = Api::<Lease>::namespaced(env.client(), env.cluster.namespace())
+        .get(&env.lease_name())
         .await
         .unwrap();
     assert_eq!(
@@ -197,7 +200,7 @@ async fn metrics_address_serves_metrics_only() {
     let env = Env::without_controller(mock()).await;
     let port = free_port().unwrap();
     let running = spawn(&[
-        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--csi-address={}", env.mock.endpoint()),
         format!("--metrics-address=127.0.0.1:{port}"),
         "--metrics-path=/m".into(),
@@ -222,7 +225,7 @@ async fn identity_failures_exit_1() {
         .fail_always(GET_PLUGIN_INFO, Code::Internal, "no info");
     let env = Env::without_controller(driver).await;
     let running = spawn(&[
-        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--csi-address={}", env.mock.endpoint()),
     ]);
     let (code, stderr) = running.exit().await;
@@ -280,10 +283,13 @@ impl KillableDriver {
 #[tokio::test]
 async fn a_killed_driver_ends_the_sidecar_with_exit_1() {
     let env = Env::without_controller(mock()).await;
+    if skip_on_real_cluster(&env, "its driver has the shared default name") {
+        return env.stop().await;
+    }
     let driver = KillableDriver::start(env.dir.path());
     let port = free_port().unwrap();
     let running = spawn(&[
-        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--csi-address={}", driver.endpoint),
         format!("--http-endpoint=127.0.0.1:{port}"),
     ]);
@@ -304,11 +310,14 @@ async fn a_killed_driver_ends_the_sidecar_with_exit_1() {
 #[tokio::test]
 async fn a_gracefully_restarted_driver_ends_the_sidecar_at_its_next_call() {
     let env = Env::without_controller(mock()).await;
+    if skip_on_real_cluster(&env, "its drivers have the shared default name") {
+        return env.stop().await;
+    }
     let socket = env.dir.path().join("graceful.sock");
     let first = mock().serve_unix(&socket).await.unwrap();
     let port = free_port().unwrap();
     let running = spawn(&[
-        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--csi-address={}", first.endpoint()),
         format!("--http-endpoint=127.0.0.1:{port}"),
     ]);
@@ -343,8 +352,11 @@ async fn a_gracefully_restarted_driver_ends_the_sidecar_at_its_next_call() {
 async fn losing_leadership_exits_1() {
     use testkit::apiserver::{RequestMatch, Verb};
     let env = Env::without_controller(mock()).await;
+    if skip_on_real_cluster(&env, "it injects API faults") {
+        return env.stop().await;
+    }
     let running = spawn(&[
-        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--csi-address={}", env.mock.endpoint()),
         "--leader-election".into(),
         "--leader-election-namespace=default".into(),
@@ -360,13 +372,12 @@ async fn losing_leadership_exits_1() {
     })
     .await;
     // The API server refuses every renewal from now on.
-    env.api
-        .faults()
+    env.api_faults()
         .fail_next(RequestMatch::new(Verb::Update, "leases"), u32::MAX, 500);
     let (code, stderr) = running.exit().await;
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("lost leadership"), "{stderr}");
-    env.api.faults().clear();
+    env.api_faults().clear();
     env.stop().await;
 }
 
@@ -375,9 +386,12 @@ async fn a_migration_target_labels_its_calls_migrated() {
     const EBS: &str = "ebs.csi.aws.com";
     let env =
         Env::without_controller(testkit::mockdriver::MockDriver::builder().driver_name(EBS)).await;
+    if skip_on_real_cluster(&env, "the migration target's driver name is fixed") {
+        return env.stop().await;
+    }
     let port = free_port().unwrap();
     let running = spawn(&[
-        format!("--kubeconfig={}", env.api.kubeconfig_path().display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--csi-address={}", env.mock.endpoint()),
         format!("--http-endpoint=127.0.0.1:{port}"),
     ]);

@@ -123,7 +123,7 @@ async fn a_driver_timeout_is_retried_until_it_succeeds() {
         )
     );
     // The finalizer is already there: a timed-out attach may have succeeded in the driver.
-    assert_eq!(finalizers(&va.metadata), [FINALIZER]);
+    assert_eq!(finalizers(&va.metadata), [env.finalizer()]);
     env.mock.faults().release(CONTROLLER_PUBLISH_VOLUME);
     let va = env.wait_va("va-slow", attached).await;
     assert!(attach_error(&va).is_none());
@@ -173,7 +173,7 @@ async fn bad_inputs_get_a_clear_status_and_event_and_nothing_breaks() {
         .await;
     // A publish secret that does not exist.
     let handle = env.create_volume("v").await;
-    let mut spec = csi_pv_spec(&handle);
+    let mut spec = env.csi_pv_spec(&handle);
     spec["csi"]["controllerPublishSecretRef"] = json!({"name": "missing", "namespace": "default"});
     env.create_pv("pv-secret", spec).await;
     env.create_pv_va("va-secret", "pv-secret", "node-1").await;
@@ -183,7 +183,7 @@ async fn bad_inputs_get_a_clear_status_and_event_and_nothing_breaks() {
     env.create_pv_va("va-nonode", "pv-nonode", "node-x").await;
     // Unsupported access modes.
     let handle = env.create_volume("m").await;
-    let mut spec = csi_pv_spec(&handle);
+    let mut spec = env.csi_pv_spec(&handle);
     spec["accessModes"] = json!(["ReadOnlyMany", "ReadWriteOnce"]);
     env.create_pv("pv-modes", spec).await;
     env.create_pv_va("va-modes", "pv-modes", "node-1").await;
@@ -221,7 +221,7 @@ async fn bad_inputs_get_a_clear_status_and_event_and_nothing_breaks() {
     assert_eq!(env.mock.calls().count(CONTROLLER_PUBLISH_VOLUME), 0);
     // Nothing was written to objects the attach could not use.
     for pv in ["pv-hostpath", "pv-secret", "pv-modes"] {
-        assert!(finalizers(&env.pvs().get(pv).await.unwrap().metadata).is_empty());
+        assert!(pv_finalizers(&env.pvs().get(&env.n(pv)).await.unwrap().metadata).is_empty());
     }
     // The missing pieces show up: the attachments go through.
     env.create_csinode("node-x", "nid-x").await;

@@ -73,6 +73,12 @@ fn metric_line(metrics: &str, method: &str, migrated: &str) -> Option<String> {
 #[tokio::test]
 async fn in_tree_volume_is_attached_and_detached_under_its_translated_handle() {
     let env = ebs_env().await;
+    if skip_on_real_cluster(
+        &env,
+        "migration needs the fixed in-tree driver names, which concurrent tests would share",
+    ) {
+        return env.stop().await;
+    }
     let handle = env.create_volume("ebs-1").await;
     assert!(handle.starts_with("vol-"), "{handle}");
     create_ebs_pv(
@@ -129,6 +135,12 @@ async fn in_tree_volume_is_attached_and_detached_under_its_translated_handle() {
 #[tokio::test]
 async fn csi_volumes_of_a_migration_target_are_not_labelled_migrated() {
     let env = ebs_env().await;
+    if skip_on_real_cluster(
+        &env,
+        "migration needs the fixed in-tree driver names, which concurrent tests would share",
+    ) {
+        return env.stop().await;
+    }
     let handle = env.create_volume("csi-1").await;
     let mut spec = csi_pv_spec(&handle);
     spec["csi"]["driver"] = json!(EBS);
@@ -166,6 +178,12 @@ async fn csi_volumes_of_a_migration_target_are_not_labelled_migrated() {
 #[tokio::test]
 async fn a_rolled_back_migration_releases_the_finalizer_once_no_attachment_needs_it() {
     let env = ebs_env().await;
+    if skip_on_real_cluster(
+        &env,
+        "migration needs the fixed in-tree driver names, which concurrent tests would share",
+    ) {
+        return env.stop().await;
+    }
     let handle = env.create_volume("ebs-2").await;
     create_ebs_pv(&env, "pv-back", &handle, Some(EBS)).await;
     create_ebs_pv(&env, "pv-still", &format!("aws:///{handle}"), Some(EBS)).await;
@@ -210,6 +228,12 @@ async fn a_rolled_back_migration_releases_the_finalizer_once_no_attachment_needs
 #[tokio::test]
 async fn an_untranslatable_in_tree_volume_is_reported_without_touching_the_pv() {
     let env = ebs_env().await;
+    if skip_on_real_cluster(
+        &env,
+        "migration needs the fixed in-tree driver names, which concurrent tests would share",
+    ) {
+        return env.stop().await;
+    }
     create_ebs_pv(&env, "pv-bad", "aws://us-east-1a/not-a-volume", Some(EBS)).await;
     env.create_va_for(
         "va-bad",

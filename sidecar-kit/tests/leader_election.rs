@@ -1,5 +1,6 @@
-//! Leader election against a Kubernetes API (the test kit's API server), including Leases
-//! written by client-go's rules as an upstream replica would.
+//! Leader election against a Kubernetes API (the test kit's API server, or a real cluster
+//! through `TestCluster`), including Leases written by client-go's rules as an upstream
+//! replica would.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,17 +12,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use sidecar_kit::leader::{ElectionConfig, LeaderElector, LeaderError};
-use testkit::apiserver::ApiServer;
+use testkit::apiserver::TestCluster;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "external-attacher-leader-mock-csi-example-com";
 
-fn config(identity: &str) -> ElectionConfig {
+fn config(cluster: &TestCluster, identity: &str) -> ElectionConfig {
     ElectionConfig {
         lease_name: LEASE.into(),
-        namespace: "default".into(),
+        namespace: cluster.namespace().into(),
         identity: identity.into(),
         lease_duration: Duration::from_secs(2),
         renew_deadline: Duration::from_millis(1500),
@@ -39,7 +40,7 @@ struct Candidate {
 }
 
 impl Candidate {
-    fn start(server: &ApiServer, config: ElectionConfig, terms: Arc<AtomicUsize>) -> Self {
+    fn start(server: &TestCluster, config: ElectionConfig, terms: Arc<AtomicUsize>) -> Self {
         let elector = LeaderElector::new(server.client(), config);
         let shutdown = CancellationToken::new();
         let (tx, leading) = watch::channel(false);
@@ -72,8 +73,8 @@ impl Candidate {
     }
 }
 
-async fn lease(server: &ApiServer) -> Lease {
-    Api::<Lease>::namespaced(server.client(), "default")
+async fn lease(server: &TestCluster) -> Lease {
+    Api::<Lease>::default_namespaced(server.client())
         .get(LEASE)
         .await
         .unwrap()
@@ -85,14 +86,14 @@ fn spec(lease: &Lease) -> LeaseSpec {
 
 #[tokio::test]
 async fn one_leader_failover_and_fast_release() {
-    let server = ApiServer::start().await.unwrap();
+    let server = TestCluster::start().await.unwrap();
     let terms = Arc::new(AtomicUsize::new(0));
-    let mut a = Candidate::start(&server, config("replica-a"), terms.clone());
+    let mut a = Candidate::start(&server, config(&server, "replica-a"), terms.clone());
     assert!(
         a.wait_leading(Duration::from_secs(10)).await,
         "the first candidate leads"
     );
-    let mut b = Candidate::start(&server, config("replica-b"), terms.clone());
+    let mut b = Candidate::start(&server, config(&server, "replica-b"), terms.clone());
 
     // The second candidate stays out while the first renews.
     assert!(
@@ -124,7 +125,7 @@ async fn one_leader_failover_and_fast_release() {
     assert_eq!(taken.lease_transitions, Some(1));
 
     // A leader that dies without releasing is replaced once its Lease expires.
-    let mut c = Candidate::start(&server, config("replica-c"), terms.clone());
+    let mut c = Candidate::start(&server, config(&server, "replica-c"), terms.clone());
     assert!(!c.wait_leading(Duration::from_secs(1)).await);
     b.task.abort();
     let died_at = Instant::now();
@@ -141,8 +142,8 @@ async fn one_leader_failover_and_fast_release() {
 
 #[tokio::test]
 async fn a_lease_held_by_client_go_is_honoured() {
-    let server = ApiServer::start().await.unwrap();
-    let leases = Api::<Lease>::namespaced(server.client(), "default");
+    let server = TestCluster::start().await.unwrap();
+    let leases = Api::<Lease>::default_namespaced(server.client());
     let upstream_record = |renew: Timestamp| LeaseSpec {
         holder_identity: Some("csi-attacher-upstream-7d9f".into()),
         lease_duration_seconds: Some(2),
@@ -166,7 +167,7 @@ async fn a_lease_held_by_client_go_is_honoured() {
         .unwrap();
 
     let terms = Arc::new(AtomicUsize::new(0));
-    let mut ours = Candidate::start(&server, config("replica-rust"), terms);
+    let mut ours = Candidate::start(&server, config(&server, "replica-rust"), terms);
     // The upstream replica renews every 500 ms: ours must not take over, however long it waits.
     let mut current = created;
     for _ in 0..8 {
@@ -196,9 +197,9 @@ async fn a_lease_held_by_client_go_is_honoured() {
 
 #[tokio::test]
 async fn losing_the_lease_ends_leadership_with_an_error() {
-    let server = ApiServer::start().await.unwrap();
+    let server = TestCluster::start().await.unwrap();
     let terms = Arc::new(AtomicUsize::new(0));
-    let elector = LeaderElector::new(server.client(), config("replica-a"));
+    let elector = LeaderElector::new(server.client(), config(&server, "replica-a"));
     let health = elector.health();
     let mut a = {
         let shutdown = CancellationToken::new();
@@ -226,7 +227,7 @@ async fn losing_the_lease_ends_leadership_with_an_error() {
     assert_eq!(health.check().status, http::StatusCode::OK);
 
     // Someone else writes the Lease as its holder (as a split-brain replica would) and keeps it.
-    let leases = Api::<Lease>::namespaced(server.client(), "default");
+    let leases = Api::<Lease>::default_namespaced(server.client());
     let stop_thief = CancellationToken::new();
     let thief = tokio::spawn({
         let stop = stop_thief.clone();

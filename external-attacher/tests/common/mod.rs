@@ -1,5 +1,11 @@
-//! Shared set-up of the attacher tests: the in-process API server, the mock driver on a unix
-//! socket, and the controller running in-process against both.
+//! Shared set-up of the attacher tests: a `TestCluster` (the in-process API server, or a real
+//! cluster when `CSI_SIDECARS_TEST_KUBECONFIG` is set), the mock driver on a unix socket, and
+//! the controller running in-process against both.
+//!
+//! On a real cluster every test gets a driver name of its own (concurrent attachers of one
+//! driver would take each other's VolumeAttachments) and the helpers prefix the names of the
+//! cluster-scoped objects they create or read with the test namespace ([`Env::n`]), so that
+//! `TestCluster` cleans them up. In-process names and the driver stay as written.
 
 // Each test crate uses its own subset of these helpers.
 #![allow(dead_code)]
@@ -21,7 +27,7 @@ use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::flags::{FlagSyntax, parse_from};
 use sidecar_kit::metrics::CsiMetrics;
 use sidecar_kit::workqueue::Backoff;
-use testkit::apiserver::ApiServer;
+use testkit::apiserver::{Options, RequestCounters, TestCluster};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -128,9 +134,19 @@ impl Replica {
     }
 }
 
+/// Prints why a test does not run on a real cluster; true when it should return.
+pub fn skip_on_real_cluster(env: &Env, why: &str) -> bool {
+    if env.cluster.is_real() {
+        println!("skipped on a real cluster: {why}");
+    }
+    env.cluster.is_real()
+}
+
 /// API server, mock driver and one controller.
 pub struct Env {
-    pub api: ApiServer,
+    pub cluster: TestCluster,
+    /// The driver name the attacher handles (unique per test on a real cluster).
+    pub driver: String,
     pub mock: MockHandle,
     pub csi: CsiClient,
     pub replica: Option<Replica>,
@@ -141,13 +157,21 @@ impl Env {
     /// Starts everything with the default flags; `adjust` may change the configuration.
     pub async fn start(driver: MockDriver, adjust: impl FnOnce(&mut Config)) -> Self {
         let env = Self::without_controller(driver).await;
-        let mut config = test_config(&env.csi, &default_cli()).await;
+        let mut config = test_config_for(&env.csi, &default_cli(), &env.driver).await;
         adjust(&mut config);
         env.with_controller(config)
     }
 
     pub async fn without_controller(driver: MockDriver) -> Self {
-        let api = ApiServer::start().await.unwrap();
+        // No PV controller in-process: its writes would change the attacher's write counts.
+        let cluster = TestCluster::start_with(Options::default()).await.unwrap();
+        let name = driver.config().driver_name.clone();
+        let (driver, name) = if cluster.is_real() && name == DRIVER {
+            let unique = format!("{}.{DRIVER}", cluster.namespace());
+            (driver.driver_name(unique.clone()), unique)
+        } else {
+            (driver, name)
+        };
         let dir = tempfile::tempdir().unwrap();
         let mock = driver
             .serve_unix(dir.path().join("csi.sock"))
@@ -155,12 +179,57 @@ impl Env {
             .unwrap();
         let csi = csi_client(&mock).await;
         Self {
-            api,
+            cluster,
+            driver: name,
             mock,
             csi,
             replica: None,
             dir,
         }
+    }
+
+    /// The name of a cluster-scoped object as this test creates it (see the module docs).
+    pub fn n(&self, base: &str) -> String {
+        if self.cluster.is_real() {
+            self.cluster.cluster_name(base)
+        } else {
+            base.to_string()
+        }
+    }
+
+    /// The attacher's finalizer for this test's driver.
+    pub fn finalizer(&self) -> String {
+        format!("external-attacher/{}", self.driver.replace(['/', '.'], "-"))
+    }
+
+    /// The Lease the attacher elects its leader with.
+    pub fn lease_name(&self) -> String {
+        external_attacher::model::lease_name(&self.driver)
+    }
+
+    /// Request counters (in-process only; see [`skip_on_real_cluster`]).
+    pub fn counters(&self) -> RequestCounters {
+        self.cluster
+            .counters()
+            .expect("request counters need the in-process server")
+    }
+
+    /// The in-process server's fault injection (see [`skip_on_real_cluster`]).
+    pub fn api_faults(&self) -> testkit::apiserver::Faults {
+        self.cluster
+            .faults()
+            .expect("API faults need the in-process server")
+    }
+
+    pub fn kubeconfig_path(&self) -> &std::path::Path {
+        self.cluster.kubeconfig_path()
+    }
+
+    /// A CSI PV spec of this test's driver for `handle`, RWO filesystem.
+    pub fn csi_pv_spec(&self, handle: &str) -> Value {
+        let mut spec = csi_pv_spec(handle);
+        spec["csi"]["driver"] = json!(self.driver);
+        spec
     }
 
     pub fn with_controller(mut self, config: Config) -> Self {
@@ -169,7 +238,7 @@ impl Env {
     }
 
     pub fn client(&self) -> kube::Client {
-        self.api.client()
+        self.cluster.client()
     }
 
     pub fn vas(&self) -> Api<VolumeAttachment> {
@@ -185,7 +254,7 @@ impl Env {
             replica.stop().await;
         }
         self.mock.shutdown().await.unwrap();
-        self.api.shutdown().await;
+        self.cluster.cleanup().await.unwrap();
     }
 
     /// A volume in the mock driver; returns its ID.
@@ -194,12 +263,12 @@ impl Env {
     }
 
     pub async fn create_csinode(&self, node: &str, node_id: &str) {
-        self.create_csinode_for(node, DRIVER, node_id).await
+        self.create_csinode_for(node, &self.driver, node_id).await
     }
 
     pub async fn create_csinode_for(&self, node: &str, driver: &str, node_id: &str) {
         let csinode: CSINode = serde_json::from_value(json!({
-            "metadata": {"name": node},
+            "metadata": {"name": self.n(node)},
             "spec": {"drivers": [{"name": driver, "nodeID": node_id}]},
         }))
         .unwrap();
@@ -211,7 +280,8 @@ impl Env {
 
     pub async fn create_pv(&self, name: &str, spec: Value) -> PersistentVolume {
         let pv: PersistentVolume =
-            serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+            serde_json::from_value(json!({"metadata": {"name": self.n(name)}, "spec": spec}))
+                .unwrap();
         self.pvs()
             .create(&PostParams::default(), &pv)
             .await
@@ -220,11 +290,11 @@ impl Env {
 
     /// A CSI PV of the driver for `handle`, RWO filesystem.
     pub async fn create_csi_pv(&self, name: &str, handle: &str) -> PersistentVolume {
-        self.create_pv(name, csi_pv_spec(handle)).await
+        self.create_pv(name, self.csi_pv_spec(handle)).await
     }
 
     pub async fn create_va(&self, name: &str, source: Value, node: &str) -> VolumeAttachment {
-        self.create_va_for(name, DRIVER, source, node).await
+        self.create_va_for(name, &self.driver, source, node).await
     }
 
     pub async fn create_va_for(
@@ -234,9 +304,13 @@ impl Env {
         source: Value,
         node: &str,
     ) -> VolumeAttachment {
+        let mut source = source;
+        if let Some(pv) = source.get("persistentVolumeName").and_then(Value::as_str) {
+            source["persistentVolumeName"] = json!(self.n(pv));
+        }
         let va: VolumeAttachment = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"attacher": attacher, "nodeName": node, "source": source},
+            "metadata": {"name": self.n(name)},
+            "spec": {"attacher": attacher, "nodeName": self.n(node), "source": source},
         }))
         .unwrap();
         self.vas()
@@ -261,7 +335,7 @@ impl Env {
 
     pub async fn delete_va(&self, name: &str) {
         self.vas()
-            .delete(name, &DeleteParams::default())
+            .delete(&self.n(name), &DeleteParams::default())
             .await
             .unwrap();
     }
@@ -272,6 +346,7 @@ impl Env {
         condition: impl Fn(&VolumeAttachment) -> bool,
     ) -> VolumeAttachment {
         let vas = self.vas();
+        let name = &self.n(name);
         eventually(&format!("VolumeAttachment {name}"), || {
             let vas = vas.clone();
             let name = name.to_string();
@@ -283,6 +358,7 @@ impl Env {
 
     pub async fn wait_va_gone(&self, name: &str) {
         let vas = self.vas();
+        let name = &self.n(name);
         eventually(&format!("VolumeAttachment {name} to be deleted"), || {
             let vas = vas.clone();
             let name = name.to_string();
@@ -293,6 +369,7 @@ impl Env {
 
     pub async fn wait_pv(&self, name: &str, condition: impl Fn(Option<&PersistentVolume>) -> bool) {
         let pvs = self.pvs();
+        let name = &self.n(name);
         eventually(&format!("PersistentVolume {name}"), || {
             let pvs = pvs.clone();
             let name = name.to_string();
@@ -310,7 +387,7 @@ impl Env {
             .unwrap()
             .items
             .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .filter(|e| e.involved_object.name.as_deref() == Some(self.n(name).as_str()))
             .collect()
     }
 
@@ -365,6 +442,16 @@ pub fn finalizers(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> Vec<String> {
     meta.finalizers.clone().unwrap_or_default()
+}
+
+/// A PV's finalizers without the one a real server's admission adds to every PV.
+pub fn pv_finalizers(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<String> {
+    finalizers(meta)
+        .into_iter()
+        .filter(|f| f != "kubernetes.io/pv-protection")
+        .collect()
 }
 
 pub fn attach_error(va: &VolumeAttachment) -> Option<(String, Option<i32>)> {

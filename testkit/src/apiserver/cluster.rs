@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::json;
@@ -127,6 +129,16 @@ impl TestCluster {
         self.server.is_none()
     }
 
+    /// A name for a cluster-scoped object that no other test uses: the test
+    /// namespace's name, `-`, `base`. On a real cluster, `cleanup()` (or drop)
+    /// deletes the cluster-scoped objects of the kinds in
+    /// [`CLUSTER_SCOPED_CLEANUP`] whose names start with this prefix, and the
+    /// PersistentVolumes whose claimRef points into the test namespace,
+    /// removing their finalizers first.
+    pub fn cluster_name(&self, base: &str) -> String {
+        format!("{}-{base}", self.namespace)
+    }
+
     /// The in-process server, when not on a real cluster.
     pub fn server(&self) -> Option<&ApiServer> {
         self.server.as_ref()
@@ -144,6 +156,7 @@ impl TestCluster {
     pub async fn cleanup(mut self) -> Result<(), kube::Error> {
         if self.cleanup_pending {
             self.cleanup_pending = false;
+            delete_cluster_scoped(&self.client, &self.namespace).await?;
             delete_namespace(&self.client, &self.namespace).await?;
         }
         if let Some(server) = self.server.take() {
@@ -151,6 +164,78 @@ impl TestCluster {
         }
         Ok(())
     }
+}
+
+/// `(group, version, kind, plural)` of the cluster-scoped kinds tests create
+/// on a real cluster, deleted on cleanup when named by
+/// [`TestCluster::cluster_name`].
+pub const CLUSTER_SCOPED_CLEANUP: &[(&str, &str, &str, &str)] = &[
+    (
+        "storage.k8s.io",
+        "v1",
+        "VolumeAttachment",
+        "volumeattachments",
+    ),
+    ("", "v1", "PersistentVolume", "persistentvolumes"),
+    ("storage.k8s.io", "v1", "StorageClass", "storageclasses"),
+    ("storage.k8s.io", "v1", "CSINode", "csinodes"),
+    ("storage.k8s.io", "v1", "CSIDriver", "csidrivers"),
+    ("", "v1", "Node", "nodes"),
+];
+
+async fn delete_cluster_scoped(client: &Client, namespace: &str) -> Result<(), kube::Error> {
+    let prefix = format!("{namespace}-");
+    for (group, version, kind, plural) in CLUSTER_SCOPED_CLEANUP {
+        let api_version = if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        };
+        let ar = ApiResource {
+            group: group.to_string(),
+            version: version.to_string(),
+            api_version,
+            kind: kind.to_string(),
+            plural: plural.to_string(),
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        let list = match api.list(&ListParams::default()).await {
+            Ok(l) => l,
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => continue,
+            Err(e) => return Err(e),
+        };
+        for o in list.items {
+            let Some(name) = o.metadata.name.as_deref() else {
+                continue;
+            };
+            let claimed_here = o
+                .data
+                .pointer("/spec/claimRef/namespace")
+                .and_then(serde_json::Value::as_str)
+                == Some(namespace);
+            let ours =
+                name.starts_with(&prefix) || (*plural == "persistentvolumes" && claimed_here);
+            if !ours {
+                continue;
+            }
+            let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+            for result in [
+                api.patch(name, &PatchParams::default(), &unfinalize)
+                    .await
+                    .map(|_| ()),
+                api.delete(name, &DeleteParams::background())
+                    .await
+                    .map(|_| ()),
+            ] {
+                match result {
+                    Ok(()) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn delete_namespace(client: &Client, name: &str) -> Result<(), kube::Error> {
@@ -178,6 +263,9 @@ impl Drop for TestCluster {
                 .build()?;
             rt.block_on(async {
                 let client = client_for(&kubeconfig, &namespace)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                delete_cluster_scoped(&client, &namespace)
                     .await
                     .map_err(std::io::Error::other)?;
                 delete_namespace(&client, &namespace)

@@ -21,6 +21,7 @@ use super::counters::{RequestCounters, Verb};
 use super::discovery::{self, IncludeObject};
 use super::error::ApiError;
 use super::faults::{Faults, RequestInfo};
+use super::protobuf;
 use super::registry::{Kind, KindId, Registry};
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{
@@ -78,6 +79,20 @@ fn json_response(code: u16, v: &Value) -> Response<Body> {
     )
 }
 
+/// An object in the negotiated encoding: protobuf when asked for and the kind has it.
+fn object_response(code: u16, rendering: Rendering, v: &Value) -> Response<Body> {
+    if rendering == Rendering::Protobuf {
+        let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+        if protobuf::supported(api_version, kind)
+            && let Ok(bytes) = protobuf::encode_object(v)
+        {
+            return respond(code, protobuf::MEDIA_TYPE, bytes);
+        }
+    }
+    json_response(code, v)
+}
+
 fn status_response(e: &ApiError) -> Response<Body> {
     json_response(e.code, &e.to_status())
 }
@@ -132,6 +147,9 @@ fn flag(q: &HashMap<String, String>, name: &str) -> bool {
 enum Rendering {
     Json,
     Table,
+    /// Protobuf for the kinds that have it here, JSON for the others (client-go
+    /// decodes a response by its Content-Type).
+    Protobuf,
 }
 
 fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
@@ -148,6 +166,10 @@ fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
         let media = parts.next().unwrap_or("");
         let params: Vec<&str> = parts.collect();
         let is_json = matches!(media, "application/json" | "*/*" | "application/*" | "");
+        let as_other = params.iter().any(|p| p.starts_with("as="));
+        if protobuf::is_protobuf(media) && !as_other && !json_ok {
+            return Ok(Rendering::Protobuf);
+        }
         if is_json && params.contains(&"as=Table") {
             if params.contains(&"g=meta.k8s.io")
                 && (params.contains(&"v=v1") || params.contains(&"v=v1beta1"))
@@ -166,6 +188,23 @@ fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
             "the server was unable to respond with a content type that the client supports (accept: {accept})"
         )))
     }
+}
+
+/// Whether the Accept header (or its absence) allows a JSON answer.
+fn accepts_json(req: &Request<Incoming>) -> bool {
+    let Some(accept) = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return true;
+    };
+    accept.split(',').any(|e| {
+        matches!(
+            e.split(';').next().unwrap_or("").trim(),
+            "application/json" | "*/*" | "application/*" | ""
+        )
+    })
 }
 
 async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
@@ -305,9 +344,17 @@ async fn read_json(req: Request<Incoming>) -> Result<Value, ApiError> {
         .to_string();
     let bytes = read_body(req).await?;
     let media = content_type.split(';').next().unwrap_or("").trim();
+    if protobuf::is_protobuf(media) {
+        return protobuf::decode_object(&bytes).map_err(|e| match e {
+            protobuf::ProtoError::Unsupported { .. } => ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json ({e})"
+            )),
+            other => ApiError::bad_request(format!("error decoding request body: {other}")),
+        });
+    }
     if !matches!(media, "application/json" | "" | "*/*") {
         return Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json (got {media})"
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/vnd.kubernetes.protobuf (got {media})"
         )));
     }
     parse_json(&bytes)
@@ -410,6 +457,15 @@ async fn resource(
         return Err(e);
     }
     let rendering = negotiate(&req)?;
+    if rendering == Rendering::Protobuf
+        && !protobuf::supported(&k.api_version(), k.kind)
+        && !accepts_json(&req)
+    {
+        return Err(ApiError::not_acceptable(format!(
+            "the server was unable to respond with a content type that the client supports (no protobuf encoding of {} here)",
+            k.kind
+        )));
+    }
     let ns = path.namespace.clone().unwrap_or_default();
     let name = path.name.clone().unwrap_or_default();
     let target = if path.subresource.is_some() {
@@ -426,6 +482,7 @@ async fn resource(
                     "application/json",
                     serde_json::to_vec(&*obj).unwrap_or_default(),
                 ),
+                Rendering::Protobuf => object_response(200, rendering, &obj),
                 Rendering::Table => {
                     let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
                     json_response(
@@ -448,7 +505,7 @@ async fn resource(
             let dry = dry_run(&q)?;
             let obj = read_json(req).await?;
             let created = shared.store().create(path.kind, &ns, obj, dry)?;
-            Ok(json_response(201, &created))
+            Ok(object_response(201, rendering, &created))
         }
         Verb::Update => {
             let dry = dry_run(&q)?;
@@ -456,7 +513,7 @@ async fn resource(
             let updated = shared
                 .store()
                 .update(path.kind, &ns, &name, obj, target, dry)?;
-            Ok(json_response(200, &updated))
+            Ok(object_response(200, rendering, &updated))
         }
         Verb::Patch => {
             let dry = dry_run(&q)?;
@@ -489,7 +546,7 @@ async fn resource(
             let patched = shared
                 .store()
                 .patch(path.kind, &ns, &name, patch_type, &patch, target, dry)?;
-            Ok(json_response(200, &patched))
+            Ok(object_response(200, rendering, &patched))
         }
         Verb::Delete => {
             let (pre, body_dry) = delete_options(req).await?;
@@ -497,7 +554,9 @@ async fn resource(
             let outcome = shared.store().delete(path.kind, &ns, &name, &pre, dry)?;
             Ok(match outcome {
                 Deleted::Removed(obj) if !k.custom => json_response(200, &deleted_status(&k, &obj)),
-                Deleted::Removed(obj) | Deleted::Pending(obj) => json_response(200, &obj),
+                Deleted::Removed(obj) | Deleted::Pending(obj) => {
+                    object_response(200, rendering, &obj)
+                }
             })
         }
         Verb::DeleteCollection => {
@@ -535,11 +594,21 @@ async fn resource(
 }
 
 async fn delete_options(req: Request<Incoming>) -> Result<(Preconditions, bool), ApiError> {
+    let proto = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| protobuf::is_protobuf(ct.split(';').next().unwrap_or("")));
     let bytes = read_body(req).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok((Preconditions::default(), false));
     }
-    let v = parse_json(&bytes)?;
+    let v = if proto {
+        protobuf::decode_delete_options(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+    } else {
+        parse_json(&bytes)?
+    };
     let s = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
     let dry = v
         .get("dryRun")
@@ -613,7 +682,16 @@ fn list(
         meta["remainingItemCount"] = json!(r);
     }
     Ok(match rendering {
-        Rendering::Json => respond(200, "application/json", list_bytes(k, &page.items, meta)),
+        Rendering::Protobuf if protobuf::supported(&k.api_version(), k.kind) => {
+            let items: Vec<&Value> = page.items.iter().map(|o| &**o).collect();
+            match protobuf::encode_list(&k.api_version(), k.kind, &items, &meta) {
+                Ok(bytes) => respond(200, protobuf::MEDIA_TYPE, bytes),
+                Err(_) => respond(200, "application/json", list_bytes(k, &page.items, meta)),
+            }
+        }
+        Rendering::Json | Rendering::Protobuf => {
+            respond(200, "application/json", list_bytes(k, &page.items, meta))
+        }
         Rendering::Table => json_response(
             200,
             &discovery::table(
@@ -779,7 +857,7 @@ fn watch(
     };
     let table = match rendering {
         Rendering::Table => Some(include_object(q)?),
-        Rendering::Json => None,
+        Rendering::Json | Rendering::Protobuf => None,
     };
     let output = WatchOutput {
         filter: WatchFilter {

@@ -10,6 +10,7 @@ pub mod error;
 pub mod faults;
 mod http;
 pub mod patch;
+pub mod protobuf;
 pub mod pv_controller;
 pub mod registry;
 pub mod selector;

@@ -322,6 +322,128 @@ fn check_type(k: &Kind, obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// What the real server's v1-to-internal conversion and defaulting do to a
+/// Secret on every write: `stringData` is merged into `data` (as the UTF-8
+/// bytes, winning over `data` for the same key) and never stored, `data` must
+/// be base64, and `type` defaults to `Opaque`.
+pub fn normalize_secret(k: &Kind, obj: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    let Value::Object(m) = obj else {
+        return Ok(());
+    };
+    let string_data = m.remove("stringData");
+    if let Some(data) = m.get("data").and_then(Value::as_object) {
+        for (key, v) in data {
+            let ok = v.as_str().is_some_and(|s| STANDARD.decode(s).is_ok()) || v.is_null();
+            if !ok {
+                return Err(ApiError::bad_request(format!(
+                    "Secret in version \"v1\" cannot be handled as a Secret: illegal base64 data in data.{key}"
+                )));
+            }
+        }
+    }
+    match string_data {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(sd)) if sd.is_empty() => {}
+        Some(Value::Object(sd)) => {
+            if !m.get("data").is_some_and(Value::is_object) {
+                m.insert("data".into(), json!({}));
+            }
+            if let Some(Value::Object(data)) = m.get_mut("data") {
+                for (key, v) in sd {
+                    let Some(s) = v.as_str() else {
+                        return Err(ApiError::bad_request(format!(
+                            "Secret in version \"v1\" cannot be handled as a Secret: stringData.{key} must be a string"
+                        )));
+                    };
+                    data.insert(key, json!(STANDARD.encode(s.as_bytes())));
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "Secret in version \"v1\" cannot be handled as a Secret: stringData must be an object",
+            ));
+        }
+    }
+    if m.get("type")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        m.insert("type".into(), json!("Opaque"));
+    }
+    if let Some(data) = m.get("data").and_then(Value::as_object) {
+        let name = m
+            .get("metadata")
+            .and_then(|md| md.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        for key in data.keys() {
+            if !is_config_key(key) {
+                return Err(ApiError::invalid(
+                    k,
+                    name,
+                    &format!("data[{key}]"),
+                    "FieldValueInvalid",
+                    &format!(
+                        "Invalid value: {key:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The defaulting the real server applies to every decoded object of the
+/// storage kinds (SetDefaults_* of core/v1 and storage/v1).
+pub fn apply_defaults(k: &Kind, obj: &mut Value) {
+    // `section` is "" for top-level fields, else a top-level object such as "spec".
+    fn default(obj: &mut Value, section: &str, field: &str, value: &str) {
+        let Value::Object(root) = obj else {
+            return;
+        };
+        let target = if section.is_empty() {
+            root
+        } else {
+            match root.entry(section).or_insert_with(|| json!({})) {
+                Value::Object(m) => m,
+                _ => return,
+            }
+        };
+        let missing = target
+            .get(field)
+            .is_none_or(|v| v.is_null() || v.as_str() == Some(""));
+        if missing {
+            target.insert(field.into(), json!(value));
+        }
+    }
+    match (k.group, k.kind) {
+        ("", "PersistentVolume") => {
+            default(obj, "spec", "persistentVolumeReclaimPolicy", "Retain");
+            default(obj, "spec", "volumeMode", "Filesystem");
+        }
+        ("", "PersistentVolumeClaim") => default(obj, "spec", "volumeMode", "Filesystem"),
+        ("storage.k8s.io", "StorageClass") => {
+            default(obj, "", "reclaimPolicy", "Delete");
+            default(obj, "", "volumeBindingMode", "Immediate");
+        }
+        _ => {}
+    }
+}
+
+/// Keys of Secret and ConfigMap data: `[-._a-zA-Z0-9]+`, at most 253 characters, not `.`/`..`.
+fn is_config_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 fn validate_meta(k: &Kind, obj: &Value) -> Result<(), ApiError> {
     let name = meta_str(obj, "name");
     if let Some(why) = name_error(k.name_rule, name) {
@@ -377,6 +499,12 @@ fn prepare_update(
     key: &ObjKey,
 ) -> Result<Value, ApiError> {
     check_type(k, &mut new)?;
+    if k.is_core("Secret") && target == Target::Main {
+        normalize_secret(k, &mut new)?;
+    }
+    if target == Target::Main {
+        apply_defaults(k, &mut new);
+    }
     let (ns, name) = key;
     let body_name = meta_str(&new, "name");
     if !body_name.is_empty() && body_name != name {
@@ -680,6 +808,10 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let k = self.kind(kind).clone();
         check_type(&k, &mut obj)?;
+        if k.is_core("Secret") {
+            normalize_secret(&k, &mut obj)?;
+        }
+        apply_defaults(&k, &mut obj);
         let body_ns = meta_str(&obj, "namespace").to_string();
         if k.namespaced && !body_ns.is_empty() && body_ns != ns {
             return Err(ApiError::bad_request(
@@ -1478,6 +1610,115 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(e.code, 415);
+    }
+
+    #[test]
+    fn secret_string_data_is_merged_into_data_and_dropped() {
+        let (mut s, _, _, _) = store();
+        let sk = s.registry().core("secrets").unwrap();
+        let o = s
+            .create(
+                sk,
+                "default",
+                json!({"metadata": {"name": "s"}, "data": {"a": "b2xk", "b": "Yg=="}, "stringData": {"a": "new", "c": "h\u{e9}"}}),
+                false,
+            )
+            .unwrap();
+        assert!(o.get("stringData").is_none());
+        assert_eq!(
+            o["data"],
+            json!({"a": "bmV3", "b": "Yg==", "c": "aMOp"}),
+            "stringData wins, values are the UTF-8 bytes"
+        );
+        assert_eq!(o["type"], "Opaque");
+        let o = s
+            .patch(
+                sk,
+                "default",
+                "s",
+                PatchType::Merge,
+                &json!({"stringData": {"b": "x"}}),
+                Target::Main,
+                false,
+            )
+            .unwrap();
+        assert_eq!(o["data"]["b"], "eA==");
+        assert!(o.get("stringData").is_none());
+        let mut u = (*o).clone();
+        u["stringData"] = json!({"d": ""});
+        let o = s
+            .update(sk, "default", "s", u, Target::Main, false)
+            .unwrap();
+        assert_eq!(o["data"]["d"], "");
+        assert!(o.get("stringData").is_none());
+        let e = s
+            .create(
+                sk,
+                "default",
+                json!({"metadata": {"name": "bad"}, "data": {"a": "not base64!"}}),
+                false,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, 400);
+        let e = s
+            .create(
+                sk,
+                "default",
+                json!({"metadata": {"name": "bad"}, "stringData": {"a/b": "x"}}),
+                false,
+            )
+            .unwrap_err();
+        assert_eq!((e.code, e.reason), (422, "Invalid"));
+    }
+
+    #[test]
+    fn storage_kinds_get_the_real_servers_defaults() {
+        let (mut s, pvc_k, pv_k, _) = store();
+        let sc = s
+            .registry()
+            .lookup("storage.k8s.io", "v1", "storageclasses")
+            .unwrap();
+        let o = s
+            .create(
+                sc,
+                "",
+                json!({"metadata": {"name": "c"}, "provisioner": "x"}),
+                false,
+            )
+            .unwrap();
+        assert_eq!(
+            (o["reclaimPolicy"].as_str(), o["volumeBindingMode"].as_str()),
+            (Some("Delete"), Some("Immediate"))
+        );
+        let o = s
+            .create(
+                pv_k,
+                "",
+                json!({"metadata": {"name": "v"}, "spec": {}}),
+                false,
+            )
+            .unwrap();
+        assert_eq!(o["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+        assert_eq!(o["spec"]["volumeMode"], "Filesystem");
+        let o = s.create(pvc_k, "default", pvc("a"), false).unwrap();
+        assert_eq!(o["spec"]["volumeMode"], "Filesystem");
+        let mut block = pvc("b");
+        block["spec"]["volumeMode"] = json!("Block");
+        let o = s.create(pvc_k, "default", block, false).unwrap();
+        assert_eq!(o["spec"]["volumeMode"], "Block");
+        // Updates are defaulted too: dropping the field does not remove it.
+        let o = s
+            .patch(
+                pv_k,
+                "",
+                "v",
+                PatchType::Merge,
+                &json!({"spec": {"volumeMode": null}}),
+                Target::Main,
+                false,
+            )
+            .unwrap();
+        assert_eq!(o["spec"]["volumeMode"], "Filesystem");
     }
 
     #[test]
