@@ -122,6 +122,7 @@ pub fn config(
         queue_metrics: None,
         metrics: None,
         journal: None,
+        event_client: None,
         reporter: Reporter {
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
@@ -153,11 +154,12 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
                     message: e.to_string(),
                 })?;
     }
-    let client = sidecar_kit::kube::client(
+    let clients = sidecar_kit::kube::clients(
         kube_config.clone(),
         kube_flags.kube_api_qps,
         kube_flags.kube_api_burst,
     )?;
+    let client = clients.main.clone();
 
     let metrics = CsiMetrics::new()?;
     let connection = connection::connect(
@@ -189,6 +191,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     let mut config = config(&cli, &driver, caps, &identity_string, &instance);
     config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
     config.metrics = Some(ProvisionMetrics::register(metrics.registry())?);
+    config.event_client = Some(clients.background);
     config.journal = Some(Location {
         namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
         name: journal_name(&model::lease_name(&driver)),

@@ -56,6 +56,9 @@ pub struct Config {
     pub reporter: Reporter,
     /// Where unfinished CreateVolume calls are recorded (`None`: nowhere, as upstream).
     pub journal: Option<Location>,
+    /// Client of the Events: one that only uses the rate-limit tokens the PV writes leave free
+    /// (`None`: the main client).
+    pub event_client: Option<kube::Client>,
 }
 
 /// A CreateVolume that has not been answered for sure: repeated with the identical request
@@ -141,7 +144,13 @@ pub async fn run(
         volumes: queue(VOLUME_QUEUE),
         in_flight: Mutex::new(HashMap::new()),
         infeasible: Mutex::new(HashMap::new()),
-        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        events: Recorder::spawn(
+            config
+                .event_client
+                .clone()
+                .unwrap_or_else(|| client.clone()),
+            config.reporter.clone(),
+        ),
         journal: match &config.journal {
             Some(location) => Journal::start(client.clone(), location.clone()),
             None => Journal::off(),
