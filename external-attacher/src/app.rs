@@ -8,7 +8,7 @@ use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
 use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
-use sidecar_kit::http::{HttpPlan, HttpServer, Routes};
+use sidecar_kit::http::HttpPlan;
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::leader::{self, ElectionConfig, LeaderElector};
 use sidecar_kit::metrics::CsiMetrics;
@@ -22,8 +22,6 @@ use crate::model;
 
 /// Timeout of the identity calls at start-up (upstream's `csiTimeout`).
 pub const IDENTITY_TIMEOUT: Duration = Duration::from_secs(1);
-/// Path of the leader election health check.
-pub const LEADER_HEALTH_PATH: &str = "/healthz/leader-election";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -174,25 +172,15 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         None
     };
 
-    let metrics_path = cli.common.http.metrics_path.clone();
-    match &http_plan {
-        HttpPlan::Disabled => {}
-        HttpPlan::Full(address) => {
-            let mut routes = Routes::new().metrics(&metrics_path, metrics.clone());
-            if let Some(elector) = &election {
-                let health = elector.health();
-                routes = routes.route(LEADER_HEALTH_PATH, move || {
-                    let health = health.clone();
-                    async move { health.check() }
-                });
-            }
-            HttpServer::spawn(address, routes, shutdown.clone()).await?;
-        }
-        HttpPlan::MetricsOnly(address) => {
-            let routes = Routes::new().metrics(&metrics_path, metrics.clone());
-            HttpServer::spawn(address, routes, shutdown.clone()).await?;
-        }
-    }
+    http_plan
+        .serve(
+            &cli.common.http.metrics_path,
+            &metrics,
+            election.as_ref().map(LeaderElector::health),
+            |routes| routes,
+            &shutdown,
+        )
+        .await?;
 
     match election {
         Some(elector) => {

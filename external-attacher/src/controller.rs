@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
+use sidecar_kit::kube::{api_code, api_message};
 use sidecar_kit::pipeline::Pipeline;
 use sidecar_kit::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
@@ -100,21 +101,6 @@ impl Failure {
     /// write: the volume is attached, only the report is missing, and the retry writes it.
     fn recorded(&self) -> bool {
         !matches!(self, Self::MarkAttached(_))
-    }
-}
-
-/// The text of a Kubernetes API error as client-go renders it: the Status message.
-fn api_message(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn api_code(err: &kube::Error) -> Option<u16> {
-    match err {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
     }
 }
 

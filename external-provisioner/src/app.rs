@@ -8,7 +8,7 @@ use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
 use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
-use sidecar_kit::http::{HttpPlan, HttpServer, Reply, Routes};
+use sidecar_kit::http::{HttpPlan, Reply};
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::leader::{self, ElectionConfig, LeaderElector};
 use sidecar_kit::metrics::CsiMetrics;
@@ -22,8 +22,14 @@ use crate::journal::{Location, journal_name};
 use crate::metrics::ProvisionMetrics;
 use crate::model;
 
-/// Path of the leader election health check.
-pub const LEADER_HEALTH_PATH: &str = "/healthz/leader-election";
+/// Upstream's pprof handlers, answered 404 with `--enable-pprof`.
+const PPROF_PATHS: [&str; 5] = [
+    "/debug/pprof/",
+    "/debug/pprof/cmdline",
+    "/debug/pprof/profile",
+    "/debug/pprof/symbol",
+    "/debug/pprof/trace",
+];
 /// Period of the full resync of claims and volumes (upstream's library resyncs every 15 min).
 pub const RESYNC: Duration = Duration::from_secs(15 * 60);
 
@@ -211,44 +217,33 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         None
     };
 
-    let metrics_path = cli.common.http.metrics_path.clone();
-    let mut routes = Routes::new().metrics(&metrics_path, metrics.clone());
-    let address = match &http_plan {
-        HttpPlan::Disabled => None,
-        HttpPlan::Full(address) => {
-            if let Some(elector) = &election {
-                let health = elector.health();
-                routes = routes.route(LEADER_HEALTH_PATH, move || {
-                    let health = health.clone();
-                    async move { health.check() }
-                });
-            }
-            if cli.enable_pprof {
-                tracing::warn!(
-                    "--enable-pprof: /debug/pprof is a Go runtime facility; it answers 404 here"
-                );
-                for path in [
-                    "/debug/pprof/",
-                    "/debug/pprof/cmdline",
-                    "/debug/pprof/profile",
-                    "/debug/pprof/symbol",
-                    "/debug/pprof/trace",
-                ] {
-                    routes = routes.route(path, || async {
-                        Reply::text(
-                            http::StatusCode::NOT_FOUND,
-                            "pprof is a Go facility; this provisioner is not written in Go\n",
-                        )
-                    });
-                }
-            }
-            Some(address)
-        }
-        HttpPlan::MetricsOnly(address) => Some(address),
-    };
-    if let Some(address) = address {
-        HttpServer::spawn(address, routes, shutdown.clone()).await?;
+    let pprof = cli.enable_pprof;
+    if pprof {
+        tracing::warn!(
+            "--enable-pprof: /debug/pprof is a Go runtime facility; it answers 404 here"
+        );
     }
+    http_plan
+        .serve(
+            &cli.common.http.metrics_path,
+            &metrics,
+            election.as_ref().map(LeaderElector::health),
+            |mut routes| {
+                if pprof {
+                    for path in PPROF_PATHS {
+                        routes = routes.route(path, || async {
+                            Reply::text(
+                                http::StatusCode::NOT_FOUND,
+                                "pprof is a Go facility; this provisioner is not written in Go\n",
+                            )
+                        });
+                    }
+                }
+                routes
+            },
+            &shutdown,
+        )
+        .await?;
 
     match election {
         Some(elector) => {

@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
+use sidecar_kit::kube::{api_code, api_message};
 use sidecar_kit::pipeline::{Change, Pipeline};
 use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
@@ -77,21 +78,6 @@ struct InFlight {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn api_code(err: &kube::Error) -> Option<u16> {
-    match err {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
-    }
-}
-
-/// The text of a Kubernetes API error as client-go renders it: the Status message.
-fn api_message(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
-        other => other.to_string(),
-    }
 }
 
 /// A gRPC error as grpc-go renders it, which upstream's Events and logs show.

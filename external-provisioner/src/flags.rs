@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use sidecar_kit::flags::{CommonFlags, parse_go_bool, parse_go_duration};
+use sidecar_kit::flags::{CommonFlags, feature_gate_pairs, parse_go_bool, parse_go_duration};
 
 /// The feature gates upstream accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,15 +34,8 @@ impl Default for FeatureGates {
 /// errors; `AllAlpha` sets every alpha gate, `AllBeta` every beta gate (there are none).
 pub fn parse_feature_gates(text: &str) -> Result<FeatureGates, String> {
     let mut gates = FeatureGates::default();
-    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, value) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("missing bool value for {pair}"))?;
-        let (name, value) = (name.trim(), value.trim());
-        let value = parse_go_bool(value).map_err(|_| {
-            format!("invalid value of {name}={value}, err: strconv.ParseBool: parsing {value:?}: invalid syntax")
-        })?;
-        match name {
+    for (name, value) in feature_gate_pairs(text)? {
+        match name.as_str() {
             "Topology" => gates.topology = value,
             "CrossNamespaceVolumeDataSource" => gates.cross_namespace_volume_data_source = value,
             "VolumeAttributesClass" => gates.volume_attributes_class = Some(value),

@@ -136,6 +136,23 @@ pub fn parse_go_bool(text: &str) -> Result<bool, ValueError> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Labels(pub Vec<(String, String)>);
 
+/// Splits `--feature-gates` as component-base does: `Name=bool,Name2=bool`, with Go's boolean
+/// syntax; each sidecar then applies the names it knows.
+pub fn feature_gate_pairs(text: &str) -> Result<Vec<(String, bool)>, String> {
+    let mut pairs = Vec::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("missing bool value for {pair}"))?;
+        let (name, value) = (name.trim(), value.trim());
+        let value = parse_go_bool(value).map_err(|_| {
+            format!("invalid value of {name}={value}, err: strconv.ParseBool: parsing {value:?}: invalid syntax")
+        })?;
+        pairs.push((name.to_string(), value));
+    }
+    Ok(pairs)
+}
+
 /// Parses `k:v,k2:v2` as upstream's `--leader-election-labels`.
 pub fn parse_labels(text: &str) -> Result<Labels, ValueError> {
     if text.is_empty() {

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::flags::HttpFlags;
+use crate::leader::LeaderHealth;
 use crate::metrics::CsiMetrics;
 
 /// A plain-text answer of a handler.
@@ -234,7 +235,40 @@ pub enum HttpPlan {
     MetricsOnly(String),
 }
 
+/// Path of the leader election health check of the controller sidecars.
+pub const LEADER_HEALTH_PATH: &str = "/healthz/leader-election";
+
 impl HttpPlan {
+    /// Serves the controller sidecars' endpoint: metrics at `metrics_path`; on the full endpoint
+    /// (`--http-endpoint`) also the leader health check (with leader election) and the routes
+    /// `extra` adds. Returns once listening.
+    pub async fn serve(
+        &self,
+        metrics_path: &str,
+        metrics: &CsiMetrics,
+        leader: Option<LeaderHealth>,
+        extra: impl FnOnce(Routes) -> Routes,
+        shutdown: &CancellationToken,
+    ) -> Result<(), HttpError> {
+        let routes = Routes::new().metrics(metrics_path, metrics.clone());
+        let (address, routes) = match self {
+            Self::Disabled => return Ok(()),
+            Self::MetricsOnly(address) => (address, routes),
+            Self::Full(address) => {
+                let mut routes = extra(routes);
+                if let Some(health) = leader {
+                    routes = routes.route(LEADER_HEALTH_PATH, move || {
+                        let health = health.clone();
+                        async move { health.check() }
+                    });
+                }
+                (address, routes)
+            }
+        };
+        HttpServer::spawn(address, routes, shutdown.clone()).await?;
+        Ok(())
+    }
+
     pub fn from_flags(flags: &HttpFlags) -> Result<Self, HttpError> {
         match (flags.http_endpoint.as_str(), flags.metrics_address.as_str()) {
             ("", "") => Ok(Self::Disabled),

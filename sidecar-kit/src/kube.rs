@@ -56,6 +56,22 @@ pub async fn load_config(flags: &KubeFlags) -> Result<kube::Config, KubeError> {
     Ok(kube::Config::incluster()?)
 }
 
+/// The text of a Kubernetes API error as client-go renders it: the Status message.
+pub fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The HTTP code of a Kubernetes API error (`None`: not an answer of the API server).
+pub fn api_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
 /// Builds a client with its own rate limiter. Give leader election a client of its own so that
 /// a busy controller cannot starve lease renewals.
 pub fn client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client, KubeError> {
