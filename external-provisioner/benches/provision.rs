@@ -18,7 +18,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use testkit::apiserver::{ApiServer, Verb};
+use testkit::apiserver::{ApiServer, Options, Verb};
 use testkit::measure::{clock_ticks, free_port, http_get, percentile, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::process::{Child, Command};
@@ -28,6 +28,8 @@ const DRIVER: &str = "hostpath.csi.k8s.io";
 const NAMESPACE: &str = "default";
 const CLASS: &str = "bench";
 const PARALLEL: usize = 64;
+/// Longest wait for a phase of a run.
+const WAIT_LIMIT: Duration = Duration::from_secs(600);
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -89,7 +91,13 @@ struct Bench {
 
 impl Bench {
     async fn start() -> Self {
-        let api = ApiServer::start().await.unwrap();
+        // With the PV controller, as kube-controller-manager binds claims in a cluster.
+        let api = ApiServer::start_with(Options {
+            pv_controller: true,
+            ..Options::default()
+        })
+        .await
+        .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mock = MockDriver::builder()
             .driver_name(DRIVER)
@@ -175,7 +183,12 @@ impl Bench {
     }
 
     async fn wait_bound(&self, created: &HashMap<String, Instant>) -> (Vec<Duration>, Instant) {
+        let deadline = Instant::now() + WAIT_LIMIT;
         loop {
+            assert!(
+                Instant::now() < deadline,
+                "claims not bound within {WAIT_LIMIT:?}"
+            );
             {
                 let observed = self.observed.lock().unwrap();
                 if created.keys().all(|n| observed.bound.contains_key(n)) {
@@ -198,7 +211,12 @@ impl Bench {
 
     async fn wait_pvs_gone(&self) -> Instant {
         let pvs: Api<PersistentVolume> = Api::all(self.api.client());
+        let deadline = Instant::now() + WAIT_LIMIT;
         loop {
+            assert!(
+                Instant::now() < deadline,
+                "PVs not deleted within {WAIT_LIMIT:?}"
+            );
             if pvs
                 .list(&Default::default())
                 .await
