@@ -125,7 +125,9 @@ impl Bench {
 
     fn spawn(&self, port: u16, extra: &[&str]) -> Child {
         let bin = std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string());
-        Command::new(bin)
+        let mut command = Command::new(bin);
+        testkit::process::die_with_parent(&mut command);
+        command
             .arg(format!(
                 "--kubeconfig={}",
                 self.api.kubeconfig_path().display()
