@@ -134,6 +134,8 @@ pub struct Sandbox {
     pub steps: Vec<Step>,
     children: Children,
     work_dir: PathBuf,
+    /// The sidecars started with a `/metrics` endpoint, by step name, and their HTTP ports.
+    metrics: Vec<(&'static str, u16)>,
 }
 
 impl Sandbox {
@@ -146,6 +148,12 @@ impl Sandbox {
             .iter()
             .find(|s| s.name == name)
             .map(|s| &s.outcome)
+    }
+
+    /// The sidecars that serve `/metrics` (all but the node-driver-registrar, which has no
+    /// metrics, as upstream), by step name, and their ports on 127.0.0.1.
+    pub fn metrics_endpoints(&self) -> &[(&'static str, u16)] {
+        &self.metrics
     }
 
     fn record(&mut self, name: &'static str, outcome: Outcome) {
@@ -229,6 +237,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
         steps: Vec::new(),
         children: options.children.clone(),
         work_dir: options.work_dir.clone(),
+        metrics: Vec::new(),
     };
     sandbox.record(
         "api-server",
@@ -306,6 +315,7 @@ fn spawn_livenessprobe(
             format!("--http-endpoint=127.0.0.1:{port}"),
         ],
     )?;
+    sandbox.metrics.push(("livenessprobe", port));
     Ok(Some(port))
 }
 
@@ -408,6 +418,7 @@ fn spawn_attacher(
             format!("--http-endpoint=127.0.0.1:{port}"),
         ],
     )?;
+    sandbox.metrics.push(("external-attacher", port));
     Ok(Some(port))
 }
 
@@ -421,14 +432,17 @@ fn spawn_provisioner(
         return Ok(false);
     };
     let kubeconfig = sandbox.kubeconfig().display().to_string();
+    let port = crate::measure::free_port()?;
     sandbox.spawn(
         "external-provisioner",
         &binary,
         &[
             format!("--csi-address={endpoint}"),
             format!("--kubeconfig={kubeconfig}"),
+            format!("--http-endpoint=127.0.0.1:{port}"),
         ],
     )?;
+    sandbox.metrics.push(("external-provisioner", port));
     Ok(true)
 }
 
