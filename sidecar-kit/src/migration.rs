@@ -1,9 +1,29 @@
-//! CSI migration: PersistentVolumes of the in-tree volume plugins that Kubernetes hands over to
-//! CSI drivers, translated to the CSI source the replacing driver understands.
+//! CSI migration: translations between Kubernetes' in-tree volume plugins (EBS, GCE PD, Azure
+//! Disk, Azure File, Cinder, vSphere, Portworx) and the CSI drivers that replace them, as
+//! Kubernetes' csi-translation-lib makes them.
 //!
-//! The results (volume handles, volume attributes, access modes, topology keys) must be exactly
-//! those of Kubernetes' own translation, because the driver, kube-controller-manager and the
-//! kubelet all derive the same values independently and compare them.
+//! - [`translate_in_tree_pv`]: in-tree PersistentVolume → the PV the CSI driver sees (the
+//!   external-attacher attaches migrated volumes with it).
+//! - [`translate_in_tree_storage_class`]: an in-tree StorageClass's provisioner, parameters and
+//!   allowed topologies → those the CSI driver understands (for provisioning claims of classes
+//!   whose provisioner is an in-tree plugin).
+//! - [`translate_csi_pv_to_in_tree`]: a PV the driver's CSI source describes → the in-tree PV
+//!   that is written to the API for such claims.
+//! - [`in_tree_name_of`] and [`csi_name_of`]: plugin and driver names; [`repair_volume_handle`]:
+//!   GCE PD handles completed from a node ID.
+//!
+//! The results (volume handles, volume attributes, access modes, topology keys, labels) must be
+//! exactly those of Kubernetes' own translation, because the driver, kube-controller-manager and
+//! the kubelet all derive the same values independently and compare them.
+
+mod storage_class;
+mod to_in_tree;
+
+pub use storage_class::{
+    StorageClassError, TopologyRequirement, TopologyTerm, TranslatedStorageClass,
+    topology_terms_from_api, topology_terms_to_api, translate_in_tree_storage_class,
+};
+pub use to_in_tree::{CsiToInTreeError, translate_csi_pv_to_in_tree};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,6 +49,17 @@ const GCE_UNSPECIFIED: &str = "UNSPECIFIED";
 const AZURE_FILE_RESOURCE_GROUP_ANNOTATION: &str = "kubernetes.io/azure-file-resource-group";
 const AZURE_FILE_SECRET_PREFIX: &str = "azure-storage-account-";
 const AZURE_FILE_SECRET_SUFFIX: &str = "-secret";
+const AZURE_MANAGED_DISK: &str = "Managed";
+const PORTWORX_AUTH_SECRET_NAME: &str = "openstorage.io/auth-secret-name";
+const PORTWORX_AUTH_SECRET_NAMESPACE: &str = "openstorage.io/auth-secret-namespace";
+
+/// The drivers' zone (and vSphere's region) topology keys.
+const EBS_TOPOLOGY_KEY: &str = "topology.ebs.csi.aws.com/zone";
+const GCE_TOPOLOGY_KEY: &str = "topology.gke.io/zone";
+const CINDER_TOPOLOGY_KEY: &str = "topology.cinder.csi.openstack.org/zone";
+const AZURE_DISK_TOPOLOGY_KEY: &str = "topology.disk.csi.azure.com/zone";
+const VSPHERE_ZONE_KEY: &str = "topology.csi.vmware.com/zone";
+const VSPHERE_REGION_KEY: &str = "topology.csi.vmware.com/region";
 
 /// An in-tree volume plugin and the CSI driver that replaces it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,11 +139,39 @@ pub enum TranslationError {
     GceRegionality(String),
     #[error("could not find In-Tree driver name for CSI plugin {0}")]
     NotMigrationTarget(String),
+    #[error("kind({0}) is not supported in csi migration")]
+    AzureDiskKind(String),
 }
 
 /// Whether `driver` replaces an in-tree plugin (upstream's `IsMigratedCSIDriverByName`).
 pub fn is_migrated_csi_driver(driver: &str) -> bool {
     IN_TREE_PLUGINS.iter().any(|p| p.csi_driver == driver)
+}
+
+/// Whether `in_tree` names an in-tree plugin with a migration path
+/// (upstream's `IsMigratableIntreePluginByName`).
+pub fn is_migratable_in_tree_plugin(in_tree: &str) -> bool {
+    plugin_by_in_tree_name(in_tree).is_some()
+}
+
+/// The in-tree plugin that `csi_driver` replaces (`kubernetes.io/aws-ebs` for
+/// `ebs.csi.aws.com`); `None` for drivers that are no migration target.
+pub fn in_tree_name_of(csi_driver: &str) -> Option<&'static str> {
+    plugin_by_csi_driver(csi_driver).map(|p| p.in_tree_name)
+}
+
+/// The CSI driver that replaces the in-tree plugin `in_tree` (`ebs.csi.aws.com` for
+/// `kubernetes.io/aws-ebs`); `None` for plugins without a migration path.
+pub fn csi_name_of(in_tree: &str) -> Option<&'static str> {
+    plugin_by_in_tree_name(in_tree).map(|p| p.csi_driver)
+}
+
+fn plugin_by_in_tree_name(in_tree: &str) -> Option<&'static InTreePlugin> {
+    IN_TREE_PLUGINS.iter().find(|p| p.in_tree_name == in_tree)
+}
+
+fn plugin_by_csi_driver(csi_driver: &str) -> Option<&'static InTreePlugin> {
+    IN_TREE_PLUGINS.iter().find(|p| p.csi_driver == csi_driver)
 }
 
 /// The in-tree plugin of a PV spec with an in-tree source that has a migration path.
@@ -156,13 +215,14 @@ pub fn translate_in_tree_pv(
         .spec
         .get_or_insert_with(PersistentVolumeSpec::default);
     match plugin.kind {
-        Kind::AwsEbs => translate_topology(spec, &labels, "topology.ebs.csi.aws.com/zone"),
+        Kind::AwsEbs => translate_topology(spec, &labels, EBS_TOPOLOGY_KEY),
         Kind::GcePd => {
-            translate_topology(spec, &labels, "topology.gke.io/zone");
+            translate_topology(spec, &labels, GCE_TOPOLOGY_KEY);
             spec.access_modes = gce_access_modes(spec.access_modes.take());
         }
-        Kind::Cinder => translate_topology(spec, &labels, "topology.cinder.csi.openstack.org/zone"),
-        Kind::AzureDisk | Kind::AzureFile | Kind::VSphere | Kind::Portworx => {}
+        Kind::Cinder => translate_topology(spec, &labels, CINDER_TOPOLOGY_KEY),
+        Kind::VSphere => translate_vsphere_topology(spec, &labels),
+        Kind::AzureDisk | Kind::AzureFile | Kind::Portworx => {}
     }
     spec.aws_elastic_block_store = None;
     spec.gce_persistent_disk = None;
@@ -182,9 +242,7 @@ pub fn repair_volume_handle(
     volume_handle: &str,
     node_id: &str,
 ) -> Result<String, TranslationError> {
-    let plugin = IN_TREE_PLUGINS
-        .iter()
-        .find(|p| p.csi_driver == driver)
+    let plugin = plugin_by_csi_driver(driver)
         .ok_or_else(|| TranslationError::NotMigrationTarget(driver.to_string()))?;
     if plugin.kind != Kind::GcePd {
         return Ok(volume_handle.to_string());
@@ -262,18 +320,21 @@ fn csi_source(
         }
         Kind::AzureDisk => {
             let disk = spec.azure_disk.clone().unwrap_or_default();
+            // Only managed disks have a CSI driver; unmanaged (blob) disks cannot migrate.
+            if let Some(kind) = disk
+                .kind
+                .filter(|k| !k.eq_ignore_ascii_case(AZURE_MANAGED_DISK))
+            {
+                return Err(TranslationError::AzureDiskKind(kind));
+            }
             csi.volume_handle = disk.disk_uri;
-            attributes.insert("kind".to_string(), "Managed".to_string());
-            attributes.insert("csi-migration".to_string(), "true".to_string());
+            attributes.insert("kind".to_string(), AZURE_MANAGED_DISK.to_string());
             if let Some(mode) = disk.caching_mode {
-                attributes.insert("cachingMode".to_string(), mode);
+                attributes.insert("cachingmode".to_string(), mode);
             }
             if let Some(fs_type) = disk.fs_type {
-                attributes.insert("fsType".to_string(), fs_type.clone());
+                attributes.insert("fstype".to_string(), fs_type.clone());
                 csi.fs_type = Some(fs_type);
-            }
-            if let Some(kind) = disk.kind {
-                attributes.insert("kind".to_string(), kind);
             }
             csi.read_only = disk.read_only;
         }
@@ -332,6 +393,23 @@ fn csi_source(
             let portworx = spec.portworx_volume.clone().unwrap_or_default();
             csi.volume_handle = portworx.volume_id;
             csi.fs_type = portworx.fs_type;
+            // Auth secret annotations (both needed) become the secrets of every CSI call.
+            let annotations = pv.metadata.annotations.as_ref();
+            let annotation = |key: &str| annotations.and_then(|a| a.get(key)).cloned();
+            if let (Some(name), Some(namespace)) = (
+                annotation(PORTWORX_AUTH_SECRET_NAME),
+                annotation(PORTWORX_AUTH_SECRET_NAMESPACE),
+            ) {
+                let secret = Some(SecretReference {
+                    name: Some(name),
+                    namespace: Some(namespace),
+                });
+                csi.controller_publish_secret_ref = secret.clone();
+                csi.node_stage_secret_ref = secret.clone();
+                csi.node_publish_secret_ref = secret.clone();
+                csi.controller_expand_secret_ref = secret.clone();
+                csi.node_expand_secret_ref = secret;
+            }
         }
     }
     csi.fs_type = csi.fs_type.filter(|f| !f.is_empty());
@@ -431,15 +509,17 @@ fn gce_region(zones: &[&str]) -> Result<String, String> {
     }
     match regions.len() {
         1 => Ok(regions.into_iter().next().unwrap_or_default()),
-        _ => {
-            // Printed as Go prints a set: map[a:{} b:{}].
-            let set: Vec<String> = regions.iter().map(|r| format!("{r}:{{}}")).collect();
-            Err(format!(
-                "multiple or no regions gotten from zones, got: map[{}]",
-                set.join(" ")
-            ))
-        }
+        _ => Err(format!(
+            "multiple or no regions gotten from zones, got: {}",
+            go_set(&regions)
+        )),
     }
+}
+
+/// A set as Go prints one: `map[a:{} b:{}]`.
+fn go_set(set: &BTreeSet<String>) -> String {
+    let members: Vec<String> = set.iter().map(|m| format!("{m}:{{}}")).collect();
+    format!("map[{}]", members.join(" "))
 }
 
 /// GCE PD never supported ReadWriteMany nor ReadOnlyMany together with ReadWriteOnce, but the
@@ -492,6 +572,22 @@ fn translate_topology(
     }
     if region_label == BETA_REGION_LABEL && !topology_values(spec, region_label).is_empty() {
         replace_topology_key(spec, region_label, REGION_LABEL);
+    }
+}
+
+/// vSphere's variant: zone and region both move to the driver's keys, and a label is taken
+/// whole (not split into several zones).
+fn translate_vsphere_topology(spec: &mut PersistentVolumeSpec, labels: &BTreeMap<String, String>) {
+    let (zone_label, region_label) = topology_labels(spec, labels);
+    for (label, csi_key) in [
+        (zone_label, VSPHERE_ZONE_KEY),
+        (region_label, VSPHERE_REGION_KEY),
+    ] {
+        if !topology_values(spec, label).is_empty() {
+            replace_topology_key(spec, label, csi_key);
+        } else if let Some(value) = labels.get(label) {
+            add_topology(spec, csi_key, std::iter::once(value.as_str()));
+        }
     }
 }
 
@@ -759,14 +855,26 @@ mod tests {
             value,
             json!({"driver": "disk.csi.azure.com", "fsType": "xfs",
                    "volumeHandle": "/subscriptions/s/resourceGroups/r/providers/Microsoft.Compute/disks/d",
-                   "volumeAttributes": {"kind": "Managed", "csi-migration": "true",
-                                        "cachingMode": "ReadOnly", "fsType": "xfs"}})
+                   "volumeAttributes": {"kind": "Managed", "cachingmode": "ReadOnly",
+                                        "fstype": "xfs"}})
         );
-        let minimal = csi_json(json!({"spec": {"azureDisk": {"diskName": "d", "diskURI": "u"}}}));
+        let minimal = csi_json(
+            json!({"spec": {"azureDisk": {"diskName": "d", "diskURI": "u",
+            "kind": "managed", "readOnly": true}}}),
+        );
         assert_eq!(
-            minimal["volumeAttributes"],
-            json!({"kind": "Managed", "csi-migration": "true"})
+            minimal,
+            json!({"driver": "disk.csi.azure.com", "volumeHandle": "u", "readOnly": true,
+                   "volumeAttributes": {"kind": "Managed"}})
         );
+        for kind in ["Shared", "Dedicated"] {
+            let error = translate_in_tree_pv(&pv(json!({"spec": {"azureDisk":
+                {"diskName": "d", "diskURI": "https://a/vhds/d.vhd", "kind": kind}}})));
+            assert_eq!(
+                error.unwrap_err().to_string(),
+                format!("kind({kind}) is not supported in csi migration")
+            );
+        }
     }
 
     #[test]
@@ -839,6 +947,78 @@ mod tests {
                 .key,
             "topology.cinder.csi.openstack.org/zone"
         );
+    }
+
+    #[test]
+    fn vsphere_topology() {
+        // Node affinity on the zone and region labels moves to the driver's keys.
+        let from_affinity = translated(json!({"spec": {
+            "vsphereVolume": {"volumePath": "[ds] v.vmdk"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": BETA_ZONE_LABEL, "operator": "In", "values": ["z1"]},
+                {"key": BETA_REGION_LABEL, "operator": "In", "values": ["r1"]}]}]}}}}));
+        assert_eq!(
+            serde_json::to_value(from_affinity.spec.unwrap().node_affinity).unwrap(),
+            json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.csi.vmware.com/zone", "operator": "In", "values": ["z1"]},
+                {"key": "topology.csi.vmware.com/region", "operator": "In", "values": ["r1"]}]}]}})
+        );
+        // Labels are taken whole, not split into zones.
+        let from_labels = translated(json!({
+            "metadata": {"labels": {ZONE_LABEL: "z1__z2", REGION_LABEL: "r1"}},
+            "spec": {"vsphereVolume": {"volumePath": "[ds] v.vmdk"}}}));
+        assert_eq!(
+            serde_json::to_value(from_labels.spec.unwrap().node_affinity).unwrap(),
+            json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.csi.vmware.com/zone", "operator": "In", "values": ["z1__z2"]},
+                {"key": "topology.csi.vmware.com/region", "operator": "In", "values": ["r1"]}]}]}})
+        );
+        let unlabelled = translated(json!({"spec": {"vsphereVolume": {"volumePath": "p"}}}));
+        assert_eq!(unlabelled.spec.unwrap().node_affinity, None);
+    }
+
+    #[test]
+    fn portworx_auth_secrets() {
+        let value = csi_json(json!({
+            "metadata": {"annotations": {PORTWORX_AUTH_SECRET_NAME: "px",
+                                         PORTWORX_AUTH_SECRET_NAMESPACE: "kube-system"}},
+            "spec": {"portworxVolume": {"volumeID": "px-1", "fsType": "ext4"}}}));
+        let secret = json!({"name": "px", "namespace": "kube-system"});
+        assert_eq!(
+            value,
+            json!({"driver": "pxd.portworx.com", "volumeHandle": "px-1", "fsType": "ext4",
+                   "volumeAttributes": {}, "controllerPublishSecretRef": secret,
+                   "nodeStageSecretRef": secret, "nodePublishSecretRef": secret,
+                   "controllerExpandSecretRef": secret, "nodeExpandSecretRef": secret})
+        );
+        // Both annotations are needed.
+        let value = csi_json(json!({
+            "metadata": {"annotations": {PORTWORX_AUTH_SECRET_NAME: "px"}},
+            "spec": {"portworxVolume": {"volumeID": "px-1"}}}));
+        assert_eq!(value.get("nodeStageSecretRef"), None);
+    }
+
+    #[test]
+    fn plugin_names() {
+        let pairs = [
+            ("kubernetes.io/aws-ebs", "ebs.csi.aws.com"),
+            ("kubernetes.io/gce-pd", "pd.csi.storage.gke.io"),
+            ("kubernetes.io/cinder", "cinder.csi.openstack.org"),
+            ("kubernetes.io/azure-disk", "disk.csi.azure.com"),
+            ("kubernetes.io/azure-file", "file.csi.azure.com"),
+            ("kubernetes.io/vsphere-volume", "csi.vsphere.vmware.com"),
+            ("kubernetes.io/portworx-volume", "pxd.portworx.com"),
+        ];
+        for (in_tree, csi) in pairs {
+            assert_eq!(csi_name_of(in_tree), Some(csi));
+            assert_eq!(in_tree_name_of(csi), Some(in_tree));
+            assert!(is_migratable_in_tree_plugin(in_tree));
+            assert!(!is_migratable_in_tree_plugin(csi));
+        }
+        assert_eq!(csi_name_of("ebs.csi.aws.com"), None);
+        assert_eq!(in_tree_name_of("kubernetes.io/aws-ebs"), None);
+        assert_eq!(csi_name_of("kubernetes.io/nfs"), None);
+        assert_eq!(in_tree_name_of("hostpath.csi.k8s.io"), None);
     }
 
     #[test]
