@@ -115,6 +115,9 @@ pub fn config(
             default_fstype: cli.default_fstype.clone(),
             extra_create_metadata: cli.extra_create_metadata,
             controller_publish_readonly: cli.controller_publish_readonly,
+            prevent_volume_mode_conversion: cli.prevent_volume_mode_conversion,
+            cross_namespace_sources: cli.feature_gates.cross_namespace_volume_data_source,
+            attributes_classes: cli.feature_gates.volume_attributes_class.unwrap_or(true),
         },
         timeout: cli.timeout,
         backoff: Backoff {
@@ -125,6 +128,11 @@ pub fn config(
         resync: RESYNC,
         watch_topology: topology,
         watch_attachments: caps.publish_unpublish,
+        // Both depend on what the cluster serves: see `discover`.
+        watch_snapshots: false,
+        watch_grants: false,
+        source_workers: cli.cloning_protection_threads,
+        orphan_sweep: cli.snapshot_orphan_sweep_interval,
         queue_metrics: None,
         metrics: None,
         journal: None,
@@ -133,6 +141,81 @@ pub fn config(
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
         },
+    }
+}
+
+/// Whether the cluster serves `kind` in `group_version` (`Err`: discovery failed).
+async fn served(
+    client: &kube::Client,
+    group_version: &str,
+    kind: &str,
+) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.kind == kind)),
+        Err(err) if sidecar_kit::kube::api_code(&err) == Some(404) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Adjusts the configuration to the APIs the cluster serves: the VolumeAttributesClass gate
+/// turns itself off without the v1 API (unless set explicitly, as upstream), VolumeSnapshots
+/// are watched when the driver restores snapshots and the API is served and listable, and
+/// ReferenceGrants when cross-namespace sources are on.
+async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
+    if cli.feature_gates.volume_attributes_class.is_none() {
+        match served(client, "storage.k8s.io/v1", "VolumeAttributesClass").await {
+            Ok(false) => {
+                tracing::info!(
+                    "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available"
+                );
+                config.policy.attributes_classes = false;
+            }
+            Ok(true) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot discover the VolumeAttributesClass API; the gate stays on")
+            }
+        }
+    }
+    if config.policy.caps.create_delete_snapshot {
+        let group_version = format!("{}/v1", model::SNAPSHOT_GROUP);
+        config.watch_snapshots = match served(client, &group_version, "VolumeSnapshot").await {
+            Ok(true) => {
+                let api: kube::Api<crate::sources::VolumeSnapshot> = kube::Api::all(client.clone());
+                match api.list(&kube::api::ListParams::default().limit(1)).await {
+                    Ok(_) => true,
+                    Err(err) => {
+                        tracing::info!(error = %sidecar_kit::kube::api_message(&err), "cannot list VolumeSnapshots: restores read them one by one and orphaned finalizers are not swept");
+                        false
+                    }
+                }
+            }
+            Ok(false) => {
+                tracing::info!(
+                    "the cluster serves no VolumeSnapshot API: restores from snapshots fail until it does"
+                );
+                false
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot discover the VolumeSnapshot API: restores read snapshots one by one");
+                false
+            }
+        };
+    }
+    if config.policy.cross_namespace_sources {
+        let group_version = format!("{}/v1beta1", crate::sources::GATEWAY_GROUP);
+        config.watch_grants = match served(client, &group_version, "ReferenceGrant").await {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(
+                    "CrossNamespaceVolumeDataSource is on but the cluster serves no ReferenceGrant API: claims with a data source in another namespace are refused"
+                );
+                false
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot discover the ReferenceGrant API: claims with a data source in another namespace are refused");
+                false
+            }
+        };
     }
 }
 
@@ -198,6 +281,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
     config.metrics = Some(ProvisionMetrics::register(metrics.registry())?);
     config.event_client = Some(clients.background);
+    discover(&cli, &client, &mut config).await;
     config.journal = Some(Location {
         namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
         name: journal_name(&model::lease_name(&driver)),

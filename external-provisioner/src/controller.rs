@@ -8,9 +8,12 @@ use std::time::Duration;
 use csi_proto::v1::DeleteVolumeRequest;
 use either::Either;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{
+    CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
@@ -21,15 +24,23 @@ use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::decide::{self, Created, DeletionSecret, Failure, Policy, Prepared, State, VolumePlan};
+use crate::decide::{
+    self, Created, DeletionSecret, Failure, Lookups, Policy, Prepared, State, VolumePlan,
+};
 use crate::index::{Index, Work};
 use crate::journal::{Intent, Journal, Location};
 use crate::metrics::ProvisionMetrics;
-use crate::model::{self, Claim, SecretRef};
+use crate::model::{self, Claim, Class, SecretRef, SourceKey, SourceKind};
+use crate::sources::{
+    self, AttributesClass, Content, ReferenceGrant, SourceError, VolumeSnapshot,
+    VolumeSnapshotContent,
+};
 
 /// Queue names, as upstream names them in the workqueue metrics.
 pub const CLAIM_QUEUE: &str = "claims";
 pub const VOLUME_QUEUE: &str = "volumes";
+/// The queue of data sources whose protection finalizer may be due for removal.
+pub const SOURCE_QUEUE: &str = "sources";
 /// Reporting component of the Events, as upstream's second recorder names it.
 pub const COMPONENT: &str = "external-provisioner";
 /// A claim backing off longer than this gets a Warning Event saying when it is retried.
@@ -52,6 +63,14 @@ pub struct Config {
     pub watch_topology: bool,
     /// Watch VolumeAttachments (deletion waits for detach).
     pub watch_attachments: bool,
+    /// Watch VolumeSnapshots (restores wait for them; orphaned finalizers are swept).
+    pub watch_snapshots: bool,
+    /// Watch ReferenceGrants (cross-namespace data sources).
+    pub watch_grants: bool,
+    /// Workers removing protection finalizers (`--cloning-protection-threads`).
+    pub source_workers: usize,
+    /// Period of the sweep for orphaned snapshot finalizers (zero: none).
+    pub orphan_sweep: Duration,
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub metrics: Option<ProvisionMetrics>,
     pub reporter: Reporter,
@@ -97,7 +116,12 @@ struct Controller {
     index: Mutex<Index>,
     claims: WorkQueue<String>,
     volumes: WorkQueue<String>,
+    sources: WorkQueue<SourceKey>,
     in_flight: Mutex<HashMap<String, InFlight>>,
+    /// Claims waiting for their data source to change, with the message they were told.
+    waiting: Mutex<HashMap<String, String>>,
+    /// Serialises the protection finalizer writes, so that each source is written once.
+    protection: tokio::sync::Mutex<()>,
     /// Claims the driver found infeasible (InvalidArgument): the class UID then, and when.
     infeasible: Mutex<HashMap<String, (String, Instant)>>,
     events: Recorder,
@@ -112,7 +136,10 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
-    let queue = |name: &str| {
+    fn queue<K: Clone + Eq + std::hash::Hash + Send + 'static>(
+        config: &Config,
+        name: &str,
+    ) -> WorkQueue<K> {
         WorkQueue::new(
             QueueConfig {
                 name: name.to_string(),
@@ -121,14 +148,17 @@ pub async fn run(
             },
             config.queue_metrics.as_ref(),
         )
-    };
+    }
     let controller = Arc::new(Controller {
         pvs: Api::all(client.clone()),
         csi,
         index: Mutex::new(Index::new(&config.policy.driver)),
-        claims: queue(CLAIM_QUEUE),
-        volumes: queue(VOLUME_QUEUE),
+        claims: queue(&config, CLAIM_QUEUE),
+        volumes: queue(&config, VOLUME_QUEUE),
+        sources: queue(&config, SOURCE_QUEUE),
         in_flight: Mutex::new(HashMap::new()),
+        waiting: Mutex::new(HashMap::new()),
+        protection: tokio::sync::Mutex::new(()),
         infeasible: Mutex::new(HashMap::new()),
         events: Recorder::spawn(
             config
@@ -165,6 +195,12 @@ impl Controller {
         if self.config.watch_attachments {
             self.feed::<VolumeAttachment>(&mut pipeline, Index::attachment_event);
         }
+        if self.config.watch_snapshots {
+            self.feed::<VolumeSnapshot>(&mut pipeline, Index::snapshot_event);
+        }
+        if self.config.watch_grants {
+            self.feed::<ReferenceGrant>(&mut pipeline, Index::grant_event);
+        }
         if !pipeline.wait_synced(&shutdown).await {
             pipeline.stop().await;
             return;
@@ -188,8 +224,20 @@ impl Controller {
             let me = me.clone();
             async move { me.sync_volume(&item.key).await }
         });
+        let me = self.clone();
+        pipeline.workers(
+            &self.sources,
+            self.config.source_workers.max(1),
+            move |item| {
+                let me = me.clone();
+                async move { me.sync_source(&item.key).await }
+            },
+        );
         if !self.config.resync.is_zero() {
             pipeline.spawn(self.clone().resyncer(shutdown.clone()));
+        }
+        if self.config.watch_snapshots && !self.config.orphan_sweep.is_zero() {
+            pipeline.spawn(self.clone().orphan_sweeper(shutdown.clone()));
         }
         shutdown.cancelled().await;
         pipeline.stop().await;
@@ -280,6 +328,7 @@ impl Controller {
             match item {
                 Work::Claim(uid) => self.claims.add(uid, 0),
                 Work::Volume(name) => self.volumes.add(name, 0),
+                Work::Source(key) => self.sources.add(key, 0),
             }
         }
     }
@@ -295,6 +344,26 @@ impl Controller {
         }
     }
 
+    /// Upstream's orphan sweep: snapshots that still carry our finalizer although no claim
+    /// waits for them (claims deleted while no provisioner was leading). Changes are handled as
+    /// they are watched; the sweep catches what happened before.
+    async fn orphan_sweeper(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let work = self.index().orphaned_snapshots();
+            if !work.is_empty() {
+                tracing::debug!(
+                    snapshots = work.len(),
+                    "sweeping orphaned snapshot finalizers"
+                );
+            }
+            self.enqueue(work);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.config.orphan_sweep) => {}
+            }
+        }
+    }
+
     // --- Claims ---
 
     async fn sync_claim(&self, uid: &str) {
@@ -302,7 +371,7 @@ impl Controller {
         let in_flight = lock(&self.in_flight).get(uid).cloned();
         let flight = match in_flight {
             Some(flight) => flight,
-            None => match self.start_claim(uid) {
+            None => match self.start_claim(uid).await {
                 Start::Go(flight) => *flight,
                 Start::Stop => return,
                 Start::Fail(claim, class, failure) => {
@@ -310,6 +379,13 @@ impl Controller {
                 }
             },
         };
+        if !flight.journaled
+            && let Err(message) = self.protect_source(&flight.claim).await
+        {
+            return self
+                .flight_failed(&flight, Failure::new(State::NoChange, message))
+                .await;
+        }
         if let Some(pv) = flight.pv.clone() {
             return self.save_pv(flight, *pv).await;
         }
@@ -414,13 +490,17 @@ impl Controller {
                 lock(&self.in_flight).insert(key, flight.clone());
                 self.save_pv(flight, *pv).await;
             }
-            Created::Undo { volume_id, message } => {
+            Created::Undo {
+                volume_id,
+                message,
+                reason,
+            } => {
                 let message = match self.cleanup(&volume_id, &secrets).await {
                     Ok(()) => message,
-                    Err(status) => format!(
-                        "{message}. Cleanup of volume {} failed, volume is orphaned: {}",
-                        flight.prepared.request.name,
-                        rpc_message(&status)
+                    Err(status) => reason.orphaned(
+                        &message,
+                        &flight.prepared.request.name,
+                        &rpc_message(&status),
                     ),
                 };
                 self.flight_failed(&flight, Failure::new(State::InBackground, message))
@@ -430,52 +510,15 @@ impl Controller {
     }
 
     /// Decides about a claim not in flight.
-    fn start_claim(&self, uid: &str) -> Start {
-        let key = uid.to_string();
-        let policy = &self.config.policy;
-        let index = self.index();
-        let Some(claim) = index.claim(uid).cloned() else {
-            self.claims.forget(&key);
+    async fn start_claim(&self, uid: &str) -> Start {
+        let Some((claim, class)) = self.select_claim(uid) else {
             return Start::Stop;
         };
-        let class_name = claim
-            .pending
-            .as_ref()
-            .and_then(|p| p.storage_class.clone())
-            .unwrap_or_default();
-        let class = index.class(&class_name).cloned();
-        let name = decide::volume_name(
-            &policy.volume_name_prefix,
-            uid,
-            policy.volume_name_uuid_length,
-        )
-        .unwrap_or_default();
-        if let Err(skip) =
-            decide::should_provision(policy, &claim, class.as_ref(), index.has_volume(&name))
-        {
-            drop(index);
-            if skip == decide::Skip::NoClass {
-                tracing::info!(claim = %claim.key(), storage_class = %class_name, "StorageClass not found; waiting for it");
-            } else {
-                tracing::trace!(claim = %claim.key(), reason = ?skip, "not provisioning");
-            }
-            self.claims.forget(&key);
-            return Start::Stop;
-        }
-        let Some(class) = class else {
-            return Start::Stop;
+        let lookups = self.lookups(&claim, &class).await;
+        let prepared = {
+            let index = self.index();
+            decide::prepare(&self.config.policy, &claim, &class, &*index, &lookups)
         };
-        if let Some((class_uid, at)) = lock(&self.infeasible).get(uid).cloned() {
-            let wait = self.config.backoff.max.saturating_sub(at.elapsed());
-            if class_uid == class.uid && !wait.is_zero() {
-                drop(index);
-                tracing::debug!(claim = %claim.key(), retry_in = ?wait, "infeasible claim waits before its next attempt");
-                self.claims.add_after(key, 0, wait);
-                return Start::Stop;
-            }
-        }
-        let prepared = decide::prepare(policy, &claim, &class, &*index);
-        drop(index);
         self.events.record(
             claim.object_ref(),
             EventType::Normal,
@@ -498,6 +541,154 @@ impl Controller {
         }
     }
 
+    /// The claim and its class, if the claim is one to provision now.
+    fn select_claim(&self, uid: &str) -> Option<(Claim, Class)> {
+        let key = uid.to_string();
+        let policy = &self.config.policy;
+        let index = self.index();
+        let Some(claim) = index.claim(uid).cloned() else {
+            self.claims.forget(&key);
+            lock(&self.waiting).remove(uid);
+            return None;
+        };
+        let class_name = claim.storage_class.clone().unwrap_or_default();
+        let class = index.class(&class_name).cloned();
+        let name = decide::volume_name(
+            &policy.volume_name_prefix,
+            uid,
+            policy.volume_name_uuid_length,
+        )
+        .unwrap_or_default();
+        if let Err(skip) =
+            decide::should_provision(policy, &claim, class.as_ref(), index.has_volume(&name))
+        {
+            drop(index);
+            if skip == decide::Skip::NoClass {
+                tracing::info!(claim = %claim.key(), storage_class = %class_name, "StorageClass not found; waiting for it");
+            } else {
+                tracing::trace!(claim = %claim.key(), reason = ?skip, "not provisioning");
+            }
+            self.claims.forget(&key);
+            return None;
+        }
+        let class = class?;
+        if let Some((class_uid, at)) = lock(&self.infeasible).get(uid).cloned() {
+            let wait = self.config.backoff.max.saturating_sub(at.elapsed());
+            if class_uid == class.uid && !wait.is_zero() {
+                drop(index);
+                tracing::debug!(claim = %claim.key(), retry_in = ?wait, "infeasible claim waits before its next attempt");
+                self.claims.add_after(key, 0, wait);
+                return None;
+            }
+        }
+        Some((claim, class))
+    }
+
+    /// Looks up what preparing the claim needs besides the index: its data source (snapshots
+    /// from the watch when there is one, their contents from the API server; claims and their
+    /// PVs from the index), the ReferenceGrants of a source in another namespace, and its
+    /// VolumeAttributesClass.
+    async fn lookups(&self, claim: &Claim, class: &Class) -> Lookups {
+        let policy = &self.config.policy;
+        let mut lookups = Lookups::default();
+        let Some(spec) = claim.pending.as_deref() else {
+            return lookups;
+        };
+        if let Some(source) = &spec.data_source {
+            if source.namespace.is_some() {
+                let allowed = self
+                    .index()
+                    .grants_in(source.namespace_in(&claim.namespace))
+                    .any(|g| g.allows(&claim.namespace, source));
+                lookups.grant = Some(if allowed {
+                    Ok(())
+                } else {
+                    Err(sources::not_granted(claim, source))
+                });
+            }
+            match source.key(&claim.namespace) {
+                Some((SourceKind::Snapshot, namespace, name))
+                    if policy.caps.create_delete_snapshot =>
+                {
+                    lookups.source_watched = self.config.watch_snapshots;
+                    lookups.content =
+                        Some(self.restore_source(claim, class, &namespace, &name).await);
+                }
+                Some((SourceKind::Claim, namespace, name)) if policy.caps.clone_volume => {
+                    lookups.source_watched = true;
+                    let index = self.index();
+                    let source = index.claim_named(&namespace, &name);
+                    let pv = source
+                        .filter(|s| !s.volume_name.is_empty())
+                        .and_then(|s| index.volume(&s.volume_name));
+                    lookups.content = Some(sources::check_clone(claim, class, &name, source, pv));
+                }
+                _ => {}
+            }
+        }
+        if let Some(name) = &spec.volume_attributes_class
+            && policy.attributes_classes
+            && policy.caps.modify_volume
+        {
+            let api: Api<VolumeAttributesClass> = Api::all(self.client.clone());
+            lookups.attributes_class = Some(
+                api.get(name)
+                    .await
+                    .map(|vac| AttributesClass::from_api(&vac))
+                    .map_err(|e| api_message(&e)),
+            );
+        }
+        lookups
+    }
+
+    /// The content source of a restore from snapshot `namespace/name`, or why not yet.
+    async fn restore_source(
+        &self,
+        claim: &Claim,
+        class: &Class,
+        namespace: &str,
+        name: &str,
+    ) -> Result<csi_proto::v1::VolumeContentSource, SourceError> {
+        let snapshot = if self.config.watch_snapshots {
+            self.index().snapshot(namespace, name).cloned()
+        } else {
+            let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), namespace);
+            match api.get_opt(name).await {
+                Ok(found) => found.as_ref().map(sources::Snapshot::from_api),
+                Err(err) => {
+                    return Err(SourceError {
+                        message: format!(
+                            "error getting snapshot {name} from api server: {}",
+                            api_message(&err)
+                        ),
+                        may_change: false,
+                    });
+                }
+            }
+        };
+        let (snapshot, content_name) = sources::check_snapshot(name, snapshot.as_ref())?;
+        let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        let content = match api.get(content_name).await {
+            Ok(content) => Content::from_api(&content),
+            Err(err) => {
+                tracing::info!(snapshot = %format!("{namespace}/{name}"), content = content_name, error = %api_message(&err), "cannot get the snapshot's content");
+                return Err(SourceError {
+                    message: format!(
+                        "error getting snapshotcontent {content_name} for snapshot {name}"
+                    ),
+                    may_change: false,
+                });
+            }
+        };
+        sources::check_content(
+            claim,
+            class,
+            snapshot,
+            &content,
+            self.config.policy.prevent_volume_mode_conversion,
+        )
+    }
+
     async fn flight_failed(&self, flight: &InFlight, failure: Failure) {
         self.claim_failed(
             &flight.claim,
@@ -510,21 +701,54 @@ impl Controller {
 
     async fn claim_failed(&self, claim: &Claim, class: &str, source: &str, failure: Failure) {
         let key = claim.uid.clone();
-        if failure.state == State::Ignored {
-            tracing::debug!(claim = %claim.key(), reason = %failure.message, "not provisioning");
-            if failure.message == decide::POPULATOR_MESSAGE {
-                self.events.record(
-                    claim.object_ref(),
-                    EventType::Normal,
-                    "Provisioning",
-                    &failure.message,
-                );
-            }
-            self.claims.forget(&key);
-            return;
-        }
+        // Upstream labels the failures of claims not prepared yet with `spec.dataSource`'s kind.
+        let source = match source {
+            "" => claim
+                .pending
+                .as_ref()
+                .and_then(|p| p.data_source.as_ref())
+                .filter(|s| !s.from_ref)
+                .map_or("", |s| s.kind.as_str()),
+            known => known,
+        };
         if let Some(metrics) = &self.config.metrics {
             metrics.provision(class, source, Err(()));
+        }
+        match failure.state {
+            State::Ignored => {
+                tracing::debug!(claim = %claim.key(), reason = %failure.message, "not provisioning");
+                if failure.message == decide::POPULATOR_MESSAGE {
+                    self.events.record(
+                        claim.object_ref(),
+                        EventType::Normal,
+                        "Provisioning",
+                        &failure.message,
+                    );
+                }
+                self.claims.forget(&key);
+                return;
+            }
+            State::Wait => {
+                // The watch of the source requeues the claim when the source changes.
+                let told = lock(&self.waiting).insert(key.clone(), failure.message.clone());
+                if told.as_deref() != Some(failure.message.as_str()) {
+                    tracing::info!(claim = %claim.key(), reason = %failure.message, "waiting for the data source");
+                    self.events.record(
+                        claim.object_ref(),
+                        EventType::Warning,
+                        "ProvisioningFailed",
+                        &format!(
+                            "{}; provisioning goes on when the data source changes",
+                            failure.message
+                        ),
+                    );
+                }
+                self.claims.forget(&key);
+                return;
+            }
+            _ => {
+                lock(&self.waiting).remove(&key);
+            }
         }
         if failure.infeasible {
             lock(&self.infeasible).insert(key.clone(), (self.class_uid(class), Instant::now()));
@@ -668,6 +892,7 @@ impl Controller {
         }
         self.finish(&key);
         lock(&self.infeasible).remove(&key);
+        lock(&self.waiting).remove(&key);
         self.claims.forget(&key);
         if let Some(metrics) = &self.config.metrics {
             metrics.provision(
@@ -736,6 +961,174 @@ impl Controller {
             .into_iter()
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
             .collect())
+    }
+
+    // --- Data source protection ---
+
+    /// Puts our protection finalizer on the claim's source before its volume is created from
+    /// it, so that it is not deleted meanwhile. Each source is written once, whatever the
+    /// number of claims filled from it.
+    async fn protect_source(&self, claim: &Claim) -> Result<(), String> {
+        let Some((kind, namespace, name)) = claim.source_key() else {
+            return Ok(());
+        };
+        let _serial = self.protection.lock().await;
+        match kind {
+            SourceKind::Claim => {
+                if self
+                    .index()
+                    .claim_named(&namespace, &name)
+                    .is_some_and(|c| c.clone_protected)
+                {
+                    return Ok(());
+                }
+                let api: Api<PersistentVolumeClaim> =
+                    Api::namespaced(self.client.clone(), &namespace);
+                let mut source = api.get(&name).await.map_err(|e| api_message(&e))?;
+                let finalizers = source.metadata.finalizers.get_or_insert_default();
+                if !finalizers.iter().any(|f| f == model::CLONE_FINALIZER) {
+                    finalizers.push(model::CLONE_FINALIZER.to_string());
+                    source = api
+                        .replace(&name, &PostParams::default(), &source)
+                        .await
+                        .map_err(|e| api_message(&e))?;
+                    tracing::info!(claim = %format!("{namespace}/{name}"), "added the cloning protection finalizer");
+                }
+                self.index().store_claim(&source);
+                Ok(())
+            }
+            SourceKind::Snapshot => {
+                if self.config.watch_snapshots
+                    && self
+                        .index()
+                        .snapshot(&namespace, &name)
+                        .is_some_and(|s| s.protected)
+                {
+                    return Ok(());
+                }
+                let api = self.snapshots_api(&namespace);
+                let mut snapshot = api.get(&name).await.map_err(|e| api_message(&e))?;
+                let finalizers = snapshot.metadata.finalizers.get_or_insert_default();
+                if finalizers.iter().any(|f| f == model::SNAPSHOT_FINALIZER) {
+                    return Ok(());
+                }
+                finalizers.push(model::SNAPSHOT_FINALIZER.to_string());
+                match api.replace(&name, &PostParams::default(), &snapshot).await {
+                    Ok(_) => {
+                        tracing::info!(snapshot = %format!("{namespace}/{name}"), "added the restore protection finalizer");
+                        Ok(())
+                    }
+                    Err(err) if api_code(&err) == Some(403) => {
+                        tracing::debug!(snapshot = %format!("{namespace}/{name}"), error = %api_message(&err), "cannot add the restore protection finalizer (needs 'update' on volumesnapshots); provisioning goes on without it");
+                        Ok(())
+                    }
+                    Err(err) => Err(api_message(&err)),
+                }
+            }
+        }
+    }
+
+    fn snapshots_api(&self, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            namespace,
+            &ApiResource::erase::<VolumeSnapshot>(&()),
+        )
+    }
+
+    /// Removes our protection finalizer from a source no claim without a volume names any
+    /// more (a claim being cloned from only once it is being deleted, as upstream).
+    async fn sync_source(&self, key: &SourceKey) {
+        let result = {
+            let _serial = self.protection.lock().await;
+            self.release_source(key).await
+        };
+        match result {
+            Ok(()) => self.sources.forget(key),
+            Err(message) => {
+                let delay = self.sources.add_rate_limited(key.clone(), 0);
+                tracing::info!(source = ?key, error = %message, retry_in = ?delay, "failed to remove a protection finalizer");
+            }
+        }
+    }
+
+    async fn release_source(&self, key: &SourceKey) -> Result<(), String> {
+        let (kind, namespace, name) = key;
+        let label = format!("{namespace}/{name}");
+        {
+            let index = self.index();
+            if index.source_in_use(key) {
+                return Ok(());
+            }
+            let cached_protection = match kind {
+                SourceKind::Claim => index
+                    .claim_named(namespace, name)
+                    .map(|c| c.deleting && c.clone_protected),
+                SourceKind::Snapshot if self.config.watch_snapshots => {
+                    index.snapshot(namespace, name).map(|s| s.protected)
+                }
+                SourceKind::Snapshot => Some(true),
+            };
+            if cached_protection != Some(true) {
+                return Ok(());
+            }
+        }
+        match kind {
+            SourceKind::Claim => {
+                let api: Api<PersistentVolumeClaim> =
+                    Api::namespaced(self.client.clone(), namespace);
+                let Some(mut claim) = api.get_opt(name).await.map_err(|e| api_message(&e))? else {
+                    return Ok(());
+                };
+                let finalizers = claim.metadata.finalizers.get_or_insert_default();
+                let before = finalizers.len();
+                finalizers.retain(|f| f != model::CLONE_FINALIZER);
+                if finalizers.len() == before {
+                    return Ok(());
+                }
+                match api.replace(name, &PostParams::default(), &claim).await {
+                    Ok(updated) => {
+                        self.index().store_claim(&updated);
+                        tracing::info!(claim = %label, "removed the cloning protection finalizer");
+                        Ok(())
+                    }
+                    Err(err) if api_code(&err) == Some(404) => Ok(()),
+                    Err(err) => Err(format!(
+                        "failed to remove clone finalizer from PVC {name}: {}",
+                        api_message(&err)
+                    )),
+                }
+            }
+            SourceKind::Snapshot => {
+                let api = self.snapshots_api(namespace);
+                let mut snapshot = match api.get_opt(name).await {
+                    Ok(Some(snapshot)) => snapshot,
+                    Ok(None) => return Ok(()),
+                    Err(err) if api_code(&err) == Some(403) => {
+                        tracing::debug!(snapshot = %label, error = %api_message(&err), "cannot read the snapshot to remove our finalizer");
+                        return Ok(());
+                    }
+                    Err(err) => return Err(api_message(&err)),
+                };
+                let finalizers = snapshot.metadata.finalizers.get_or_insert_default();
+                let before = finalizers.len();
+                finalizers.retain(|f| f != model::SNAPSHOT_FINALIZER);
+                if finalizers.len() == before {
+                    return Ok(());
+                }
+                match api.replace(name, &PostParams::default(), &snapshot).await {
+                    Ok(_) => {
+                        tracing::info!(snapshot = %label, "removed the restore protection finalizer");
+                        Ok(())
+                    }
+                    Err(err) if matches!(api_code(&err), Some(403 | 404)) => Ok(()),
+                    Err(err) => Err(format!(
+                        "failed to remove the restore protection finalizer from snapshot {label}: {}",
+                        api_message(&err)
+                    )),
+                }
+            }
+        }
     }
 
     // --- Volumes ---

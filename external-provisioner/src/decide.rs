@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::v1::{
     CapacityRange, CreateVolumeRequest, DeleteVolumeRequest, Volume as CsiVolume, VolumeCapability,
+    VolumeContentSource,
 };
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -18,6 +19,7 @@ use tonic::Code;
 
 use crate::model::{self, Claim, ClaimSpec, Class, SecretRef, Volume};
 use crate::params::{self, TemplateInputs};
+use crate::sources::{AttributesClass, SourceError};
 use crate::topology::{self, ClusterTopology, TopologyError};
 
 /// What the driver can do, from GetPluginCapabilities and ControllerGetCapabilities.
@@ -49,6 +51,12 @@ pub struct Policy {
     pub default_fstype: String,
     pub extra_create_metadata: bool,
     pub controller_publish_readonly: bool,
+    /// `--prevent-volume-mode-conversion`.
+    pub prevent_volume_mode_conversion: bool,
+    /// The CrossNamespaceVolumeDataSource gate.
+    pub cross_namespace_sources: bool,
+    /// The VolumeAttributesClass gate, after start-up turned it off on clusters without the API.
+    pub attributes_classes: bool,
 }
 
 /// How a provisioning attempt ended, as upstream's `ProvisioningState`.
@@ -65,6 +73,9 @@ pub enum State {
     NoChange,
     /// Not for us after all (a volume populator fills the claim): stop without retrying.
     Ignored,
+    /// The data source is not usable yet and a watch on it says when it changes: report once,
+    /// then wait for the change instead of retrying.
+    Wait,
 }
 
 /// A failed attempt: its state, its message, and whether it is "infeasible" (slow retries).
@@ -173,6 +184,23 @@ pub struct PvTemplate {
     pub node_expand_secret: Option<SecretRef>,
     pub modify_secret: Option<SecretRef>,
     pub deletion_secret: Option<SecretRef>,
+    #[serde(default)]
+    pub volume_attributes_class: Option<String>,
+}
+
+/// What [`prepare`] needs that the controller looks up outside the index.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Lookups {
+    /// The content source of the claim's snapshot or claim to fill from, or why it cannot be
+    /// used (`None`: nothing to fill from).
+    pub content: Option<Result<VolumeContentSource, SourceError>>,
+    /// A watch reports changes of the source: a source that is not ready is waited for.
+    pub source_watched: bool,
+    /// For a source in another namespace: whether a ReferenceGrant allows it, or the message
+    /// saying why not.
+    pub grant: Option<Result<(), String>>,
+    /// The claim's VolumeAttributesClass, or the error getting it.
+    pub attributes_class: Option<Result<AttributesClass, String>>,
 }
 
 /// Checks a claim and builds its CreateVolume request (upstream's `prepareProvision`).
@@ -181,14 +209,38 @@ pub fn prepare(
     claim: &Claim,
     class: &Class,
     cluster: &dyn ClusterTopology,
+    lookups: &Lookups,
 ) -> Result<Prepared, Failure> {
     let finished = |m: String| Failure::new(State::Finished, m);
     let no_change = |m: String| Failure::new(State::NoChange, m);
     let Some(spec) = claim.pending.as_deref() else {
         return Err(finished("claim is already bound".into()));
     };
-    let source = data_source_kind(spec)?;
-    check_capabilities(&policy.caps)?;
+    if let Some(source) = &spec.data_source
+        && source.namespace.is_some()
+    {
+        if !policy.cross_namespace_sources {
+            return Err(finished(
+                "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled".into(),
+            ));
+        }
+        if let Some(Err(message)) = &lookups.grant {
+            return Err(finished(message.clone()));
+        }
+    }
+    let needs = data_source_needs(claim, spec)?;
+    let attributes_class = spec
+        .volume_attributes_class
+        .as_ref()
+        .filter(|_| policy.attributes_classes);
+    check_capabilities(&policy.caps, needs, attributes_class.is_some())?;
+    // The `source` label of the metrics, as upstream takes it: `spec.dataSource` only.
+    let source = spec
+        .data_source
+        .as_ref()
+        .filter(|s| !s.from_ref)
+        .map(|s| s.kind.clone())
+        .unwrap_or_default();
     if spec.has_selector {
         return Err(finished("claim Selector is not supported".into()));
     }
@@ -209,8 +261,25 @@ pub fn prepare(
     for key in params::deprecated_keys(&class.parameters) {
         tracing::warn!(storage_class = %class.name, "\"{key}\" is deprecated and will be removed in a future release");
     }
-    let required = required_bytes(spec)?;
+    let required = required_bytes(claim)?;
     let capabilities = volume_capabilities(policy, spec, class, &fs_type).map_err(finished)?;
+    let content_source = match (&needs, &lookups.content) {
+        (Needs::Nothing, _) | (_, None) => None,
+        (_, Some(Ok(content))) => Some(content.clone()),
+        (_, Some(Err(error))) => {
+            let state = if error.may_change && lookups.source_watched {
+                State::Wait
+            } else {
+                State::NoChange
+            };
+            let message = spec
+                .data_source
+                .as_ref()
+                .map(|s| crate::sources::wrap(s, &error.message))
+                .unwrap_or_else(|| error.message.clone());
+            return Err(Failure::new(state, message));
+        }
+    };
 
     let accessibility = if policy.topology {
         let request = topology::Request {
@@ -249,6 +318,19 @@ pub fn prepare(
         parameters.insert(params::PVC_NAMESPACE_KEY.into(), claim.namespace.clone());
         parameters.insert(params::PV_NAME_KEY.into(), pv_name.clone());
     }
+    let mutable_parameters = match (attributes_class, &lookups.attributes_class) {
+        (None, _) | (_, None) => HashMap::new(),
+        (Some(_), Some(Err(message))) => return Err(no_change(message.clone())),
+        (Some(name), Some(Ok(vac))) => {
+            if vac.driver != policy.driver {
+                return Err(finished(format!(
+                    "VAC {name} referenced in PVC is for driver {} which does not match driver name {}",
+                    vac.driver, policy.driver
+                )));
+            }
+            vac.parameters.clone().into_iter().collect()
+        }
+    };
     let read_only = policy.controller_publish_readonly
         && capabilities.len() == 1
         && capabilities[0].access_mode.as_ref().map(|m| m.mode)
@@ -265,14 +347,14 @@ pub fn prepare(
         volume_capabilities: capabilities,
         parameters: parameters.into_iter().collect(),
         secrets: HashMap::new(),
-        volume_content_source: None,
+        volume_content_source: content_source,
         accessibility_requirements: accessibility,
-        mutable_parameters: HashMap::new(),
+        mutable_parameters,
     };
     let pv = PvTemplate {
         name: pv_name,
         claim_ref: claim.object_ref(),
-        storage_class: spec.storage_class.clone().unwrap_or_default(),
+        storage_class: claim.storage_class.clone().unwrap_or_default(),
         provisioned_by: class.provisioner.clone(),
         reclaim_policy: class.reclaim_policy.clone(),
         mount_options: class.mount_options.clone(),
@@ -288,6 +370,7 @@ pub fn prepare(
         node_expand_secret,
         modify_secret,
         deletion_secret: provisioner_secret.clone(),
+        volume_attributes_class: attributes_class.cloned(),
     };
     Ok(Prepared {
         request,
@@ -297,33 +380,36 @@ pub fn prepare(
     })
 }
 
-/// The data source kind for the metrics, or the failure of a source this provisioner does not
+/// What a claim's data source asks of the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Needs {
+    Nothing,
+    Restore,
+    Clone,
+}
+
+/// What the claim's data source needs, or the failure of a source this provisioner does not
 /// fill: other kinds belong to a volume populator.
-fn data_source_kind(spec: &ClaimSpec) -> Result<String, Failure> {
+fn data_source_needs(claim: &Claim, spec: &ClaimSpec) -> Result<Needs, Failure> {
     let Some(source) = &spec.data_source else {
-        return Ok(String::new());
+        return Ok(Needs::Nothing);
     };
     if source.name.is_empty() {
         return Err(Failure::new(
             State::Finished,
-            "the PVC source not found for PVC",
+            format!("the PVC source not found for PVC {}", claim.name),
         ));
     }
     match source.kind.as_str() {
-        "VolumeSnapshot" if source.api_group != "snapshot.storage.k8s.io" => Err(Failure::new(
+        "VolumeSnapshot" if source.api_group != model::SNAPSHOT_GROUP => Err(Failure::new(
             State::Finished,
             format!(
                 "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got {}",
                 source.api_group
             ),
         )),
-        "VolumeSnapshot" | "PersistentVolumeClaim" => Err(Failure::new(
-            State::Finished,
-            format!(
-                "provisioning from a {} data source is not supported by this provisioner version",
-                source.kind
-            ),
-        )),
+        "VolumeSnapshot" => Ok(Needs::Restore),
+        "PersistentVolumeClaim" => Ok(Needs::Clone),
         _ => Err(Failure::new(State::Ignored, POPULATOR_MESSAGE)),
     }
 }
@@ -331,7 +417,11 @@ fn data_source_kind(spec: &ClaimSpec) -> Result<String, Failure> {
 /// The Normal event for claims whose data source belongs to a volume populator.
 pub const POPULATOR_MESSAGE: &str = "Assuming an external populator will provision the volume";
 
-fn check_capabilities(caps: &Capabilities) -> Result<(), Failure> {
+fn check_capabilities(
+    caps: &Capabilities,
+    needs: Needs,
+    attributes_class: bool,
+) -> Result<(), Failure> {
     if !caps.controller_service {
         return Err(Failure::new(
             State::Finished,
@@ -344,13 +434,31 @@ fn check_capabilities(caps: &Capabilities) -> Result<(), Failure> {
             "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
         ));
     }
+    if needs == Needs::Restore && !caps.create_delete_snapshot {
+        return Err(Failure::new(
+            State::Finished,
+            "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported",
+        ));
+    }
+    if needs == Needs::Clone && !caps.clone_volume {
+        return Err(Failure::new(
+            State::Finished,
+            "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported",
+        ));
+    }
+    if attributes_class && !caps.modify_volume {
+        return Err(Failure::new(
+            State::Finished,
+            "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported",
+        ));
+    }
     Ok(())
 }
 
 /// The requested size in bytes. Kubernetes validates requests, but a claim written when the
 /// rules were looser (or a real cluster's fuzzed object) must not crash us.
-fn required_bytes(spec: &ClaimSpec) -> Result<i64, Failure> {
-    let text = spec.request.as_deref().unwrap_or("0");
+fn required_bytes(claim: &Claim) -> Result<i64, Failure> {
+    let text = claim.request.as_deref().unwrap_or("0");
     let bytes = sidecar_kit::quantity::parse(text)
         .map_err(|e| Failure::new(State::Finished, format!("invalid storage request: {e}")))?;
     if bytes < 0 {
@@ -421,7 +529,28 @@ pub enum Created {
     Undo {
         volume_id: String,
         message: String,
+        reason: UndoReason,
     },
+}
+
+/// Why a created volume is deleted again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UndoReason {
+    /// Smaller than requested.
+    Capacity,
+    /// Not filled from the data source it was asked to be filled from.
+    ContentSource,
+}
+
+impl UndoReason {
+    /// The message when deleting the volume failed too, in upstream's words for each reason.
+    pub fn orphaned(self, message: &str, volume_name: &str, error: &str) -> String {
+        let cleanup = match self {
+            UndoReason::Capacity => "Cleanup",
+            UndoReason::ContentSource => "cleanup",
+        };
+        format!("{message}. {cleanup} of volume {volume_name} failed, volume is orphaned: {error}")
+    }
 }
 
 /// The PersistentVolume of a created volume, or the reason to delete it again.
@@ -440,10 +569,18 @@ pub fn build_pv(policy: &Policy, prepared: &Prepared, volume: &CsiVolume) -> Cre
                 "created volume capacity {} less than requested capacity {requested}",
                 volume.capacity_bytes
             ),
+            reason: UndoReason::Capacity,
         };
     } else {
         volume.capacity_bytes
     };
+    if prepared.request.volume_content_source.is_some() && volume.content_source.is_none() {
+        return Created::Undo {
+            volume_id: volume.volume_id.clone(),
+            message: "volume content source missing".into(),
+            reason: UndoReason::ContentSource,
+        };
+    }
     let t = &prepared.pv;
     let mut attributes: BTreeMap<String, String> = volume
         .volume_context
@@ -505,6 +642,7 @@ pub fn build_pv(policy: &Policy, prepared: &Prepared, volume: &CsiVolume) -> Cre
             persistent_volume_reclaim_policy: Some(t.reclaim_policy.clone()),
             storage_class_name: Some(t.storage_class.clone()),
             volume_mode: t.volume_mode.clone(),
+            volume_attributes_class_name: t.volume_attributes_class.clone(),
             node_affinity,
             csi: Some(CSIPersistentVolumeSource {
                 driver: policy.driver.clone(),

@@ -5,14 +5,15 @@
 //! which PV each VolumeAttachment names. Objects written by the controller are stored from the
 //! write's response, and watch events older than what is stored are ignored.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sidecar_kit::pipeline::{Change, Relist};
 
-use crate::model::{self, Claim, Class, Volume};
+use crate::model::{self, Claim, Class, SourceKey, SourceKind, Volume};
+use crate::sources::{Grant, ReferenceGrant, Snapshot, VolumeSnapshot};
 use crate::topology::ClusterTopology;
 
 /// A key to process.
@@ -22,6 +23,8 @@ pub enum Work {
     Claim(String),
     /// A PersistentVolume, by name.
     Volume(String),
+    /// A data source whose protection finalizer may be due for removal.
+    Source(SourceKey),
 }
 
 #[derive(Debug, Default)]
@@ -32,6 +35,8 @@ struct Relists {
     csinodes: Relist,
     nodes: Relist,
     attachments: Relist,
+    snapshots: Relist,
+    grants: Relist,
 }
 
 #[derive(Debug)]
@@ -45,6 +50,12 @@ pub struct Index {
     nodes: HashMap<String, BTreeMap<String, String>>,
     /// VolumeAttachment name → (PV name, node name).
     attachments: HashMap<String, (String, String)>,
+    /// The claims without a volume that name each snapshot or claim as their data source.
+    by_source: HashMap<SourceKey, BTreeSet<String>>,
+    /// VolumeSnapshots by namespace and name, when they are watched.
+    snapshots: HashMap<(String, String), Snapshot>,
+    /// ReferenceGrants by namespace and name, when they are watched.
+    grants: HashMap<(String, String), Grant>,
     relists: Relists,
 }
 
@@ -70,6 +81,9 @@ impl Index {
             csinodes: HashMap::new(),
             nodes: HashMap::new(),
             attachments: HashMap::new(),
+            by_source: HashMap::new(),
+            snapshots: HashMap::new(),
+            grants: HashMap::new(),
             relists: Relists::default(),
         }
     }
@@ -108,6 +122,42 @@ impl Index {
         self.claims.values().filter(|c| c.pending.is_some())
     }
 
+    /// The claim `namespace/name`. Claims are kept by UID, so this looks through them all; it
+    /// is asked only for the sources of clones.
+    pub fn claim_named(&self, namespace: &str, name: &str) -> Option<&Claim> {
+        self.claims
+            .values()
+            .find(|c| c.name == name && c.namespace == namespace)
+    }
+
+    /// Whether a claim without a volume still names `source` as its data source.
+    pub fn source_in_use(&self, source: &SourceKey) -> bool {
+        self.by_source.get(source).is_some_and(|c| !c.is_empty())
+    }
+
+    pub fn snapshot(&self, namespace: &str, name: &str) -> Option<&Snapshot> {
+        self.snapshots
+            .get(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// The ReferenceGrants of `namespace`.
+    pub fn grants_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Grant> {
+        self.grants
+            .values()
+            .filter(move |g| g.namespace == namespace)
+    }
+
+    /// Snapshots that carry our finalizer although no claim waits for them any more.
+    pub fn orphaned_snapshots(&self) -> Vec<Work> {
+        self.snapshots
+            .values()
+            .filter(|s| s.protected)
+            .map(|s| (SourceKind::Snapshot, s.namespace.clone(), s.name.clone()))
+            .filter(|key| !self.source_in_use(key))
+            .map(Work::Source)
+            .collect()
+    }
+
     /// Every key, for a periodic resync.
     pub fn resync(&self) -> Vec<Work> {
         self.pending_claims()
@@ -124,7 +174,7 @@ impl Index {
             Change::Apply(pvc) => self.apply_claim(pvc, &mut work),
             Change::Delete(pvc) => {
                 let uid = pvc.metadata.uid.clone().unwrap_or_default();
-                self.claims.remove(&uid);
+                self.remove_claim(&uid, &mut work);
                 work.push(Work::Claim(uid));
             }
             Change::Relist => self.relists.claims.start(),
@@ -136,7 +186,7 @@ impl Index {
             }
             Change::Relisted => {
                 for uid in self.relists.claims.finish(self.claims.keys()) {
-                    self.claims.remove(&uid);
+                    self.remove_claim(&uid, &mut work);
                     work.push(Work::Claim(uid));
                 }
             }
@@ -146,15 +196,86 @@ impl Index {
 
     fn apply_claim(&mut self, pvc: &PersistentVolumeClaim, work: &mut Vec<Work>) {
         let claim = Claim::from_api(pvc);
-        if let Some(old) = self.claims.get(&claim.uid)
+        let old = self.claims.get(&claim.uid);
+        if let Some(old) = old
             && stale(&claim.resource_version, &old.resource_version)
         {
             return;
+        }
+        let old_source = old.and_then(Claim::source_key);
+        let new_source = claim.source_key();
+        let source_state = |c: &Claim| {
+            (
+                c.phase.clone(),
+                c.deleting,
+                c.volume_name.clone(),
+                c.storage_class.clone(),
+                c.request.clone(),
+            )
+        };
+        let changed_as_source = old.is_none_or(|old| source_state(old) != source_state(&claim));
+        if old_source != new_source {
+            if let Some(key) = old_source {
+                self.unlink(&key, &claim.uid);
+                work.push(Work::Source(key));
+            }
+            if let Some(key) = &new_source {
+                self.by_source
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(claim.uid.clone());
+            }
+        }
+        let as_source = (
+            SourceKind::Claim,
+            claim.namespace.clone(),
+            claim.name.clone(),
+        );
+        if changed_as_source {
+            // Its clones may be able to go on (or must report why not).
+            self.requeue_users(&as_source, work);
+        }
+        if claim.deleting && claim.clone_protected {
+            work.push(Work::Source(as_source));
         }
         if claim.pending.is_some() {
             work.push(Work::Claim(claim.uid.clone()));
         }
         self.claims.insert(claim.uid.clone(), claim);
+    }
+
+    fn remove_claim(&mut self, uid: &str, work: &mut Vec<Work>) {
+        let Some(claim) = self.claims.remove(uid) else {
+            return;
+        };
+        if let Some(key) = claim.source_key() {
+            self.unlink(&key, uid);
+            work.push(Work::Source(key));
+        }
+        self.requeue_users(
+            &(
+                SourceKind::Claim,
+                claim.namespace.clone(),
+                claim.name.clone(),
+            ),
+            work,
+        );
+    }
+
+    fn unlink(&mut self, key: &SourceKey, uid: &str) {
+        if let Some(users) = self.by_source.get_mut(key) {
+            users.remove(uid);
+            if users.is_empty() {
+                self.by_source.remove(key);
+            }
+        }
+    }
+
+    /// Queues the claims that wait for `source`.
+    fn requeue_users(&self, source: &SourceKey, work: &mut Vec<Work>) {
+        if let Some(users) = self.by_source.get(source) {
+            work.extend(users.iter().cloned().map(Work::Claim));
+        }
     }
 
     /// Stores a claim the controller wrote.
@@ -193,7 +314,8 @@ impl Index {
 
     fn apply_volume(&mut self, pv: &PersistentVolume, work: &mut Vec<Work>) {
         let volume = Volume::from_api(pv);
-        if !volume.owned_by(&self.driver) {
+        // The driver's own volumes: to delete, and to clone from.
+        if !volume.owned_by(&self.driver) && volume.driver != self.driver {
             self.volumes.remove(&volume.name);
             return;
         }
@@ -250,9 +372,8 @@ impl Index {
         // Claims waiting for a class, or for a class fixed after an error, go again.
         self.pending_claims()
             .filter(|c| {
-                c.pending
+                c.storage_class
                     .as_ref()
-                    .and_then(|p| p.storage_class.as_ref())
                     .is_some_and(|sc| changed.contains(sc))
             })
             .map(|c| Work::Claim(c.uid.clone()))
@@ -339,6 +460,119 @@ impl Index {
             }
         }
         work
+    }
+}
+
+impl Index {
+    // --- VolumeSnapshots ---
+
+    pub fn snapshot_event(&mut self, change: Change<&VolumeSnapshot>) -> Vec<Work> {
+        let mut work = Vec::new();
+        match change {
+            Change::Apply(vs) | Change::Listed(vs) => {
+                let snapshot = Snapshot::from_api(vs);
+                let key = (snapshot.namespace.clone(), snapshot.name.clone());
+                if matches!(change, Change::Listed(_)) {
+                    self.relists.snapshots.saw(&format!("{}/{}", key.0, key.1));
+                }
+                if let Some(old) = self.snapshots.get(&key)
+                    && (stale(&snapshot.resource_version, &old.resource_version)
+                        || *old == snapshot)
+                {
+                    return work;
+                }
+                let source = (SourceKind::Snapshot, key.0.clone(), key.1.clone());
+                self.requeue_users(&source, &mut work);
+                if snapshot.protected && !self.source_in_use(&source) {
+                    work.push(Work::Source(source));
+                }
+                self.snapshots.insert(key, snapshot);
+            }
+            Change::Delete(vs) => {
+                let snapshot = Snapshot::from_api(vs);
+                self.forget_snapshot(&snapshot.namespace, &snapshot.name, &mut work);
+            }
+            Change::Relist => self.relists.snapshots.start(),
+            Change::Relisted => {
+                let known: Vec<String> = self
+                    .snapshots
+                    .keys()
+                    .map(|(ns, name)| format!("{ns}/{name}"))
+                    .collect();
+                for gone in self.relists.snapshots.finish(known.iter()) {
+                    if let Some((ns, name)) = gone.split_once('/') {
+                        self.forget_snapshot(ns, name, &mut work);
+                    }
+                }
+            }
+        }
+        work
+    }
+
+    fn forget_snapshot(&mut self, namespace: &str, name: &str, work: &mut Vec<Work>) {
+        self.snapshots
+            .remove(&(namespace.to_string(), name.to_string()));
+        self.requeue_users(
+            &(
+                SourceKind::Snapshot,
+                namespace.to_string(),
+                name.to_string(),
+            ),
+            work,
+        );
+    }
+
+    // --- ReferenceGrants ---
+
+    pub fn grant_event(&mut self, change: Change<&ReferenceGrant>) -> Vec<Work> {
+        let mut namespaces = BTreeSet::new();
+        match change {
+            Change::Apply(rg) | Change::Listed(rg) => {
+                let grant = Grant::from_api(rg);
+                let key = (grant.namespace.clone(), name_of(&rg.metadata));
+                if matches!(change, Change::Listed(_)) {
+                    self.relists.grants.saw(&format!("{}/{}", key.0, key.1));
+                }
+                if self.grants.get(&key) != Some(&grant) {
+                    namespaces.insert(key.0.clone());
+                    self.grants.insert(key, grant);
+                }
+            }
+            Change::Delete(rg) => {
+                let key = (
+                    rg.metadata.namespace.clone().unwrap_or_default(),
+                    name_of(&rg.metadata),
+                );
+                if self.grants.remove(&key).is_some() {
+                    namespaces.insert(key.0);
+                }
+            }
+            Change::Relist => self.relists.grants.start(),
+            Change::Relisted => {
+                let known: Vec<String> = self
+                    .grants
+                    .keys()
+                    .map(|(ns, name)| format!("{ns}/{name}"))
+                    .collect();
+                for gone in self.relists.grants.finish(known.iter()) {
+                    if let Some((ns, name)) = gone.split_once('/') {
+                        self.grants.remove(&(ns.to_string(), name.to_string()));
+                        namespaces.insert(ns.to_string());
+                    }
+                }
+            }
+        }
+        // Claims using a source in a namespace whose grants changed go again.
+        self.pending_claims()
+            .filter(|c| {
+                c.pending
+                    .as_ref()
+                    .and_then(|p| p.data_source.as_ref())
+                    .and_then(|s| s.namespace.as_ref())
+                    .is_some_and(|ns| namespaces.contains(ns))
+            })
+            .map(|c| Work::Claim(c.uid.clone()))
+            .collect()
     }
 }
 

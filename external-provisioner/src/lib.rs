@@ -20,4 +20,5 @@ pub mod journal;
 pub mod metrics;
 pub mod model;
 pub mod params;
+pub mod sources;
 pub mod topology;

@@ -37,34 +37,76 @@ fn name_of(meta: &ObjectMeta) -> String {
     meta.name.clone().unwrap_or_default()
 }
 
-/// What a claim asks its volume to be filled from.
+/// The finalizer that keeps a claim being cloned from until its clones have their volumes.
+pub const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+/// The finalizer that keeps a VolumeSnapshot being restored until its restores have volumes.
+pub const SNAPSHOT_FINALIZER: &str =
+    "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
+pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
+
+/// What a claim asks its volume to be filled from: `spec.dataSource` when set (it wins, as
+/// upstream reads it), else `spec.dataSourceRef`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataSource {
     pub api_group: String,
     pub kind: String,
     pub name: String,
-    /// `dataSourceRef.namespace` (cross-namespace sources).
+    /// `dataSourceRef.namespace` (cross-namespace sources); `None` for the claim's namespace.
     pub namespace: Option<String>,
+    /// Taken from `dataSourceRef` (`spec.dataSource` was unset).
+    #[serde(default)]
+    pub from_ref: bool,
+}
+
+/// What a data source is, for the provisioner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SourceKind {
+    /// A VolumeSnapshot to restore.
+    Snapshot,
+    /// A claim to clone.
+    Claim,
+}
+
+/// A data source the index keeps track of: its kind, namespace and name.
+pub type SourceKey = (SourceKind, String, String);
+
+impl DataSource {
+    /// The namespace the source lives in.
+    pub fn namespace_in<'a>(&'a self, claim_namespace: &'a str) -> &'a str {
+        self.namespace.as_deref().unwrap_or(claim_namespace)
+    }
+
+    /// The snapshot or claim this source names (`None`: a populator's kind, or a snapshot of
+    /// another API group).
+    pub fn key(&self, claim_namespace: &str) -> Option<SourceKey> {
+        let kind = match self.kind.as_str() {
+            "VolumeSnapshot" if self.api_group == SNAPSHOT_GROUP => SourceKind::Snapshot,
+            "PersistentVolumeClaim" => SourceKind::Claim,
+            _ => return None,
+        };
+        Some((
+            kind,
+            self.namespace_in(claim_namespace).to_string(),
+            self.name.clone(),
+        ))
+    }
 }
 
 /// What provisioning needs of a claim that has no volume yet.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimSpec {
     pub annotations: BTreeMap<String, String>,
-    pub storage_class: Option<String>,
     pub access_modes: Vec<String>,
     pub block: bool,
     /// `volumeMode` as written (`None`: unset).
     pub volume_mode: Option<String>,
-    /// `resources.requests.storage` as written.
-    pub request: Option<String>,
     pub has_selector: bool,
     pub data_source: Option<DataSource>,
     pub volume_attributes_class: Option<String>,
 }
 
-/// A PersistentVolumeClaim. Bound claims keep only their identity: nothing is provisioned for
-/// them, and most claims in a cluster are bound.
+/// A PersistentVolumeClaim. Bound claims keep their identity and what a clone of them checks:
+/// nothing is provisioned for them, and most claims in a cluster are bound.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     pub uid: String,
@@ -72,6 +114,17 @@ pub struct Claim {
     pub name: String,
     pub resource_version: String,
     pub volume_name: String,
+    /// `status.phase`.
+    #[serde(default)]
+    pub phase: String,
+    #[serde(default)]
+    pub deleting: bool,
+    /// Carries [`CLONE_FINALIZER`].
+    #[serde(default)]
+    pub clone_protected: bool,
+    pub storage_class: Option<String>,
+    /// `resources.requests.storage` as written.
+    pub request: Option<String>,
     /// Present while the claim has no volume.
     pub pending: Option<Box<ClaimSpec>>,
 }
@@ -86,34 +139,29 @@ impl Claim {
             let mut annotations = meta.annotations.clone().unwrap_or_default();
             annotations.remove(LAST_APPLIED);
             let data_source = spec
-                .data_source_ref
+                .data_source
                 .as_ref()
                 .map(|r| DataSource {
                     api_group: r.api_group.clone().unwrap_or_default(),
                     kind: r.kind.clone(),
                     name: r.name.clone(),
-                    namespace: r.namespace.clone().filter(|n| !n.is_empty()),
+                    namespace: None,
+                    from_ref: false,
                 })
                 .or_else(|| {
-                    spec.data_source.as_ref().map(|r| DataSource {
+                    spec.data_source_ref.as_ref().map(|r| DataSource {
                         api_group: r.api_group.clone().unwrap_or_default(),
                         kind: r.kind.clone(),
                         name: r.name.clone(),
-                        namespace: None,
+                        namespace: r.namespace.clone().filter(|n| !n.is_empty()),
+                        from_ref: true,
                     })
                 });
             Box::new(ClaimSpec {
                 annotations,
-                storage_class: spec.storage_class_name.clone(),
                 access_modes: spec.access_modes.clone().unwrap_or_default(),
                 block: spec.volume_mode.as_deref() == Some("Block"),
                 volume_mode: spec.volume_mode.clone(),
-                request: spec
-                    .resources
-                    .as_ref()
-                    .and_then(|r| r.requests.as_ref())
-                    .and_then(|r| r.get("storage"))
-                    .map(|q| q.0.clone()),
                 has_selector: spec.selector.is_some(),
                 data_source,
                 volume_attributes_class: spec
@@ -128,8 +176,34 @@ impl Claim {
             name: name_of(meta),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             volume_name,
+            phase: pvc
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            clone_protected: meta
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == CLONE_FINALIZER),
+            storage_class: spec.and_then(|s| s.storage_class_name.clone()),
+            request: spec
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+                .map(|q| q.0.clone()),
             pending,
         }
+    }
+
+    /// The snapshot or claim this claim's volume is to be filled from, while it has no volume.
+    pub fn source_key(&self) -> Option<SourceKey> {
+        self.pending
+            .as_ref()?
+            .data_source
+            .as_ref()?
+            .key(&self.namespace)
     }
 
     pub fn key(&self) -> String {
@@ -243,6 +317,8 @@ pub struct Volume {
     pub deletion_secret: Option<(String, String)>,
     pub provisioned_by: Option<String>,
     pub migrated_to: Option<String>,
+    /// `spec.volumeMode` as written.
+    pub volume_mode: Option<String>,
 }
 
 impl Volume {
@@ -288,6 +364,7 @@ impl Volume {
             deletion_secret,
             provisioned_by: annotation(ANN_PROVISIONED_BY),
             migrated_to: annotation(ANN_MIGRATED_TO),
+            volume_mode: spec.and_then(|s| s.volume_mode.clone()),
         }
     }
 
@@ -363,7 +440,7 @@ mod tests {
         assert_eq!(claim.selected_node(), Some("n1"));
         let spec = claim.pending.as_ref().unwrap();
         assert!(spec.block);
-        assert_eq!(spec.request.as_deref(), Some("1Gi"));
+        assert_eq!(claim.request.as_deref(), Some("1Gi"));
         assert!(!spec.annotations.contains_key(LAST_APPLIED));
         assert_eq!(spec.data_source.as_ref().unwrap().name, "src");
     }
@@ -381,17 +458,49 @@ mod tests {
     }
 
     #[test]
-    fn data_source_ref_wins_over_data_source() {
+    fn data_source_wins_over_data_source_ref() {
         let claim = Claim::from_api(&pvc(json!({
             "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
             "spec": {"dataSource": {"kind": "PersistentVolumeClaim", "name": "a"},
-                "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "b", "namespace": "other"}}
+                "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "a"}}
         })));
-        let source = claim.pending.unwrap().data_source.unwrap();
+        let source = claim.pending.as_ref().unwrap().data_source.clone().unwrap();
+        assert_eq!((source.name.as_str(), source.from_ref), ("a", false));
         assert_eq!(
-            (source.name.as_str(), source.namespace.as_deref()),
-            ("b", Some("other"))
+            claim.source_key(),
+            Some((SourceKind::Claim, "ns".into(), "a".into()))
         );
+        let cross = Claim::from_api(&pvc(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "spec": {"dataSourceRef": {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": "b", "namespace": "other"}}
+        })));
+        let source = cross.pending.as_ref().unwrap().data_source.clone().unwrap();
+        assert!(source.from_ref);
+        assert_eq!(
+            cross.source_key(),
+            Some((SourceKind::Snapshot, "other".into(), "b".into()))
+        );
+        let populated = Claim::from_api(&pvc(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "spec": {"dataSourceRef": {"apiGroup": "example.com", "kind": "Hello", "name": "h"}}
+        })));
+        assert_eq!(populated.source_key(), None);
+    }
+
+    #[test]
+    fn claims_keep_what_a_clone_checks() {
+        let claim = Claim::from_api(&pvc(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1",
+                "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": [CLONE_FINALIZER]},
+            "spec": {"volumeName": "pv-1", "storageClassName": "fast",
+                "resources": {"requests": {"storage": "2Gi"}}},
+            "status": {"phase": "Bound"}
+        })));
+        assert_eq!(claim.phase, "Bound");
+        assert!(claim.deleting && claim.clone_protected);
+        assert_eq!(claim.storage_class.as_deref(), Some("fast"));
+        assert_eq!(claim.request.as_deref(), Some("2Gi"));
+        assert!(claim.pending.is_none());
     }
 
     #[test]

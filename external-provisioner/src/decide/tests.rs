@@ -40,6 +40,9 @@ fn policy() -> Policy {
         default_fstype: String::new(),
         extra_create_metadata: false,
         controller_publish_readonly: false,
+        prevent_volume_mode_conversion: true,
+        cross_namespace_sources: false,
+        attributes_classes: true,
     }
 }
 
@@ -142,7 +145,7 @@ fn request_as_upstream_builds_it() {
             "kube-system",
         ),
     ]);
-    let prepared = prepare(&p, &basic_claim(), &c, &NoNodes).unwrap();
+    let prepared = prepare(&p, &basic_claim(), &c, &NoNodes, &Lookups::default()).unwrap();
     let r = &prepared.request;
     assert_eq!(r.name, "pvc-1234-abcd");
     assert_eq!(r.capacity_range.as_ref().unwrap().required_bytes, 1 << 30);
@@ -195,7 +198,7 @@ fn bad_claims_fail_with_clear_messages() {
         json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
         "selector": {"matchLabels": {"a": "b"}}, "resources": {"requests": {"storage": "1Gi"}}}),
     );
-    let f = prepare(&p, &selector, &class(&[]), &NoNodes).unwrap_err();
+    let f = prepare(&p, &selector, &class(&[]), &NoNodes, &Lookups::default()).unwrap_err();
     assert_eq!(
         (f.state, f.message.as_str()),
         (State::Finished, "claim Selector is not supported")
@@ -206,6 +209,7 @@ fn bad_claims_fail_with_clear_messages() {
         &basic_claim(),
         &class(&[("csi.storage.k8s.io/bogus", "x")]),
         &NoNodes,
+        &Lookups::default(),
     )
     .unwrap_err();
     assert!(
@@ -219,7 +223,7 @@ fn bad_claims_fail_with_clear_messages() {
         "resources": {"requests": {"storage": "1Gi"}}}),
     );
     assert_eq!(
-        prepare(&p, &mode, &class(&[]), &NoNodes)
+        prepare(&p, &mode, &class(&[]), &NoNodes, &Lookups::default())
             .unwrap_err()
             .message,
         "unsupported AccessMode combination: [ReadWriteSometimes]"
@@ -230,7 +234,7 @@ fn bad_claims_fail_with_clear_messages() {
         "resources": {"requests": {"storage": "100Ei"}}}),
     );
     assert!(
-        prepare(&p, &huge, &class(&[]), &NoNodes)
+        prepare(&p, &huge, &class(&[]), &NoNodes, &Lookups::default())
             .unwrap_err()
             .message
             .contains("larger than a volume can be")
@@ -240,7 +244,7 @@ fn bad_claims_fail_with_clear_messages() {
         ("csi.storage.k8s.io/provisioner-secret-name", "${pvc.nope}"),
         ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
     ]);
-    let f = prepare(&p, &basic_claim(), &template, &NoNodes).unwrap_err();
+    let f = prepare(&p, &basic_claim(), &template, &NoNodes, &Lookups::default()).unwrap_err();
     assert_eq!(f.state, State::NoChange);
     assert!(f.message.contains("invalid tokens"), "{}", f.message);
 
@@ -252,10 +256,16 @@ fn bad_claims_fail_with_clear_messages() {
         ..policy()
     };
     assert!(
-        prepare(&no_create, &basic_claim(), &class(&[]), &NoNodes)
-            .unwrap_err()
-            .message
-            .contains("CREATE_DELETE_VOLUME capability is not reported")
+        prepare(
+            &no_create,
+            &basic_claim(),
+            &class(&[]),
+            &NoNodes,
+            &Lookups::default()
+        )
+        .unwrap_err()
+        .message
+        .contains("CREATE_DELETE_VOLUME capability is not reported")
     );
 
     let populator = claim(
@@ -263,7 +273,7 @@ fn bad_claims_fail_with_clear_messages() {
         "dataSourceRef": {"apiGroup": "example.com", "kind": "Hello", "name": "h"},
         "resources": {"requests": {"storage": "1Gi"}}}),
     );
-    let f = prepare(&p, &populator, &class(&[]), &NoNodes).unwrap_err();
+    let f = prepare(&p, &populator, &class(&[]), &NoNodes, &Lookups::default()).unwrap_err();
     assert_eq!(
         (f.state, f.message.as_str()),
         (State::Ignored, POPULATOR_MESSAGE)
@@ -280,7 +290,7 @@ fn block_claims_get_block_capabilities() {
         json!({"storageClassName": "fast", "accessModes": ["ReadOnlyMany"],
         "volumeMode": "Block", "resources": {"requests": {"storage": "10Mi"}}}),
     );
-    let prepared = prepare(&p, &block, &class(&[]), &NoNodes).unwrap();
+    let prepared = prepare(&p, &block, &class(&[]), &NoNodes, &Lookups::default()).unwrap();
     let cap = &prepared.request.volume_capabilities[0];
     assert!(matches!(cap.access_type, Some(AccessType::Block(_))));
     assert_eq!(
@@ -316,6 +326,7 @@ fn pv_as_upstream_writes_it() {
         &basic_claim(),
         &class(&[]),
         &NoNodes,
+        &Lookups::default(),
     )
     .unwrap();
     let volume = CsiVolume {
@@ -520,4 +531,274 @@ fn finalizer_patches_keep_other_finalizers() {
         finalizers_patch(&only, false),
         json!({"metadata": {"finalizers": null, "resourceVersion": "9"}})
     );
+}
+
+fn from_source(source: serde_json::Value, extra: serde_json::Value) -> Claim {
+    let mut spec = json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}}});
+    for (k, v) in source
+        .as_object()
+        .unwrap()
+        .iter()
+        .chain(extra.as_object().unwrap())
+    {
+        spec[k] = v.clone();
+    }
+    claim(spec)
+}
+
+fn snapshot_source() -> serde_json::Value {
+    json!({"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}})
+}
+
+fn all_caps() -> Policy {
+    Policy {
+        caps: Capabilities {
+            controller_service: true,
+            create_delete_volume: true,
+            create_delete_snapshot: true,
+            clone_volume: true,
+            modify_volume: true,
+            ..Capabilities::default()
+        },
+        ..policy()
+    }
+}
+
+fn content(id: &str) -> VolumeContentSource {
+    VolumeContentSource {
+        r#type: Some(csi_proto::v1::volume_content_source::Type::Snapshot(
+            csi_proto::v1::volume_content_source::SnapshotSource {
+                snapshot_id: id.into(),
+            },
+        )),
+    }
+}
+
+#[test]
+fn data_sources_need_their_capability() {
+    let restore = from_source(snapshot_source(), json!({}));
+    let clone = from_source(
+        json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}}),
+        json!({}),
+    );
+    let vac = from_source(json!({}), json!({"volumeAttributesClassName": "gold"}));
+    let p = policy();
+    let message = |claim: &Claim| {
+        prepare(&p, claim, &class(&[]), &NoNodes, &Lookups::default())
+            .unwrap_err()
+            .message
+    };
+    assert_eq!(
+        message(&restore),
+        "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
+    );
+    assert_eq!(
+        message(&clone),
+        "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported"
+    );
+    assert_eq!(
+        message(&vac),
+        "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported"
+    );
+    let gate_off = Policy {
+        attributes_classes: false,
+        ..policy()
+    };
+    let prepared = prepare(&gate_off, &vac, &class(&[]), &NoNodes, &Lookups::default()).unwrap();
+    assert!(prepared.request.mutable_parameters.is_empty());
+    assert_eq!(
+        prepared.pv.volume_attributes_class, None,
+        "the gate off ignores the class"
+    );
+    let unnamed = from_source(
+        json!({"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": ""}}),
+        json!({}),
+    );
+    assert_eq!(message(&unnamed), "the PVC source not found for PVC data");
+    let wrong_group = from_source(
+        json!({"dataSource": {"apiGroup": "example.com", "kind": "VolumeSnapshot", "name": "s"}}),
+        json!({}),
+    );
+    assert_eq!(
+        message(&wrong_group),
+        "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got example.com"
+    );
+}
+
+#[test]
+fn the_content_source_goes_into_the_request() {
+    let p = all_caps();
+    let restore = from_source(snapshot_source(), json!({}));
+    let lookups = Lookups {
+        content: Some(Ok(content("snap-1"))),
+        source_watched: true,
+        ..Lookups::default()
+    };
+    let prepared = prepare(&p, &restore, &class(&[]), &NoNodes, &lookups).unwrap();
+    assert_eq!(
+        prepared.request.volume_content_source,
+        Some(content("snap-1"))
+    );
+    assert_eq!(prepared.source, "VolumeSnapshot");
+    // Only `spec.dataSource` labels the metrics, as upstream.
+    let by_ref = from_source(
+        json!({"dataSourceRef": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}}),
+        json!({}),
+    );
+    assert_eq!(
+        prepare(&p, &by_ref, &class(&[]), &NoNodes, &lookups)
+            .unwrap()
+            .source,
+        ""
+    );
+
+    let answered = |content_source: Option<VolumeContentSource>| {
+        build_pv(
+            &p,
+            &prepared,
+            &CsiVolume {
+                volume_id: "v".into(),
+                content_source,
+                ..Default::default()
+            },
+        )
+    };
+    assert!(matches!(answered(Some(content("snap-1"))), Created::Pv(_)));
+    let Created::Undo {
+        message, reason, ..
+    } = answered(None)
+    else {
+        panic!("a volume not filled from its source is deleted again");
+    };
+    assert_eq!(
+        (message.as_str(), reason),
+        ("volume content source missing", UndoReason::ContentSource)
+    );
+    assert_eq!(
+        reason.orphaned(&message, "pvc-1", "rpc error"),
+        "volume content source missing. cleanup of volume pvc-1 failed, volume is orphaned: rpc error"
+    );
+    assert_eq!(
+        UndoReason::Capacity.orphaned("small", "pvc-1", "e"),
+        "small. Cleanup of volume pvc-1 failed, volume is orphaned: e"
+    );
+}
+
+#[test]
+fn unusable_sources_wait_only_when_watched() {
+    let p = all_caps();
+    let restore = from_source(snapshot_source(), json!({}));
+    let failing = |may_change: bool, watched: bool| {
+        let lookups = Lookups {
+            content: Some(Err(SourceError {
+                message: "snapshot snap is not Ready".into(),
+                may_change,
+            })),
+            source_watched: watched,
+            ..Lookups::default()
+        };
+        prepare(&p, &restore, &class(&[]), &NoNodes, &lookups).unwrap_err()
+    };
+    let waiting = failing(true, true);
+    assert_eq!(waiting.state, State::Wait);
+    assert_eq!(
+        waiting.message,
+        "error getting handle for DataSource Type VolumeSnapshot by Name snap: snapshot snap is not Ready"
+    );
+    assert_eq!(failing(true, false).state, State::NoChange);
+    assert_eq!(failing(false, true).state, State::NoChange);
+}
+
+#[test]
+fn cross_namespace_sources_need_the_gate_and_a_grant() {
+    let claim = from_source(
+        json!({"dataSourceRef": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap", "namespace": "other"}}),
+        json!({}),
+    );
+    let lookups = Lookups {
+        content: Some(Ok(content("s"))),
+        grant: Some(Err("not allowed".into())),
+        ..Lookups::default()
+    };
+    let off = prepare(&all_caps(), &claim, &class(&[]), &NoNodes, &lookups).unwrap_err();
+    assert_eq!(
+        (off.state, off.message.as_str()),
+        (
+            State::Finished,
+            "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
+        )
+    );
+    let on = Policy {
+        cross_namespace_sources: true,
+        ..all_caps()
+    };
+    let refused = prepare(&on, &claim, &class(&[]), &NoNodes, &lookups).unwrap_err();
+    assert_eq!(
+        (refused.state, refused.message.as_str()),
+        (State::Finished, "not allowed")
+    );
+    let granted = Lookups {
+        grant: Some(Ok(())),
+        ..lookups
+    };
+    assert!(prepare(&on, &claim, &class(&[]), &NoNodes, &granted).is_ok());
+}
+
+#[test]
+fn attributes_classes_give_mutable_parameters() {
+    let p = all_caps();
+    let claim = from_source(json!({}), json!({"volumeAttributesClassName": "gold"}));
+    let with = |vac: Result<AttributesClass, String>| {
+        prepare(
+            &p,
+            &claim,
+            &class(&[("type", "ssd")]),
+            &NoNodes,
+            &Lookups {
+                attributes_class: Some(vac),
+                ..Lookups::default()
+            },
+        )
+    };
+    let gold = AttributesClass {
+        name: "gold".into(),
+        driver: "d".into(),
+        parameters: [("iops".to_string(), "3000".to_string())].into(),
+    };
+    let prepared = with(Ok(gold.clone())).unwrap();
+    assert_eq!(prepared.request.mutable_parameters["iops"], "3000");
+    assert_eq!(prepared.request.parameters["type"], "ssd");
+    assert!(!prepared.request.parameters.contains_key("iops"));
+    let Created::Pv(pv) = build_pv(
+        &p,
+        &prepared,
+        &CsiVolume {
+            volume_id: "v".into(),
+            ..Default::default()
+        },
+    ) else {
+        panic!("no PV");
+    };
+    assert_eq!(
+        pv.spec.unwrap().volume_attributes_class_name.as_deref(),
+        Some("gold")
+    );
+    let other = with(Ok(AttributesClass {
+        driver: "x".into(),
+        ..gold
+    }))
+    .unwrap_err();
+    assert_eq!(
+        (other.state, other.message.as_str()),
+        (
+            State::Finished,
+            "VAC gold referenced in PVC is for driver x which does not match driver name d"
+        )
+    );
+    let missing = with(Err(
+        "volumeattributesclasses.storage.k8s.io \"gold\" not found".into(),
+    ))
+    .unwrap_err();
+    assert_eq!(missing.state, State::NoChange);
 }
