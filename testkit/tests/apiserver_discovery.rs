@@ -125,11 +125,22 @@ async fn tables_for_get_list_and_watch() {
         (Some("ADDED"), Some("Table"))
     );
     assert_eq!(ev["object"]["rows"][0]["cells"][0], "a");
-    // Protobuf only: served for the kinds that have it here, 406 for the others.
+    // Protobuf only: served for the built-in kinds, 406 for custom resources
+    // (which have no protobuf encoding, as on a real server).
     let (code, _) = raw_accept(
         &c,
         "GET",
         "/api/v1/persistentvolumes",
+        None,
+        Some("application/vnd.kubernetes.protobuf"),
+        "",
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _) = raw_accept(
+        &c,
+        "GET",
+        "/apis/snapshot.storage.k8s.io/v1/volumesnapshots",
         None,
         Some("application/vnd.kubernetes.protobuf"),
         "",

@@ -52,9 +52,11 @@ impl Shared {
 
 /// Serves one request; every failure becomes a Status response.
 pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    // Errors are Status bodies in the negotiated encoding, as upstream.
+    let proto_status = negotiate(req.headers()) == Ok(Rendering::Protobuf);
     match route(&shared, req).await {
         Ok(resp) => resp,
-        Err(e) => status_response(&e),
+        Err(e) => status_response(&e, proto_status),
     }
 }
 
@@ -93,8 +95,19 @@ fn object_response(code: u16, rendering: Rendering, v: &Value) -> Response<Body>
     json_response(code, v)
 }
 
-fn status_response(e: &ApiError) -> Response<Body> {
-    json_response(e.code, &e.to_status())
+fn status_response(e: &ApiError, protobuf: bool) -> Response<Body> {
+    status_body(e.code, &e.to_status(), protobuf)
+}
+
+/// A `Status` body: protobuf when the client prefers it, JSON otherwise.
+fn status_body(code: u16, status: &Value, protobuf: bool) -> Response<Body> {
+    if protobuf {
+        match protobuf::encode_status(status) {
+            Ok(bytes) => return respond(code, protobuf::MEDIA_TYPE, bytes),
+            Err(e) => tracing::warn!("a Status has no protobuf encoding: {e}"),
+        }
+    }
+    json_response(code, status)
 }
 
 fn not_found_path() -> ApiError {
@@ -152,12 +165,8 @@ enum Rendering {
     Protobuf,
 }
 
-fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
-    let Some(accept) = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-    else {
+fn negotiate(headers: &header::HeaderMap) -> Result<Rendering, ApiError> {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
         return Ok(Rendering::Json);
     };
     let mut json_ok = false;
@@ -191,12 +200,8 @@ fn negotiate(req: &Request<Incoming>) -> Result<Rendering, ApiError> {
 }
 
 /// Whether the Accept header (or its absence) allows a JSON answer.
-fn accepts_json(req: &Request<Incoming>) -> bool {
-    let Some(accept) = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-    else {
+fn accepts_json(headers: &header::HeaderMap) -> bool {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
         return true;
     };
     accept.split(',').any(|e| {
@@ -456,10 +461,10 @@ async fn resource(
     if let Some(e) = injected {
         return Err(e);
     }
-    let rendering = negotiate(&req)?;
+    let rendering = negotiate(req.headers())?;
     if rendering == Rendering::Protobuf
         && !protobuf::supported(&k.api_version(), k.kind)
-        && !accepts_json(&req)
+        && !accepts_json(req.headers())
     {
         return Err(ApiError::not_acceptable(format!(
             "the server was unable to respond with a content type that the client supports (no protobuf encoding of {} here)",
@@ -553,7 +558,11 @@ async fn resource(
             let dry = dry_run(&q)? || body_dry;
             let outcome = shared.store().delete(path.kind, &ns, &name, &pre, dry)?;
             Ok(match outcome {
-                Deleted::Removed(obj) if !k.custom => json_response(200, &deleted_status(&k, &obj)),
+                Deleted::Removed(obj) if !k.custom => status_body(
+                    200,
+                    &deleted_status(&k, &obj),
+                    rendering == Rendering::Protobuf,
+                ),
                 Deleted::Removed(obj) | Deleted::Pending(obj) => {
                     object_response(200, rendering, &obj)
                 }
@@ -584,11 +593,13 @@ async fn resource(
             }
             let rv = store.resource_version();
             drop(store);
-            Ok(respond(
-                200,
-                "application/json",
-                list_bytes(&k, &items, json!({"resourceVersion": rv.to_string()})),
-            ))
+            let meta = json!({"resourceVersion": rv.to_string()});
+            Ok(match rendering {
+                Rendering::Protobuf => list_response(&k, &items, meta),
+                Rendering::Json | Rendering::Table => {
+                    respond(200, "application/json", list_bytes(&k, &items, meta))
+                }
+            })
         }
     }
 }
@@ -664,6 +675,19 @@ fn list_bytes(k: &Kind, items: &[Arc<Value>], meta: Value) -> Vec<u8> {
     out
 }
 
+/// A list for a client that prefers protobuf: protobuf for the kinds that
+/// have it, JSON for the others (which client-go decodes by Content-Type).
+fn list_response(k: &Kind, items: &[Arc<Value>], meta: Value) -> Response<Body> {
+    if protobuf::supported(&k.api_version(), k.kind) {
+        let refs: Vec<&Value> = items.iter().map(|o| &**o).collect();
+        match protobuf::encode_list(&k.api_version(), k.kind, &refs, &meta) {
+            Ok(bytes) => return respond(200, protobuf::MEDIA_TYPE, bytes),
+            Err(e) => tracing::warn!("a {} list has no protobuf encoding: {e}", k.kind),
+        }
+    }
+    respond(200, "application/json", list_bytes(k, items, meta))
+}
+
 fn list(
     shared: &Shared,
     k: &Kind,
@@ -682,16 +706,8 @@ fn list(
         meta["remainingItemCount"] = json!(r);
     }
     Ok(match rendering {
-        Rendering::Protobuf if protobuf::supported(&k.api_version(), k.kind) => {
-            let items: Vec<&Value> = page.items.iter().map(|o| &**o).collect();
-            match protobuf::encode_list(&k.api_version(), k.kind, &items, &meta) {
-                Ok(bytes) => respond(200, protobuf::MEDIA_TYPE, bytes),
-                Err(_) => respond(200, "application/json", list_bytes(k, &page.items, meta)),
-            }
-        }
-        Rendering::Json | Rendering::Protobuf => {
-            respond(200, "application/json", list_bytes(k, &page.items, meta))
-        }
+        Rendering::Protobuf => list_response(k, &page.items, meta),
+        Rendering::Json => respond(200, "application/json", list_bytes(k, &page.items, meta)),
         Rendering::Table => json_response(
             200,
             &discovery::table(
@@ -728,6 +744,8 @@ struct WatchOutput {
     filter: WatchFilter,
     table: Option<IncludeObject>,
     headers_sent: bool,
+    /// Frames of `meta.v1.WatchEvent` messages rather than JSON lines.
+    protobuf: bool,
 }
 
 fn event_line(etype: &str, object_json: &[u8]) -> Bytes {
@@ -764,6 +782,13 @@ impl WatchOutput {
             _ => return None,
         };
         let object = rewritten.as_ref().unwrap_or(&ev.object);
+        if self.protobuf {
+            let encoded = match &rewritten {
+                None => ev.encoded_protobuf().cloned(),
+                Some(v) => protobuf::encode_object(v).ok().map(Bytes::from),
+            };
+            return encoded.map(|b| protobuf::watch_frame(etype.as_str(), &b));
+        }
         match self.table {
             None => match &rewritten {
                 None => Some(event_line(etype.as_str(), ev.encoded_object())),
@@ -785,13 +810,24 @@ impl WatchOutput {
     }
 }
 
-fn bookmark_line(k: &Kind, rv: u64, initial_events_end: bool) -> Bytes {
+fn bookmark_line(k: &Kind, rv: u64, initial_events_end: bool, protobuf: bool) -> Bytes {
     let mut meta = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
     if initial_events_end {
         meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
     let obj = json!({"kind": k.kind, "apiVersion": k.api_version(), "metadata": meta});
+    if protobuf && let Ok(bytes) = protobuf::encode_object(&obj) {
+        return protobuf::watch_frame("BOOKMARK", &bytes);
+    }
     event_line("BOOKMARK", obj.to_string().as_bytes())
+}
+
+/// An ERROR event carrying a Status, in the stream's encoding.
+fn error_line(status: &Value, protobuf: bool) -> Bytes {
+    if protobuf && let Ok(bytes) = protobuf::encode_status(status) {
+        return protobuf::watch_frame("ERROR", &bytes);
+    }
+    event_line("ERROR", status.to_string().as_bytes())
 }
 
 fn watch(
@@ -840,6 +876,12 @@ fn watch(
                 .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r:?}")))?,
         ),
     };
+    let proto = rendering == Rendering::Protobuf && protobuf::supported(&k.api_version(), k.kind);
+    let content_type = if proto {
+        protobuf::WATCH_MEDIA_TYPE
+    } else {
+        "application/json"
+    };
     let start = match shared.store().watch(kind, from) {
         Ok(mut s) => {
             // "Start at most recent" without initial events.
@@ -850,8 +892,8 @@ fn watch(
         }
         Err(e) if e.code == 410 => {
             // Like the real server: 200, then an ERROR event carrying a 410 Status.
-            let line = event_line("ERROR", e.to_status().to_string().as_bytes());
-            return Ok(respond(200, "application/json", line));
+            let line = error_line(&e.to_status(), proto);
+            return Ok(respond(200, content_type, line));
         }
         Err(e) => return Err(e),
     };
@@ -867,12 +909,14 @@ fn watch(
         },
         table,
         headers_sent: false,
+        protobuf: proto,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     let opts = WatchOpts {
         bookmarks,
         initial_events_end: send_initial == Some(true),
         timeout,
+        protobuf: proto,
     };
     tokio::spawn(run_watch(
         shared.clone(),
@@ -886,7 +930,7 @@ fn watch(
     let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
+        header::HeaderValue::from_static(content_type),
     );
     Ok(resp)
 }
@@ -896,6 +940,7 @@ struct WatchOpts {
     bookmarks: bool,
     initial_events_end: bool,
     timeout: Option<Duration>,
+    protobuf: bool,
 }
 
 async fn run_watch(
@@ -913,7 +958,12 @@ async fn run_watch(
             return;
         }
     }
-    if opts.initial_events_end && tx.send(bookmark_line(&k, start.after, true)).await.is_err() {
+    if opts.initial_events_end
+        && tx
+            .send(bookmark_line(&k, start.after, true, opts.protobuf))
+            .await
+            .is_err()
+    {
         return;
     }
     let deadline = opts.timeout.map(|t| Instant::now() + t);
@@ -952,7 +1002,7 @@ async fn run_watch(
             }
             _ = &mut expired => {
                 if opts.bookmarks {
-                    let _ = tx.send(bookmark_line(&k, last_rv, false)).await;
+                    let _ = tx.send(bookmark_line(&k, last_rv, false, opts.protobuf)).await;
                 }
                 break;
             }
@@ -972,7 +1022,11 @@ async fn run_watch(
         }
         if let Some(rv) = bookmark {
             last_rv = last_rv.max(rv);
-            if tx.send(bookmark_line(&k, last_rv, false)).await.is_err() {
+            if tx
+                .send(bookmark_line(&k, last_rv, false, opts.protobuf))
+                .await
+                .is_err()
+            {
                 return;
             }
         }

@@ -1,29 +1,84 @@
-//! The Kubernetes protobuf wire format for a few kinds: what client-go's typed
-//! clients and kubectl's imperative commands send as
+//! The Kubernetes protobuf wire format: what client-go's typed clients and
+//! kubectl's imperative commands send and accept as
 //! `application/vnd.kubernetes.protobuf`.
 //!
 //! A body is the 4 magic bytes `k8s\0`, then a `runtime.Unknown` message
-//! whose `raw` field holds the object's own message. The messages below are
-//! our own definitions of the upstream ones (field numbers as published in the
-//! API's generated.proto); only the kinds in [`SUPPORTED`] are converted, to
-//! and from the JSON the store keeps.
+//! whose `raw` field holds the object's own message. The messages are our own
+//! definitions in `testkit/proto/` (field names and numbers as published in
+//! the API's protobuf schema), compiled at build time into a descriptor set.
+//! Objects are converted generically, field by field, to and from the JSON
+//! the store keeps: a JSON key is the proto field's name, with these special
+//! messages:
+//!
+//! - `meta.v1.Time` ↔ an RFC 3339 string with second precision, `MicroTime`
+//!   ↔ one with microseconds; an empty message is `null` (Go's zero time);
+//! - `resource.Quantity` ↔ its string, `intstr.IntOrString` ↔ a number or a
+//!   string;
+//! - `runtime.RawExtension` and `meta.v1.FieldsV1` ↔ the embedded JSON;
+//! - `bytes` ↔ base64 strings, maps ↔ objects;
+//! - fields marked `inline` in `go_json.proto` (Go's embedded structs, such
+//!   as the volume source of a PersistentVolumeSpec) are merged into the
+//!   enclosing JSON object;
+//! - on decoding, the zero value of a field marked `omitempty` is dropped, as
+//!   Go's JSON does (Go's marshalling writes every value field).
+//!
+//! Encoding writes the fields present in the JSON in field-number order and
+//! map entries sorted by key, as Go's generated marshalling does; JSON keys
+//! without a proto field are dropped (logged at debug level).
 
-use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use k8s_openapi::jiff::Timestamp;
 use prost::Message;
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, FieldDescriptor, Kind as FieldKind, MapKey, MessageDescriptor,
+    ReflectMessage, Value as PValue,
+};
 use serde_json::{Map, Value, json};
 
 /// The media type of the protobuf encoding.
 pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
+/// The media type of a protobuf watch stream.
+pub const WATCH_MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf;stream=watch";
+
 /// `k8s` and the encoding style 0 (a `runtime.Unknown` follows).
 pub const MAGIC: [u8; 4] = [0x6b, 0x38, 0x73, 0x00];
 
-/// `(apiVersion, kind)` of the objects this module converts.
-pub const SUPPORTED: &[(&str, &str)] =
-    &[("v1", "Namespace"), ("v1", "Secret"), ("v1", "ConfigMap")];
+/// `(apiVersion, kind)` of the stored objects this module converts (their
+/// `<kind>List` too). Custom resources have no protobuf encoding, as on a
+/// real server.
+pub const SUPPORTED: &[(&str, &str)] = &[
+    ("v1", "Namespace"),
+    ("v1", "Node"),
+    ("v1", "PersistentVolume"),
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "Secret"),
+    ("v1", "Event"),
+    ("v1", "Pod"),
+    ("v1", "ServiceAccount"),
+    ("v1", "ConfigMap"),
+    ("storage.k8s.io/v1", "StorageClass"),
+    ("storage.k8s.io/v1", "VolumeAttachment"),
+    ("storage.k8s.io/v1", "CSINode"),
+    ("storage.k8s.io/v1", "CSIDriver"),
+    ("storage.k8s.io/v1", "CSIStorageCapacity"),
+    ("storage.k8s.io/v1", "VolumeAttributesClass"),
+    ("coordination.k8s.io/v1", "Lease"),
+    ("events.k8s.io/v1", "Event"),
+];
+
+const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
+const TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.Time";
+const MICRO_TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.MicroTime";
+const FIELDS_V1: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.FieldsV1";
+const QUANTITY: &str = "k8s.io.apimachinery.pkg.api.resource.Quantity";
+const INT_OR_STRING: &str = "k8s.io.apimachinery.pkg.util.intstr.IntOrString";
+const RAW_EXTENSION: &str = "k8s.io.apimachinery.pkg.runtime.RawExtension";
 
 /// Why a protobuf body could not be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -59,193 +114,48 @@ pub struct Unknown {
     pub content_type: Option<String>,
 }
 
-#[derive(Clone, PartialEq, Message)]
-pub struct Time {
-    #[prost(int64, optional, tag = "1")]
-    pub seconds: Option<i64>,
-    #[prost(int32, optional, tag = "2")]
-    pub nanos: Option<i32>,
+/// The compiled definitions and what `go_json.proto` says about their fields.
+struct Schema {
+    pool: DescriptorPool,
+    /// Full names of the fields whose zero value Go's JSON omits.
+    omitempty: HashSet<String>,
+    /// Full names of the fields embedded inline in the JSON.
+    inline: HashSet<String>,
 }
 
-#[derive(Clone, PartialEq, Message)]
-pub struct OwnerReference {
-    #[prost(string, optional, tag = "1")]
-    pub kind: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub name: Option<String>,
-    #[prost(string, optional, tag = "4")]
-    pub uid: Option<String>,
-    #[prost(string, optional, tag = "5")]
-    pub api_version: Option<String>,
-    #[prost(bool, optional, tag = "6")]
-    pub controller: Option<bool>,
-    #[prost(bool, optional, tag = "7")]
-    pub block_owner_deletion: Option<bool>,
-}
+static DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/k8s_descriptor_set.bin"));
 
-#[derive(Clone, PartialEq, Message)]
-pub struct FieldsV1 {
-    #[prost(bytes = "vec", optional, tag = "1")]
-    pub raw: Option<Vec<u8>>,
-}
+static SCHEMA: LazyLock<Result<Schema, String>> = LazyLock::new(|| {
+    let pool = DescriptorPool::decode(DESCRIPTOR_SET).map_err(|e| e.to_string())?;
+    let ext = |name: &str| {
+        pool.get_extension_by_name(name)
+            .ok_or_else(|| format!("extension {name} missing from the descriptor set"))
+    };
+    let (omit_ext, inline_ext) = (ext("gojson.omitempty")?, ext("gojson.inline")?);
+    let mut omitempty = HashSet::new();
+    let mut inline = HashSet::new();
+    for m in pool.all_messages() {
+        for f in m.fields() {
+            let opts = f.options();
+            if opts.get_extension(&omit_ext).as_bool() == Some(true) {
+                omitempty.insert(f.full_name().to_string());
+            }
+            if opts.get_extension(&inline_ext).as_bool() == Some(true) {
+                inline.insert(f.full_name().to_string());
+            }
+        }
+    }
+    Ok(Schema {
+        pool,
+        omitempty,
+        inline,
+    })
+});
 
-#[derive(Clone, PartialEq, Message)]
-pub struct ManagedFieldsEntry {
-    #[prost(string, optional, tag = "1")]
-    pub manager: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub operation: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub api_version: Option<String>,
-    #[prost(message, optional, tag = "4")]
-    pub time: Option<Time>,
-    #[prost(string, optional, tag = "6")]
-    pub fields_type: Option<String>,
-    #[prost(message, optional, tag = "7")]
-    pub fields_v1: Option<FieldsV1>,
-    #[prost(string, optional, tag = "8")]
-    pub subresource: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ObjectMeta {
-    #[prost(string, optional, tag = "1")]
-    pub name: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub generate_name: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub namespace: Option<String>,
-    #[prost(string, optional, tag = "4")]
-    pub self_link: Option<String>,
-    #[prost(string, optional, tag = "5")]
-    pub uid: Option<String>,
-    #[prost(string, optional, tag = "6")]
-    pub resource_version: Option<String>,
-    #[prost(int64, optional, tag = "7")]
-    pub generation: Option<i64>,
-    #[prost(message, optional, tag = "8")]
-    pub creation_timestamp: Option<Time>,
-    #[prost(message, optional, tag = "9")]
-    pub deletion_timestamp: Option<Time>,
-    #[prost(int64, optional, tag = "10")]
-    pub deletion_grace_period_seconds: Option<i64>,
-    #[prost(btree_map = "string, string", tag = "11")]
-    pub labels: BTreeMap<String, String>,
-    #[prost(btree_map = "string, string", tag = "12")]
-    pub annotations: BTreeMap<String, String>,
-    #[prost(message, repeated, tag = "13")]
-    pub owner_references: Vec<OwnerReference>,
-    #[prost(string, repeated, tag = "14")]
-    pub finalizers: Vec<String>,
-    #[prost(message, repeated, tag = "17")]
-    pub managed_fields: Vec<ManagedFieldsEntry>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ListMeta {
-    #[prost(string, optional, tag = "1")]
-    pub self_link: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub resource_version: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub r#continue: Option<String>,
-    #[prost(int64, optional, tag = "4")]
-    pub remaining_item_count: Option<i64>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NamespaceCondition {
-    #[prost(string, optional, tag = "1")]
-    pub r#type: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub status: Option<String>,
-    #[prost(message, optional, tag = "4")]
-    pub last_transition_time: Option<Time>,
-    #[prost(string, optional, tag = "5")]
-    pub reason: Option<String>,
-    #[prost(string, optional, tag = "6")]
-    pub message: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NamespaceSpec {
-    #[prost(string, repeated, tag = "1")]
-    pub finalizers: Vec<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NamespaceStatus {
-    #[prost(string, optional, tag = "1")]
-    pub phase: Option<String>,
-    #[prost(message, repeated, tag = "2")]
-    pub conditions: Vec<NamespaceCondition>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct Namespace {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-    #[prost(message, optional, tag = "2")]
-    pub spec: Option<NamespaceSpec>,
-    #[prost(message, optional, tag = "3")]
-    pub status: Option<NamespaceStatus>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct Secret {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-    #[prost(btree_map = "string, bytes", tag = "2")]
-    pub data: BTreeMap<String, Vec<u8>>,
-    #[prost(string, optional, tag = "3")]
-    pub r#type: Option<String>,
-    #[prost(btree_map = "string, string", tag = "4")]
-    pub string_data: BTreeMap<String, String>,
-    #[prost(bool, optional, tag = "5")]
-    pub immutable: Option<bool>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ConfigMap {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-    #[prost(btree_map = "string, string", tag = "2")]
-    pub data: BTreeMap<String, String>,
-    #[prost(btree_map = "string, bytes", tag = "3")]
-    pub binary_data: BTreeMap<String, Vec<u8>>,
-    #[prost(bool, optional, tag = "4")]
-    pub immutable: Option<bool>,
-}
-
-/// Any `<Kind>List`: list metadata and the items' own messages, kept encoded.
-#[derive(Clone, PartialEq, Message)]
-pub struct RawList {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ListMeta>,
-    #[prost(bytes = "vec", repeated, tag = "2")]
-    pub items: Vec<Vec<u8>>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct Preconditions {
-    #[prost(string, optional, tag = "1")]
-    pub uid: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub resource_version: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct DeleteOptions {
-    #[prost(int64, optional, tag = "1")]
-    pub grace_period_seconds: Option<i64>,
-    #[prost(message, optional, tag = "2")]
-    pub preconditions: Option<Preconditions>,
-    #[prost(bool, optional, tag = "3")]
-    pub orphan_dependents: Option<bool>,
-    #[prost(string, optional, tag = "4")]
-    pub propagation_policy: Option<String>,
-    #[prost(string, repeated, tag = "5")]
-    pub dry_run: Vec<String>,
+fn schema() -> Result<&'static Schema, ProtoError> {
+    SCHEMA
+        .as_ref()
+        .map_err(|e| ProtoError::Encode(format!("the protobuf definitions did not load: {e}")))
 }
 
 /// Whether a media type (without parameters) is the protobuf encoding.
@@ -256,6 +166,42 @@ pub fn is_protobuf(media: &str) -> bool {
 /// Whether objects of this `apiVersion`/`kind` have a protobuf encoding here.
 pub fn supported(api_version: &str, kind: &str) -> bool {
     SUPPORTED.contains(&(api_version, kind))
+}
+
+fn package_of(api_version: &str) -> Option<&'static str> {
+    Some(match api_version {
+        "v1" => "k8s.io.api.core.v1",
+        "storage.k8s.io/v1" => "k8s.io.api.storage.v1",
+        "coordination.k8s.io/v1" => "k8s.io.api.coordination.v1",
+        "events.k8s.io/v1" => "k8s.io.api.events.v1",
+        _ => return None,
+    })
+}
+
+/// The message of a served kind, its list, or the meta kinds a client sends
+/// or receives (Status, DeleteOptions).
+fn message_for(api_version: &str, kind: &str) -> Result<MessageDescriptor, ProtoError> {
+    let unsupported = || ProtoError::Unsupported {
+        api_version: api_version.to_string(),
+        kind: kind.to_string(),
+    };
+    let name = match (api_version, kind) {
+        ("v1" | "meta.k8s.io/v1", "Status" | "DeleteOptions") => format!("{META}.{kind}"),
+        _ => {
+            let item = kind.strip_suffix("List").unwrap_or(kind);
+            if !supported(api_version, item) {
+                return Err(unsupported());
+            }
+            format!(
+                "{}.{kind}",
+                package_of(api_version).ok_or_else(unsupported)?
+            )
+        }
+    };
+    schema()?
+        .pool
+        .get_message_by_name(&name)
+        .ok_or_else(unsupported)
 }
 
 /// Splits an enveloped body into its type and the object's message bytes.
@@ -286,38 +232,53 @@ pub fn wrap_envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
     out
 }
 
-/// Decodes an enveloped object into the JSON the server works with.
+/// Decodes an enveloped object (a served kind, its list, Status or
+/// DeleteOptions) into the JSON the server works with.
 pub fn decode_object(body: &[u8]) -> Result<Value, ProtoError> {
     let (api_version, kind, raw) = unwrap_envelope(body)?;
-    let err = |e: prost::DecodeError| ProtoError::Decode(e.to_string());
-    let mut v = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Namespace") => namespace_to_json(&Namespace::decode(&raw[..]).map_err(err)?),
-        ("v1", "Secret") => secret_to_json(&Secret::decode(&raw[..]).map_err(err)?),
-        ("v1", "ConfigMap") => configmap_to_json(&ConfigMap::decode(&raw[..]).map_err(err)?),
-        _ => return Err(ProtoError::Unsupported { api_version, kind }),
-    };
-    v["apiVersion"] = json!(api_version);
-    v["kind"] = json!(kind);
-    Ok(v)
+    let desc = message_for(&api_version, &kind)?;
+    let mut out = Map::new();
+    out.insert("kind".into(), json!(kind));
+    out.insert("apiVersion".into(), json!(api_version));
+    let msg =
+        DynamicMessage::decode(desc, &raw[..]).map_err(|e| ProtoError::Decode(e.to_string()))?;
+    message_to_json(schema()?, &msg, &mut out)?;
+    if !out.contains_key("metadata") && !kind.ends_with("List") && kind != "DeleteOptions" {
+        // The real server always renders an object's metadata, even empty.
+        out.insert("metadata".into(), json!({}));
+    }
+    Ok(Value::Object(out))
 }
 
 /// The message bytes of a JSON object of a supported kind (no envelope).
 fn encode_raw(obj: &Value) -> Result<(String, String, Vec<u8>), ProtoError> {
-    let api_version = str_at(obj, "apiVersion").unwrap_or_default();
-    let kind = str_at(obj, "kind").unwrap_or_default();
-    let raw = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Namespace") => namespace_from_json(obj)?.encode_to_vec(),
-        ("v1", "Secret") => secret_from_json(obj)?.encode_to_vec(),
-        ("v1", "ConfigMap") => configmap_from_json(obj)?.encode_to_vec(),
-        _ => return Err(ProtoError::Unsupported { api_version, kind }),
+    let api_version = str_at(obj, "apiVersion");
+    let kind = str_at(obj, "kind");
+    let desc = message_for(&api_version, &kind)?;
+    let Value::Object(map) = obj else {
+        return Err(ProtoError::Encode("not a JSON object".into()));
     };
+    let mut raw = Vec::new();
+    encode_message(schema()?, &desc, map, &mut raw);
     Ok((api_version, kind, raw))
 }
 
-/// Encodes a stored object, enveloped.
+/// Encodes a stored object (or a Status), enveloped.
 pub fn encode_object(obj: &Value) -> Result<Vec<u8>, ProtoError> {
     let (api_version, kind, raw) = encode_raw(obj)?;
     Ok(wrap_envelope(&api_version, &kind, raw))
+}
+
+/// Encodes a `meta.k8s.io/v1` Status (an error or a deletion's answer),
+/// enveloped as the real server does: apiVersion `v1`, kind `Status`.
+pub fn encode_status(status: &Value) -> Result<Vec<u8>, ProtoError> {
+    let desc = message_for("v1", "Status")?;
+    let Value::Object(map) = status else {
+        return Err(ProtoError::Encode("a Status must be a JSON object".into()));
+    };
+    let mut raw = Vec::new();
+    encode_message(schema()?, &desc, map, &mut raw);
+    Ok(wrap_envelope("v1", "Status", raw))
 }
 
 /// Encodes a list of objects of one supported kind as `<kind>List`, enveloped.
@@ -327,385 +288,516 @@ pub fn encode_list(
     items: &[&Value],
     meta: &Value,
 ) -> Result<Vec<u8>, ProtoError> {
-    if !supported(api_version, kind) {
-        return Err(ProtoError::Unsupported {
-            api_version: api_version.into(),
-            kind: kind.into(),
-        });
-    }
-    let mut raw_items = Vec::with_capacity(items.len());
-    for item in items {
-        raw_items.push(encode_raw(item)?.2);
-    }
-    let list = RawList {
-        metadata: Some(ListMeta {
-            self_link: None,
-            resource_version: str_at(meta, "resourceVersion"),
-            r#continue: str_at(meta, "continue"),
-            remaining_item_count: meta.get("remainingItemCount").and_then(Value::as_i64),
-        }),
-        items: raw_items,
+    let list_kind = format!("{kind}List");
+    let desc = message_for(api_version, &list_kind)?;
+    let s = schema()?;
+    let field = |name: &str| {
+        desc.get_field_by_name(name)
+            .ok_or_else(|| ProtoError::Encode(format!("{list_kind} has no field {name}")))
     };
-    Ok(wrap_envelope(
-        api_version,
-        &format!("{kind}List"),
-        list.encode_to_vec(),
-    ))
+    let (meta_field, items_field) = (field("metadata")?, field("items")?);
+    let mut raw = Vec::new();
+    if let (Value::Object(m), FieldKind::Message(md)) = (meta, meta_field.kind()) {
+        let mut buf = Vec::new();
+        encode_message(s, &md, m, &mut buf);
+        put_len_delimited(&mut raw, meta_field.number(), &buf);
+    }
+    for item in items {
+        let (_, _, bytes) = encode_raw(item)?;
+        put_len_delimited(&mut raw, items_field.number(), &bytes);
+    }
+    Ok(wrap_envelope(api_version, &list_kind, raw))
 }
 
 /// DeleteOptions sent as protobuf, as the JSON the server reads.
 pub fn decode_delete_options(body: &[u8]) -> Result<Value, ProtoError> {
     let (_, _, raw) = unwrap_envelope(body)?;
-    let o = DeleteOptions::decode(&raw[..]).map_err(|e| ProtoError::Decode(e.to_string()))?;
-    let mut v = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
-    if let Some(p) = o.preconditions {
-        let mut pre = Map::new();
-        put_str(&mut pre, "uid", p.uid);
-        put_str(&mut pre, "resourceVersion", p.resource_version);
-        v["preconditions"] = Value::Object(pre);
-    }
-    if let Some(g) = o.grace_period_seconds {
-        v["gracePeriodSeconds"] = json!(g);
-    }
-    if let Some(p) = o.propagation_policy {
-        v["propagationPolicy"] = json!(p);
-    }
-    if !o.dry_run.is_empty() {
-        v["dryRun"] = json!(o.dry_run);
-    }
-    Ok(v)
+    let desc = message_for("v1", "DeleteOptions")?;
+    let msg =
+        DynamicMessage::decode(desc, &raw[..]).map_err(|e| ProtoError::Decode(e.to_string()))?;
+    let mut out = Map::new();
+    out.insert("kind".into(), json!("DeleteOptions"));
+    out.insert("apiVersion".into(), json!("v1"));
+    message_to_json(schema()?, &msg, &mut out)?;
+    Ok(Value::Object(out))
 }
 
-fn str_at(v: &Value, key: &str) -> Option<String> {
-    v.get(key).and_then(Value::as_str).map(str::to_string)
+/// One frame of a protobuf watch stream: a 4-byte big-endian length, then a
+/// `meta.v1.WatchEvent` whose object holds the enveloped object (`object` is
+/// what [`encode_object`] or [`encode_status`] returned).
+pub fn watch_frame(event_type: &str, object: &[u8]) -> Bytes {
+    let mut raw_ext = Vec::with_capacity(object.len() + 8);
+    put_len_delimited(&mut raw_ext, 1, object);
+    let mut event = Vec::with_capacity(raw_ext.len() + event_type.len() + 16);
+    put_len_delimited(&mut event, 1, event_type.as_bytes());
+    put_len_delimited(&mut event, 2, &raw_ext);
+    let mut out = Vec::with_capacity(event.len() + 4);
+    out.extend_from_slice(&u32::try_from(event.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(&event);
+    Bytes::from(out)
 }
 
-fn put_str(m: &mut Map<String, Value>, key: &str, v: Option<String>) {
-    if let Some(s) = v {
-        m.insert(key.into(), json!(s));
-    }
-}
-
-fn string_map(v: Option<&Value>) -> Result<BTreeMap<String, String>, ProtoError> {
-    let Some(Value::Object(m)) = v else {
-        return Ok(BTreeMap::new());
-    };
-    m.iter()
-        .map(|(k, v)| match v.as_str() {
-            Some(s) => Ok((k.clone(), s.to_string())),
-            None => Err(ProtoError::Encode(format!("{k} is not a string"))),
-        })
-        .collect()
-}
-
-fn bytes_map(v: Option<&Value>) -> Result<BTreeMap<String, Vec<u8>>, ProtoError> {
-    string_map(v)?
-        .into_iter()
-        .map(|(k, s)| {
-            STANDARD
-                .decode(s)
-                .map(|b| (k.clone(), b))
-                .map_err(|e| ProtoError::Encode(format!("{k}: {e}")))
-        })
-        .collect()
-}
-
-fn string_list(v: Option<&Value>) -> Vec<String> {
-    v.and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn time_to_json(t: &Time) -> Value {
-    let ts = k8s_openapi::jiff::Timestamp::new(t.seconds.unwrap_or(0), t.nanos.unwrap_or(0))
-        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    // Time has second precision on the wire in JSON; keep what the message holds.
-    json!(ts.to_string())
-}
-
-fn time_from_json(v: Option<&Value>) -> Result<Option<Time>, ProtoError> {
-    let Some(s) = v.and_then(Value::as_str) else {
+/// Splits one frame off a protobuf watch stream: `(type, enveloped object)`
+/// and the rest of the stream, or `None` if the frame is not complete yet.
+#[allow(clippy::type_complexity)]
+pub fn read_watch_frame(stream: &[u8]) -> Result<Option<((String, Vec<u8>), &[u8])>, ProtoError> {
+    let Some((len, rest)) = stream.split_first_chunk::<4>() else {
         return Ok(None);
     };
-    let ts: k8s_openapi::jiff::Timestamp = s
-        .parse()
-        .map_err(|e| ProtoError::Encode(format!("time {s:?}: {e}")))?;
-    Ok(Some(Time {
-        seconds: Some(ts.as_second()),
-        nanos: Some(ts.subsec_nanosecond()),
-    }))
-}
-
-fn meta_to_json(m: &ObjectMeta) -> Value {
-    let mut o = Map::new();
-    put_str(&mut o, "name", m.name.clone());
-    put_str(&mut o, "generateName", m.generate_name.clone());
-    put_str(&mut o, "namespace", m.namespace.clone());
-    put_str(&mut o, "selfLink", m.self_link.clone());
-    put_str(&mut o, "uid", m.uid.clone());
-    put_str(&mut o, "resourceVersion", m.resource_version.clone());
-    if let Some(g) = m.generation {
-        o.insert("generation".into(), json!(g));
-    }
-    if let Some(t) = &m.creation_timestamp {
-        o.insert("creationTimestamp".into(), time_to_json(t));
-    }
-    if let Some(t) = &m.deletion_timestamp {
-        o.insert("deletionTimestamp".into(), time_to_json(t));
-    }
-    if let Some(g) = m.deletion_grace_period_seconds {
-        o.insert("deletionGracePeriodSeconds".into(), json!(g));
-    }
-    if !m.labels.is_empty() {
-        o.insert("labels".into(), json!(m.labels));
-    }
-    if !m.annotations.is_empty() {
-        o.insert("annotations".into(), json!(m.annotations));
-    }
-    if !m.owner_references.is_empty() {
-        let refs: Vec<Value> = m
-            .owner_references
-            .iter()
-            .map(|r| {
-                let mut o = Map::new();
-                put_str(&mut o, "apiVersion", r.api_version.clone());
-                put_str(&mut o, "kind", r.kind.clone());
-                put_str(&mut o, "name", r.name.clone());
-                put_str(&mut o, "uid", r.uid.clone());
-                if let Some(c) = r.controller {
-                    o.insert("controller".into(), json!(c));
-                }
-                if let Some(b) = r.block_owner_deletion {
-                    o.insert("blockOwnerDeletion".into(), json!(b));
-                }
-                Value::Object(o)
-            })
-            .collect();
-        o.insert("ownerReferences".into(), json!(refs));
-    }
-    if !m.finalizers.is_empty() {
-        o.insert("finalizers".into(), json!(m.finalizers));
-    }
-    if !m.managed_fields.is_empty() {
-        let entries: Vec<Value> = m
-            .managed_fields
-            .iter()
-            .map(|e| {
-                let mut o = Map::new();
-                put_str(&mut o, "manager", e.manager.clone());
-                put_str(&mut o, "operation", e.operation.clone());
-                put_str(&mut o, "apiVersion", e.api_version.clone());
-                if let Some(t) = &e.time {
-                    o.insert("time".into(), time_to_json(t));
-                }
-                put_str(&mut o, "fieldsType", e.fields_type.clone());
-                if let Some(raw) = e.fields_v1.as_ref().and_then(|f| f.raw.as_deref()) {
-                    o.insert(
-                        "fieldsV1".into(),
-                        serde_json::from_slice(raw).unwrap_or(Value::Null),
-                    );
-                }
-                put_str(&mut o, "subresource", e.subresource.clone());
-                Value::Object(o)
-            })
-            .collect();
-        o.insert("managedFields".into(), json!(entries));
-    }
-    Value::Object(o)
-}
-
-fn meta_from_json(v: Option<&Value>) -> Result<Option<ObjectMeta>, ProtoError> {
-    let Some(m) = v.filter(|m| m.is_object()) else {
+    let len = u32::from_be_bytes(*len) as usize;
+    if rest.len() < len {
         return Ok(None);
-    };
-    let owner_references = m
-        .get("ownerReferences")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .map(|r| OwnerReference {
-                    api_version: str_at(r, "apiVersion"),
-                    kind: str_at(r, "kind"),
-                    name: str_at(r, "name"),
-                    uid: str_at(r, "uid"),
-                    controller: r.get("controller").and_then(Value::as_bool),
-                    block_owner_deletion: r.get("blockOwnerDeletion").and_then(Value::as_bool),
-                })
-                .collect()
+    }
+    let (frame, rest) = rest.split_at(len);
+    let desc = schema()?
+        .pool
+        .get_message_by_name(&format!("{META}.WatchEvent"))
+        .ok_or_else(|| ProtoError::Decode("no WatchEvent message".into()))?;
+    let msg = DynamicMessage::decode(desc, frame).map_err(|e| ProtoError::Decode(e.to_string()))?;
+    let etype = msg
+        .get_field_by_name("type")
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let raw = msg
+        .get_field_by_name("object")
+        .and_then(|v| {
+            v.as_message()
+                .and_then(|m| m.get_field_by_name("raw"))
+                .and_then(|r| r.as_bytes().map(|b| b.to_vec()))
         })
         .unwrap_or_default();
-    let mut managed_fields = Vec::new();
-    for e in m
-        .get("managedFields")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        managed_fields.push(ManagedFieldsEntry {
-            manager: str_at(e, "manager"),
-            operation: str_at(e, "operation"),
-            api_version: str_at(e, "apiVersion"),
-            time: time_from_json(e.get("time"))?,
-            fields_type: str_at(e, "fieldsType"),
-            fields_v1: e.get("fieldsV1").map(|f| FieldsV1 {
-                raw: Some(f.to_string().into_bytes()),
-            }),
-            subresource: str_at(e, "subresource"),
-        });
+    Ok(Some(((etype, raw), rest)))
+}
+
+fn str_at(v: &Value, key: &str) -> String {
+    v.get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+// ---- encoding: JSON to wire bytes ----
+
+const VARINT: u32 = 0;
+const FIXED64: u32 = 1;
+const LEN: u32 = 2;
+const FIXED32: u32 = 5;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
     }
-    Ok(Some(ObjectMeta {
-        name: str_at(m, "name"),
-        generate_name: str_at(m, "generateName"),
-        namespace: str_at(m, "namespace"),
-        self_link: str_at(m, "selfLink"),
-        uid: str_at(m, "uid"),
-        resource_version: str_at(m, "resourceVersion"),
-        generation: m.get("generation").and_then(Value::as_i64),
-        creation_timestamp: time_from_json(m.get("creationTimestamp"))?,
-        deletion_timestamp: time_from_json(m.get("deletionTimestamp"))?,
-        deletion_grace_period_seconds: m.get("deletionGracePeriodSeconds").and_then(Value::as_i64),
-        labels: string_map(m.get("labels"))?,
-        annotations: string_map(m.get("annotations"))?,
-        owner_references,
-        finalizers: string_list(m.get("finalizers")),
-        managed_fields,
+    out.push(v as u8);
+}
+
+fn put_tag(out: &mut Vec<u8>, number: u32, wire: u32) {
+    put_varint(out, u64::from(number << 3 | wire));
+}
+
+fn put_len_delimited(out: &mut Vec<u8>, number: u32, bytes: &[u8]) {
+    put_tag(out, number, LEN);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+fn skip(path: &FieldDescriptor, v: &Value, why: &str) {
+    tracing::debug!(field = path.full_name(), value = %v, "protobuf encoding drops a field: {why}");
+}
+
+/// Encodes a JSON object as the message `desc`; keys without a field are dropped.
+fn encode_message(
+    s: &Schema,
+    desc: &MessageDescriptor,
+    obj: &Map<String, Value>,
+    out: &mut Vec<u8>,
+) {
+    let mut inlined = Vec::new();
+    for field in desc.fields() {
+        if s.inline.contains(field.full_name()) {
+            // An embedded Go struct: its fields are the enclosing object's. Go
+            // writes it even when empty (it is a value, not a pointer).
+            if let FieldKind::Message(md) = field.kind() {
+                let mut buf = Vec::new();
+                encode_message(s, &md, obj, &mut buf);
+                put_len_delimited(out, field.number(), &buf);
+                inlined.push(md);
+            }
+            continue;
+        }
+        let Some(v) = obj.get(field.name()).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        if field.is_map() {
+            encode_map(s, &field, v, out);
+        } else if field.is_list() {
+            match v {
+                Value::Array(items) => {
+                    for item in items.iter().filter(|i| !i.is_null()) {
+                        encode_value(s, &field, field.number(), &field.kind(), item, out);
+                    }
+                }
+                other => skip(&field, other, "not an array"),
+            }
+        } else {
+            encode_value(s, &field, field.number(), &field.kind(), v, out);
+        }
+    }
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for key in obj.keys() {
+            let known = desc.get_field_by_name(key).is_some()
+                || inlined.iter().any(|m| m.get_field_by_name(key).is_some())
+                || ((key == "kind" || key == "apiVersion")
+                    && desc.get_field_by_name("metadata").is_some());
+            if !known {
+                tracing::debug!(
+                    message = desc.full_name(),
+                    key,
+                    "protobuf encoding drops a JSON key with no field"
+                );
+            }
+        }
+    }
+}
+
+fn encode_map(s: &Schema, field: &FieldDescriptor, v: &Value, out: &mut Vec<u8>) {
+    let Value::Object(m) = v else {
+        return skip(field, v, "not an object");
+    };
+    let FieldKind::Message(entry) = field.kind() else {
+        return;
+    };
+    let (key_field, value_field) = (entry.map_entry_key_field(), entry.map_entry_value_field());
+    let mut keys: Vec<&String> = m.keys().collect();
+    keys.sort();
+    for k in keys {
+        let val = &m[k];
+        let mut buf = Vec::new();
+        put_len_delimited(&mut buf, key_field.number(), k.as_bytes());
+        if !val.is_null() {
+            encode_value(
+                s,
+                &value_field,
+                value_field.number(),
+                &value_field.kind(),
+                val,
+                &mut buf,
+            );
+        }
+        put_len_delimited(out, field.number(), &buf);
+    }
+}
+
+/// Writes one value of a field (an element of a list, or a map value).
+fn encode_value(
+    s: &Schema,
+    field: &FieldDescriptor,
+    number: u32,
+    kind: &FieldKind,
+    v: &Value,
+    out: &mut Vec<u8>,
+) {
+    let int = || {
+        v.as_i64()
+            .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64))
+    };
+    match kind {
+        FieldKind::String => match v.as_str() {
+            Some(st) => put_len_delimited(out, number, st.as_bytes()),
+            None => skip(field, v, "not a string"),
+        },
+        FieldKind::Bytes => match v.as_str().map(|st| STANDARD.decode(st)) {
+            Some(Ok(b)) => put_len_delimited(out, number, &b),
+            _ => skip(field, v, "not a base64 string"),
+        },
+        FieldKind::Bool => match v.as_bool() {
+            Some(b) => {
+                put_tag(out, number, VARINT);
+                put_varint(out, u64::from(b));
+            }
+            None => skip(field, v, "not a boolean"),
+        },
+        FieldKind::Int32
+        | FieldKind::Int64
+        | FieldKind::Uint32
+        | FieldKind::Uint64
+        | FieldKind::Enum(_) => match int() {
+            Some(i) => {
+                put_tag(out, number, VARINT);
+                put_varint(out, i as u64);
+            }
+            None => skip(field, v, "not an integer"),
+        },
+        FieldKind::Sint32 | FieldKind::Sint64 => match int() {
+            Some(i) => {
+                put_tag(out, number, VARINT);
+                put_varint(out, ((i << 1) ^ (i >> 63)) as u64);
+            }
+            None => skip(field, v, "not an integer"),
+        },
+        FieldKind::Double => match v.as_f64() {
+            Some(f) => {
+                put_tag(out, number, FIXED64);
+                out.extend_from_slice(&f.to_le_bytes());
+            }
+            None => skip(field, v, "not a number"),
+        },
+        FieldKind::Float => match v.as_f64() {
+            Some(f) => {
+                put_tag(out, number, FIXED32);
+                out.extend_from_slice(&(f as f32).to_le_bytes());
+            }
+            None => skip(field, v, "not a number"),
+        },
+        FieldKind::Fixed32 | FieldKind::Sfixed32 => match int() {
+            Some(i) => {
+                put_tag(out, number, FIXED32);
+                out.extend_from_slice(&(i as u32).to_le_bytes());
+            }
+            None => skip(field, v, "not an integer"),
+        },
+        FieldKind::Fixed64 | FieldKind::Sfixed64 => match int() {
+            Some(i) => {
+                put_tag(out, number, FIXED64);
+                out.extend_from_slice(&(i as u64).to_le_bytes());
+            }
+            None => skip(field, v, "not an integer"),
+        },
+        FieldKind::Message(md) => {
+            let mut buf = Vec::new();
+            match special_to_wire(md.full_name(), v, &mut buf) {
+                Some(Ok(())) => {}
+                Some(Err(why)) => return skip(field, v, &why),
+                None => match v {
+                    Value::Object(m) => encode_message(s, md, m, &mut buf),
+                    other => return skip(field, other, "not an object"),
+                },
+            }
+            put_len_delimited(out, number, &buf);
+        }
+    }
+}
+
+/// The messages with a JSON form of their own; `None` for ordinary messages.
+fn special_to_wire(name: &str, v: &Value, buf: &mut Vec<u8>) -> Option<Result<(), String>> {
+    let timestamp = |micro: bool, buf: &mut Vec<u8>| -> Result<(), String> {
+        let st = v.as_str().ok_or("a time must be a string")?;
+        let ts: Timestamp = st.parse().map_err(|e| format!("time {st:?}: {e}"))?;
+        // Go's Time keeps seconds only; MicroTime keeps microseconds. Both
+        // fields are written, as Go's Timestamp marshalling does.
+        let nanos = if micro {
+            ts.subsec_nanosecond() / 1000 * 1000
+        } else {
+            0
+        };
+        put_tag(buf, 1, VARINT);
+        put_varint(buf, ts.as_second() as u64);
+        put_tag(buf, 2, VARINT);
+        put_varint(buf, i64::from(nanos) as u64);
+        Ok(())
+    };
+    Some(match name {
+        TIME => timestamp(false, buf),
+        MICRO_TIME => timestamp(true, buf),
+        QUANTITY => match v {
+            Value::String(q) => {
+                put_len_delimited(buf, 1, q.as_bytes());
+                Ok(())
+            }
+            Value::Number(n) => {
+                put_len_delimited(buf, 1, n.to_string().as_bytes());
+                Ok(())
+            }
+            _ => Err("a quantity must be a string or a number".into()),
+        },
+        INT_OR_STRING => {
+            // Go writes all three fields of the value type.
+            let (t, i, st) = match v {
+                Value::String(st) => (1u64, 0i64, st.as_str()),
+                Value::Number(n) => match n.as_i64() {
+                    Some(i) => (0, i, ""),
+                    None => return Some(Err("not an integer".into())),
+                },
+                _ => return Some(Err("an int-or-string must be a number or a string".into())),
+            };
+            put_tag(buf, 1, VARINT);
+            put_varint(buf, t);
+            put_tag(buf, 2, VARINT);
+            put_varint(buf, i as u64);
+            put_len_delimited(buf, 3, st.as_bytes());
+            Ok(())
+        }
+        RAW_EXTENSION | FIELDS_V1 => {
+            put_len_delimited(buf, 1, v.to_string().as_bytes());
+            Ok(())
+        }
+        _ => return None,
+    })
+}
+
+// ---- decoding: a decoded message to JSON ----
+
+fn message_to_json(
+    s: &Schema,
+    msg: &DynamicMessage,
+    out: &mut Map<String, Value>,
+) -> Result<(), ProtoError> {
+    for (field, value) in msg.fields() {
+        if s.inline.contains(field.full_name()) {
+            if let Some(m) = value.as_message() {
+                message_to_json(s, m, out)?;
+            }
+            continue;
+        }
+        if s.omitempty.contains(field.full_name()) && is_zero(value) {
+            continue;
+        }
+        out.insert(
+            field.name().to_string(),
+            value_to_json(s, &field.kind(), value)?,
+        );
+    }
+    if msg.unknown_fields().next().is_some() {
+        tracing::debug!(
+            message = msg.descriptor().full_name(),
+            "protobuf decoding drops fields this server does not know"
+        );
+    }
+    Ok(())
+}
+
+fn is_zero(v: &PValue) -> bool {
+    match v {
+        PValue::String(s) => s.is_empty(),
+        PValue::Bool(b) => !b,
+        PValue::I32(i) => *i == 0,
+        PValue::I64(i) => *i == 0,
+        PValue::U32(i) => *i == 0,
+        PValue::U64(i) => *i == 0,
+        PValue::Bytes(b) => b.is_empty(),
+        _ => false,
+    }
+}
+
+fn value_to_json(s: &Schema, kind: &FieldKind, v: &PValue) -> Result<Value, ProtoError> {
+    Ok(match v {
+        PValue::Bool(b) => json!(b),
+        PValue::I32(i) => json!(i),
+        PValue::I64(i) => json!(i),
+        PValue::U32(i) => json!(i),
+        PValue::U64(i) => json!(i),
+        PValue::F32(f) => json!(f),
+        PValue::F64(f) => json!(f),
+        PValue::String(st) => json!(st),
+        PValue::Bytes(b) => json!(STANDARD.encode(b)),
+        PValue::EnumNumber(n) => json!(n),
+        PValue::Message(m) => match special_to_json(m)? {
+            Some(j) => j,
+            None => {
+                let mut o = Map::new();
+                message_to_json(s, m, &mut o)?;
+                Value::Object(o)
+            }
+        },
+        PValue::List(items) => Value::Array(
+            items
+                .iter()
+                .map(|i| value_to_json(s, kind, i))
+                .collect::<Result<_, _>>()?,
+        ),
+        PValue::Map(entries) => {
+            let value_kind = match kind {
+                FieldKind::Message(entry) => entry.map_entry_value_field().kind(),
+                other => other.clone(),
+            };
+            let mut o = Map::new();
+            let mut sorted: Vec<(&MapKey, &PValue)> = entries.iter().collect();
+            sorted.sort_by(|a, b| a.0.cmp(b.0));
+            for (k, val) in sorted {
+                let key = match k {
+                    MapKey::String(st) => st.clone(),
+                    other => format!("{other:?}"),
+                };
+                o.insert(key, value_to_json(s, &value_kind, val)?);
+            }
+            Value::Object(o)
+        }
+    })
+}
+
+fn special_to_json(m: &DynamicMessage) -> Result<Option<Value>, ProtoError> {
+    let get = |name: &str| m.get_field_by_name(name).map(|v| v.into_owned());
+    let has = |name: &str| {
+        m.descriptor()
+            .get_field_by_name(name)
+            .is_some_and(|f| m.has_field(&f))
+    };
+    let name = m.descriptor().full_name().to_string();
+    Ok(Some(match name.as_str() {
+        TIME | MICRO_TIME => {
+            if !has("seconds") && !has("nanos") {
+                // Go's zero time: an empty message, `null` in JSON.
+                return Ok(Some(Value::Null));
+            }
+            let secs = get("seconds").and_then(|v| v.as_i64()).unwrap_or(0);
+            let nanos = get("nanos").and_then(|v| v.as_i32()).unwrap_or(0);
+            let ts = Timestamp::from_second(secs)
+                .map_err(|e| ProtoError::Decode(format!("time out of range: {e}")))?;
+            let base = ts.strftime("%Y-%m-%dT%H:%M:%S").to_string();
+            if name == MICRO_TIME {
+                json!(format!("{base}.{:06}Z", nanos.clamp(0, 999_999_999) / 1000))
+            } else {
+                json!(format!("{base}Z"))
+            }
+        }
+        QUANTITY => json!(
+            get("string")
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| "0".into())
+        ),
+        INT_OR_STRING => {
+            if get("type").and_then(|v| v.as_i64()) == Some(1) {
+                json!(
+                    get("strVal")
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default()
+                )
+            } else {
+                json!(get("intVal").and_then(|v| v.as_i32()).unwrap_or(0))
+            }
+        }
+        RAW_EXTENSION | FIELDS_V1 => {
+            let field = if name == FIELDS_V1 { "Raw" } else { "raw" };
+            let raw = get(field)
+                .and_then(|v| v.as_bytes().map(|b| b.to_vec()))
+                .unwrap_or_default();
+            if raw.is_empty() {
+                Value::Null
+            } else if raw.starts_with(&MAGIC) {
+                decode_object(&raw)?
+            } else {
+                serde_json::from_slice(&raw)
+                    .map_err(|e| ProtoError::Decode(format!("embedded object: {e}")))?
+            }
+        }
+        _ => return Ok(None),
     }))
 }
 
-fn with_meta(meta: &Option<ObjectMeta>) -> Map<String, Value> {
-    let mut o = Map::new();
-    // The real server always renders metadata, even empty.
-    o.insert(
-        "metadata".into(),
-        meta.as_ref().map(meta_to_json).unwrap_or_else(|| json!({})),
-    );
-    o
-}
-
-fn namespace_to_json(n: &Namespace) -> Value {
-    let mut o = with_meta(&n.metadata);
-    if let Some(spec) = &n.spec {
-        let mut s = Map::new();
-        if !spec.finalizers.is_empty() {
-            s.insert("finalizers".into(), json!(spec.finalizers));
-        }
-        o.insert("spec".into(), Value::Object(s));
-    }
-    if let Some(st) = &n.status {
-        let mut s = Map::new();
-        put_str(&mut s, "phase", st.phase.clone());
-        if !st.conditions.is_empty() {
-            let conds: Vec<Value> = st
-                .conditions
-                .iter()
-                .map(|c| {
-                    let mut o = Map::new();
-                    put_str(&mut o, "type", c.r#type.clone());
-                    put_str(&mut o, "status", c.status.clone());
-                    if let Some(t) = &c.last_transition_time {
-                        o.insert("lastTransitionTime".into(), time_to_json(t));
-                    }
-                    put_str(&mut o, "reason", c.reason.clone());
-                    put_str(&mut o, "message", c.message.clone());
-                    Value::Object(o)
-                })
+/// The names of every message in the embedded definitions, with their
+/// fields' numbers, for checks.
+pub fn message_fields() -> Result<HashMap<String, Vec<(String, u32)>>, ProtoError> {
+    Ok(schema()?
+        .pool
+        .all_messages()
+        .map(|m| {
+            let fields = m
+                .fields()
+                .map(|f| (f.name().to_string(), f.number()))
                 .collect();
-            s.insert("conditions".into(), json!(conds));
-        }
-        o.insert("status".into(), Value::Object(s));
-    }
-    Value::Object(o)
-}
-
-fn namespace_from_json(v: &Value) -> Result<Namespace, ProtoError> {
-    let mut conditions = Vec::new();
-    for c in v
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        conditions.push(NamespaceCondition {
-            r#type: str_at(c, "type"),
-            status: str_at(c, "status"),
-            last_transition_time: time_from_json(c.get("lastTransitionTime"))?,
-            reason: str_at(c, "reason"),
-            message: str_at(c, "message"),
-        });
-    }
-    Ok(Namespace {
-        metadata: meta_from_json(v.get("metadata"))?,
-        spec: v.get("spec").map(|s| NamespaceSpec {
-            finalizers: string_list(s.get("finalizers")),
-        }),
-        status: v.get("status").map(|s| NamespaceStatus {
-            phase: str_at(s, "phase"),
-            conditions,
-        }),
-    })
-}
-
-fn secret_to_json(s: &Secret) -> Value {
-    let mut o = with_meta(&s.metadata);
-    if let Some(i) = s.immutable {
-        o.insert("immutable".into(), json!(i));
-    }
-    if !s.data.is_empty() {
-        let data: Map<String, Value> = s
-            .data
-            .iter()
-            .map(|(k, b)| (k.clone(), json!(STANDARD.encode(b))))
-            .collect();
-        o.insert("data".into(), Value::Object(data));
-    }
-    if !s.string_data.is_empty() {
-        o.insert("stringData".into(), json!(s.string_data));
-    }
-    put_str(&mut o, "type", s.r#type.clone());
-    Value::Object(o)
-}
-
-fn secret_from_json(v: &Value) -> Result<Secret, ProtoError> {
-    Ok(Secret {
-        metadata: meta_from_json(v.get("metadata"))?,
-        data: bytes_map(v.get("data"))?,
-        r#type: str_at(v, "type"),
-        string_data: string_map(v.get("stringData"))?,
-        immutable: v.get("immutable").and_then(Value::as_bool),
-    })
-}
-
-fn configmap_to_json(c: &ConfigMap) -> Value {
-    let mut o = with_meta(&c.metadata);
-    if let Some(i) = c.immutable {
-        o.insert("immutable".into(), json!(i));
-    }
-    if !c.data.is_empty() {
-        o.insert("data".into(), json!(c.data));
-    }
-    if !c.binary_data.is_empty() {
-        let data: Map<String, Value> = c
-            .binary_data
-            .iter()
-            .map(|(k, b)| (k.clone(), json!(STANDARD.encode(b))))
-            .collect();
-        o.insert("binaryData".into(), Value::Object(data));
-    }
-    Value::Object(o)
-}
-
-fn configmap_from_json(v: &Value) -> Result<ConfigMap, ProtoError> {
-    Ok(ConfigMap {
-        metadata: meta_from_json(v.get("metadata"))?,
-        data: string_map(v.get("data"))?,
-        binary_data: bytes_map(v.get("binaryData"))?,
-        immutable: v.get("immutable").and_then(Value::as_bool),
-    })
+            (m.full_name().to_string(), fields)
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -716,6 +808,43 @@ mod tests {
         let bytes = encode_object(&v).unwrap();
         assert_eq!(&bytes[..4], b"k8s\0");
         assert_eq!(decode_object(&bytes).unwrap(), v);
+    }
+
+    #[test]
+    fn the_definitions_load_and_carry_the_go_json_options() {
+        let s = schema().unwrap();
+        assert!(
+            s.inline
+                .contains("k8s.io.api.core.v1.PersistentVolumeSpec.persistentVolumeSource")
+        );
+        assert!(s.inline.contains("k8s.io.api.core.v1.Volume.volumeSource"));
+        assert!(
+            s.omitempty
+                .contains("k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta.name")
+        );
+        // A pointer: an empty storageClassName means "no class" and is kept.
+        assert!(
+            !s.omitempty
+                .contains("k8s.io.api.core.v1.PersistentVolumeClaimSpec.storageClassName")
+        );
+        for (api_version, kind) in SUPPORTED {
+            message_for(api_version, kind).unwrap();
+            let list = message_for(api_version, &format!("{kind}List")).unwrap();
+            let numbers: Vec<(String, u32)> = list
+                .fields()
+                .map(|f| (f.name().to_string(), f.number()))
+                .collect();
+            assert_eq!(
+                numbers,
+                [("metadata".to_string(), 1), ("items".to_string(), 2)],
+                "{kind}List"
+            );
+        }
+        // Fields are declared in number order, so encoding follows it.
+        for m in s.pool.all_messages() {
+            let numbers: Vec<u32> = m.fields().map(|f| f.number()).collect();
+            assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{}", m.full_name());
+        }
     }
 
     #[test]
@@ -760,37 +889,97 @@ mod tests {
             ("v1", "ConfigMap", vec![1, 2, 3])
         );
         assert_eq!(unwrap_envelope(b"{}").unwrap_err(), ProtoError::Magic);
-        let pod = wrap_envelope("v1", "Pod", vec![]);
+        let crd = wrap_envelope("snapshot.storage.k8s.io/v1", "VolumeSnapshot", vec![]);
         assert!(matches!(
-            decode_object(&pod).unwrap_err(),
+            decode_object(&crd).unwrap_err(),
             ProtoError::Unsupported { .. }
         ));
         assert!(matches!(
             decode_object(&[0x6b, 0x38, 0x73, 0x00, 0xff]).unwrap_err(),
             ProtoError::Decode(_)
         ));
+        // A message that is not valid for the kind is a decode error, not a panic.
+        let bad = wrap_envelope("v1", "ConfigMap", vec![0x0a, 0x05, 0x01]);
+        assert!(matches!(
+            decode_object(&bad).unwrap_err(),
+            ProtoError::Decode(_)
+        ));
     }
 
     #[test]
-    fn secret_string_data_and_bytes_survive_the_wire() {
-        let s = Secret {
-            metadata: Some(ObjectMeta {
-                name: Some("s".into()),
-                ..Default::default()
-            }),
-            data: [("bin".to_string(), vec![0, 255])].into(),
-            string_data: [("text".to_string(), "h\u{e9}".to_string())].into(),
-            ..Default::default()
-        };
-        let body = wrap_envelope("v1", "Secret", s.encode_to_vec());
-        let v = decode_object(&body).unwrap();
-        assert_eq!(v["data"]["bin"], "AP8=");
-        assert_eq!(v["stringData"]["text"], "h\u{e9}");
-        assert_eq!(v["kind"], "Secret");
+    fn go_zero_values_are_dropped_where_go_json_omits_them() {
+        // What a Go client writes for an ObjectMeta with only a name: every
+        // value field, empty ones too, and an empty creationTimestamp.
+        let mut meta = Vec::new();
+        put_len_delimited(&mut meta, 1, b"n");
+        put_len_delimited(&mut meta, 2, b"");
+        put_len_delimited(&mut meta, 3, b"");
+        put_len_delimited(&mut meta, 4, b"");
+        put_len_delimited(&mut meta, 5, b"");
+        put_len_delimited(&mut meta, 6, b"");
+        put_tag(&mut meta, 7, VARINT);
+        put_varint(&mut meta, 0);
+        put_len_delimited(&mut meta, 8, b"");
+        let mut spec = Vec::new();
+        put_len_delimited(&mut spec, 5, b""); // storageClassName: a pointer, kept
+        put_len_delimited(&mut spec, 3, b""); // volumeName: omitempty, dropped
+        let mut pvc = Vec::new();
+        put_len_delimited(&mut pvc, 1, &meta);
+        put_len_delimited(&mut pvc, 2, &spec);
+        put_len_delimited(&mut pvc, 3, b"");
+        let v = decode_object(&wrap_envelope("v1", "PersistentVolumeClaim", pvc)).unwrap();
+        assert_eq!(
+            v,
+            json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                   "metadata": {"name": "n", "creationTimestamp": null},
+                   "spec": {"storageClassName": ""}, "status": {}})
+        );
     }
 
     #[test]
-    fn lists_carry_list_metadata_and_item_messages() {
+    fn special_messages_have_their_json_forms() {
+        let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "csi": {"driver": "d", "volumeHandle": "h", "volumeAttributes": {"a": "b"}},
+                     "claimRef": {"namespace": "ns", "name": "c"},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": "k", "operator": "In", "values": ["v"]}]}]}},
+                     "persistentVolumeReclaimPolicy": "Delete", "volumeMode": "Filesystem"},
+            "status": {"phase": "Bound", "lastPhaseTransitionTime": "2024-01-02T03:04:05Z"}});
+        round_trip(pv);
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l", "namespace": "ns"},
+            "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15,
+                     "acquireTime": "2024-01-02T03:04:05.123456Z", "renewTime": "2024-01-02T03:04:06.000000Z",
+                     "leaseTransitions": 0}});
+        round_trip(lease);
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "i",
+                "ports": [{"containerPort": 80}],
+                "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 5},
+                "livenessProbe": {"tcpSocket": {"port": 8080}},
+                "resources": {"limits": {"cpu": "500m"}}}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}},
+                            {"name": "s", "secret": {"secretName": "x"}}]}});
+        round_trip(pod);
+        // A number for a quantity is kept as its text.
+        let cap = json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
+            "metadata": {"name": "c"}, "storageClassName": "sc", "capacity": 1024});
+        let back = decode_object(&encode_object(&cap).unwrap()).unwrap();
+        assert_eq!(back["capacity"], "1024");
+        // A key with no field is dropped, not an error.
+        let odd = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "bogus": 1,
+                         "data": {"k": 5}});
+        let back = decode_object(&encode_object(&odd).unwrap()).unwrap();
+        assert_eq!(
+            back,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"k": ""}})
+        );
+    }
+
+    #[test]
+    fn lists_carry_list_metadata_and_items() {
         let a = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}});
         let bytes = encode_list(
             "v1",
@@ -799,30 +988,46 @@ mod tests {
             &json!({"resourceVersion": "7", "continue": "t", "remainingItemCount": 2}),
         )
         .unwrap();
-        let (_, kind, raw) = unwrap_envelope(&bytes).unwrap();
-        assert_eq!(kind, "ConfigMapList");
-        let list = RawList::decode(&raw[..]).unwrap();
-        let meta = list.metadata.unwrap();
-        assert_eq!(meta.resource_version.as_deref(), Some("7"));
-        assert_eq!(meta.r#continue.as_deref(), Some("t"));
-        assert_eq!(meta.remaining_item_count, Some(2));
-        let item = ConfigMap::decode(&list.items[0][..]).unwrap();
-        assert_eq!(item.metadata.unwrap().name.as_deref(), Some("a"));
+        let v = decode_object(&bytes).unwrap();
+        assert_eq!(
+            v,
+            json!({"kind": "ConfigMapList", "apiVersion": "v1",
+                   "metadata": {"resourceVersion": "7", "continue": "t", "remainingItemCount": 2},
+                   "items": [{"metadata": {"name": "a"}}]})
+        );
     }
 
     #[test]
-    fn delete_options_become_json() {
-        let o = DeleteOptions {
-            preconditions: Some(Preconditions {
-                uid: Some("u".into()),
-                resource_version: None,
-            }),
-            dry_run: vec!["All".into()],
-            ..Default::default()
-        };
-        let v = decode_delete_options(&wrap_envelope("v1", "DeleteOptions", o.encode_to_vec()))
-            .unwrap();
+    fn delete_options_and_status_convert() {
+        let mut raw = Vec::new();
+        let mut pre = Vec::new();
+        put_len_delimited(&mut pre, 1, b"u");
+        put_len_delimited(&mut raw, 2, &pre);
+        put_len_delimited(&mut raw, 5, b"All");
+        let v =
+            decode_delete_options(&wrap_envelope("meta.k8s.io/v1", "DeleteOptions", raw)).unwrap();
         assert_eq!(v["preconditions"], json!({"uid": "u"}));
         assert_eq!(v["dryRun"], json!(["All"]));
+
+        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "m", "reason": "NotFound", "details": {"name": "x", "kind": "pods"}, "code": 404});
+        let bytes = encode_status(&status).unwrap();
+        assert_eq!(decode_object(&bytes).unwrap(), status);
+    }
+
+    #[test]
+    fn watch_frames_are_length_prefixed_watch_events() {
+        let obj = encode_object(
+            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}),
+        )
+        .unwrap();
+        let mut stream = watch_frame("ADDED", &obj).to_vec();
+        stream.extend_from_slice(&watch_frame("DELETED", &obj));
+        let ((t, o), rest) = read_watch_frame(&stream).unwrap().unwrap();
+        assert_eq!((t.as_str(), &o), ("ADDED", &obj));
+        let ((t, _), rest) = read_watch_frame(rest).unwrap().unwrap();
+        assert_eq!(t, "DELETED");
+        assert!(rest.is_empty());
+        assert!(read_watch_frame(&stream[..10]).unwrap().is_none());
     }
 }

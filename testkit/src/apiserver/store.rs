@@ -51,6 +51,7 @@ pub struct WatchEvent {
     /// The object before the change (`None` for creations).
     pub prev: Option<Arc<Value>>,
     encoded: OnceLock<Bytes>,
+    encoded_protobuf: OnceLock<Option<Bytes>>,
 }
 
 impl WatchEvent {
@@ -68,6 +69,7 @@ impl WatchEvent {
             object,
             prev,
             encoded: OnceLock::new(),
+            encoded_protobuf: OnceLock::new(),
         }
     }
 
@@ -75,6 +77,20 @@ impl WatchEvent {
     pub fn encoded_object(&self) -> &Bytes {
         self.encoded
             .get_or_init(|| Bytes::from(serde_json::to_vec(&*self.object).unwrap_or_default()))
+    }
+
+    /// The object in the protobuf envelope, encoded once and shared by every
+    /// protobuf watcher; `None` for a kind without a protobuf encoding.
+    pub fn encoded_protobuf(&self) -> Option<&Bytes> {
+        self.encoded_protobuf
+            .get_or_init(|| match super::protobuf::encode_object(&self.object) {
+                Ok(b) => Some(Bytes::from(b)),
+                Err(e) => {
+                    tracing::warn!(rv = self.rv, "a watch event has no protobuf encoding: {e}");
+                    None
+                }
+            })
+            .as_ref()
     }
 }
 
