@@ -161,7 +161,7 @@ async fn served(
 /// turns itself off without the v1 API (unless set explicitly, as upstream), VolumeSnapshots
 /// are watched when the driver restores snapshots and the API is served and listable, and
 /// ReferenceGrants when cross-namespace sources are on.
-async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
+pub async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
     if cli.feature_gates.volume_attributes_class.is_none() {
         match served(client, "storage.k8s.io/v1", "VolumeAttributesClass").await {
             Ok(false) => {

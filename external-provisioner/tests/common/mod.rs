@@ -147,6 +147,7 @@ impl Env {
             max: Duration::from_secs(2),
         };
         config.workers = 4;
+        app::discover(&cli, &self.client(), &mut config).await;
         config
     }
 
