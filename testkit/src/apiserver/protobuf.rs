@@ -26,7 +26,7 @@
 //! map entries sorted by key, as Go's generated marshalling does; JSON keys
 //! without a proto field are dropped (logged at debug level).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use base64::Engine as _;
@@ -782,22 +782,6 @@ fn special_to_json(m: &DynamicMessage) -> Result<Option<Value>, ProtoError> {
         }
         _ => return Ok(None),
     }))
-}
-
-/// The names of every message in the embedded definitions, with their
-/// fields' numbers, for checks.
-pub fn message_fields() -> Result<HashMap<String, Vec<(String, u32)>>, ProtoError> {
-    Ok(schema()?
-        .pool
-        .all_messages()
-        .map(|m| {
-            let fields = m
-                .fields()
-                .map(|f| (f.name().to_string(), f.number()))
-                .collect();
-            (m.full_name().to_string(), fields)
-        })
-        .collect())
 }
 
 #[cfg(test)]
