@@ -432,10 +432,11 @@ impl Controller {
         let mut request = flight.prepared.request.clone();
         request.secrets = secrets.clone();
         tracing::debug!(claim = %flight.claim.key(), volume = %request.name, "calling CreateVolume");
-        let answer = self
-            .csi
-            .create_volume(request, CallOptions::timeout(self.config.timeout))
-            .await;
+        let options = CallOptions {
+            migrated: flight.prepared.migrated,
+            ..CallOptions::timeout(self.config.timeout)
+        };
+        let answer = self.csi.create_volume(request, options).await;
         let volume = match answer {
             Ok(response) => response.volume,
             Err(status) => {
@@ -495,16 +496,24 @@ impl Controller {
                 message,
                 reason,
             } => {
-                let message = match self.cleanup(&volume_id, &secrets).await {
-                    Ok(()) => message,
-                    Err(status) => reason.orphaned(
-                        &message,
-                        &flight.prepared.request.name,
-                        &rpc_message(&status),
+                let failure = match self.cleanup(&volume_id, &secrets).await {
+                    Ok(()) => {
+                        let state = reason.state_after_cleanup();
+                        if state != State::InBackground {
+                            self.finish(&key);
+                        }
+                        Failure::new(state, message)
+                    }
+                    Err(status) => Failure::new(
+                        State::InBackground,
+                        reason.orphaned(
+                            &message,
+                            &flight.prepared.request.name,
+                            &rpc_message(&status),
+                        ),
                     ),
                 };
-                self.flight_failed(&flight, Failure::new(State::InBackground, message))
-                    .await;
+                self.flight_failed(&flight, failure).await;
             }
         }
     }
@@ -1220,11 +1229,11 @@ impl Controller {
         };
         let mut request = plan.request;
         request.secrets = secrets;
-        if let Err(status) = self
-            .csi
-            .delete_volume(request, CallOptions::timeout(self.config.timeout))
-            .await
-        {
+        let options = CallOptions {
+            migrated: plan.migrated,
+            ..CallOptions::timeout(self.config.timeout)
+        };
+        if let Err(status) = self.csi.delete_volume(request, options).await {
             let message = rpc_message(&status);
             self.record_delete_failure(volume, &message);
             return Err(message);

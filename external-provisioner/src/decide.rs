@@ -17,6 +17,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
+use sidecar_kit::migration::{
+    TopologyRequirement, TopologyTerm, translate_csi_pv_to_in_tree, translate_in_tree_storage_class,
+};
+
 use crate::model::{self, Claim, ClaimSpec, Class, SecretRef, Volume};
 use crate::params::{self, TemplateInputs};
 use crate::sources::{AttributesClass, SourceError};
@@ -161,6 +165,62 @@ pub struct Prepared {
     pub pv: PvTemplate,
     /// The `source` label of the provisioning metrics: the data source kind, or empty.
     pub source: String,
+    /// The class names the in-tree plugin the driver replaces (CSI migration): the calls are
+    /// labelled `migrated` and the PV is written with the in-tree source.
+    #[serde(default)]
+    pub migrated: bool,
+}
+
+/// A StorageClass as the driver sees it: translated to CSI when its provisioner is the in-tree
+/// plugin the driver replaces (CSI migration), as is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverClass {
+    pub class: Class,
+    pub migrated: bool,
+}
+
+/// The class `class` is for the driver (upstream translates in-tree classes before anything
+/// else reads them).
+pub fn driver_class(policy: &Policy, class: &Class) -> Result<DriverClass, Failure> {
+    let in_tree = sidecar_kit::migration::in_tree_name_of(&policy.driver);
+    if in_tree != Some(class.provisioner.as_str()) {
+        return Ok(DriverClass {
+            class: class.clone(),
+            migrated: false,
+        });
+    }
+    let terms: Vec<TopologyTerm> = class
+        .allowed_topologies
+        .iter()
+        .map(|term| {
+            term.iter()
+                .map(|(key, values)| TopologyRequirement {
+                    key: key.clone(),
+                    values: values.clone(),
+                })
+                .collect()
+        })
+        .collect();
+    let translated = translate_in_tree_storage_class(&class.provisioner, &class.parameters, &terms)
+        .map_err(|e| {
+            Failure::new(
+                State::Finished,
+                format!("failed to translate storage class: {e}"),
+            )
+        })?;
+    Ok(DriverClass {
+        class: Class {
+            provisioner: translated.provisioner,
+            parameters: translated.parameters,
+            allowed_topologies: translated
+                .allowed_topologies
+                .into_iter()
+                .map(|term| term.into_iter().map(|r| (r.key, r.values)).collect())
+                .collect(),
+            ..class.clone()
+        },
+        migrated: true,
+    })
 }
 
 /// The parts of the PersistentVolume known before CreateVolume answers.
@@ -228,6 +288,12 @@ pub fn prepare(
             return Err(finished(message.clone()));
         }
     }
+    let own_class = class;
+    let DriverClass {
+        class: translated,
+        migrated,
+    } = driver_class(policy, class)?;
+    let class = &translated;
     let needs = data_source_needs(claim, spec)?;
     let attributes_class = spec
         .volume_attributes_class
@@ -355,7 +421,8 @@ pub fn prepare(
         name: pv_name,
         claim_ref: claim.object_ref(),
         storage_class: claim.storage_class.clone().unwrap_or_default(),
-        provisioned_by: class.provisioner.clone(),
+        // The class's own provisioner, in-tree for a migrated class, as upstream writes it.
+        provisioned_by: own_class.provisioner.clone(),
         reclaim_policy: class.reclaim_policy.clone(),
         mount_options: class.mount_options.clone(),
         access_modes: spec.access_modes.clone(),
@@ -377,6 +444,7 @@ pub fn prepare(
         provisioner_secret,
         pv,
         source,
+        migrated,
     })
 }
 
@@ -540,6 +608,8 @@ pub enum UndoReason {
     Capacity,
     /// Not filled from the data source it was asked to be filled from.
     ContentSource,
+    /// Its PV cannot be written as the in-tree volume of a migrated class.
+    Translation,
 }
 
 impl UndoReason {
@@ -548,8 +618,18 @@ impl UndoReason {
         let cleanup = match self {
             UndoReason::Capacity => "Cleanup",
             UndoReason::ContentSource => "cleanup",
+            UndoReason::Translation => return message.to_string(),
         };
         format!("{message}. {cleanup} of volume {volume_name} failed, volume is orphaned: {error}")
+    }
+
+    /// How provisioning goes on once the volume is deleted again: a volume that came out
+    /// wrong is created again; a translation that fails fails the same way next time.
+    pub fn state_after_cleanup(self) -> State {
+        match self {
+            UndoReason::Capacity | UndoReason::ContentSource => State::InBackground,
+            UndoReason::Translation => State::Finished,
+        }
     }
 }
 
@@ -662,6 +742,16 @@ pub fn build_pv(policy: &Policy, prepared: &Prepared, volume: &CsiVolume) -> Cre
         }),
         status: None,
     };
+    if prepared.migrated {
+        return match translate_csi_pv_to_in_tree(&pv) {
+            Ok(in_tree) => Created::Pv(Box::new(in_tree)),
+            Err(e) => Created::Undo {
+                volume_id: volume.volume_id.clone(),
+                message: e.to_string(),
+                reason: UndoReason::Translation,
+            },
+        };
+    }
     Created::Pv(Box::new(pv))
 }
 
@@ -723,6 +813,8 @@ pub enum DeletionSecret {
 pub struct DeletePlan {
     pub request: DeleteVolumeRequest,
     pub secret: DeletionSecret,
+    /// An in-tree volume deleted through the driver (CSI migration).
+    pub migrated: bool,
 }
 
 /// The finalizer and deletion decisions for a PV (upstream's `syncVolume`). `attached_to` is the
@@ -748,6 +840,9 @@ pub fn plan_volume(
     if !should_delete {
         return VolumePlan::Nothing;
     }
+    if let Some(error) = &volume.translation_error {
+        return VolumePlan::Refuse(error.clone());
+    }
     if volume.driver.is_empty() || volume.volume_handle.is_empty() {
         return VolumePlan::Refuse("invalid CSI PV".into());
     }
@@ -767,6 +862,10 @@ pub fn plan_volume(
         Some(_) => DeletionSecret::None,
         None => match (class, &volume.claim) {
             (Some(class), Some((namespace, name))) => {
+                let class = match driver_class(policy, class) {
+                    Ok(translated) => translated.class,
+                    Err(failure) => return VolumePlan::Refuse(failure.message),
+                };
                 let inputs = TemplateInputs {
                     pv_name: &volume.name,
                     claim: Some((namespace, name)),
@@ -791,6 +890,7 @@ pub fn plan_volume(
             secrets: HashMap::new(),
         },
         secret,
+        migrated: volume.migrated,
     })
 }
 

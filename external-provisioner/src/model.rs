@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+use sidecar_kit::migration;
 
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
@@ -319,6 +320,10 @@ pub struct Volume {
     pub migrated_to: Option<String>,
     /// `spec.volumeMode` as written.
     pub volume_mode: Option<String>,
+    /// An in-tree volume: `driver` and `volume_handle` are those of its CSI translation.
+    pub migrated: bool,
+    /// Why an in-tree volume of a migration target cannot be translated.
+    pub translation_error: Option<String>,
 }
 
 impl Volume {
@@ -326,8 +331,22 @@ impl Volume {
         let meta = &pv.metadata;
         let annotations = meta.annotations.as_ref();
         let annotation = |key: &str| annotations.and_then(|a| a.get(key)).cloned();
+        // An in-tree volume of a plugin that has a CSI driver is seen as that driver's.
+        let (translated, translation_error) =
+            match pv.spec.as_ref().and_then(migration::in_tree_plugin) {
+                None => (None, None),
+                Some(_) => match migration::translate_in_tree_pv(pv) {
+                    Ok(translated) => (translated, None),
+                    Err(e) => (None, Some(e.to_string())),
+                },
+            };
+        let migrated = translated.is_some() || translation_error.is_some();
         let spec = pv.spec.as_ref();
-        let csi = spec.and_then(|s| s.csi.as_ref());
+        let csi = translated
+            .as_ref()
+            .and_then(|t| t.spec.as_ref())
+            .or(spec)
+            .and_then(|s| s.csi.as_ref());
         let claim_ref = spec.and_then(|s| s.claim_ref.as_ref());
         let deletion_secret = match (
             annotation(ANN_DELETION_SECRET_NAME),
@@ -365,14 +384,21 @@ impl Volume {
             provisioned_by: annotation(ANN_PROVISIONED_BY),
             migrated_to: annotation(ANN_MIGRATED_TO),
             volume_mode: spec.and_then(|s| s.volume_mode.clone()),
+            migrated,
+            translation_error,
         }
     }
 
     /// Whether `driver` is responsible for this PV: it provisioned it (or the PV was migrated
     /// to it), or it is a static CSI PV of the driver.
     pub fn owned_by(&self, driver: &str) -> bool {
+        let in_tree = migration::in_tree_name_of(driver);
         match &self.provisioned_by {
-            Some(by) => by == driver || self.migrated_to.as_deref() == Some(driver),
+            Some(by) => {
+                by == driver
+                    || Some(by.as_str()) == in_tree
+                    || self.migrated_to.as_deref() == Some(driver)
+            }
             None if !self.driver.is_empty() => self.driver == driver,
             None => self.migrated_to.as_deref() == Some(driver),
         }

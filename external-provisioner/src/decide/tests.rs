@@ -802,3 +802,72 @@ fn attributes_classes_give_mutable_parameters() {
     .unwrap_err();
     assert_eq!(missing.state, State::NoChange);
 }
+
+#[test]
+fn in_tree_classes_are_translated_for_their_driver() {
+    let ebs = Policy {
+        driver: "ebs.csi.aws.com".into(),
+        ..policy()
+    };
+    let in_tree = Class {
+        provisioner: "kubernetes.io/aws-ebs".into(),
+        ..class(&[("fsType", "xfs"), ("type", "gp3")])
+    };
+    let translated = driver_class(&ebs, &in_tree).unwrap();
+    assert!(translated.migrated);
+    assert_eq!(
+        translated.class.parameters["csi.storage.k8s.io/fstype"],
+        "xfs"
+    );
+    assert_eq!(translated.class.provisioner, "kubernetes.io/aws-ebs");
+    let csi = driver_class(&ebs, &class(&[("fsType", "xfs")])).unwrap();
+    assert!(!csi.migrated);
+    assert_eq!(csi.class, class(&[("fsType", "xfs")]));
+    assert!(
+        !driver_class(&policy(), &in_tree).unwrap().migrated,
+        "only the replacing driver translates"
+    );
+
+    let claim = basic_claim();
+    let prepared = prepare(&ebs, &claim, &in_tree, &NoNodes, &Lookups::default()).unwrap();
+    assert!(prepared.migrated);
+    assert_eq!(prepared.pv.provisioned_by, "kubernetes.io/aws-ebs");
+    let Created::Pv(pv) = build_pv(
+        &ebs,
+        &prepared,
+        &CsiVolume {
+            volume_id: "vol-1".into(),
+            ..Default::default()
+        },
+    ) else {
+        panic!("no PV");
+    };
+    let spec = pv.spec.unwrap();
+    assert!(spec.csi.is_none());
+    assert_eq!(spec.aws_elastic_block_store.unwrap().volume_id, "vol-1");
+}
+
+#[test]
+fn in_tree_volumes_are_deleted_through_their_driver() {
+    let ebs = Policy {
+        driver: "ebs.csi.aws.com".into(),
+        ..policy()
+    };
+    let volume = Volume::from_api(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "pv-1", "finalizers": [model::PV_FINALIZER],
+                "annotations": {model::ANN_PROVISIONED_BY: "kubernetes.io/aws-ebs",
+                    model::ANN_DELETION_SECRET_NAME: "", model::ANN_DELETION_SECRET_NAMESPACE: ""}},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                "awsElasticBlockStore": {"volumeID": "vol-1", "fsType": "ext4"}},
+            "status": {"phase": "Released"}
+        }))
+        .unwrap(),
+    );
+    assert!(volume.owned_by("ebs.csi.aws.com"));
+    let VolumePlan::Delete(plan) = plan_volume(&ebs, &volume, None, None) else {
+        panic!("not deleted");
+    };
+    assert!(plan.migrated);
+    assert_eq!(plan.request.volume_id, "vol-1");
+}
