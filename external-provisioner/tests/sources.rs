@@ -134,6 +134,9 @@ async fn cleanup_contents(env: &Env, names: &[String]) {
 #[tokio::test]
 async fn restores_a_snapshot_once_it_is_ready() {
     let mut env = Env::start(mock(), &[], |_| {}).await;
+    if !served(&env, "snapshot.storage.k8s.io/v1", "VolumeSnapshot").await {
+        return env.stop().await;
+    }
     let class = env.create_class(json!({})).await;
     let content = snapshot(&env, "snap", GIB, false, json!({})).await;
     env.create_claim("restored", &class, source("VolumeSnapshot", "snap"))
@@ -190,6 +193,9 @@ async fn restores_a_snapshot_once_it_is_ready() {
 #[tokio::test]
 async fn restores_refused_as_upstream_refuses_them() {
     let mut env = Env::start(mock(), &[], |_| {}).await;
+    if !served(&env, "snapshot.storage.k8s.io/v1", "VolumeSnapshot").await {
+        return env.stop().await;
+    }
     let class = env.create_class(json!({})).await;
     let big = snapshot(&env, "big", 2 * GIB, true, json!({})).await;
     env.create_claim("small", &class, source("VolumeSnapshot", "big"))
@@ -278,6 +284,9 @@ async fn restores_wait_without_the_capability() {
 #[tokio::test]
 async fn orphaned_snapshot_finalizers_are_swept() {
     let mut env = Env::without_controller(mock()).await;
+    if !served(&env, "snapshot.storage.k8s.io/v1", "VolumeSnapshot").await {
+        return env.stop().await;
+    }
     let content = snapshot(&env, "orphan", GIB, true, json!({})).await;
     snapshots(&env)
         .patch(
@@ -475,5 +484,122 @@ async fn attributes_classes_become_mutable_parameters() {
     for name in [&gold, &other] {
         let _ = vacs.delete(name, &DeleteParams::default()).await;
     }
+    env.stop().await;
+}
+
+async fn served(env: &Env, group_version: &str, kind: &str) -> bool {
+    let served = env
+        .client()
+        .list_api_group_resources(group_version)
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.kind == kind));
+    if !served {
+        eprintln!("skipping: the cluster serves no {group_version} {kind}");
+    }
+    served
+}
+
+#[tokio::test]
+async fn cross_namespace_sources_need_a_grant() {
+    let mut env = Env::start(
+        mock(),
+        &["--feature-gates=CrossNamespaceVolumeDataSource=true"],
+        |_| {},
+    )
+    .await;
+    if !served(&env, "gateway.networking.k8s.io/v1beta1", "ReferenceGrant").await {
+        return env.stop().await;
+    }
+    let class = env.create_class(json!({})).await;
+    let other = unique("src-ns");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": other}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let other_claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(env.client(), &other);
+    other_claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "src"},
+                "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually("the source bound", || {
+        let other_claims = other_claims.clone();
+        async move {
+            let pvc = other_claims.get("src").await.unwrap();
+            (pvc.status?.phase.as_deref() == Some("Bound")).then_some(())
+        }
+    })
+    .await;
+    let reference = json!({"spec": {"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "src", "namespace": other}}});
+    env.create_claim("borrowed", &class, reference).await;
+    env.wait_event(
+        "borrowed",
+        "ProvisioningFailed",
+        &format!(
+            "accessing {other}/src of PersistentVolumeClaim dataSource from {}/borrowed isn't allowed",
+            env.namespace()
+        ),
+    )
+    .await;
+    let grants: Api<DynamicObject> = Api::namespaced_with(
+        env.client(),
+        &other,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1beta1", "ReferenceGrant"),
+            "referencegrants",
+        ),
+    );
+    grants
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+                "metadata": {"name": "let-clone"},
+                "spec": {"from": [{"group": "", "kind": "PersistentVolumeClaim", "namespace": env.namespace()}],
+                    "to": [{"group": "", "kind": "PersistentVolumeClaim"}]}
+            })),
+        )
+        .await
+        .unwrap();
+    // The grant is watched: the claim goes on without waiting for its backoff.
+    env.wait_bound("borrowed").await;
+    let created = requests(&env.mock, CREATE_VOLUME);
+    assert!(
+        created.last().unwrap()["volume_content_source"]["volume"]["volume_id"].is_string(),
+        "{created:?}"
+    );
+    let _ = other_claims.delete("src", &DeleteParams::default()).await;
+    let _ = namespaces.delete(&other, &DeleteParams::default()).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn cross_namespace_sources_are_refused_without_the_gate() {
+    let mut env = Env::start(mock(), &[], |_| {}).await;
+    let class = env.create_class(json!({})).await;
+    env.create_claim(
+        "borrowed",
+        &class,
+        json!({"spec": {"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "src", "namespace": "elsewhere"}}}),
+    )
+    .await;
+    env.wait_event(
+        "borrowed",
+        "ProvisioningFailed",
+        "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled",
+    )
+    .await;
     env.stop().await;
 }

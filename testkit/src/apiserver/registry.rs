@@ -423,6 +423,21 @@ impl Registry {
                     &["vsclass", "vsclasses"],
                 )
             },
+            // Gateway API's, which cross-namespace volume data sources are granted by.
+            Kind {
+                tracks_generation: true,
+                custom: true,
+                ..k(
+                    "gateway.networking.k8s.io",
+                    "v1beta1",
+                    "referencegrants",
+                    "referencegrant",
+                    "ReferenceGrant",
+                    true,
+                    false,
+                    &["refgrant"],
+                )
+            },
         ];
         Self { kinds }
     }
