@@ -4,8 +4,9 @@
 //! `cargo bench -p external-provisioner --bench provision`. `BENCH_CLAIMS` (default 1000) sets
 //! the claims of the unlimited-QPS run, `BENCH_CLAIMS_DEFAULT_QPS` (default 200) those of the run
 //! at the default QPS 5 / burst 10, `BENCH_PAIRS` (default 50000) the bound PVC+PV pairs of the
-//! idle-memory run; `BENCH_ONLY=unlimited|default|idle` runs one scenario and `BENCH_BIN`
-//! measures another build of the binary.
+//! idle-memory run, `BENCH_SOURCE_CLAIMS` (default 1000) the clones of one claim and the
+//! restores of one snapshot at the default QPS; `BENCH_ONLY=unlimited|default|idle|sources`
+//! runs one scenario and `BENCH_BIN` measures another build of the binary.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -15,7 +16,9 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Options, Verb};
@@ -146,16 +149,28 @@ impl Bench {
 
     /// Creates `count` claims `{prefix}-{i}`; returns when each was created.
     async fn create_claims(&self, prefix: &str, count: usize) -> HashMap<String, Instant> {
+        self.create_claims_from(prefix, count, None).await
+    }
+
+    /// Creates `count` claims `{prefix}-{i}` filled from `source` (a `dataSource`).
+    async fn create_claims_from(
+        &self,
+        prefix: &str,
+        count: usize,
+        source: Option<serde_json::Value>,
+    ) -> HashMap<String, Instant> {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.api.client(), NAMESPACE);
         futures::stream::iter(0..count)
             .map(|i| {
                 let pvcs = pvcs.clone();
+                let source = source.clone();
                 async move {
                     let name = format!("{prefix}-{i}");
                     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
                         "metadata": {"name": name},
                         "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"],
-                                 "resources": {"requests": {"storage": "1Gi"}}}
+                                 "resources": {"requests": {"storage": "1Gi"}},
+                                 "dataSource": source}
                     }))
                     .unwrap();
                     let at = Instant::now();
@@ -246,6 +261,7 @@ impl Bench {
             (Verb::Patch, "events"),
             (Verb::Create, "configmaps"),
             (Verb::Update, "configmaps"),
+            (Verb::Update, "volumesnapshots"),
         ] {
             let n = c.total(verb, resource);
             total += n;
@@ -413,6 +429,126 @@ async fn idle_run(pairs: usize) {
     drop(child);
 }
 
+/// A snapshot the mock driver holds, with its bound and ready VolumeSnapshot and content.
+async fn ready_snapshot(bench: &Bench, name: &str) {
+    bench
+        .mock
+        .update_state(|state| {
+            state.snapshots.insert(
+                name.to_string(),
+                testkit::mockdriver::state::Snapshot {
+                    id: name.to_string(),
+                    name: name.to_string(),
+                    source_volume_id: "gone".into(),
+                    size_bytes: 1 << 30,
+                    creation_seconds: 1,
+                    creation_nanos: 0,
+                },
+            );
+        })
+        .unwrap();
+    let resource = |kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+            plural,
+        )
+    };
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(
+        bench.api.client(),
+        NAMESPACE,
+        &resource("VolumeSnapshot", "volumesnapshots"),
+    );
+    let contents: Api<DynamicObject> = Api::all_with(
+        bench.api.client(),
+        &resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+    );
+    let object = |v: serde_json::Value| -> DynamicObject { serde_json::from_value(v).unwrap() };
+    let snapshot = snapshots
+        .create(
+            &PostParams::default(),
+            &object(json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                "metadata": {"name": name}, "spec": {"source": {"volumeSnapshotContentName": name}}})),
+        )
+        .await
+        .unwrap();
+    contents
+        .create(
+            &PostParams::default(),
+            &object(json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+                "metadata": {"name": name},
+                "spec": {"driver": DRIVER, "deletionPolicy": "Delete", "source": {"snapshotHandle": name},
+                    "volumeSnapshotRef": {"namespace": NAMESPACE, "name": name, "uid": snapshot.metadata.uid}}})),
+        )
+        .await
+        .unwrap();
+    let status = |v: serde_json::Value| Patch::Merge(json!({ "status": v }));
+    contents
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &status(json!({"snapshotHandle": name, "readyToUse": true})),
+        )
+        .await
+        .unwrap();
+    snapshots
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &status(json!({"boundVolumeSnapshotContentName": name, "readyToUse": true, "restoreSize": "1Gi"})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Clones of one claim, then restores of one snapshot, at the default QPS: the protection
+/// finalizers are written once per source.
+async fn sources_run(count: usize) {
+    let bench = Bench::start().await;
+    let port = free_port().unwrap();
+    let child = bench.spawn(port, &[]);
+    let pid = child.id().unwrap();
+    ready(port).await;
+    let source = bench.create_claims("src", 1).await;
+    bench.wait_bound(&source).await;
+    ready_snapshot(&bench, "snap").await;
+    for (label, prefix, data_source) in [
+        (
+            "clones of one claim",
+            "clone",
+            json!({"kind": "PersistentVolumeClaim", "name": "src-0"}),
+        ),
+        (
+            "restores of one snapshot",
+            "restore",
+            json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}),
+        ),
+    ] {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        bench.api.counters().reset();
+        let before = usage(pid, bench.ticks);
+        let start = Instant::now();
+        let created = bench
+            .create_claims_from(prefix, count, Some(data_source))
+            .await;
+        let (latencies, last) = bench.wait_bound(&created).await;
+        let elapsed = last.duration_since(start);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (writes, detail) = bench.writes();
+        let after = usage(pid, bench.ticks);
+        println!("## default QPS 5, burst 10: {count} {label}");
+        println!(
+            "provision: {:.1} claims/s; claim→Bound p50 {} p99 {}; API writes per volume {:.3} ({detail}); CPU {:.2} s per 1000; RSS {} KiB",
+            count as f64 / elapsed.as_secs_f64(),
+            ms(percentile(&latencies, 0.5)),
+            ms(percentile(&latencies, 0.99)),
+            writes as f64 / count as f64,
+            (after.cpu_seconds - before.cpu_seconds) * 1000.0 / count as f64,
+            after.rss_kib
+        );
+    }
+    drop(child);
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -439,6 +575,9 @@ fn main() {
         }
         if run("idle") {
             idle_run(env_usize("BENCH_PAIRS", 50_000)).await;
+        }
+        if run("sources") {
+            sources_run(env_usize("BENCH_SOURCE_CLAIMS", 1000)).await;
         }
     });
 }

@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::controller_client::ControllerClient;
-use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability, volume_capability};
+use csi_proto::v1::{
+    CapacityRange, CreateSnapshotRequest, CreateVolumeRequest, VolumeCapability, volume_capability,
+};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -499,6 +501,13 @@ async fn volumes(
         "volume",
         Outcome::Ok(format!("PVC {NAMESPACE}/sandbox-pvc bound to PV {pv_name}")),
     );
+    if provisioner {
+        let outcome = match restore(sandbox, &pv_name).await {
+            Ok(outcome) => outcome,
+            Err(err) => Outcome::Failed(err.to_string()),
+        };
+        sandbox.record("restore", outcome);
+    }
 
     let Some(attacher_port) = attacher_port else {
         return Ok(());
@@ -531,6 +540,120 @@ async fn volumes(
     };
     sandbox.record("external-attacher", outcome);
     Ok(())
+}
+
+/// Snapshots the volume of PV `pv_name` as a snapshot controller would (CreateSnapshot, then a
+/// bound and ready VolumeSnapshot and content), and has the provisioner restore it into a new
+/// claim.
+async fn restore(sandbox: &Sandbox, pv_name: &str) -> Result<Outcome, SandboxError> {
+    let client = sandbox.api.client();
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(pv_name)
+        .await?;
+    let handle = pv
+        .spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .ok_or_else(|| SandboxError::Setup(format!("PV {pv_name} has no CSI volume")))?;
+    let channel = crate::kubelet::dial_unix(sandbox.driver.socket_path())
+        .await
+        .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    let snapshot = ControllerClient::new(channel)
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: handle,
+            name: "sandbox-snapshot".into(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|status| SandboxError::Setup(format!("CreateSnapshot: {status}")))?
+        .into_inner()
+        .snapshot
+        .ok_or_else(|| SandboxError::Setup("CreateSnapshot returned no snapshot".into()))?;
+
+    let resource = |kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+            plural,
+        )
+    };
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &resource("VolumeSnapshot", "volumesnapshots"),
+    );
+    let contents: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+    );
+    let created = snapshots
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                "metadata": {"name": "sandbox-snapshot"},
+                "spec": {"source": {"persistentVolumeClaimName": "sandbox-pvc"}}
+            }))?,
+        )
+        .await?;
+    let content = "sandbox-snapshot-content";
+    contents
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+                "metadata": {"name": content},
+                "spec": {"driver": DRIVER, "deletionPolicy": "Delete", "sourceVolumeMode": "Filesystem",
+                    "source": {"volumeHandle": snapshot.source_volume_id},
+                    "volumeSnapshotRef": {"namespace": NAMESPACE, "name": "sandbox-snapshot",
+                        "uid": created.metadata.uid}}
+            }))?,
+        )
+        .await?;
+    let size = snapshot.size_bytes;
+    contents
+        .patch_status(
+            content,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"snapshotHandle": snapshot.snapshot_id,
+                "readyToUse": true, "restoreSize": size}})),
+        )
+        .await?;
+    snapshots
+        .patch_status(
+            "sandbox-snapshot",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"boundVolumeSnapshotContentName": content,
+                "readyToUse": true, "restoreSize": size.to_string()}})),
+        )
+        .await?;
+
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client, NAMESPACE);
+    let claim: PersistentVolumeClaim = object(json!({
+        "metadata": {"name": "sandbox-restore"},
+        "spec": {"storageClassName": "sandbox", "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "sandbox-snapshot"}}
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    let bound = wait_for(|| {
+        let claims = claims.clone();
+        async move {
+            let claim = claims.get("sandbox-restore").await.ok()?;
+            (claim.status?.phase.as_deref() == Some("Bound"))
+                .then(|| claim.spec?.volume_name)
+                .flatten()
+        }
+    })
+    .await;
+    Ok(match bound {
+        Some(volume) => Outcome::Ok(format!(
+            "PVC {NAMESPACE}/sandbox-restore restored from VolumeSnapshot sandbox-snapshot ({}) into PV {volume}",
+            snapshot.snapshot_id
+        )),
+        None => Outcome::Failed(format!(
+            "PVC sandbox-restore not restored from its snapshot within {STEP_TIMEOUT:?}"
+        )),
+    })
 }
 
 /// What the provisioner would do: CreateVolume on the driver and a PV bound to the claim.
