@@ -112,3 +112,10 @@ mod tests {
         assert_eq!(ppid, std::process::id());
     }
 }
+
+/// `target/<profile>`, where cargo puts the workspace's binaries, from a test binary (which
+/// lives in its `deps` folder). `None` when the test runs from elsewhere.
+pub fn target_bin_dir() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.to_path_buf())
+}

@@ -44,13 +44,8 @@ const FORCED_BY_UPSTREAM: &[(&str, &str)] = &[];
 /// How long Prometheus may take to start, scrape every target and answer the queries.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// `target/<profile>`: the test binary lives in its `deps` folder.
 fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .to_path_buf()
+    testkit::process::target_bin_dir().expect("the test binary is in target/<profile>/deps")
 }
 
 /// `$variable` if set, else `name` found in the `PATH`.

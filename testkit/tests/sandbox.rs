@@ -5,13 +5,8 @@ use std::path::PathBuf;
 
 use testkit::sandbox::{self, Outcome, SandboxOptions};
 
-/// `target/<profile>`: the test binary lives in its `deps` folder.
 fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .to_path_buf()
+    testkit::process::target_bin_dir().expect("the test binary is in target/<profile>/deps")
 }
 
 #[tokio::test]
