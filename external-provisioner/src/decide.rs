@@ -381,7 +381,10 @@ pub fn prepare(
     let mut parameters = params::driver_parameters(&class.parameters).map_err(finished)?;
     if policy.extra_create_metadata {
         parameters.insert(params::PVC_NAME_KEY.into(), claim.name.clone());
-        parameters.insert(params::PVC_NAMESPACE_KEY.into(), claim.namespace.clone());
+        parameters.insert(
+            params::PVC_NAMESPACE_KEY.into(),
+            claim.namespace.to_string(),
+        );
         parameters.insert(params::PV_NAME_KEY.into(), pv_name.clone());
     }
     let mutable_parameters = match (attributes_class, &lookups.attributes_class) {
@@ -420,7 +423,11 @@ pub fn prepare(
     let pv = PvTemplate {
         name: pv_name,
         claim_ref: claim.object_ref(),
-        storage_class: claim.storage_class.clone().unwrap_or_default(),
+        storage_class: claim
+            .storage_class
+            .as_deref()
+            .unwrap_or_default()
+            .to_string(),
         // The class's own provisioner, in-tree for a migrated class, as upstream writes it.
         provisioned_by: own_class.provisioner.clone(),
         reclaim_policy: class.reclaim_policy.clone(),
@@ -900,7 +907,7 @@ pub fn finalizers_patch(volume: &Volume, add: bool) -> serde_json::Value {
         .finalizers
         .iter()
         .filter(|f| *f != model::PV_FINALIZER)
-        .cloned()
+        .map(|f| f.to_string())
         .collect();
     if add {
         finalizers.push(model::PV_FINALIZER.to_string());

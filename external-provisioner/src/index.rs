@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use sidecar_kit::atom::Atom;
 use sidecar_kit::pipeline::{Change, Relist};
 
 use crate::model::{self, Claim, Class, SourceKey, SourceKind, Volume};
@@ -152,7 +153,13 @@ impl Index {
         self.snapshots
             .values()
             .filter(|s| s.protected)
-            .map(|s| (SourceKind::Snapshot, s.namespace.clone(), s.name.clone()))
+            .map(|s| {
+                (
+                    SourceKind::Snapshot,
+                    Atom::from(s.namespace.as_str()),
+                    s.name.clone(),
+                )
+            })
             .filter(|key| !self.source_in_use(key))
             .map(Work::Source)
             .collect()
@@ -373,8 +380,8 @@ impl Index {
         self.pending_claims()
             .filter(|c| {
                 c.storage_class
-                    .as_ref()
-                    .is_some_and(|sc| changed.contains(sc))
+                    .as_deref()
+                    .is_some_and(|sc| changed.iter().any(|name| name == sc))
             })
             .map(|c| Work::Claim(c.uid.clone()))
             .collect()
@@ -481,7 +488,11 @@ impl Index {
                 {
                     return work;
                 }
-                let source = (SourceKind::Snapshot, key.0.clone(), key.1.clone());
+                let source = (
+                    SourceKind::Snapshot,
+                    Atom::from(key.0.as_str()),
+                    key.1.clone(),
+                );
                 self.requeue_users(&source, &mut work);
                 if snapshot.protected && !self.source_in_use(&source) {
                     work.push(Work::Source(source));
@@ -515,7 +526,7 @@ impl Index {
         self.requeue_users(
             &(
                 SourceKind::Snapshot,
-                namespace.to_string(),
+                Atom::from(namespace),
                 name.to_string(),
             ),
             work,

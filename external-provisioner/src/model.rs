@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+use sidecar_kit::atom::Atom;
 use sidecar_kit::migration;
 
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
@@ -69,7 +70,7 @@ pub enum SourceKind {
 }
 
 /// A data source the index keeps track of: its kind, namespace and name.
-pub type SourceKey = (SourceKind, String, String);
+pub type SourceKey = (SourceKind, Atom, String);
 
 impl DataSource {
     /// The namespace the source lives in.
@@ -87,7 +88,7 @@ impl DataSource {
         };
         Some((
             kind,
-            self.namespace_in(claim_namespace).to_string(),
+            Atom::from(self.namespace_in(claim_namespace)),
             self.name.clone(),
         ))
     }
@@ -111,21 +112,21 @@ pub struct ClaimSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     pub uid: String,
-    pub namespace: String,
+    pub namespace: Atom,
     pub name: String,
     pub resource_version: String,
     pub volume_name: String,
     /// `status.phase`.
     #[serde(default)]
-    pub phase: String,
+    pub phase: Atom,
     #[serde(default)]
     pub deleting: bool,
     /// Carries [`CLONE_FINALIZER`].
     #[serde(default)]
     pub clone_protected: bool,
-    pub storage_class: Option<String>,
+    pub storage_class: Option<Atom>,
     /// `resources.requests.storage` as written.
-    pub request: Option<String>,
+    pub request: Option<Atom>,
     /// Present while the claim has no volume.
     pub pending: Option<Box<ClaimSpec>>,
 }
@@ -173,27 +174,30 @@ impl Claim {
         });
         Self {
             uid: meta.uid.clone().unwrap_or_default(),
-            namespace: meta.namespace.clone().unwrap_or_default(),
+            namespace: Atom::from(meta.namespace.as_deref().unwrap_or_default()),
             name: name_of(meta),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             volume_name,
-            phase: pvc
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default(),
+            phase: Atom::from(
+                pvc.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .unwrap_or_default(),
+            ),
             deleting: meta.deletion_timestamp.is_some(),
             clone_protected: meta
                 .finalizers
                 .iter()
                 .flatten()
                 .any(|f| f == CLONE_FINALIZER),
-            storage_class: spec.and_then(|s| s.storage_class_name.clone()),
+            storage_class: spec
+                .and_then(|s| s.storage_class_name.as_deref())
+                .map(Atom::from),
             request: spec
                 .and_then(|s| s.resources.as_ref())
                 .and_then(|r| r.requests.as_ref())
                 .and_then(|r| r.get("storage"))
-                .map(|q| q.0.clone()),
+                .map(|q| Atom::from(q.0.as_str())),
             pending,
         }
     }
@@ -235,7 +239,7 @@ impl Claim {
         k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("PersistentVolumeClaim".into()),
-            namespace: Some(self.namespace.clone()),
+            namespace: Some(self.namespace.to_string()),
             name: Some(self.name.clone()),
             uid: Some(self.uid.clone()),
             resource_version: Some(self.resource_version.clone()),
@@ -304,22 +308,22 @@ pub struct Volume {
     pub name: String,
     pub resource_version: String,
     pub deleting: bool,
-    pub finalizers: Vec<String>,
-    pub phase: String,
-    pub reclaim_policy: String,
-    pub storage_class: String,
+    pub finalizers: Vec<Atom>,
+    pub phase: Atom,
+    pub reclaim_policy: Atom,
+    pub storage_class: Atom,
     /// `spec.csi.driver` and `spec.csi.volumeHandle` (empty for in-tree volumes).
-    pub driver: String,
+    pub driver: Atom,
     pub volume_handle: String,
     /// `claimRef` namespace and name.
-    pub claim: Option<(String, String)>,
+    pub claim: Option<(Atom, String)>,
     pub claim_uid: String,
     /// The deletion secret annotations; `None` when they are absent.
     pub deletion_secret: Option<(String, String)>,
-    pub provisioned_by: Option<String>,
-    pub migrated_to: Option<String>,
+    pub provisioned_by: Option<Atom>,
+    pub migrated_to: Option<Atom>,
     /// `spec.volumeMode` as written.
-    pub volume_mode: Option<String>,
+    pub volume_mode: Option<Atom>,
     /// An in-tree volume: `driver` and `volume_handle` are those of its CSI translation.
     pub migrated: bool,
     /// Why an in-tree volume of a migration target cannot be translated.
@@ -330,7 +334,7 @@ impl Volume {
     pub fn from_api(pv: &PersistentVolume) -> Self {
         let meta = &pv.metadata;
         let annotations = meta.annotations.as_ref();
-        let annotation = |key: &str| annotations.and_then(|a| a.get(key)).cloned();
+        let annotation = |key: &str| annotations.and_then(|a| a.get(key));
         // An in-tree volume of a plugin that has a CSI driver is seen as that driver's.
         let (translated, translation_error) =
             match pv.spec.as_ref().and_then(migration::in_tree_plugin) {
@@ -352,38 +356,41 @@ impl Volume {
             annotation(ANN_DELETION_SECRET_NAME),
             annotation(ANN_DELETION_SECRET_NAMESPACE),
         ) {
-            (Some(name), Some(namespace)) => Some((namespace, name)),
+            (Some(name), Some(namespace)) => Some((namespace.clone(), name.clone())),
             _ => None,
         };
         Self {
             name: name_of(meta),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.clone().unwrap_or_default(),
-            phase: pv
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default(),
-            reclaim_policy: spec
-                .and_then(|s| s.persistent_volume_reclaim_policy.clone())
-                .unwrap_or_default(),
-            storage_class: spec
-                .and_then(|s| s.storage_class_name.clone())
-                .unwrap_or_default(),
-            driver: csi.map(|c| c.driver.clone()).unwrap_or_default(),
+            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
+            phase: Atom::from(
+                pv.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .unwrap_or_default(),
+            ),
+            reclaim_policy: Atom::from(
+                spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+                    .unwrap_or_default(),
+            ),
+            storage_class: Atom::from(
+                spec.and_then(|s| s.storage_class_name.as_deref())
+                    .unwrap_or_default(),
+            ),
+            driver: Atom::from(csi.map(|c| c.driver.as_str()).unwrap_or_default()),
             volume_handle: csi.map(|c| c.volume_handle.clone()).unwrap_or_default(),
             claim: claim_ref.map(|r| {
                 (
-                    r.namespace.clone().unwrap_or_default(),
+                    Atom::from(r.namespace.as_deref().unwrap_or_default()),
                     r.name.clone().unwrap_or_default(),
                 )
             }),
             claim_uid: claim_ref.and_then(|r| r.uid.clone()).unwrap_or_default(),
             deletion_secret,
-            provisioned_by: annotation(ANN_PROVISIONED_BY),
-            migrated_to: annotation(ANN_MIGRATED_TO),
-            volume_mode: spec.and_then(|s| s.volume_mode.clone()),
+            provisioned_by: annotation(ANN_PROVISIONED_BY).map(Atom::from),
+            migrated_to: annotation(ANN_MIGRATED_TO).map(Atom::from),
+            volume_mode: spec.and_then(|s| s.volume_mode.as_deref()).map(Atom::from),
             migrated,
             translation_error,
         }

@@ -3,6 +3,7 @@
 //! the CSI driver with its identity calls, and the CSI migration of in-tree volumes.
 
 pub mod accessmodes;
+pub mod atom;
 pub mod connection;
 pub mod csi;
 pub mod endpoint;
