@@ -1,12 +1,13 @@
 //! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
 //! capabilities, serve HTTP, then run the controller (under leader election when asked).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
-use sidecar_kit::csi::CsiClient;
+use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::Reporter;
 use sidecar_kit::http::{HttpPlan, Reply};
 use sidecar_kit::identity::{self, IdentityError};
@@ -16,7 +17,7 @@ use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config};
-use crate::decide::{Capabilities, Policy};
+use crate::decide::{Capabilities, NodePolicy, Policy};
 use crate::flags::Cli;
 use crate::journal::{Location, journal_name};
 use crate::metrics::ProvisionMetrics;
@@ -53,6 +54,40 @@ pub enum AppError {
     Leader(#[from] leader::LeaderError),
     #[error("{0} is not implemented by this provisioner version")]
     Unsupported(&'static str),
+    #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
+    NoNodeName,
+    #[error("Failed to get node info from CSI driver: {0}")]
+    NodeInfo(tonic::Status),
+}
+
+/// Distributed provisioning (`--node-deployment`): this node's name from `NODE_NAME` and its
+/// topology from the driver's `NodeGetInfo`; instead of watching Nodes and CSINodes, the
+/// controller knows this node alone.
+pub async fn node_deployment(
+    cli: &Cli,
+    csi: &CsiClient,
+    node_name: Option<String>,
+    config: &mut Config,
+) -> Result<(), AppError> {
+    let name = node_name
+        .filter(|n| !n.is_empty())
+        .ok_or(AppError::NoNodeName)?;
+    let info = csi
+        .node_get_info(CallOptions::timeout(cli.timeout))
+        .await
+        .map_err(AppError::NodeInfo)?;
+    let topology = info
+        .accessible_topology
+        .map(|t| t.segments.into_iter().collect::<BTreeMap<_, _>>());
+    tracing::info!(node = %name, node_id = %info.node_id, ?topology, "provisioning for this node only");
+    config.policy.identity = format!("{}-{name}", config.policy.identity);
+    config.watch_topology = false;
+    config.policy.node = Some(NodePolicy {
+        name,
+        topology,
+        immediate_binding: cli.node_deployment_immediate_binding,
+    });
+    Ok(())
 }
 
 /// Asks the driver for its capabilities, each call bounded by `timeout`.
@@ -83,13 +118,7 @@ pub fn identity_string(driver: &str) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    // Any per-process variation will do; the standard library's hasher seed is random.
-    let random = {
-        use std::hash::{BuildHasher, Hasher};
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(now.as_nanos());
-        hasher.finish() % 10_000
-    };
+    let random = (controller::random_unit() * 10_000.0) as u32 % 10_000;
     format!("{}-{random}-{driver}", now.as_millis())
 }
 
@@ -118,6 +147,8 @@ pub fn config(
             prevent_volume_mode_conversion: cli.prevent_volume_mode_conversion,
             cross_namespace_sources: cli.feature_gates.cross_namespace_volume_data_source,
             attributes_classes: cli.feature_gates.volume_attributes_class.unwrap_or(true),
+            // Set by `node_deployment` from the driver's answer.
+            node: None,
         },
         timeout: cli.timeout,
         backoff: Backoff {
@@ -133,6 +164,10 @@ pub fn config(
         watch_grants: false,
         source_workers: cli.cloning_protection_threads,
         orphan_sweep: cli.snapshot_orphan_sweep_interval,
+        owner_delay: (
+            cli.node_deployment_base_delay,
+            cli.node_deployment_max_delay,
+        ),
         queue_metrics: None,
         metrics: None,
         journal: None,
@@ -224,9 +259,6 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     if cli.enable_capacity {
         return Err(AppError::Unsupported("--enable-capacity"));
     }
-    if cli.node_deployment {
-        return Err(AppError::Unsupported("--node-deployment"));
-    }
     let http_plan = HttpPlan::from_flags(&cli.common.http)?;
     let mut kube_flags = cli.common.kube.clone();
     // Upstream's provisioner lets $KUBECONFIG win over --kubeconfig.
@@ -281,6 +313,9 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
     config.metrics = Some(ProvisionMetrics::register(metrics.registry())?);
     config.event_client = Some(clients.background);
+    if cli.node_deployment {
+        node_deployment(&cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;
+    }
     discover(&cli, &client, &mut config).await;
     config.journal = Some(Location {
         namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),

@@ -71,6 +71,9 @@ pub struct Config {
     pub source_workers: usize,
     /// Period of the sweep for orphaned snapshot finalizers (zero: none).
     pub orphan_sweep: Duration,
+    /// Distributed provisioning: the base and maximum delay before a node claims an Immediate
+    /// claim (`--node-deployment-base-delay`, `--node-deployment-max-delay`).
+    pub owner_delay: (Duration, Duration),
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub metrics: Option<ProvisionMetrics>,
     pub reporter: Reporter,
@@ -122,6 +125,8 @@ struct Controller {
     waiting: Mutex<HashMap<String, String>>,
     /// Serialises the protection finalizer writes, so that each source is written once.
     protection: tokio::sync::Mutex<()>,
+    /// Distributed provisioning: Immediate claims this node means to claim, by UID.
+    owners: Mutex<HashMap<String, OwnerAttempt>>,
     /// Claims the driver found infeasible (InvalidArgument): the class UID then, and when.
     infeasible: Mutex<HashMap<String, (String, Instant)>>,
     events: Recorder,
@@ -152,13 +157,19 @@ pub async fn run(
     let controller = Arc::new(Controller {
         pvs: Api::all(client.clone()),
         csi,
-        index: Mutex::new(Index::new(&config.policy.driver)),
+        index: Mutex::new(match &config.policy.node {
+            Some(node) => {
+                Index::for_node(&config.policy.driver, &node.name, node.topology.as_ref())
+            }
+            None => Index::new(&config.policy.driver),
+        }),
         claims: queue(&config, CLAIM_QUEUE),
         volumes: queue(&config, VOLUME_QUEUE),
         sources: queue(&config, SOURCE_QUEUE),
         in_flight: Mutex::new(HashMap::new()),
         waiting: Mutex::new(HashMap::new()),
         protection: tokio::sync::Mutex::new(()),
+        owners: Mutex::new(HashMap::new()),
         infeasible: Mutex::new(HashMap::new()),
         events: Recorder::spawn(
             config
@@ -520,8 +531,13 @@ impl Controller {
 
     /// Decides about a claim not in flight.
     async fn start_claim(&self, uid: &str) -> Start {
-        let Some((claim, class)) = self.select_claim(uid) else {
-            return Start::Stop;
+        let (claim, class) = match self.select_claim(uid) {
+            Selected::Provision(claim, class) => (*claim, class),
+            Selected::Unowned(claim, class) => {
+                self.try_to_own(&claim, &class).await;
+                return Start::Stop;
+            }
+            Selected::Stop => return Start::Stop,
         };
         let lookups = self.lookups(&claim, &class).await;
         let prepared = {
@@ -551,14 +567,15 @@ impl Controller {
     }
 
     /// The claim and its class, if the claim is one to provision now.
-    fn select_claim(&self, uid: &str) -> Option<(Claim, Class)> {
+    fn select_claim(&self, uid: &str) -> Selected {
         let key = uid.to_string();
         let policy = &self.config.policy;
         let index = self.index();
         let Some(claim) = index.claim(uid).cloned() else {
             self.claims.forget(&key);
             lock(&self.waiting).remove(uid);
-            return None;
+            lock(&self.owners).remove(uid);
+            return Selected::Stop;
         };
         let class_name = claim.storage_class.clone().unwrap_or_default();
         let class = index.class(&class_name).cloned();
@@ -572,25 +589,206 @@ impl Controller {
             decide::should_provision(policy, &claim, class.as_ref(), index.has_volume(&name))
         {
             drop(index);
-            if skip == decide::Skip::NoClass {
-                tracing::info!(claim = %claim.key(), storage_class = %class_name, "StorageClass not found; waiting for it");
-            } else {
-                tracing::trace!(claim = %claim.key(), reason = ?skip, "not provisioning");
+            match (skip, class) {
+                (decide::Skip::Unowned, Some(class)) => {
+                    return Selected::Unowned(Box::new(claim), class);
+                }
+                (decide::Skip::NoClass, _) => {
+                    tracing::info!(claim = %claim.key(), storage_class = %class_name, "StorageClass not found; waiting for it")
+                }
+                (skip, _) => {
+                    tracing::trace!(claim = %claim.key(), reason = ?skip, "not provisioning")
+                }
             }
+            lock(&self.owners).remove(uid);
             self.claims.forget(&key);
-            return None;
+            return Selected::Stop;
         }
-        let class = class?;
+        let Some(class) = class else {
+            return Selected::Stop;
+        };
         if let Some((class_uid, at)) = lock(&self.infeasible).get(uid).cloned() {
             let wait = self.config.backoff.max.saturating_sub(at.elapsed());
             if class_uid == class.uid && !wait.is_zero() {
                 drop(index);
                 tracing::debug!(claim = %claim.key(), retry_in = ?wait, "infeasible claim waits before its next attempt");
                 self.claims.add_after(key, 0, wait);
-                return None;
+                return Selected::Stop;
             }
         }
-        Some((claim, class))
+        Selected::Provision(Box::new(claim), class)
+    }
+
+    // --- Distributed provisioning ---
+
+    /// Tries to claim an Immediate claim for this node, as upstream's nodes race for them:
+    /// after a delay growing with each try (jittered, so that the nodes do not all try at
+    /// once), if the node has the capacity, by setting the claim's selected node. Another
+    /// node that wins meanwhile is seen on the watch and ends the attempt.
+    async fn try_to_own(&self, claim: &Claim, class: &Class) {
+        let uid = claim.uid.clone();
+        let (base, max) = self.config.owner_delay;
+        let wait = {
+            let mut owners = lock(&self.owners);
+            let attempt = owners.entry(uid.clone()).or_default();
+            let now = Instant::now();
+            match attempt.due {
+                None => {
+                    let delay = decide::owner_delay(base, max, attempt.attempts, random_unit());
+                    attempt.attempts = attempt.attempts.saturating_add(1);
+                    attempt.due = Some(now + delay);
+                    Some(delay)
+                }
+                Some(due) if due > now => Some(due - now),
+                Some(_) => {
+                    attempt.due = None;
+                    None
+                }
+            }
+        };
+        if let Some(wait) = wait {
+            tracing::debug!(claim = %claim.key(), delay = ?wait, "will try to claim it for this node");
+            self.claims.add_after(uid, 0, wait);
+            return;
+        }
+        match self.node_fits(claim, class).await {
+            Fit::Never => {
+                tracing::debug!(claim = %claim.key(), "its class's allowed topologies exclude this node");
+                lock(&self.owners).remove(&uid);
+                self.claims.forget(&uid);
+                return;
+            }
+            Fit::NotNow => {
+                tracing::debug!(claim = %claim.key(), "not enough capacity on this node for now");
+                self.claims.add(uid, 0);
+                return;
+            }
+            Fit::Yes => {}
+        }
+        match self.select_this_node(claim).await {
+            Ok(true) => {
+                lock(&self.owners).remove(&uid);
+                tracing::info!(claim = %claim.key(), "claimed for this node");
+            }
+            Ok(false) => {
+                lock(&self.owners).remove(&uid);
+                self.claims.forget(&uid);
+            }
+            Err(err) if api_code(&err) == Some(409) => {
+                tracing::debug!(claim = %claim.key(), "conflict while claiming it; trying again");
+                self.claims.add(uid, 0);
+            }
+            Err(err) => {
+                tracing::warn!(claim = %claim.key(), error = %api_message(&err), "selecting this node for the claim failed");
+                self.claims.add(uid, 0);
+            }
+        }
+    }
+
+    /// Whether this node can take the claim: its class's allowed topologies must admit the node,
+    /// and GetCapacity must report room for it in one of its segments. A check that cannot be
+    /// made lets the node try, so that provisioning reports the problem (as upstream).
+    async fn node_fits(&self, claim: &Claim, class: &Class) -> Fit {
+        let policy = &self.config.policy;
+        let Some(node) = &policy.node else {
+            return Fit::Yes;
+        };
+        let mut here = claim.clone();
+        if let Some(spec) = here.pending.as_mut() {
+            spec.annotations
+                .insert(model::ANN_SELECTED_NODE.into(), node.name.clone());
+        }
+        let prepared = {
+            let index = self.index();
+            if policy.topology && !class.allowed_topologies.is_empty() {
+                let request = crate::topology::Request {
+                    claim_name: &claim.name,
+                    allowed: &class.allowed_topologies,
+                    selected_node: Some(&node.name),
+                    strict: policy.strict_topology,
+                    immediate: policy.immediate_topology,
+                };
+                if crate::topology::requirements(request, &*index).is_err() {
+                    return Fit::Never;
+                }
+            }
+            decide::prepare(policy, &here, class, &*index, &Lookups::default())
+        };
+        let prepared = match prepared {
+            Ok(prepared) => prepared,
+            Err(failure) => {
+                tracing::debug!(claim = %claim.key(), error = %failure.message, "cannot check capacity; claiming it anyway");
+                return Fit::Yes;
+            }
+        };
+        let requested = prepared
+            .request
+            .capacity_range
+            .as_ref()
+            .map_or(0, |r| r.required_bytes);
+        if requested == 0 {
+            return Fit::Yes;
+        }
+        let segments: Vec<Option<csi_proto::v1::Topology>> = match prepared
+            .request
+            .accessibility_requirements
+            .as_ref()
+            .filter(|r| !r.requisite.is_empty())
+        {
+            Some(requirement) => requirement.requisite.iter().cloned().map(Some).collect(),
+            None => vec![None],
+        };
+        for segment in segments {
+            let request = csi_proto::v1::GetCapacityRequest {
+                volume_capabilities: prepared.request.volume_capabilities.clone(),
+                parameters: prepared.request.parameters.clone(),
+                accessible_topology: segment,
+            };
+            match self
+                .csi
+                .get_capacity(request, CallOptions::timeout(self.config.timeout))
+                .await
+            {
+                Ok(answer) if answer.available_capacity >= requested => return Fit::Yes,
+                Ok(_) => {}
+                Err(status) => {
+                    tracing::debug!(claim = %claim.key(), error = %rpc_message(&status), "GetCapacity failed; claiming it anyway");
+                    return Fit::Yes;
+                }
+            }
+        }
+        Fit::NotNow
+    }
+
+    /// Sets the claim's selected node to this node (an update, as upstream: a conflict means
+    /// another node or writer was faster). `Ok(false)`: the claim is gone or another node's.
+    async fn select_this_node(&self, claim: &Claim) -> Result<bool, kube::Error> {
+        let Some(node) = &self.config.policy.node else {
+            return Ok(false);
+        };
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace);
+        let Some(mut current) = api.get_opt(&claim.name).await? else {
+            return Ok(false);
+        };
+        if current.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+            return Ok(false);
+        }
+        let annotations = current.metadata.annotations.get_or_insert_default();
+        match annotations
+            .get(model::ANN_SELECTED_NODE)
+            .map(String::as_str)
+        {
+            Some(selected) if selected == node.name => return Ok(true),
+            Some(selected) if !selected.is_empty() => return Ok(false),
+            _ => {}
+        }
+        annotations.insert(model::ANN_SELECTED_NODE.into(), node.name.clone());
+        let updated = api
+            .replace(&claim.name, &PostParams::default(), &current)
+            .await?;
+        self.index().store_claim(&updated);
+        Ok(true)
     }
 
     /// Looks up what preparing the claim needs besides the index: its data source (snapshots
@@ -1280,6 +1478,42 @@ impl Controller {
             message,
         );
     }
+}
+
+/// Distributed provisioning: the tries of this node to claim an Immediate claim.
+#[derive(Debug, Default)]
+struct OwnerAttempt {
+    attempts: u32,
+    /// When the next try is due (`None`: not scheduled).
+    due: Option<Instant>,
+}
+
+/// Whether this node can take a claim.
+enum Fit {
+    Yes,
+    NotNow,
+    Never,
+}
+
+/// A random number in 0..1 (for jitter and identities; no cryptographic quality needed).
+pub fn random_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What the claim selection found.
+enum Selected {
+    Provision(Box<Claim>, Class),
+    /// Distributed provisioning: an Immediate claim this node may claim.
+    Unowned(Box<Claim>, Class),
+    Stop,
 }
 
 /// What to do with a claim that is not in flight.

@@ -61,6 +61,35 @@ pub struct Policy {
     pub cross_namespace_sources: bool,
     /// The VolumeAttributesClass gate, after start-up turned it off on clusters without the API.
     pub attributes_classes: bool,
+    /// Distributed provisioning (`--node-deployment`): the node this provisioner serves.
+    pub node: Option<NodePolicy>,
+}
+
+/// Distributed provisioning: a provisioner on each node provisions the claims of its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePolicy {
+    pub name: String,
+    /// The driver's topology segment on this node (NodeGetInfo); `None` without topology.
+    pub topology: Option<BTreeMap<String, String>>,
+    /// Claims of Immediate classes are claimed by setting their selected node to this one.
+    pub immediate_binding: bool,
+}
+
+/// How long a node waits before trying to claim an Immediate claim, after `attempts` earlier
+/// tries: exponential from `base` up to `max`, less a random part (`random` in 0..1) of `base`,
+/// so that the nodes do not all try at once (upstream's jittered rate limiter).
+pub fn owner_delay(
+    base: std::time::Duration,
+    max: std::time::Duration,
+    attempts: u32,
+    random: f64,
+) -> std::time::Duration {
+    let exponential = base
+        .checked_mul(2u32.saturating_pow(attempts))
+        .unwrap_or(max)
+        .min(max);
+    let jitter = base.mul_f64(random.clamp(0.0, 1.0));
+    exponential.saturating_sub(jitter)
 }
 
 /// How a provisioning attempt ended, as upstream's `ProvisioningState`.
@@ -108,6 +137,10 @@ pub enum Skip {
     WaitingForNode,
     NoClass,
     VolumeExists,
+    /// Distributed provisioning: another node's claim.
+    OtherNode,
+    /// Distributed provisioning: an Immediate claim no node has claimed yet; this one may.
+    Unowned,
 }
 
 /// The volume name of a claim: `<prefix>-<uid>`, or the UID without dashes cut to `length`.
@@ -145,6 +178,16 @@ pub fn should_provision(
     let Some(class) = class else {
         return Err(Skip::NoClass);
     };
+    if let Some(node) = &policy.node {
+        match claim.selected_node() {
+            Some(selected) if selected == node.name => {}
+            Some(_) => return Err(Skip::OtherNode),
+            None if !class.wait_for_first_consumer && node.immediate_binding => {
+                return Err(Skip::Unowned);
+            }
+            None => return Err(Skip::WaitingForNode),
+        }
+    }
     if class.wait_for_first_consumer && claim.selected_node().is_none() {
         return Err(Skip::WaitingForNode);
     }
@@ -832,7 +875,8 @@ pub fn plan_volume(
     class: Option<&Class>,
     attached_to: Option<&str>,
 ) -> VolumePlan {
-    if !volume.owned_by(&policy.driver) {
+    // With distributed provisioning, each node manages the volumes accessible from it only.
+    if !volume.owned_by(&policy.driver) || !volume.on_this_node {
         return VolumePlan::Nothing;
     }
     let delete_policy = volume.reclaim_policy == "Delete";

@@ -43,6 +43,9 @@ struct Relists {
 #[derive(Debug)]
 pub struct Index {
     driver: String,
+    /// Distributed provisioning: the driver's topology on this node; PVs not accessible from
+    /// it belong to other nodes.
+    node_topology: Option<BTreeMap<String, String>>,
     claims: HashMap<String, Claim>,
     volumes: HashMap<String, Volume>,
     classes: HashMap<String, Class>,
@@ -76,6 +79,7 @@ impl Index {
     pub fn new(driver: &str) -> Self {
         Self {
             driver: driver.to_string(),
+            node_topology: None,
             claims: HashMap::new(),
             volumes: HashMap::new(),
             classes: HashMap::new(),
@@ -87,6 +91,19 @@ impl Index {
             grants: HashMap::new(),
             relists: Relists::default(),
         }
+    }
+
+    /// Distributed provisioning: instead of watching Nodes and CSINodes, the index knows this
+    /// node alone, with the topology its driver reports (as upstream does with fixed objects).
+    pub fn for_node(driver: &str, node: &str, topology: Option<&BTreeMap<String, String>>) -> Self {
+        let mut index = Self::new(driver);
+        let labels = topology.cloned().unwrap_or_default();
+        index
+            .csinodes
+            .insert(node.to_string(), labels.keys().cloned().collect());
+        index.nodes.insert(node.to_string(), labels);
+        index.node_topology = topology.cloned();
+        index
     }
 
     pub fn claim_count(&self) -> usize {
@@ -320,7 +337,13 @@ impl Index {
     }
 
     fn apply_volume(&mut self, pv: &PersistentVolume, work: &mut Vec<Work>) {
-        let volume = Volume::from_api(pv);
+        let mut volume = Volume::from_api(pv);
+        if self.node_topology.is_some() {
+            volume.on_this_node = crate::topology::volume_is_accessible(
+                pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()),
+                self.node_topology.as_ref(),
+            );
+        }
         // The driver's own volumes: to delete, and to clone from.
         if !volume.owned_by(&self.driver) && volume.driver != self.driver {
             self.volumes.remove(&volume.name);

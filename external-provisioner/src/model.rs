@@ -328,6 +328,8 @@ pub struct Volume {
     pub migrated: bool,
     /// Why an in-tree volume of a migration target cannot be translated.
     pub translation_error: Option<String>,
+    /// Accessible from this provisioner's node (always, but with distributed provisioning).
+    pub on_this_node: bool,
 }
 
 impl Volume {
@@ -393,6 +395,7 @@ impl Volume {
             volume_mode: spec.and_then(|s| s.volume_mode.as_deref()).map(Atom::from),
             migrated,
             translation_error,
+            on_this_node: true,
         }
     }
 

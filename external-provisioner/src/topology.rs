@@ -248,8 +248,107 @@ pub fn requirements(
     }))
 }
 
+/// Whether a PV with `affinity` is accessible from a node whose driver reports `topology`
+/// (upstream's `VolumeIsAccessible`): no topology on either side means accessible; otherwise
+/// one of the affinity's terms must match the topology taken as the node's labels.
+pub fn volume_is_accessible(
+    affinity: Option<&k8s_openapi::api::core::v1::VolumeNodeAffinity>,
+    topology: Option<&BTreeMap<String, String>>,
+) -> bool {
+    let (Some(topology), Some(required)) = (topology, affinity.and_then(|a| a.required.as_ref()))
+    else {
+        return true;
+    };
+    required.node_selector_terms.iter().any(|term| {
+        // A term with no requirements matches nothing, as Kubernetes' node selector does.
+        let expressions = term.match_expressions.as_deref().unwrap_or_default();
+        !expressions.is_empty()
+            && expressions.iter().all(|e| {
+                let value = topology.get(&e.key);
+                let values = e.values.as_deref().unwrap_or_default();
+                match e.operator.as_str() {
+                    "In" => value.is_some_and(|v| values.contains(v)),
+                    "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                    "Exists" => value.is_some(),
+                    "DoesNotExist" => value.is_none(),
+                    "Gt" | "Lt" => {
+                        let parse = |s: &str| s.parse::<i64>().ok();
+                        match (
+                            value.and_then(|v| parse(v)),
+                            values.first().and_then(|v| parse(v)),
+                        ) {
+                            (Some(v), Some(bound)) if e.operator == "Gt" => v > bound,
+                            (Some(v), Some(bound)) => v < bound,
+                            _ => false,
+                        }
+                    }
+                    _ => false,
+                }
+            })
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn volumes_are_accessible_where_their_affinity_matches() {
+        let affinity: k8s_openapi::api::core::v1::VolumeNodeAffinity =
+            serde_json::from_value(serde_json::json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]},
+                                      {"key": "rack", "operator": "Exists"}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}
+            ]}}))
+            .unwrap();
+        let node = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(volume_is_accessible(
+            Some(&affinity),
+            Some(&node(&[("zone", "a"), ("rack", "1")]))
+        ));
+        assert!(!volume_is_accessible(
+            Some(&affinity),
+            Some(&node(&[("zone", "a")]))
+        ));
+        assert!(volume_is_accessible(
+            Some(&affinity),
+            Some(&node(&[("zone", "b")]))
+        ));
+        assert!(!volume_is_accessible(
+            Some(&affinity),
+            Some(&node(&[("zone", "c")]))
+        ));
+        assert!(
+            volume_is_accessible(Some(&affinity), None),
+            "a node without topology"
+        );
+        assert!(
+            volume_is_accessible(None, Some(&node(&[("zone", "c")]))),
+            "a volume without affinity"
+        );
+        let numeric: k8s_openapi::api::core::v1::VolumeNodeAffinity =
+            serde_json::from_value(serde_json::json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "n", "operator": "Gt", "values": ["3"]},
+                                      {"key": "x", "operator": "DoesNotExist"}]}
+            ]}}))
+            .unwrap();
+        assert!(volume_is_accessible(
+            Some(&numeric),
+            Some(&node(&[("n", "4")]))
+        ));
+        assert!(!volume_is_accessible(
+            Some(&numeric),
+            Some(&node(&[("n", "3")]))
+        ));
+        assert!(!volume_is_accessible(
+            Some(&numeric),
+            Some(&node(&[("n", "4"), ("x", "")]))
+        ));
+    }
+
     use super::*;
 
     #[derive(Default)]

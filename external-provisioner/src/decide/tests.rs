@@ -43,6 +43,7 @@ fn policy() -> Policy {
         prevent_volume_mode_conversion: true,
         cross_namespace_sources: false,
         attributes_classes: true,
+        node: None,
     }
 }
 
@@ -870,4 +871,97 @@ fn in_tree_volumes_are_deleted_through_their_driver() {
     };
     assert!(plan.migrated);
     assert_eq!(plan.request.volume_id, "vol-1");
+}
+
+#[test]
+fn nodes_provision_only_their_claims() {
+    let node = |immediate_binding| Policy {
+        node: Some(NodePolicy {
+            name: "n1".into(),
+            topology: None,
+            immediate_binding,
+        }),
+        ..policy()
+    };
+    let with_node = |selected: Option<&str>| {
+        let mut claim = basic_claim();
+        if let (Some(selected), Some(spec)) = (selected, claim.pending.as_mut()) {
+            spec.annotations
+                .insert(model::ANN_SELECTED_NODE.into(), selected.into());
+        }
+        claim
+    };
+    let immediate = class(&[]);
+    let late = Class {
+        wait_for_first_consumer: true,
+        ..class(&[])
+    };
+    let p = node(true);
+    assert_eq!(
+        should_provision(&p, &with_node(Some("n1")), Some(&immediate), false),
+        Ok(())
+    );
+    assert_eq!(
+        should_provision(&p, &with_node(Some("n1")), Some(&late), false),
+        Ok(())
+    );
+    assert_eq!(
+        should_provision(&p, &with_node(Some("n2")), Some(&immediate), false),
+        Err(Skip::OtherNode)
+    );
+    assert_eq!(
+        should_provision(&p, &with_node(None), Some(&immediate), false),
+        Err(Skip::Unowned)
+    );
+    assert_eq!(
+        should_provision(&p, &with_node(None), Some(&late), false),
+        Err(Skip::WaitingForNode)
+    );
+    assert_eq!(
+        should_provision(&node(false), &with_node(None), Some(&immediate), false),
+        Err(Skip::WaitingForNode),
+        "--node-deployment-immediate-binding=false leaves Immediate claims alone"
+    );
+}
+
+#[test]
+fn claiming_delays_grow_with_jitter() {
+    use std::time::Duration;
+    let (base, max) = (Duration::from_secs(20), Duration::from_secs(60));
+    assert_eq!(owner_delay(base, max, 0, 0.0), base);
+    assert_eq!(owner_delay(base, max, 0, 1.0), Duration::ZERO);
+    assert_eq!(owner_delay(base, max, 1, 0.0), Duration::from_secs(40));
+    assert_eq!(owner_delay(base, max, 1, 0.5), Duration::from_secs(30));
+    assert_eq!(owner_delay(base, max, 5, 0.0), max);
+    assert_eq!(owner_delay(base, max, 100, 0.25), Duration::from_secs(55));
+}
+
+#[test]
+fn nodes_leave_other_nodes_volumes_alone() {
+    let volume = Volume {
+        on_this_node: false,
+        ..released_volume()
+    };
+    assert_eq!(
+        plan_volume(&policy(), &volume, None, None),
+        VolumePlan::Nothing
+    );
+    assert!(matches!(
+        plan_volume(&policy(), &released_volume(), None, None),
+        VolumePlan::Delete(_)
+    ));
+}
+
+fn released_volume() -> Volume {
+    Volume::from_api(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "pv-1", "finalizers": [model::PV_FINALIZER],
+                "annotations": {model::ANN_PROVISIONED_BY: "d",
+                    model::ANN_DELETION_SECRET_NAME: "", model::ANN_DELETION_SECRET_NAMESPACE: ""}},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                "csi": {"driver": "d", "volumeHandle": "vol-1"}},
+            "status": {"phase": "Released"}
+        }))
+        .unwrap(),
+    )
 }

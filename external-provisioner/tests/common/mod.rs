@@ -131,8 +131,13 @@ impl Env {
 
     /// The configuration a deployment with `args` gets for the mock, with fast retries.
     pub async fn config(&self, args: &[&str]) -> Config {
+        self.config_for(&self.csi, args).await
+    }
+
+    /// The configuration for the driver behind `csi`.
+    pub async fn config_for(&self, csi: &CsiClient, args: &[&str]) -> Config {
         let cli = cli(args);
-        let caps = app::capabilities(&self.csi, Duration::from_secs(5))
+        let caps = app::capabilities(csi, Duration::from_secs(5))
             .await
             .unwrap();
         let mut config = app::config(
