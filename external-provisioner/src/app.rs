@@ -52,6 +52,8 @@ pub enum AppError {
     Identity(#[from] IdentityError),
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
+    #[error(transparent)]
+    Capacity(#[from] crate::capacity::controller::CapacityError),
     #[error("{0} is not implemented by this provisioner version")]
     Unsupported(&'static str),
     #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
@@ -256,9 +258,6 @@ pub async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
 
 /// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
 pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    if cli.enable_capacity {
-        return Err(AppError::Unsupported("--enable-capacity"));
-    }
     let http_plan = HttpPlan::from_flags(&cli.common.http)?;
     let mut kube_flags = cli.common.kube.clone();
     // Upstream's provisioner lets $KUBECONFIG win over --kubeconfig.
@@ -322,6 +321,39 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         name: journal_name(&model::lease_name(&driver)),
     });
 
+    // --enable-capacity: CSIStorageCapacity objects, through a client of their own limited by
+    // --kube-api-capacity-qps/-burst (leader election keeps its own client and limits); run
+    // beside the claims controller while leading. See capacity.rs.
+    let capacity = if cli.enable_capacity {
+        use crate::capacity::controller as cap;
+        let cap_client = sidecar_kit::kube::client(
+            kube_config.clone(),
+            cli.kube_api_capacity_qps,
+            cli.kube_api_capacity_burst,
+        )?;
+        let mut settings = cap::Settings::from_cli(&cli, &driver);
+        if let Some(node) = &config.policy.node {
+            settings = settings.for_node(&node.name, node.topology.as_ref());
+        }
+        let capacity = cap::prepare(
+            settings,
+            cap::Environment::from_env(),
+            client.clone(),
+            cap_client,
+            csi.clone(),
+            metrics.registry(),
+            config.queue_metrics.clone(),
+        )
+        .await?;
+        config.metrics = config
+            .metrics
+            .take()
+            .map(|m| m.with_capacity(capacity.handle()));
+        Some(capacity)
+    } else {
+        None
+    };
+
     let election = if cli.leader_election() {
         let le_client = sidecar_kit::kube::client(
             kube_config,
@@ -368,11 +400,22 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         Some(elector) => {
             elector
                 .run(shutdown, |leading| {
-                    controller::run(config, client, csi, leading)
+                    crate::capacity::controller::beside(
+                        capacity,
+                        leading.clone(),
+                        controller::run(config, client, csi, leading),
+                    )
                 })
                 .await?
         }
-        None => controller::run(config, client, csi, shutdown).await,
+        None => {
+            crate::capacity::controller::beside(
+                capacity,
+                shutdown.clone(),
+                controller::run(config, client, csi, shutdown),
+            )
+            .await
+        }
     }
     Ok(())
 }

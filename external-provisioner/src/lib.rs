@@ -6,12 +6,14 @@
 //! - [`topology`]: the accessibility requirements of a CreateVolume call;
 //! - [`decide`]: pure decisions (which claims, the CreateVolume request, the PV, error classes);
 //! - [`index`]: the cache fed by watch events, without I/O;
+//! - [`capacity`]: CSIStorageCapacity objects (`--enable-capacity`);
 //! - [`journal`]: the durable record of unanswered CreateVolume calls;
 //! - [`controller`]: the watches and workers doing the I/O ([`controller::run`]);
 //! - [`app`]: start-up from the command line ([`app::serve`]);
 //! - [`flags`]: the command line.
 
 pub mod app;
+pub mod capacity;
 pub mod controller;
 pub mod decide;
 pub mod flags;

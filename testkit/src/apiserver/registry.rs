@@ -423,6 +423,33 @@ impl Registry {
                     &["vsclass", "vsclasses"],
                 )
             },
+            // The owners a pod is walked up through (the provisioner's capacity owner).
+            Kind {
+                tracks_generation: true,
+                ..k(
+                    "apps",
+                    "v1",
+                    "replicasets",
+                    "replicaset",
+                    "ReplicaSet",
+                    true,
+                    true,
+                    &["rs"],
+                )
+            },
+            Kind {
+                tracks_generation: true,
+                ..k(
+                    "apps",
+                    "v1",
+                    "deployments",
+                    "deployment",
+                    "Deployment",
+                    true,
+                    true,
+                    &["deploy"],
+                )
+            },
             // Gateway API's, which cross-namespace volume data sources are granted by.
             Kind {
                 tracks_generation: true,
