@@ -560,7 +560,9 @@ mod tests {
                 "storage.k8s.io",
                 "coordination.k8s.io",
                 "events.k8s.io",
-                "snapshot.storage.k8s.io"
+                "snapshot.storage.k8s.io",
+                "apps",
+                "gateway.networking.k8s.io"
             ]
         );
     }
