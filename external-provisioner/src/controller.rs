@@ -45,6 +45,11 @@ pub const SOURCE_QUEUE: &str = "sources";
 pub const COMPONENT: &str = "external-provisioner";
 /// A claim backing off longer than this gets a Warning Event saying when it is retried.
 const LONG_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest wait for a journal write. Longer than `--timeout`: under a busy rate limit the write
+/// waits behind the other requests, and failing it would only send the claim to the back.
+const JOURNAL_WAIT: Duration = Duration::from_secs(120);
+/// How many VolumeSnapshotContents are remembered between restores.
+const CONTENT_CACHE: usize = 1024;
 /// DeleteVolume attempts to undo an unusable volume, within one `--timeout`.
 const CLEANUP_ATTEMPTS: usize = 5;
 
@@ -127,6 +132,9 @@ struct Controller {
     protection: tokio::sync::Mutex<()>,
     /// Distributed provisioning: Immediate claims this node means to claim, by UID.
     owners: Mutex<HashMap<String, OwnerAttempt>>,
+    /// VolumeSnapshotContents read for restores, with the snapshot resourceVersion they were
+    /// read at: restores of an unchanged snapshot do not read its content again.
+    contents: Mutex<HashMap<String, (String, Content)>>,
     /// Claims the driver found infeasible (InvalidArgument): the class UID then, and when.
     infeasible: Mutex<HashMap<String, (String, Instant)>>,
     events: Recorder,
@@ -170,6 +178,7 @@ pub async fn run(
         waiting: Mutex::new(HashMap::new()),
         protection: tokio::sync::Mutex::new(()),
         owners: Mutex::new(HashMap::new()),
+        contents: Mutex::new(HashMap::new()),
         infeasible: Mutex::new(HashMap::new()),
         events: Recorder::spawn(
             config
@@ -418,9 +427,15 @@ impl Controller {
                 class: flight.class.clone(),
                 prepared: flight.prepared.clone(),
             };
-            match tokio::time::timeout(self.config.timeout, self.journal.record(uid, &intent)).await
-            {
-                Ok(Ok(())) => flight.journaled = true,
+            let started = Instant::now();
+            match tokio::time::timeout(JOURNAL_WAIT, self.journal.record(uid, &intent)).await {
+                Ok(Ok(())) => {
+                    flight.journaled = true;
+                    let took = started.elapsed();
+                    if took > self.config.timeout {
+                        tracing::info!(claim = %flight.claim.key(), waited = ?took, "the journal write waited for its turn (API rate limit)");
+                    }
+                }
                 Ok(Err(err)) => {
                     return self
                         .flight_failed(
@@ -434,7 +449,7 @@ impl Controller {
                 }
                 Err(_) => {
                     return self
-                        .flight_failed(&flight, Failure::new(State::NoChange, "cannot record the provisioning intent: the journal write took longer than --timeout"))
+                        .flight_failed(&flight, Failure::new(State::NoChange, format!("cannot record the provisioning intent: the journal write took longer than {JOURNAL_WAIT:?}")))
                         .await;
                 }
             }
@@ -874,6 +889,26 @@ impl Controller {
             }
         };
         let (snapshot, content_name) = sources::check_snapshot(name, snapshot.as_ref())?;
+        let check = |content: &Content| {
+            sources::check_content(
+                claim,
+                class,
+                snapshot,
+                content,
+                self.config.policy.prevent_volume_mode_conversion,
+            )
+        };
+        let cached = lock(&self.contents)
+            .get(content_name)
+            .filter(|(version, _)| *version == snapshot.resource_version)
+            .map(|(_, content)| content.clone());
+        // A refusal is checked against a fresh read: the content may have changed (for example
+        // an annotation allowing a volume mode change).
+        if let Some(content) = cached
+            && let Ok(source) = check(&content)
+        {
+            return Ok(source);
+        }
         let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
         let content = match api.get(content_name).await {
             Ok(content) => Content::from_api(&content),
@@ -887,13 +922,17 @@ impl Controller {
                 });
             }
         };
-        sources::check_content(
-            claim,
-            class,
-            snapshot,
-            &content,
-            self.config.policy.prevent_volume_mode_conversion,
-        )
+        if self.config.watch_snapshots {
+            let mut contents = lock(&self.contents);
+            if contents.len() >= CONTENT_CACHE {
+                contents.clear();
+            }
+            contents.insert(
+                content_name.to_string(),
+                (snapshot.resource_version.clone(), content.clone()),
+            );
+        }
+        check(&content)
     }
 
     async fn flight_failed(&self, flight: &InFlight, failure: Failure) {
