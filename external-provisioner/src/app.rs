@@ -170,6 +170,7 @@ pub fn config(
             cli.node_deployment_base_delay,
             cli.node_deployment_max_delay,
         ),
+        capacity: None,
         queue_metrics: None,
         metrics: None,
         journal: None,
@@ -345,10 +346,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             config.queue_metrics.clone(),
         )
         .await?;
-        config.metrics = config
-            .metrics
-            .take()
-            .map(|m| m.with_capacity(capacity.handle()));
+        config.capacity = Some(capacity.handle());
         Some(capacity)
     } else {
         None

@@ -125,6 +125,32 @@ pub fn probe_decision(answer: ProbeAnswer) -> Result<ApiVersion, ProbeError> {
 }
 
 /// The managed-by label value: `external-provisioner`, or with distributed provisioning
+/// The segments a PV's node affinity names, for the refresh after it was created or deleted
+/// (upstream's `termToSegment`): each term whose expressions all are `In` with one value; other
+/// terms are skipped.
+pub fn affinity_segments(
+    affinity: &k8s_openapi::api::core::v1::VolumeNodeAffinity,
+) -> Vec<Segment> {
+    let Some(required) = &affinity.required else {
+        return Vec::new();
+    };
+    required
+        .node_selector_terms
+        .iter()
+        .filter(|term| term.match_fields.as_ref().is_none_or(Vec::is_empty))
+        .filter_map(|term| {
+            term.match_expressions
+                .iter()
+                .flatten()
+                .map(|e| match e.values.as_deref() {
+                    Some([value]) if e.operator == "In" => Some((e.key.clone(), value.clone())),
+                    _ => None,
+                })
+                .collect::<Option<Segment>>()
+        })
+        .collect()
+}
+
 /// `external-provisioner-<node>` cut to 63 characters as upstream cuts it.
 pub fn managed_by(node: Option<&str>) -> String {
     match node {
@@ -837,6 +863,25 @@ impl Tracker {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn segments_of_a_node_affinity() {
+        let affinity: k8s_openapi::api::core::v1::VolumeNodeAffinity =
+            serde_json::from_value(serde_json::json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]},
+                                      {"key": "rack", "operator": "In", "values": ["1"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b", "c"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["d"]}]}
+            ]}}))
+            .unwrap();
+        let expected: Segment = [("rack", "1"), ("zone", "a")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(affinity_segments(&affinity), vec![expected]);
+        assert!(affinity_segments(&Default::default()).is_empty());
+    }
+
     use super::*;
 
     const DRIVER: &str = "d.example.com";

@@ -79,6 +79,8 @@ pub struct Config {
     /// Distributed provisioning: the base and maximum delay before a node claims an Immediate
     /// claim (`--node-deployment-base-delay`, `--node-deployment-max-delay`).
     pub owner_delay: (Duration, Duration),
+    /// Capacity tracking, told when provisioning or deletion may have changed a capacity.
+    pub capacity: Option<crate::capacity::controller::CapacityHandle>,
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub metrics: Option<ProvisionMetrics>,
     pub reporter: Reporter,
@@ -960,6 +962,10 @@ impl Controller {
         if let Some(metrics) = &self.config.metrics {
             metrics.provision(class, source, Err(()));
         }
+        // A failure may have been for want of room: the class's capacities are read again.
+        if failure.state != State::NoChange {
+            self.refresh_capacity(class, None);
+        }
         match failure.state {
             State::Ignored => {
                 tracing::debug!(claim = %claim.key(), reason = %failure.message, "not provisioning");
@@ -1147,6 +1153,10 @@ impl Controller {
                 Ok(flight.started.elapsed()),
             );
         }
+        self.refresh_capacity(
+            &flight.class,
+            pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()),
+        );
         tracing::info!(claim = %flight.claim.key(), persistent_volume = %name, "provisioned");
         self.events.record(
             flight.claim.object_ref(),
@@ -1207,6 +1217,31 @@ impl Controller {
             .into_iter()
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
             .collect())
+    }
+
+    /// Asks capacity tracking to read again the capacities a volume created or deleted in
+    /// `affinity` may have changed: those of its segments, else (no topology) the class's, as
+    /// upstream's provisioner does.
+    fn refresh_capacity(
+        &self,
+        class: &str,
+        affinity: Option<&k8s_openapi::api::core::v1::VolumeNodeAffinity>,
+    ) {
+        let Some(capacity) = &self.config.capacity else {
+            return;
+        };
+        let segments = affinity
+            .map(crate::capacity::affinity_segments)
+            .unwrap_or_default();
+        if segments.is_empty() {
+            if !class.is_empty() {
+                capacity.refresh(Some(class), None);
+            }
+            return;
+        }
+        for segment in &segments {
+            capacity.refresh(None, Some(segment));
+        }
     }
 
     // --- Data source protection ---
@@ -1484,6 +1519,13 @@ impl Controller {
             .await
         {
             Ok(Either::Left(remaining)) => {
+                self.refresh_capacity(
+                    &volume.storage_class,
+                    remaining
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_affinity.as_ref()),
+                );
                 self.index().store_volume(&remaining, false);
                 let remaining = model::Volume::from_api(&remaining);
                 if remaining.has_finalizer() {

@@ -1,7 +1,5 @@
 //! The provisioning and deletion metrics of upstream's provisioner library, with its names,
-//! help texts (typos included, dashboards match them) and labels. With capacity tracking, the
-//! same outcomes also ask for a refresh of the class's CSIStorageCapacity objects, as upstream's
-//! provision wrapper does.
+//! help texts (typos included, dashboards match them) and labels.
 
 use std::time::Duration;
 
@@ -15,8 +13,6 @@ pub struct ProvisionMetrics {
     deleted: IntCounterVec,
     delete_failed: IntCounterVec,
     delete_duration: HistogramVec,
-    /// Refreshed after each provision (success or failure) and each deletion.
-    capacity: Option<crate::capacity::controller::CapacityHandle>,
 }
 
 impl ProvisionMetrics {
@@ -67,26 +63,10 @@ impl ProvisionMetrics {
                 "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name.",
                 &["class"],
             )?,
-            capacity: None,
         })
     }
 
-    /// Also refresh the capacity objects of the class of every provision and deletion.
-    pub fn with_capacity(mut self, handle: crate::capacity::controller::CapacityHandle) -> Self {
-        self.capacity = Some(handle);
-        self
-    }
-
-    fn refresh_capacity(&self, class: &str) {
-        if let Some(capacity) = &self.capacity
-            && !class.is_empty()
-        {
-            capacity.refresh_class(class);
-        }
-    }
-
     pub fn provision(&self, class: &str, source: &str, result: Result<Duration, ()>) {
-        self.refresh_capacity(class);
         match result {
             Ok(took) => {
                 self.provisioned.with_label_values(&[class, source]).inc();
@@ -104,7 +84,6 @@ impl ProvisionMetrics {
     pub fn delete(&self, class: &str, result: Result<Duration, ()>) {
         match result {
             Ok(took) => {
-                self.refresh_capacity(class);
                 self.deleted.with_label_values(&[class]).inc();
                 self.delete_duration
                     .with_label_values(&[class])

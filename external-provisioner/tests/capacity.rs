@@ -661,3 +661,46 @@ async fn distributed_provisioning_publishes_this_nodes_segment() {
     running.stop().await;
     env.stop().await;
 }
+
+#[tokio::test]
+async fn provisioning_refreshes_the_capacity_of_its_segment() {
+    let mut env = Env::without_controller(driver()).await;
+    let node_a = add_node(&env, "a").await;
+    let node_b = add_node(&env, "b").await;
+    let class = late_class(&mut env, json!({})).await;
+    // Polled once an hour: only the provisioning can make the capacity move in this test.
+    let running = start(
+        &env,
+        &[
+            "--capacity-poll-interval=1h",
+            "--capacity-ownerref-level=-1",
+        ],
+        in_namespace(&env),
+    )
+    .await
+    .unwrap();
+    wait_objects(&env, 2, "both zones at 100Gi", |o| {
+        capacity_of(o) == "100Gi"
+    })
+    .await;
+
+    let mut config = env.config(&[]).await;
+    config.capacity = Some(running.capacity.handle());
+    env.launch(config);
+    env.create_claim(
+        "data",
+        &class,
+        json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node_a}}}),
+    )
+    .await;
+    env.wait_bound("data").await;
+    // The volume's zone is read again; the other zone waits for its poll.
+    wait_objects(&env, 2, "zone a at 99Gi, zone b unchanged", |o| {
+        capacity_of(o) == if zone_of(o) == "a" { "99Gi" } else { "100Gi" }
+    })
+    .await;
+    running.stop().await;
+    remove_node(&env, &node_a).await;
+    remove_node(&env, &node_b).await;
+    env.stop().await;
+}

@@ -284,11 +284,6 @@ impl CapacityHandle {
         }
     }
 
-    /// Refreshes every object of `class`.
-    pub fn refresh_class(&self, class: &str) {
-        self.refresh(Some(class), None);
-    }
-
     /// Desired, existing and obsolete objects (zeros while not running).
     pub fn counts(&self) -> super::Counts {
         self.current()
