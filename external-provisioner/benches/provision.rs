@@ -5,8 +5,10 @@
 //! the claims of the unlimited-QPS run, `BENCH_CLAIMS_DEFAULT_QPS` (default 200) those of the run
 //! at the default QPS 5 / burst 10, `BENCH_PAIRS` (default 50000) the bound PVC+PV pairs of the
 //! idle-memory run, `BENCH_SOURCE_CLAIMS` (default 1000) the clones of one claim and the
-//! restores of one snapshot at the default QPS; `BENCH_ONLY=unlimited|default|idle|sources`
-//! runs one scenario and `BENCH_BIN` measures another build of the binary.
+//! restores of one snapshot at the default QPS, `BENCH_SEGMENTS` (default 2000),
+//! `BENCH_CAPACITY_POLL` (seconds, default 60) and `BENCH_CYCLES` (default 10) the capacity
+//! tracking run; `BENCH_ONLY=unlimited|default|idle|sources|capacity` runs one scenario and
+//! `BENCH_BIN` measures another build of the binary.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -94,6 +96,10 @@ struct Bench {
 
 impl Bench {
     async fn start() -> Self {
+        Self::start_with(MockDriver::builder().driver_name(DRIVER)).await
+    }
+
+    async fn start_with(driver: MockDriver) -> Self {
         // With the PV controller, as kube-controller-manager binds claims in a cluster.
         let api = ApiServer::start_with(Options {
             pv_controller: true,
@@ -102,8 +108,7 @@ impl Bench {
         .await
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let mock = MockDriver::builder()
-            .driver_name(DRIVER)
+        let mock = driver
             .call_log_limit(16)
             .serve_unix(dir.path().join("csi.sock"))
             .await
@@ -127,6 +132,10 @@ impl Bench {
     }
 
     fn spawn(&self, port: u16, extra: &[&str]) -> Child {
+        self.spawn_with_env(port, extra, &[])
+    }
+
+    fn spawn_with_env(&self, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Child {
         let bin = std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string());
         let mut command = Command::new(bin);
         testkit::process::die_with_parent(&mut command);
@@ -139,6 +148,7 @@ impl Bench {
             .arg(format!("--http-endpoint=127.0.0.1:{port}"))
             .arg(format!("--leader-election-namespace={NAMESPACE}"))
             .args(extra)
+            .envs(env.iter().copied())
             .env_remove("KUBECONFIG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -500,6 +510,134 @@ async fn ready_snapshot(bench: &Bench, name: &str) {
         .unwrap();
 }
 
+/// A gauge or counter of the provisioner's `/metrics` (the first sample of `name{labels}`).
+async fn metric(port: u16, series: &str) -> Option<f64> {
+    let (_, body) = http_get(port, "/metrics").await?;
+    body.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Capacity tracking over `segments` nodes × 2 classes, polled every `poll`: API writes, queue
+/// depth, RSS and time of each cycle when nothing changes.
+async fn capacity_run(segments: usize, poll: Duration, cycles: usize) {
+    let driver = MockDriver::builder()
+        .driver_name(DRIVER)
+        .capabilities(testkit::mockdriver::Capabilities {
+            topology: true,
+            ..Default::default()
+        });
+    let bench = Bench::start_with(driver).await;
+    let client = bench.api.client();
+    const KEY: &str = "topology.hostpath.csi/zone";
+    for class in ["late-1", "late-2"] {
+        let sc: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": class}, "provisioner": DRIVER,
+            "volumeBindingMode": "WaitForFirstConsumer", "parameters": {"pool": class}
+        }))
+        .unwrap();
+        Api::<StorageClass>::all(client.clone())
+            .create(&PostParams::default(), &sc)
+            .await
+            .unwrap();
+    }
+    let fill = Instant::now();
+    futures::stream::iter(0..segments)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                let name = format!("node-{i}");
+                let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(
+                    json!({"metadata": {"name": name, "labels": {KEY: format!("z{i}")}}}),
+                )
+                .unwrap();
+                Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+                    .create(&PostParams::default(), &node)
+                    .await
+                    .unwrap();
+                let csinode: k8s_openapi::api::storage::v1::CSINode =
+                    serde_json::from_value(json!({"metadata": {"name": name},
+                        "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "topologyKeys": [KEY]}]}}))
+                    .unwrap();
+                Api::<k8s_openapi::api::storage::v1::CSINode>::all(client)
+                    .create(&PostParams::default(), &csinode)
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .collect::<Vec<_>>()
+        .await;
+    println!(
+        "## capacity tracking: {segments} segments × 2 classes, poll {poll:?} ({} nodes filled in {:.1} s)",
+        segments,
+        fill.elapsed().as_secs_f64()
+    );
+    let port = free_port().unwrap();
+    let poll_flag = format!("--capacity-poll-interval={}s", poll.as_secs());
+    let child = bench.spawn_with_env(
+        port,
+        &[
+            "--enable-capacity",
+            "--capacity-ownerref-level=-1",
+            &poll_flag,
+            "--kube-api-capacity-qps=200",
+            "--kube-api-capacity-burst=200",
+        ],
+        &[("NAMESPACE", NAMESPACE)],
+    );
+    let pid = child.id().unwrap();
+    ready(port).await;
+    let goal = (segments * 2) as f64;
+    let started = Instant::now();
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while metric(port, "csistoragecapacities_desired_current").await != Some(goal) {
+        assert!(Instant::now() < deadline, "objects not created within {WAIT_LIMIT:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "initial: {} objects created in {:.1} s",
+        goal,
+        started.elapsed().as_secs_f64()
+    );
+    let calls = |bench: &Bench| bench.mock.calls().count(csi_proto::methods::controller::GET_CAPACITY);
+    for cycle in 1..=cycles {
+        bench.api.counters().reset();
+        let start_calls = calls(&bench);
+        // A cycle starts with the poll's first GetCapacity and ends with its last.
+        let deadline = Instant::now() + poll * 3 + WAIT_LIMIT;
+        while calls(&bench) == start_calls {
+            assert!(Instant::now() < deadline, "no poll");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let began = Instant::now();
+        let mut depth_max = 0.0f64;
+        while calls(&bench) < start_calls + goal as u64 {
+            assert!(Instant::now() < deadline, "poll did not finish");
+            if let Some(depth) = metric(port, "workqueue_depth{name=\"csistoragecapacity\"}").await {
+                depth_max = depth_max.max(depth);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let took = began.elapsed();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let writes: u64 = [Verb::Create, Verb::Update, Verb::Patch, Verb::Delete]
+            .iter()
+            .map(|v| bench.api.counters().total(*v, "csistoragecapacities"))
+            .sum();
+        let now = usage(pid, bench.ticks);
+        println!(
+            "cycle {cycle}: {} GetCapacity in {}, API writes {writes}, queue depth max {depth_max}, RSS {} KiB, CPU {:.2} s total",
+            goal,
+            ms(took),
+            now.rss_kib,
+            now.cpu_seconds
+        );
+    }
+    drop(child);
+}
+
 /// Clones of one claim, then restores of one snapshot, at the default QPS: the protection
 /// finalizers are written once per source.
 async fn sources_run(count: usize) {
@@ -578,6 +716,14 @@ fn main() {
         }
         if run("sources") {
             sources_run(env_usize("BENCH_SOURCE_CLAIMS", 1000)).await;
+        }
+        if run("capacity") {
+            capacity_run(
+                env_usize("BENCH_SEGMENTS", 2000),
+                Duration::from_secs(env_usize("BENCH_CAPACITY_POLL", 60) as u64),
+                env_usize("BENCH_CYCLES", 10),
+            )
+            .await;
         }
     });
 }
