@@ -10,7 +10,7 @@ use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
 use sidecar_kit::http::HttpPlan;
 use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::leader::{self, ElectionConfig, LeaderElector};
+use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use sidecar_kit::metrics::CsiMetrics;
 use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
@@ -167,7 +167,10 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         let mut settings =
             ElectionConfig::from_flags(&model::lease_name(&driver), &cli.common.leader_election)?;
         settings.release_on_exit = cli.release_lease_on_exit();
-        Some(LeaderElector::new(le_client, settings))
+        Some(
+            LeaderElector::new(le_client, settings)
+                .with_metrics(LeaderMetrics::register(metrics.registry())?),
+        )
     } else {
         None
     };

@@ -522,12 +522,13 @@ async fn metric(port: u16, series: &str) -> Option<f64> {
 /// Capacity tracking over `segments` nodes × 2 classes, polled every `poll`: API writes, queue
 /// depth, RSS and time of each cycle when nothing changes.
 async fn capacity_run(segments: usize, poll: Duration, cycles: usize) {
-    let driver = MockDriver::builder()
-        .driver_name(DRIVER)
-        .capabilities(testkit::mockdriver::Capabilities {
-            topology: true,
-            ..Default::default()
-        });
+    let driver =
+        MockDriver::builder()
+            .driver_name(DRIVER)
+            .capabilities(testkit::mockdriver::Capabilities {
+                topology: true,
+                ..Default::default()
+            });
     let bench = Bench::start_with(driver).await;
     let client = bench.api.client();
     const KEY: &str = "topology.hostpath.csi/zone";
@@ -593,7 +594,10 @@ async fn capacity_run(segments: usize, poll: Duration, cycles: usize) {
     let started = Instant::now();
     let deadline = Instant::now() + WAIT_LIMIT;
     while metric(port, "csistoragecapacities_desired_current").await != Some(goal) {
-        assert!(Instant::now() < deadline, "objects not created within {WAIT_LIMIT:?}");
+        assert!(
+            Instant::now() < deadline,
+            "objects not created within {WAIT_LIMIT:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!(
@@ -601,7 +605,12 @@ async fn capacity_run(segments: usize, poll: Duration, cycles: usize) {
         goal,
         started.elapsed().as_secs_f64()
     );
-    let calls = |bench: &Bench| bench.mock.calls().count(csi_proto::methods::controller::GET_CAPACITY);
+    let calls = |bench: &Bench| {
+        bench
+            .mock
+            .calls()
+            .count(csi_proto::methods::controller::GET_CAPACITY)
+    };
     for cycle in 1..=cycles {
         bench.api.counters().reset();
         let start_calls = calls(&bench);
@@ -615,7 +624,8 @@ async fn capacity_run(segments: usize, poll: Duration, cycles: usize) {
         let mut depth_max = 0.0f64;
         while calls(&bench) < start_calls + goal as u64 {
             assert!(Instant::now() < deadline, "poll did not finish");
-            if let Some(depth) = metric(port, "workqueue_depth{name=\"csistoragecapacity\"}").await {
+            if let Some(depth) = metric(port, "workqueue_depth{name=\"csistoragecapacity\"}").await
+            {
                 depth_max = depth_max.max(depth);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

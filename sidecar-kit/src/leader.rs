@@ -176,6 +176,39 @@ struct Observed {
     changed_at: Instant,
     leading: bool,
     last_renewal: Option<Instant>,
+    /// The Lease as this candidate last wrote it: the leader renews it without reading it
+    /// first (client-go's optimistic fast path).
+    written: Option<Lease>,
+}
+
+/// client-go's leader election metrics, with its names, help texts and `name` label.
+#[derive(Clone)]
+pub struct LeaderMetrics {
+    master: prometheus::IntGaugeVec,
+    slowpath: prometheus::IntCounterVec,
+}
+
+impl LeaderMetrics {
+    /// Registers `leader_election_master_status` and `leader_election_slowpath_total`.
+    pub fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let master = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "leader_election_master_status",
+                "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+            ),
+            &["name"],
+        )?;
+        let slowpath = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "leader_election_slowpath_total",
+                "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name.",
+            ),
+            &["name"],
+        )?;
+        registry.register(Box::new(master.clone()))?;
+        registry.register(Box::new(slowpath.clone()))?;
+        Ok(Self { master, slowpath })
+    }
 }
 
 /// Cloneable view of the election for `/healthz/leader-election`.
@@ -221,6 +254,7 @@ pub struct LeaderElector {
     config: ElectionConfig,
     observed: Arc<Mutex<Observed>>,
     changed: Arc<Notify>,
+    metrics: Option<LeaderMetrics>,
 }
 
 impl LeaderElector {
@@ -233,13 +267,21 @@ impl LeaderElector {
             changed_at: Instant::now(),
             leading: false,
             last_renewal: None,
+            written: None,
         };
         Self {
             api,
             config,
             observed: Arc::new(Mutex::new(observed)),
             changed: Arc::new(Notify::new()),
+            metrics: None,
         }
+    }
+
+    /// Reports leadership and slow-path renewals into `metrics`.
+    pub fn with_metrics(mut self, metrics: LeaderMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn health(&self) -> LeaderHealth {
@@ -274,6 +316,7 @@ impl LeaderElector {
             return Ok(());
         }
         tracing::info!(lease = %self.config.lease_name, namespace = %self.config.namespace, identity = %self.config.identity, "became leader");
+        self.set_leading(true);
 
         let leading = CancellationToken::new();
         let work = lead(leading.clone());
@@ -315,6 +358,12 @@ impl LeaderElector {
         if let Ok(mut o) = self.observed.lock() {
             o.leading = leading;
         }
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .master
+                .with_label_values(&[self.config.lease_name.as_str()])
+                .set(i64::from(leading));
+        }
     }
 
     /// Tries until leadership is acquired (true) or shutdown (false).
@@ -355,6 +404,29 @@ impl LeaderElector {
     /// One round of client-go's `tryAcquireOrRenew`.
     async fn try_acquire_or_renew(&self) -> bool {
         let now = Timestamp::now();
+        if let Some(mut lease) = self.renewable() {
+            // Fast path: the leader writes its renewal over the Lease it last wrote; the
+            // resourceVersion makes the write fail if anybody else wrote meanwhile.
+            let spec = lease.spec.clone().unwrap_or_default();
+            lease.spec = Some(self.record(
+                now,
+                spec.acquire_time.map(|t| t.0),
+                spec.lease_transitions.unwrap_or(0),
+            ));
+            match self
+                .api
+                .replace(&self.config.lease_name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(written) => {
+                    self.observe_write(written);
+                    return true;
+                }
+                Err(err) => {
+                    tracing::info!(error = %err, lease = %self.config.lease_name, "Failed to update lock optimistically, falling back to slow path");
+                }
+            }
+        }
         let current = match self.api.get_opt(&self.config.lease_name).await {
             Ok(current) => current,
             Err(err) => {
@@ -374,7 +446,7 @@ impl LeaderElector {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
-                    self.observe_write(created.spec);
+                    self.observe_write(created);
                     true
                 }
                 Err(err) => {
@@ -394,6 +466,14 @@ impl LeaderElector {
                 acquire_time,
                 transitions,
             } => {
+                if spec.holder_identity.as_deref() == Some(self.config.identity.as_str())
+                    && let Some(metrics) = &self.metrics
+                {
+                    metrics
+                        .slowpath
+                        .with_label_values(&[self.config.lease_name.as_str()])
+                        .inc();
+                }
                 lease.spec = Some(self.record(now, acquire_time, transitions));
                 lease.metadata.labels = self.labels(lease.metadata.labels.take());
                 match self
@@ -402,7 +482,7 @@ impl LeaderElector {
                     .await
                 {
                     Ok(written) => {
-                        self.observe_write(written.spec);
+                        self.observe_write(written);
                         true
                     }
                     Err(err) => {
@@ -455,13 +535,24 @@ impl LeaderElector {
         o.changed_at.elapsed()
     }
 
-    fn observe_write(&self, spec: Option<LeaseSpec>) {
+    fn observe_write(&self, lease: Lease) {
         if let Ok(mut o) = self.observed.lock() {
-            o.spec = spec;
+            o.spec = lease.spec.clone();
             o.changed_at = Instant::now();
             o.leading = true;
             o.last_renewal = Some(Instant::now());
+            o.written = Some(lease);
         }
+    }
+
+    /// The Lease to renew on the fast path: while this candidate leads and its last renewal
+    /// is younger than the lease duration (client-go's `IsLeader() && isLeaseValid()`).
+    fn renewable(&self) -> Option<Lease> {
+        let o = self.observed.lock().ok()?;
+        let valid = o
+            .last_renewal
+            .is_some_and(|r| r.elapsed() < self.config.lease_duration);
+        (o.leading && valid).then(|| o.written.clone()).flatten()
     }
 
     /// Gives the Lease up so that another candidate takes over without waiting for expiry.

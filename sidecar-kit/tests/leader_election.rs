@@ -259,3 +259,93 @@ async fn losing_the_lease_ends_leadership_with_an_error() {
     );
     assert!(!health.is_leader());
 }
+
+fn metric(registry: &prometheus::Registry, family: &str) -> Option<f64> {
+    registry
+        .gather()
+        .into_iter()
+        .find(|f| f.name() == family)?
+        .get_metric()
+        .iter()
+        .find(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "name" && l.value() == LEASE)
+        })
+        .map(|m| m.get_gauge().get_value() + m.get_counter().get_value())
+}
+
+#[tokio::test]
+async fn renewals_take_the_fast_path_until_someone_else_writes() {
+    let server = TestCluster::start().await.unwrap();
+    let registry = prometheus::Registry::new();
+    let metrics = sidecar_kit::leader::LeaderMetrics::register(&registry).unwrap();
+    let elector =
+        LeaderElector::new(server.client(), config(&server, "fast")).with_metrics(metrics);
+    let shutdown = CancellationToken::new();
+    let (tx, mut leading) = watch::channel(false);
+    let stop = shutdown.clone();
+    let task = tokio::spawn(async move {
+        elector
+            .run(stop, |token| async move {
+                let _ = tx.send(true);
+                token.cancelled().await;
+            })
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|l| *l))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        metric(&registry, "leader_election_master_status"),
+        Some(1.0)
+    );
+
+    // Renewals with nobody else writing: each is one write over the Lease last written.
+    let first = spec(&lease(&server).await).renew_time;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while spec(&lease(&server).await).renew_time == first {
+        assert!(Instant::now() < deadline, "no renewal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric(&registry, "leader_election_slowpath_total").unwrap_or(0.0),
+        0.0,
+        "renewed on the fast path"
+    );
+
+    // Another writer changes the Lease: the optimistic write conflicts, the slow path renews.
+    let mut changed = lease(&server).await;
+    changed
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("example.com/touched".into(), "yes".into());
+    Api::<Lease>::default_namespaced(server.client())
+        .replace(LEASE, &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&registry, "leader_election_slowpath_total").unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < deadline, "no slow-path renewal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(*leading.borrow(), "still leading");
+    assert_eq!(
+        spec(&lease(&server).await).holder_identity.as_deref(),
+        Some("fast")
+    );
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        metric(&registry, "leader_election_master_status"),
+        Some(0.0)
+    );
+    server.cleanup().await.unwrap();
+}
