@@ -11,7 +11,7 @@ use csi_proto::v1::{
     CapacityRange, CreateSnapshotRequest, CreateVolumeRequest, VolumeCapability, volume_capability,
 };
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass, VolumeAttachment};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -64,6 +64,8 @@ pub struct SandboxOptions {
     /// Where the started sidecars are kept: the caller's handle stops them even while
     /// [`start`] is still waiting for a step (e.g. on a signal).
     pub children: Children,
+    /// Run the provisioner with capacity tracking and show its CSIStorageCapacity objects.
+    pub capacity: bool,
 }
 
 /// The sidecar processes of a sandbox. Each dies with the sandbox process however that ends
@@ -77,12 +79,14 @@ impl Children {
         name: &'static str,
         binary: &Path,
         args: &[String],
+        env: &[(&str, &str)],
         log_dir: &Path,
     ) -> Result<(), SandboxError> {
         let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
         let child = crate::process::die_with_parent(
             Command::new(binary)
                 .args(args)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log)
@@ -179,7 +183,7 @@ impl Sandbox {
         binary: &Path,
         args: &[String],
     ) -> Result<(), SandboxError> {
-        self.children.spawn(name, binary, args, &self.work_dir)
+        self.children.spawn(name, binary, args, &[], &self.work_dir)
     }
 }
 
@@ -265,15 +269,24 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     let probe = spawn_livenessprobe(&mut sandbox, binary("livenessprobe"), &endpoint)?;
     let registrar = spawn_registrar(&mut sandbox, binary("csi-node-driver-registrar"), &endpoint)?;
     let attacher = spawn_attacher(&mut sandbox, binary("csi-attacher"), &endpoint)?;
-    let provisioner = spawn_provisioner(&mut sandbox, binary("csi-provisioner"), &endpoint)?;
+    let provisioner = spawn_provisioner(
+        &mut sandbox,
+        binary("csi-provisioner"),
+        &endpoint,
+        options.capacity,
+    )?;
 
     check_livenessprobe(&mut sandbox, probe).await;
     check_registrar(&mut sandbox, registrar).await;
     volumes(&mut sandbox, attacher, provisioner).await?;
+    if options.capacity && provisioner {
+        let outcome = capacity(&sandbox).await?;
+        sandbox.record("capacity", outcome);
+    }
 
     println!();
     println!(
-        "kubectl --kubeconfig {} get storageclass,pv,pvc,volumeattachments,csinodes,leases -A",
+        "kubectl --kubeconfig {} get storageclass,pv,pvc,volumeattachments,csinodes,csistoragecapacities,leases -A",
         sandbox.kubeconfig().display()
     );
     println!("sidecar logs: {}", sandbox.work_dir.display());
@@ -429,20 +442,33 @@ fn spawn_provisioner(
     sandbox: &mut Sandbox,
     binary: Option<PathBuf>,
     endpoint: &str,
+    capacity: bool,
 ) -> Result<bool, SandboxError> {
     let Some(binary) = binary else {
         return Ok(false);
     };
     let kubeconfig = sandbox.kubeconfig().display().to_string();
     let port = crate::measure::free_port()?;
-    sandbox.spawn(
+    let mut args = vec![
+        format!("--csi-address={endpoint}"),
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--http-endpoint=127.0.0.1:{port}"),
+    ];
+    let mut env = Vec::new();
+    if capacity {
+        args.extend([
+            "--enable-capacity".to_string(),
+            "--capacity-ownerref-level=-1".to_string(),
+            "--capacity-poll-interval=10s".to_string(),
+        ]);
+        env.push(("NAMESPACE", NAMESPACE));
+    }
+    sandbox.children.spawn(
         "external-provisioner",
         &binary,
-        &[
-            format!("--csi-address={endpoint}"),
-            format!("--kubeconfig={kubeconfig}"),
-            format!("--http-endpoint=127.0.0.1:{port}"),
-        ],
+        &args,
+        &env,
+        &sandbox.work_dir.clone(),
     )?;
     sandbox.metrics.push(("external-provisioner", port));
     Ok(true)
@@ -540,6 +566,41 @@ async fn volumes(
     };
     sandbox.record("external-attacher", outcome);
     Ok(())
+}
+
+/// A late-binding StorageClass, and the CSIStorageCapacity object the provisioner publishes
+/// for it.
+async fn capacity(sandbox: &Sandbox) -> Result<Outcome, SandboxError> {
+    let client = sandbox.api.client();
+    let class: StorageClass = object(json!({
+        "metadata": {"name": "sandbox-late"},
+        "provisioner": DRIVER,
+        "volumeBindingMode": "WaitForFirstConsumer"
+    }))?;
+    Api::<StorageClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    let objects = Api::<CSIStorageCapacity>::namespaced(client, NAMESPACE);
+    let published = wait_for(|| {
+        let objects = objects.clone();
+        async move {
+            let list = objects.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|o| o.storage_class_name == "sandbox-late" && o.capacity.is_some())
+        }
+    })
+    .await;
+    Ok(match published {
+        Some(object) => Outcome::Ok(format!(
+            "CSIStorageCapacity {NAMESPACE}/{} for StorageClass sandbox-late: capacity {}",
+            object.metadata.name.unwrap_or_default(),
+            object.capacity.map(|q| q.0).unwrap_or_default()
+        )),
+        None => Outcome::Failed(format!(
+            "no CSIStorageCapacity for StorageClass sandbox-late within {STEP_TIMEOUT:?}"
+        )),
+    })
 }
 
 /// Snapshots the volume of PV `pv_name` as a snapshot controller would (CreateSnapshot, then a

@@ -15,6 +15,7 @@ async fn sandbox_reaches_its_end_state() {
     let options = SandboxOptions {
         bin_dir: bin_dir(),
         work_dir: work.path().to_path_buf(),
+        capacity: true,
         ..SandboxOptions::default()
     };
     let running = sandbox::start(&options).await.unwrap();
@@ -34,6 +35,8 @@ async fn sandbox_reaches_its_end_state() {
         ("external-attacher", "csi-attacher"),
         // The provisioner restores a claim from a snapshot.
         ("restore", "csi-provisioner"),
+        // With capacity tracking: the CSIStorageCapacity of a late-binding class.
+        ("capacity", "csi-provisioner"),
     ] {
         let built = options.bin_dir.join(binary).is_file();
         match running.outcome(step) {

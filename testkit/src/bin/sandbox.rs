@@ -28,6 +28,11 @@ struct Cli {
     /// Do not run `cargo build --workspace --bins` first (only applies when started by cargo)
     #[arg(long)]
     no_build: bool,
+
+    /// Run the provisioner with storage capacity tracking and show its CSIStorageCapacity
+    /// objects (for a late-binding StorageClass)
+    #[arg(long)]
+    capacity: bool,
 }
 
 /// Parses `30s`, `5m`, `1h` or a number of seconds.
@@ -137,6 +142,7 @@ async fn main() -> std::process::ExitCode {
         bin_dir,
         work_dir: work_dir.path().to_path_buf(),
         children: sandbox::Children::default(),
+        capacity: cli.capacity,
     };
     // A signal while the steps still wait stops the sidecars started so far.
     let started = tokio::select! {
