@@ -83,13 +83,17 @@ impl Relist {
 /// Watches every object of `api`'s kind (lists are paged by the watcher) and hands each change
 /// to `apply`; after the first complete list, reports once on `synced`. Failed watches are
 /// logged and restarted with the watcher's backoff; the future ends only when dropped.
-pub async fn watch<K, F>(api: Api<K>, config: watcher::Config, mut apply: F, synced: Synced)
-where
+/// `kind` names the objects in the logs.
+pub async fn watch<K, F>(
+    kind: String,
+    api: Api<K>,
+    config: watcher::Config,
+    mut apply: F,
+    synced: Synced,
+) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
     F: FnMut(Change<&K>) + Send,
 {
-    let kind = K::kind(&K::DynamicType::default()).to_string();
     let stream = watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
     let mut synced = Some(synced);
@@ -154,9 +158,19 @@ impl Pipeline {
         K::DynamicType: Default,
         F: FnMut(Change<&K>) + Send + 'static,
     {
+        let kind = K::kind(&K::DynamicType::default()).to_string();
+        self.watch_kind(kind, api, config, apply);
+    }
+
+    /// [`watch`](Self::watch) for objects whose type does not know its kind (dynamic objects).
+    pub fn watch_kind<K, F>(&mut self, kind: String, api: Api<K>, config: watcher::Config, apply: F)
+    where
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        F: FnMut(Change<&K>) + Send + 'static,
+    {
         self.expected += 1;
         let synced = Synced(self.synced_tx.clone());
-        self.watches.spawn(watch(api, config, apply, synced));
+        self.watches.spawn(watch(kind, api, config, apply, synced));
     }
 
     /// Waits until every watch has listed once; `false` if `shutdown` came first.

@@ -9,13 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use csi_proto::v1::{GetCapacityRequest, Topology};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use sidecar_kit::csi::{CallOptions, CsiClient};
@@ -360,15 +359,17 @@ impl Capacity {
                 move |change| r.on_csinode(change, &mut relist),
             );
         }
-        let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-        let objects = tokio::spawn(running.clone().watch_objects(self.selector(), synced_tx));
+        // Our objects only, by label.
+        let r = running.clone();
+        let mut relist = Relist::default();
+        pipeline.watch_kind(
+            "CSIStorageCapacity".to_string(),
+            running.api.clone(),
+            watcher::Config::default().labels(&self.selector()),
+            move |change| r.on_object(change, &mut relist),
+        );
 
-        let synced = pipeline.wait_synced(&shutdown).await
-            && tokio::select! {
-                _ = shutdown.cancelled() => false,
-                r = synced_rx => r.is_ok(),
-            };
-        if synced {
+        if pipeline.wait_synced(&shutdown).await {
             running.start();
             let r = running.clone();
             pipeline.workers(&running.queue, settings.workers, move |item| {
@@ -385,7 +386,6 @@ impl Capacity {
         }
         tracing::info!("stopping capacity controller");
         *lock(&self.handle.running) = None;
-        objects.abort();
         pipeline.stop().await;
     }
 
@@ -597,37 +597,6 @@ impl Running {
             }
         };
         self.enqueue_if_ready(&state, work);
-    }
-
-    /// Watches our objects (by label); reports the first complete list on `synced`.
-    async fn watch_objects(
-        self: Arc<Self>,
-        selector: String,
-        synced: tokio::sync::oneshot::Sender<()>,
-    ) {
-        let stream = watcher(
-            self.api.clone(),
-            watcher::Config::default().labels(&selector),
-        )
-        .default_backoff();
-        futures::pin_mut!(stream);
-        let mut relist = Relist::default();
-        let mut synced = Some(synced);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(event) => {
-                    let change = Change::from_watcher(event);
-                    let done = matches!(change, Change::Relisted);
-                    self.on_object(change.as_ref(), &mut relist);
-                    if done && let Some(tx) = synced.take() {
-                        let _ = tx.send(());
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "watch of CSIStorageCapacity objects failed; retrying")
-                }
-            }
-        }
     }
 
     /// Every `--capacity-poll-interval`: every object again. A cycle still running at the next
