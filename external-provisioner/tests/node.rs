@@ -10,23 +10,24 @@ use std::time::Duration;
 use common::{Env, WAIT, csi_client, eventually, mock, requests, unique};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use external_provisioner::app;
-use external_provisioner::controller;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
+use std::process::Stdio;
 use testkit::mockdriver::MockHandle;
-use tokio_util::sync::CancellationToken;
+use tokio::process::{Child, Command};
 
 const NODE_KEY: &str = "topology.hostpath.csi/node";
 const GIB: i64 = 1 << 30;
 
-/// A node: its driver and its provisioner.
+const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
+
+/// A node: its driver and its provisioner process.
 struct Node {
     name: String,
     mock: MockHandle,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    process: Child,
 }
 
 async fn start_node(env: &Env, name: &str, capacity: i64) -> Node {
@@ -37,25 +38,30 @@ async fn start_node(env: &Env, name: &str, capacity: i64) -> Node {
         .serve_unix(env.dir.path().join(format!("{name}.sock")))
         .await
         .unwrap();
-    let csi = csi_client(&mock).await;
-    let cli = common::cli(&["--node-deployment"]);
-    let mut config = env.config_for(&csi, &["--node-deployment"]).await;
-    assert!(config.policy.topology);
-    app::node_deployment(&cli, &csi, Some(name.to_string()), &mut config)
-        .await
-        .unwrap();
-    assert!(
-        !config.watch_topology,
-        "no Node and CSINode watches on nodes"
-    );
-    config.owner_delay = (Duration::from_millis(50), Duration::from_millis(400));
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(controller::run(config, env.client(), csi, stop.clone()));
+    let mut command = Command::new(BIN);
+    command
+        .arg(format!(
+            "--kubeconfig={}",
+            env.cluster.kubeconfig_path().display()
+        ))
+        .arg(format!("--csi-address={}", mock.socket_path().display()))
+        .args([
+            "--node-deployment",
+            "--node-deployment-base-delay=50ms",
+            "--node-deployment-max-delay=400ms",
+            "--retry-interval-start=50ms",
+            "--kube-api-qps=-1",
+        ])
+        .env("NODE_NAME", name)
+        .env_remove("KUBECONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    testkit::process::die_with_parent(&mut command);
     Node {
         name: name.to_string(),
         mock,
-        stop,
-        task,
+        process: command.spawn().unwrap(),
     }
 }
 
@@ -212,14 +218,44 @@ async fn nodes_race_for_immediate_claims_and_keep_to_their_own() {
             node.name
         );
     }
-    for node in nodes {
-        node.stop.cancel();
-        tokio::time::timeout(WAIT, node.task)
+    for mut node in nodes {
+        node.process.start_kill().unwrap();
+        tokio::time::timeout(WAIT, node.process.wait())
             .await
             .unwrap()
             .unwrap();
         node.mock.shutdown().await.unwrap();
     }
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn node_deployment_reads_the_nodes_topology() {
+    let env = Env::without_controller(mock()).await;
+    let node = mock()
+        .node_id("id-n1")
+        .topology_segment([(NODE_KEY, "n1")])
+        .serve_unix(env.dir.path().join("n1.sock"))
+        .await
+        .unwrap();
+    let csi = csi_client(&node).await;
+    let cli = common::cli(&["--node-deployment"]);
+    let mut config = env.config_for(&csi, &["--node-deployment"]).await;
+    app::node_deployment(&cli, &csi, Some("n1".into()), &mut config)
+        .await
+        .unwrap();
+    assert!(
+        !config.watch_topology,
+        "no Node and CSINode watches on nodes"
+    );
+    let policy = config.policy.node.unwrap();
+    assert_eq!(policy.name, "n1");
+    assert_eq!(
+        policy.topology,
+        Some([(NODE_KEY.to_string(), "n1".to_string())].into())
+    );
+    assert!(config.policy.identity.ends_with("-n1"));
+    node.shutdown().await.unwrap();
     env.stop().await;
 }
 
