@@ -234,3 +234,96 @@ async fn faults_prepared_before_serving() {
     let probe = clients.identity.probe(v1::ProbeRequest {}).await.unwrap();
     assert_eq!(probe.into_inner().ready, Some(false));
 }
+
+#[tokio::test]
+async fn rewritten_answers_break_the_spec_on_purpose() {
+    let Served {
+        mock,
+        mut clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    let c = &mut clients.controller;
+    mock.faults().rewrite_answers(
+        cm::CREATE_VOLUME,
+        1,
+        |answer: &mut v1::CreateVolumeResponse| {
+            if let Some(volume) = answer.volume.as_mut() {
+                volume.volume_id.clear();
+                volume.capacity_bytes = -1;
+            }
+        },
+    );
+    let broken = c
+        .create_volume(create_request("a", 1))
+        .await
+        .unwrap()
+        .into_inner();
+    let volume = broken.volume.unwrap();
+    assert_eq!((volume.volume_id.as_str(), volume.capacity_bytes), ("", -1));
+    // The call was handled: the volume exists, and the next answer is the real one.
+    assert_eq!(mock.state().volumes.len(), 1);
+    let fixed = c
+        .create_volume(create_request("a", 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!fixed.volume.unwrap().volume_id.is_empty());
+
+    // A rewrite of another answer type never matches; it is used up all the same.
+    mock.faults().rewrite_answers(
+        cm::CREATE_VOLUME,
+        1,
+        |answer: &mut v1::DeleteVolumeResponse| {
+            *answer = v1::DeleteVolumeResponse {};
+        },
+    );
+    let answer = c
+        .create_volume(create_request("a", 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!answer.volume.unwrap().volume_id.is_empty());
+    // A failing call leaves the rewrite for the next successful one.
+    mock.faults().rewrite_answers(
+        im::GET_PLUGIN_INFO,
+        1,
+        |answer: &mut v1::GetPluginInfoResponse| answer.name.clear(),
+    );
+    mock.faults()
+        .fail_next(im::GET_PLUGIN_INFO, 1, Code::Internal, "not yet");
+    let id = &mut clients.identity;
+    assert_eq!(
+        code(id.get_plugin_info(v1::GetPluginInfoRequest {}).await),
+        Code::Internal
+    );
+    let info = id
+        .get_plugin_info(v1::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "");
+}
+
+#[tokio::test]
+async fn the_call_log_keeps_digests_of_secrets_never_their_values() {
+    let Served {
+        mock,
+        mut clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    let c = &mut clients.controller;
+    let mut request = create_request("a", 1);
+    request.secrets = [("password".to_string(), "s3cr3t-value".to_string())].into();
+    c.create_volume(request).await.unwrap();
+    let call = mock.calls().of(cm::CREATE_VOLUME).pop().unwrap();
+    assert!(call.carries_secret("password", "s3cr3t-value"));
+    assert!(!call.carries_secret("password", "other"));
+    assert!(!call.carries_secret("user", "s3cr3t-value"));
+    assert!(call.request.contains("***stripped***"), "{}", call.request);
+    assert!(!format!("{call:?}").contains("s3cr3t-value"), "{call:?}");
+    let probe = {
+        clients.identity.probe(v1::ProbeRequest {}).await.unwrap();
+        mock.calls().of(im::PROBE).pop().unwrap()
+    };
+    assert!(probe.secrets.is_empty());
+}

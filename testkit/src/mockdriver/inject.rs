@@ -5,7 +5,9 @@
 //!
 //! Methods are full gRPC paths, e.g. [`csi_proto::methods::controller::CREATE_VOLUME`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -45,7 +47,15 @@ struct Script {
     not_ready: bool,
     /// Answers to replace after the call was handled: method → (count left, code).
     lost_answers: HashMap<String, (u64, Code)>,
+    /// Answers to rewrite after the call was handled: method → (count left, rewrite).
+    rewrites: HashMap<String, (u64, Rewrite)>,
 }
+
+/// A `Box<dyn Fn(&mut Resp) + Send + Sync>` for the answer type of its method.
+type Rewrite = Arc<dyn Any + Send + Sync>;
+
+/// The rewrite of an answer of type `Resp`.
+type RewriteFn<Resp> = Box<dyn Fn(&mut Resp) + Send + Sync>;
 
 impl Script {
     /// The failure for call number `seq` of `method`, consuming one-shot
@@ -187,6 +197,47 @@ impl Faults {
         Some(status)
     }
 
+    /// The next `k` successful answers of `method` (of answer type `Resp`, e.g.
+    /// `v1::CreateVolumeResponse` for CreateVolume) are changed by `rewrite` before they are
+    /// sent: the call is handled as usual, only the answer breaks the spec (an empty volume
+    /// id, a negative capacity, ...). `k == 0` removes the rewrite. A `Resp` that is not the
+    /// method's answer type never matches, and the answer goes out unchanged.
+    pub fn rewrite_answers<Resp: 'static>(
+        &self,
+        method: &str,
+        k: u64,
+        rewrite: impl Fn(&mut Resp) + Send + Sync + 'static,
+    ) {
+        let rewrite: RewriteFn<Resp> = Box::new(rewrite);
+        let rewrite: Rewrite = Arc::new(rewrite);
+        self.edit(|s| {
+            if k == 0 {
+                s.rewrites.remove(method);
+            } else {
+                s.rewrites.insert(method.to_owned(), (k, rewrite));
+            }
+        });
+    }
+
+    /// Applies a due rewrite of `method` to `answer`.
+    pub(crate) fn rewrite_answer<Resp: 'static>(&self, method: &str, answer: &mut Resp) {
+        let rewrite = {
+            let mut script = lock(&self.script);
+            let Some((left, rewrite)) = script.rewrites.get_mut(method) else {
+                return;
+            };
+            let rewrite = Arc::clone(rewrite);
+            *left -= 1;
+            if *left == 0 {
+                script.rewrites.remove(method);
+            }
+            rewrite
+        };
+        if let Some(rewrite) = rewrite.downcast_ref::<RewriteFn<Resp>>() {
+            rewrite(answer);
+        }
+    }
+
     /// Removes the latency of `method` (the default applies again).
     pub fn clear_latency(&self, method: &str) {
         self.edit(|s| {
@@ -266,6 +317,24 @@ pub struct Call {
     /// The request as JSON with secrets stripped
     /// ([`csi_proto::redact::sanitize`]).
     pub request: String,
+    /// The secrets the request carried (the `csi_secret` fields): key → [`secret_digest`] of
+    /// the value. The values themselves are never kept, so that nothing printing a call can
+    /// leak them; [`Call::carries_secret`] tells whether a known value arrived.
+    pub secrets: BTreeMap<String, u64>,
+}
+
+/// A fingerprint of a secret value, as [`Call::secrets`] keeps it. Stable within one process.
+pub fn secret_digest(value: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Call {
+    /// Whether the request carried the secret `key` with exactly `value`.
+    pub fn carries_secret(&self, key: &str, value: &str) -> bool {
+        self.secrets.get(key) == Some(&secret_digest(value))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -294,7 +363,18 @@ impl CallLog {
 
     /// Counts a call of `method` and returns its sequence number;
     /// `request` renders the request when the log keeps entries.
+    #[cfg(test)]
     pub(crate) fn record(&self, method: &str, request: impl FnOnce() -> String) -> u64 {
+        self.record_with_secrets(method, || (request(), BTreeMap::new()))
+    }
+
+    /// [`record`](Self::record) for a request that may carry secrets: `request` renders it
+    /// (secrets stripped) and lists the digests of its secrets.
+    pub(crate) fn record_with_secrets(
+        &self,
+        method: &str,
+        request: impl FnOnce() -> (String, BTreeMap<String, u64>),
+    ) -> u64 {
         let seq = {
             let mut log = lock(&self.log);
             let count = log.counts.entry(method.to_owned()).or_default();
@@ -304,10 +384,12 @@ impl CallLog {
                 if log.entries.len() == self.limit {
                     log.entries.pop_front();
                 }
+                let (request, secrets) = request();
                 log.entries.push_back(Call {
                     seq,
                     method: method.to_owned(),
-                    request: request(),
+                    request,
+                    secrets,
                 });
             }
             seq

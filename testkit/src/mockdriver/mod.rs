@@ -38,7 +38,7 @@ pub mod state;
 mod store;
 
 pub use config::{Capabilities, MockConfig, Segment};
-pub use inject::{Call, CallLog, Faults};
+pub use inject::{Call, CallLog, Faults, secret_digest};
 pub use server::{MockDriver, MockError, MockHandle};
 pub use spec::Listen;
 pub use state::{Rejection, State};

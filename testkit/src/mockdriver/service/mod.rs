@@ -6,14 +6,16 @@ mod convert;
 mod identity;
 mod node;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use csi_proto::redact::{Sanitized, sanitize};
+use csi_proto::prost_reflect::{DynamicMessage, Value};
+use csi_proto::redact::{Sanitized, is_secret_field, sanitize};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::config::MockConfig;
-use super::inject::{CallLog, Faults};
+use super::inject::{CallLog, Faults, secret_digest};
 use super::state::Rejection;
 use super::store::{PersistError, Store};
 
@@ -50,6 +52,35 @@ fn offered(on: bool, what: &str) -> Result<(), Status> {
     }
 }
 
+/// The digests of the secrets `request` carries: the string maps of its `csi_secret` fields
+/// (every CSI request keeps its secrets in a top-level `secrets` map), key → digest.
+fn secret_digests<Req: prost::Message + prost::Name>(request: &Req) -> BTreeMap<String, u64> {
+    let mut digests = BTreeMap::new();
+    let full_name = Req::full_name();
+    let Some(descriptor) = csi_proto::descriptor_pool()
+        .ok()
+        .and_then(|pool| pool.get_message_by_name(&full_name))
+    else {
+        return digests;
+    };
+    let Ok(message) = DynamicMessage::decode(descriptor, request.encode_to_vec().as_slice()) else {
+        return digests;
+    };
+    for (field, value) in message.fields() {
+        if !is_secret_field(&full_name, field.name()) {
+            continue;
+        }
+        if let Value::Map(entries) = value {
+            for (key, value) in entries {
+                if let (Some(key), Value::String(value)) = (key.as_str(), value) {
+                    digests.insert(key.to_owned(), secret_digest(value));
+                }
+            }
+        }
+    }
+    digests
+}
+
 /// The Identity, Controller and Node services of one mock driver.
 #[derive(Clone)]
 pub(crate) struct MockService(Arc<Driver>);
@@ -67,19 +98,25 @@ impl MockService {
     ) -> Result<Response<Resp>, Status>
     where
         Req: prost::Message + prost::Name,
+        Resp: 'static,
     {
         let driver = &self.0;
         let request = request.into_inner();
-        let seq = driver.calls.record(method, || sanitize(&request));
+        let seq = driver
+            .calls
+            .record_with_secrets(method, || (sanitize(&request), secret_digests(&request)));
         tracing::debug!(method, seq, request = %Sanitized(&request), "received");
         let result = match driver.faults.gate(method, seq, &driver.shutdown).await {
             Ok(()) => handler(driver, request),
             Err(status) => Err(status),
         };
         let result = match result {
-            Ok(answer) => match driver.faults.take_lost_answer(method) {
+            Ok(mut answer) => match driver.faults.take_lost_answer(method) {
                 Some(lost) => Err(lost),
-                None => Ok(answer),
+                None => {
+                    driver.faults.rewrite_answer(method, &mut answer);
+                    Ok(answer)
+                }
             },
             Err(status) => Err(status),
         };
