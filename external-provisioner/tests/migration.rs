@@ -116,3 +116,145 @@ async fn a_class_that_cannot_be_translated_fails_the_claim() {
     assert!(requests(&env.mock, CREATE_VOLUME).is_empty());
     env.stop().await;
 }
+
+/// Provisions and deletes a claim of `in_tree`'s class through `driver`, whose volume ids start
+/// with `prefix`; `source` checks the in-tree source written into the PV against the handle.
+async fn through_the_driver(
+    driver: &str,
+    in_tree: &str,
+    prefix: &str,
+    source: impl Fn(&k8s_openapi::api::core::v1::PersistentVolumeSpec, &str),
+) {
+    // vSphere's driver names the volume's file, from which the in-tree volume is written.
+    let mock = common::mock()
+        .driver_name(driver)
+        .volume_id_prefix(prefix)
+        .volume_context([("initialvolumefilepath", "[datastore] fcd/{id}.vmdk")]);
+    let mut env = Env::without_controller(mock).await;
+    env.csi.metrics().set_driver_name(driver);
+    identity::label_migration_metrics(
+        &env.csi,
+        driver,
+        Duration::from_secs(5),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let mut config = env.config(&[]).await;
+    config.policy.driver = driver.into();
+    env.launch(config);
+    let class = env.create_class(json!({"provisioner": in_tree})).await;
+    env.create_claim(
+        "legacy",
+        &class,
+        json!({"metadata": {"annotations": {"pv.kubernetes.io/migrated-to": driver}}}),
+    )
+    .await;
+    let pv = env.wait_bound("legacy").await;
+    let handle = env.driver_volumes_by_id().pop().unwrap();
+    assert!(handle.starts_with(prefix), "{handle}");
+    let spec = pv.spec.clone().unwrap();
+    assert!(
+        spec.csi.is_none(),
+        "{in_tree}: written as the in-tree volume"
+    );
+    source(&spec, &handle);
+    assert_eq!(
+        pv.metadata.annotations.unwrap()["pv.kubernetes.io/provisioned-by"],
+        in_tree
+    );
+
+    env.delete_claim("legacy").await;
+    env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+    let deleted = requests(&env.mock, DELETE_VOLUME);
+    assert_eq!(deleted.len(), 1, "{in_tree}: deleted through the driver");
+    let text = metrics_text(&env);
+    for method in ["CreateVolume", "DeleteVolume"] {
+        let series = format!(
+            "csi_sidecar_operations_seconds_count{{driver_name=\"{driver}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/{method}\",migrated=\"true\"}} 1"
+        );
+        assert!(text.contains(&series), "{series} in\n{text}");
+    }
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn gce_pd_classes_through_their_driver() {
+    through_the_driver(
+        "pd.csi.storage.gke.io",
+        "kubernetes.io/gce-pd",
+        "projects/p/zones/z1/disks/",
+        |spec, handle| {
+            let pd = spec.gce_persistent_disk.as_ref().unwrap();
+            assert_eq!(Some(pd.pd_name.as_str()), handle.rsplit('/').next());
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn azure_disk_classes_through_their_driver() {
+    through_the_driver(
+        "disk.csi.azure.com",
+        "kubernetes.io/azure-disk",
+        "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks/",
+        |spec, handle| {
+            let disk = spec.azure_disk.as_ref().unwrap();
+            assert_eq!(disk.disk_uri, handle);
+            assert_eq!(Some(disk.disk_name.as_str()), handle.rsplit('/').next());
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn azure_file_classes_through_their_driver() {
+    through_the_driver(
+        "file.csi.azure.com",
+        "kubernetes.io/azure-file",
+        "rg#account#",
+        |spec, handle| {
+            let file = spec.azure_file.as_ref().unwrap();
+            assert_eq!(Some(file.share_name.as_str()), handle.rsplit('#').next());
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cinder_classes_through_their_driver() {
+    through_the_driver(
+        "cinder.csi.openstack.org",
+        "kubernetes.io/cinder",
+        "",
+        |spec, handle| assert_eq!(spec.cinder.as_ref().unwrap().volume_id, handle),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn vsphere_classes_through_their_driver() {
+    through_the_driver(
+        "csi.vsphere.vmware.com",
+        "kubernetes.io/vsphere-volume",
+        "",
+        |spec, handle| {
+            assert_eq!(
+                spec.vsphere_volume.as_ref().unwrap().volume_path,
+                format!("[datastore] fcd/{handle}.vmdk")
+            )
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn portworx_classes_through_their_driver() {
+    through_the_driver(
+        "pxd.portworx.com",
+        "kubernetes.io/portworx-volume",
+        "",
+        |spec, handle| assert_eq!(spec.portworx_volume.as_ref().unwrap().volume_id, handle),
+    )
+    .await;
+}

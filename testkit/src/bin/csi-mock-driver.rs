@@ -147,6 +147,11 @@ struct Args {
     #[arg(long)]
     not_ready: bool,
 
+    /// Put PREFIX before every volume id (ids shaped as a real driver's, e.g.
+    /// projects/p/zones/z/disks/).
+    #[arg(long, value_name = "PREFIX", default_value = "")]
+    volume_id_prefix: String,
+
     /// More logging: -v logs every call (secrets stripped), -vv everything.
     /// RUST_LOG overrides.
     #[arg(short, long, action = ArgAction::Count)]
@@ -185,6 +190,8 @@ impl Args {
             state_file: self.state.clone(),
             // Nobody reads the log of a process; -v logs calls instead.
             call_log_limit: 0,
+            volume_id_prefix: self.volume_id_prefix.clone(),
+            volume_context: Default::default(),
         }
     }
 }

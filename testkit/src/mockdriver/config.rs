@@ -51,6 +51,12 @@ pub struct MockConfig {
     /// How many of the most recent calls the call log keeps (counters are
     /// always kept); 0 records none, which spares rendering requests.
     pub call_log_limit: usize,
+    /// Put before every volume id, for drivers whose ids have a shape of their own (e.g.
+    /// `projects/p/zones/z/disks/` for a GCE PD stand-in).
+    pub volume_id_prefix: String,
+    /// The `volume_context` of every created volume; `{id}` in a value stands for the
+    /// volume's id (e.g. vSphere's `initialvolumefilepath`).
+    pub volume_context: BTreeMap<String, String>,
 }
 
 impl Default for MockConfig {
@@ -68,6 +74,8 @@ impl Default for MockConfig {
             default_volume_size: DEFAULT_VOLUME_SIZE,
             state_file: None,
             call_log_limit: DEFAULT_CALL_LOG_LIMIT,
+            volume_id_prefix: String::new(),
+            volume_context: BTreeMap::new(),
         }
     }
 }

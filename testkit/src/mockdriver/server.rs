@@ -199,6 +199,26 @@ impl MockDriver {
         self
     }
 
+    /// Sets the `volume_context` of every created volume (`{id}` in a value: the volume id).
+    pub fn volume_context<I, K, V>(mut self, context: I) -> Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        self.config.volume_context = context
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        self
+    }
+
+    /// Puts `prefix` before every volume id.
+    pub fn volume_id_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.volume_id_prefix = prefix.into();
+        self
+    }
+
     fn start(self) -> Result<(Arc<Driver>, Router), MockError> {
         let store = Store::open(self.config.state_file.clone())?;
         let driver = Arc::new(Driver {

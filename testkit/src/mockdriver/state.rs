@@ -126,6 +126,9 @@ pub struct Volume {
     pub capabilities: Vec<Capability>,
     #[serde(default)]
     pub content_source: Option<ContentSource>,
+    /// What CreateVolume answered as `volume_context`.
+    #[serde(default)]
+    pub volume_context: BTreeMap<String, String>,
     /// Segments the volume is accessible from (empty without topology).
     #[serde(default)]
     pub accessible_topology: Vec<Segment>,
@@ -444,8 +447,14 @@ impl State {
             Vec::new()
         };
 
+        let id = format!("{}{}", config.volume_id_prefix, self.next_id("vol"));
         let volume = Volume {
-            id: self.next_id("vol"),
+            id: id.clone(),
+            volume_context: config
+                .volume_context
+                .iter()
+                .map(|(k, v)| (k.clone(), v.replace("{id}", &id)))
+                .collect(),
             name: req.name,
             capacity_bytes: size,
             parameters: req.parameters,

@@ -112,7 +112,11 @@ pub(super) fn volume(volume: &Volume) -> v1::Volume {
     v1::Volume {
         capacity_bytes: volume.capacity_bytes,
         volume_id: volume.id.clone(),
-        volume_context: HashMap::new(),
+        volume_context: volume
+            .volume_context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         content_source: volume.content_source.as_ref().map(proto_source),
         accessible_topology: volume.accessible_topology.iter().map(topology).collect(),
     }
