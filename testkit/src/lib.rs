@@ -4,6 +4,7 @@ pub mod apiserver;
 pub mod grpcgo;
 #[cfg(unix)]
 pub mod kubelet;
+pub mod leaks;
 pub mod measure;
 pub mod mockdriver;
 pub mod process;
