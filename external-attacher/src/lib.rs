@@ -11,6 +11,7 @@
 pub mod app;
 pub mod controller;
 pub mod decide;
+pub mod entry;
 pub mod flags;
 pub mod index;
 pub mod model;

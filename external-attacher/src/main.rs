@@ -1,23 +1,5 @@
-use external_attacher::{app, flags::Cli};
-use sidecar_kit::flags::{FlagSyntax, parse_env};
-use sidecar_kit::lifecycle;
+//! `external-attacher`: the command line; everything else lives in the library.
 
 fn main() {
-    let cli: Cli = parse_env(FlagSyntax::Go);
-    lifecycle::exit_if_version(&cli.common.process, env!("CARGO_PKG_VERSION"));
-    sidecar_kit::logging::init(&cli.common.logging);
-    if let Err(err) = cli.validate() {
-        lifecycle::fatal(&err.to_string());
-    }
-    let runtime = match lifecycle::runtime(&cli.common.process) {
-        Ok(runtime) => runtime,
-        Err(err) => lifecycle::fatal(&format!("cannot start the runtime: {err}")),
-    };
-    let result = runtime.block_on(async {
-        let shutdown = lifecycle::shutdown_token();
-        app::serve(cli, shutdown).await
-    });
-    if let Err(err) = result {
-        lifecycle::fatal(&err.to_string());
-    }
+    external_attacher::entry::main(std::env::args_os());
 }

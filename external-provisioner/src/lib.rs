@@ -16,6 +16,7 @@ pub mod app;
 pub mod capacity;
 pub mod controller;
 pub mod decide;
+pub mod entry;
 pub mod flags;
 pub mod index;
 pub mod journal;

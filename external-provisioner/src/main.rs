@@ -1,24 +1,5 @@
-use external_provisioner::{app, flags::Cli};
-use sidecar_kit::flags::{FlagSyntax, parse_env};
-use sidecar_kit::lifecycle;
+//! `external-provisioner`: the command line; everything else lives in the library.
 
 fn main() {
-    let cli: Cli = parse_env(FlagSyntax::Gnu);
-    lifecycle::exit_if_version(&cli.common.process, env!("CARGO_PKG_VERSION"));
-    sidecar_kit::logging::init(&cli.common.logging);
-    cli.warn_removed_flags();
-    if let Err(err) = cli.validate() {
-        lifecycle::fatal(&err.to_string());
-    }
-    let runtime = match lifecycle::runtime(&cli.common.process) {
-        Ok(runtime) => runtime,
-        Err(err) => lifecycle::fatal(&format!("cannot start the runtime: {err}")),
-    };
-    let result = runtime.block_on(async {
-        let shutdown = lifecycle::shutdown_token();
-        app::serve(cli, shutdown).await
-    });
-    if let Err(err) = result {
-        lifecycle::fatal(&err.to_string());
-    }
+    external_provisioner::entry::main(std::env::args_os());
 }

@@ -6,6 +6,7 @@
 //! * [`socket`]: identity of the driver's socket file.
 //! * [`server`]: start-up (wait for the driver, learn its name) and the HTTP servers.
 
+pub mod entry;
 pub mod flags;
 pub mod probe;
 pub mod server;

@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod driver;
+pub mod entry;
 pub mod health;
 pub mod paths;
 pub mod run;

@@ -1,53 +1,5 @@
-//! `csi-node-driver-registrar`: flags and wiring; the logic lives in the library.
-
-use node_driver_registrar::config::{self, Cli, Plan};
-use node_driver_registrar::run::{Exit, run};
-use sidecar_kit::endpoint::Platform;
-use sidecar_kit::flags::{self, FlagSyntax};
-use sidecar_kit::{lifecycle, logging};
+//! `node-driver-registrar`: the command line; everything else lives in the library.
 
 fn main() {
-    let cli: Cli = flags::parse_env(FlagSyntax::Go);
-    lifecycle::exit_if_version(&cli.process, node_driver_registrar::VERSION);
-    logging::init(&cli.logging);
-    let (plan, warnings) = match config::plan(&cli, Platform::current()) {
-        Ok(planned) => planned,
-        Err(err) => lifecycle::fatal(&err.to_string()),
-    };
-    for warning in warnings {
-        tracing::warn!("{warning}");
-    }
-    let config = match plan {
-        Plan::Probe => {
-            tracing::info!(
-                "--mode=kubelet-registration-probe is deprecated and always succeeds; probe /healthz instead"
-            );
-            std::process::exit(0);
-        }
-        Plan::Run(config) => config,
-    };
-    tracing::info!(
-        version = node_driver_registrar::VERSION,
-        "starting node-driver-registrar"
-    );
-    // One thread serves a handful of calls a minute; a multi-threaded runtime would only add
-    // memory (--automaxprocs has nothing to size).
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => lifecycle::fatal(&format!("cannot start the async runtime: {err}")),
-    };
-    let ended = runtime.block_on(async {
-        let shutdown = lifecycle::shutdown_token();
-        run(config, shutdown).await
-    });
-    match ended {
-        Ok(Exit::Shutdown) => std::process::exit(0),
-        Ok(Exit::Rejected(error)) => lifecycle::fatal(&format!(
-            "Registration process failed with error: {error}, restarting registration container."
-        )),
-        Err(err) => lifecycle::fatal(&err.to_string()),
-    }
+    node_driver_registrar::entry::main(std::env::args_os());
 }

@@ -326,7 +326,17 @@ where
 /// Parses the process's own command line, printing help or errors and exiting as clap does
 /// (exit code 2 for bad flags, as Go's flag package).
 pub fn parse_env<P: clap::Parser>(syntax: FlagSyntax) -> P {
-    match parse_from(std::env::args_os(), syntax) {
+    parse_args(std::env::args_os(), syntax)
+}
+
+/// [`parse_env`] for a given command line (the first item names the program).
+pub fn parse_args<P, I, T>(args: I, syntax: FlagSyntax) -> P
+where
+    P: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    match parse_from(args, syntax) {
         Ok(parsed) => parsed,
         Err(err) => err.exit(),
     }

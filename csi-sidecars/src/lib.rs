@@ -1,0 +1,193 @@
+//! The multi-call binary `csi-sidecars`: one image for drivers that want all sidecars from it.
+//! The sidecar is chosen by the name the binary is called by (a link named `csi-provisioner`
+//! runs the provisioner, as busybox does) or by the first argument
+//! (`csi-sidecars provisioner --csi-address=…`); everything after it is the sidecar's own
+//! command line.
+
+use std::ffi::{OsStr, OsString};
+
+/// The sidecars of the binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sidecar {
+    Provisioner,
+    Attacher,
+    Registrar,
+    Livenessprobe,
+}
+
+impl Sidecar {
+    pub const ALL: [Sidecar; 4] = [
+        Sidecar::Provisioner,
+        Sidecar::Attacher,
+        Sidecar::Registrar,
+        Sidecar::Livenessprobe,
+    ];
+
+    /// The name of the sidecar's own binary (and image entrypoint).
+    pub fn binary(self) -> &'static str {
+        match self {
+            Sidecar::Provisioner => "csi-provisioner",
+            Sidecar::Attacher => "csi-attacher",
+            Sidecar::Registrar => "csi-node-driver-registrar",
+            Sidecar::Livenessprobe => "livenessprobe",
+        }
+    }
+
+    /// The names the sidecar answers to: its binary, its short and its project name.
+    fn names(self) -> &'static [&'static str] {
+        match self {
+            Sidecar::Provisioner => &["csi-provisioner", "provisioner", "external-provisioner"],
+            Sidecar::Attacher => &["csi-attacher", "attacher", "external-attacher"],
+            Sidecar::Registrar => &[
+                "csi-node-driver-registrar",
+                "node-driver-registrar",
+                "registrar",
+            ],
+            Sidecar::Livenessprobe => &["livenessprobe"],
+        }
+    }
+
+    pub fn named(name: &str) -> Option<Sidecar> {
+        Sidecar::ALL.into_iter().find(|s| s.names().contains(&name))
+    }
+
+    /// Runs the sidecar with its command line (the first item names the program).
+    pub fn run(self, args: Vec<OsString>) {
+        match self {
+            Sidecar::Provisioner => external_provisioner::entry::main(args),
+            Sidecar::Attacher => external_attacher::entry::main(args),
+            Sidecar::Registrar => node_driver_registrar::entry::main(args),
+            Sidecar::Livenessprobe => livenessprobe::entry::main(args),
+        }
+    }
+}
+
+/// What a command line asks of the multi-call binary.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Call {
+    /// Run a sidecar with this command line.
+    Run(Sidecar, Vec<OsString>),
+    /// Print the usage (`--help`, `-h`, `help` or nothing).
+    Usage,
+    /// Neither the program name nor the first argument names a sidecar.
+    Unknown(String),
+}
+
+/// The program name without its folder (either separator, whatever the platform) and its
+/// `.exe`.
+fn program_name(arg0: &OsStr) -> String {
+    let path = arg0.to_string_lossy();
+    let name = path.rsplit(['/', '\\']).next().unwrap_or_default();
+    name.strip_suffix(".exe").unwrap_or(name).to_string()
+}
+
+/// Decides from the command line which sidecar to run.
+pub fn dispatch(args: Vec<OsString>) -> Call {
+    let mut args = args.into_iter();
+    let arg0 = args.next().unwrap_or_default();
+    if let Some(sidecar) = Sidecar::named(&program_name(&arg0)) {
+        return Call::Run(sidecar, std::iter::once(arg0).chain(args).collect());
+    }
+    let Some(first) = args.next() else {
+        return Call::Usage;
+    };
+    let first = first.to_string_lossy().into_owned();
+    match first.as_str() {
+        "-h" | "--help" | "help" => Call::Usage,
+        name => match Sidecar::named(name) {
+            // The sidecar sees its own binary's name as its program name.
+            Some(sidecar) => Call::Run(
+                sidecar,
+                std::iter::once(OsString::from(sidecar.binary()))
+                    .chain(args)
+                    .collect(),
+            ),
+            None => Call::Unknown(name.to_string()),
+        },
+    }
+}
+
+/// The usage text.
+pub fn usage() -> String {
+    let mut text = String::from(
+        "Usage: csi-sidecars SIDECAR [flags of the sidecar]\n   or: a link named after a sidecar's binary\n\nSidecars:\n",
+    );
+    for sidecar in Sidecar::ALL {
+        text.push_str(&format!("  {}\n", sidecar.names().join(", ")));
+    }
+    text.push_str("\n`csi-sidecars SIDECAR --help` lists the sidecar's flags.\n");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(items: &[&str]) -> Vec<OsString> {
+        items.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn the_first_argument_names_the_sidecar() {
+        assert_eq!(
+            dispatch(args(&["csi-sidecars", "provisioner", "--csi-address=/s"])),
+            Call::Run(
+                Sidecar::Provisioner,
+                args(&["csi-provisioner", "--csi-address=/s"])
+            )
+        );
+        assert_eq!(
+            dispatch(args(&[
+                "/bin/csi-sidecars",
+                "csi-node-driver-registrar",
+                "-v",
+                "5"
+            ])),
+            Call::Run(
+                Sidecar::Registrar,
+                args(&["csi-node-driver-registrar", "-v", "5"])
+            )
+        );
+        assert_eq!(
+            dispatch(args(&["csi-sidecars", "external-attacher"])),
+            Call::Run(Sidecar::Attacher, args(&["csi-attacher"]))
+        );
+    }
+
+    #[test]
+    fn the_program_name_names_the_sidecar() {
+        assert_eq!(
+            dispatch(args(&["/usr/bin/livenessprobe", "--probe-timeout=3s"])),
+            Call::Run(
+                Sidecar::Livenessprobe,
+                args(&["/usr/bin/livenessprobe", "--probe-timeout=3s"])
+            )
+        );
+        assert_eq!(
+            dispatch(args(&["C:\\csi-attacher.exe", "--help"])).clone_sidecar(),
+            Some(Sidecar::Attacher)
+        );
+    }
+
+    #[test]
+    fn usage_and_unknown_names() {
+        assert_eq!(dispatch(args(&["csi-sidecars"])), Call::Usage);
+        assert_eq!(dispatch(args(&["csi-sidecars", "--help"])), Call::Usage);
+        assert_eq!(
+            dispatch(args(&["csi-sidecars", "resizer"])),
+            Call::Unknown("resizer".into())
+        );
+        for sidecar in Sidecar::ALL {
+            assert!(usage().contains(sidecar.binary()));
+        }
+    }
+
+    impl Call {
+        fn clone_sidecar(&self) -> Option<Sidecar> {
+            match self {
+                Call::Run(sidecar, _) => Some(*sidecar),
+                _ => None,
+            }
+        }
+    }
+}

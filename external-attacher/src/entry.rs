@@ -1,0 +1,29 @@
+//! The command line of `external-attacher`, shared by its binary and the multi-call binary.
+
+use std::ffi::OsString;
+
+use crate::{app, flags::Cli};
+use sidecar_kit::flags::{FlagSyntax, parse_args};
+use sidecar_kit::lifecycle;
+
+/// Runs the sidecar with the command line `args` (the first item names the program) until it
+/// ends; exits the process on errors, as the binary does.
+pub fn main(args: impl IntoIterator<Item = OsString>) {
+    let cli: Cli = parse_args(args, FlagSyntax::Go);
+    lifecycle::exit_if_version(&cli.common.process, env!("CARGO_PKG_VERSION"));
+    sidecar_kit::logging::init(&cli.common.logging);
+    if let Err(err) = cli.validate() {
+        lifecycle::fatal(&err.to_string());
+    }
+    let runtime = match lifecycle::runtime(&cli.common.process) {
+        Ok(runtime) => runtime,
+        Err(err) => lifecycle::fatal(&format!("cannot start the runtime: {err}")),
+    };
+    let result = runtime.block_on(async {
+        let shutdown = lifecycle::shutdown_token();
+        app::serve(cli, shutdown).await
+    });
+    if let Err(err) = result {
+        lifecycle::fatal(&err.to_string());
+    }
+}
