@@ -489,6 +489,16 @@ impl Controller {
             );
             return self.flight_failed(&flight, failure).await;
         };
+        if volume.volume_id.is_empty() {
+            // A volume without an id can be neither written into a PV nor deleted: the driver
+            // created something under the request's name, and repeating the identical request
+            // (CreateVolume is idempotent by name) is how to learn its id.
+            let failure = Failure::new(
+                State::InBackground,
+                "CreateVolume answered with an empty volume_id",
+            );
+            return self.flight_failed(&flight, failure).await;
+        }
         let claim_gone = self.index().claim(uid).is_none();
         if claim_gone {
             // Nobody will use the volume: delete it instead of writing a PV for the PV
