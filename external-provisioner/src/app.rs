@@ -54,8 +54,6 @@ pub enum AppError {
     Leader(#[from] leader::LeaderError),
     #[error(transparent)]
     Capacity(#[from] crate::capacity::controller::CapacityError),
-    #[error("{0} is not implemented by this provisioner version")]
-    Unsupported(&'static str),
     #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
     NoNodeName,
     #[error("Failed to get node info from CSI driver: {0}")]
