@@ -137,6 +137,8 @@ struct Controller {
     /// VolumeSnapshotContents read for restores, with the snapshot resourceVersion they were
     /// read at: restores of an unchanged snapshot do not read its content again.
     contents: Mutex<HashMap<String, (String, Content)>>,
+    /// One content read at a time, so that a burst of restores of one snapshot reads it once.
+    content_reads: tokio::sync::Mutex<()>,
     /// Claims the driver found infeasible (InvalidArgument): the class UID then, and when.
     infeasible: Mutex<HashMap<String, (String, Instant)>>,
     events: Recorder,
@@ -181,6 +183,7 @@ pub async fn run(
         protection: tokio::sync::Mutex::new(()),
         owners: Mutex::new(HashMap::new()),
         contents: Mutex::new(HashMap::new()),
+        content_reads: tokio::sync::Mutex::new(()),
         infeasible: Mutex::new(HashMap::new()),
         events: Recorder::spawn(
             config
@@ -910,13 +913,21 @@ impl Controller {
                 self.config.policy.prevent_volume_mode_conversion,
             )
         };
-        let cached = lock(&self.contents)
-            .get(content_name)
-            .filter(|(version, _)| *version == snapshot.resource_version)
-            .map(|(_, content)| content.clone());
+        let cached = || {
+            lock(&self.contents)
+                .get(content_name)
+                .filter(|(version, _)| *version == snapshot.resource_version)
+                .map(|(_, content)| content.clone())
+        };
         // A refusal is checked against a fresh read: the content may have changed (for example
         // an annotation allowing a volume mode change).
-        if let Some(content) = cached
+        if let Some(content) = cached()
+            && let Ok(source) = check(&content)
+        {
+            return Ok(source);
+        }
+        let _one_read = self.content_reads.lock().await;
+        if let Some(content) = cached()
             && let Ok(source) = check(&content)
         {
             return Ok(source);
