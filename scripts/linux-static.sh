@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Builds static (musl, no dynamic loader) Linux release binaries of the four sidecars and the
+# multi-call binary for the platforms upstream ships images for, then checks each platform's
+# binaries under qemu-user: every binary answers --help, and the livenessprobe and the
+# node-driver-registrar talk to the mock driver and a kubelet-like client over unix sockets
+# (testkit/tests/foreign.rs).
+#
+#   scripts/linux-static.sh                  every platform
+#   scripts/linux-static.sh aarch64 s390x    some of them (amd64 arm64 armv7 ppc64le s390x, or
+#                                            the Rust architecture names)
+#
+# Binaries end up in target/static/<rust target>/release/. Uses Debian's rustc-web toolchain
+# (std built for the target with -Zbuild-std, as the Windows script does) and zig (from PyPI's
+# `ziglang`, in a virtual environment under target/static) as C compiler and linker with its own
+# musl for every architecture. Installs what it needs when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+declare -A rust_target=(
+    [amd64]=x86_64-unknown-linux-musl
+    [arm64]=aarch64-unknown-linux-musl
+    [armv7]=armv7-unknown-linux-musleabihf
+    [ppc64le]=powerpc64le-unknown-linux-musl
+    [s390x]=s390x-unknown-linux-musl
+)
+declare -A zig_target=(
+    [amd64]=x86_64-linux-musl
+    [arm64]=aarch64-linux-musl
+    [armv7]=arm-linux-musleabihf
+    [ppc64le]=powerpc64le-linux-musl
+    [s390x]=s390x-linux-musl
+)
+declare -A qemu=(
+    [amd64]=
+    [arm64]=qemu-aarch64-static
+    [armv7]=qemu-arm-static
+    [ppc64le]=qemu-ppc64le-static
+    [s390x]=qemu-s390x-static
+)
+platforms=(amd64 arm64 armv7 ppc64le s390x)
+if (($#)); then
+    platforms=()
+    for name in "$@"; do
+        case "$name" in
+            x86_64) name=amd64 ;;
+            aarch64) name=arm64 ;;
+            arm | armv7l) name=armv7 ;;
+            powerpc64le) name=ppc64le ;;
+        esac
+        [ -n "${rust_target[$name]:-}" ] || { echo "unknown platform $name" >&2; exit 2; }
+        platforms+=("$name")
+    done
+fi
+
+packages=(rustc-web cargo-web rust-web-src qemu-user-static python3-venv)
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    echo "installing ${missing[*]}"
+    if [ "$(id -u)" != 0 ]; then sudo=sudo; else sudo=; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+work="$PWD/target/static"
+venv="$work/zig"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m ziglang version >/dev/null 2>&1; then
+    echo "installing zig into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q ziglang
+fi
+echo "zig $("$venv/bin/python" -m ziglang version)"
+
+# The mock driver and the test run natively; build them first with the normal toolchain.
+cargo build --locked -p testkit --tests --bins
+
+# Scoped to this script: the nightly switch that -Zbuild-std needs, and Debian's toolchain.
+export RUSTC_BOOTSTRAP=1
+export RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc
+export CARGO_TARGET_DIR="$work"
+# zig supplies the C runtime objects and musl: rustc must not add the self-contained ones it
+# would look for next to a prebuilt std.
+export RUSTFLAGS="-C link-self-contained=no -C target-feature=+crt-static"
+crates=(-p livenessprobe -p node-driver-registrar -p external-attacher -p external-provisioner -p csi-sidecars)
+binaries=(livenessprobe csi-node-driver-registrar csi-attacher csi-provisioner csi-sidecars)
+
+for platform in "${platforms[@]}"; do
+    target="${rust_target[$platform]}"
+    wrapper="$work/bin/cc-$target"
+    mkdir -p "$work/bin"
+    # cc-rs adds the Rust triple as --target, which zig's clang does not parse: drop it.
+    cat >"$wrapper" <<EOF
+#!/bin/sh
+for arg do
+    shift
+    case "\$arg" in --target=*) continue ;; esac
+    set -- "\$@" "\$arg"
+done
+exec "$venv/bin/python" -m ziglang cc -target ${zig_target[$platform]} "\$@"
+EOF
+    chmod +x "$wrapper"
+    upper=$(echo "$target" | tr 'a-z-' 'A-Z_')
+    export "CARGO_TARGET_${upper}_LINKER=$wrapper"
+    export "CC_${target//-/_}=$wrapper"
+    echo "== $platform ($target)"
+    /usr/bin/cargo build --locked --release -Zbuild-std=std,panic_abort --target "$target" \
+        "${crates[@]}" --bins
+    out="$work/$target/release"
+    for binary in "${binaries[@]}"; do
+        description=$(file -b "$out/$binary")
+        case "$description" in
+            *"statically linked"*) ;;
+            *) echo "$binary for $platform is not static: $description" >&2; exit 1 ;;
+        esac
+        printf '%-28s %8s bytes  %s\n' "$binary" "$(stat -c %s "$out/$binary")" "${description%%,*}"
+    done
+    FOREIGN_BIN_DIR="$out" FOREIGN_RUNNER="${qemu[$platform]}" \
+        env -u RUSTC -u RUSTDOC -u RUSTFLAGS -u RUSTC_BOOTSTRAP -u CARGO_TARGET_DIR \
+        cargo test --locked -p testkit --test foreign -- --test-threads=1
+done
