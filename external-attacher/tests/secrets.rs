@@ -141,29 +141,13 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
     let mut hits = leaks::find("log", &log, &values);
     hits.extend(leaks::find("metrics", &metrics, &values));
     for event in &events {
-        hits.extend(leaks::find(
-            "core Event",
-            &serde_json::to_string(event).unwrap(),
-            &values,
-        ));
+        hits.extend(leaks::find_in("core Event", event, &values));
     }
     for event in &new_events {
-        hits.extend(leaks::find(
-            "events.k8s.io Event",
-            &serde_json::to_string(event).unwrap(),
-            &values,
-        ));
+        hits.extend(leaks::find_in("events.k8s.io Event", event, &values));
     }
-    hits.extend(leaks::find(
-        "VolumeAttachment",
-        &serde_json::to_string(&va).unwrap(),
-        &values,
-    ));
-    hits.extend(leaks::find(
-        "PV",
-        &serde_json::to_string(&pv).unwrap(),
-        &values,
-    ));
+    hits.extend(leaks::find_in("VolumeAttachment", &va, &values));
+    hits.extend(leaks::find_in("PV", &pv, &values));
     assert!(
         hits.is_empty(),
         "secret values leaked:\n{}",

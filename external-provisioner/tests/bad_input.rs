@@ -11,26 +11,12 @@ use csi_proto::methods::controller::CREATE_VOLUME;
 use csi_proto::methods::identity::GET_PLUGIN_INFO;
 use csi_proto::v1;
 use serde_json::json;
-use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
 
 async fn run_to_exit(args: &[&str]) -> (i32, String) {
-    let output = tokio::time::timeout(
-        WAIT,
-        Command::new(BIN)
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("exits in time")
-    .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let (code, _, stderr) = testkit::process::run_to_exit(BIN, args, WAIT).await;
+    (code, stderr)
 }
 
 /// A kubeconfig of an API server nobody listens on: the flags checked before the first API

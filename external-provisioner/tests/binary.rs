@@ -16,22 +16,7 @@ use tokio::process::{Child, Command};
 const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
 
 async fn run_to_exit(args: &[&str]) -> (i32, String, String) {
-    let output = tokio::time::timeout(
-        WAIT,
-        Command::new(BIN)
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("exits in time")
-    .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    testkit::process::run_to_exit(BIN, args, WAIT).await
 }
 
 fn spawn(env: &Env, extra: &[String]) -> Child {

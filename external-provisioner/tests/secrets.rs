@@ -207,29 +207,13 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
     let mut hits = leaks::find("log", &log, &all_values);
     hits.extend(leaks::find("metrics", &metrics, &all_values));
     for event in &events {
-        hits.extend(leaks::find(
-            "core Event",
-            &serde_json::to_string(event).unwrap(),
-            &all_values,
-        ));
+        hits.extend(leaks::find_in("core Event", event, &all_values));
     }
     for event in &new_events {
-        hits.extend(leaks::find(
-            "events.k8s.io Event",
-            &serde_json::to_string(event).unwrap(),
-            &all_values,
-        ));
+        hits.extend(leaks::find_in("events.k8s.io Event", event, &all_values));
     }
-    hits.extend(leaks::find(
-        "PV",
-        &serde_json::to_string(&pv).unwrap(),
-        &all_values,
-    ));
-    hits.extend(leaks::find(
-        "claim",
-        &serde_json::to_string(&claim_object).unwrap(),
-        &all_values,
-    ));
+    hits.extend(leaks::find_in("PV", &pv, &all_values));
+    hits.extend(leaks::find_in("claim", &claim_object, &all_values));
     assert!(
         hits.is_empty(),
         "secret values leaked:\n{}",

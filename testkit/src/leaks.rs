@@ -70,6 +70,14 @@ pub fn find(what: &str, text: &str, secrets: &[String]) -> Vec<String> {
     hits
 }
 
+/// [`find`] in an object's JSON (an Event, a PV, …).
+pub fn find_in<T: serde::Serialize>(what: &str, object: &T, secrets: &[String]) -> Vec<String> {
+    match serde_json::to_string(object) {
+        Ok(text) => find(what, &text, secrets),
+        Err(err) => vec![format!("{what}: cannot be rendered as JSON: {err}")],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

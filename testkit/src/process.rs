@@ -119,3 +119,29 @@ pub fn target_bin_dir() -> Option<std::path::PathBuf> {
     let exe = std::env::current_exe().ok()?;
     Some(exe.parent()?.parent()?.to_path_buf())
 }
+
+/// Runs `binary` with `args` (without `KUBECONFIG`) and waits at most `limit` for it to exit;
+/// its exit code (-1 when killed by a signal), stdout and stderr. Panics if it runs longer or
+/// cannot start: meant for tests.
+pub async fn run_to_exit(
+    binary: &str,
+    args: &[&str],
+    limit: std::time::Duration,
+) -> (i32, String, String) {
+    let output = tokio::time::timeout(
+        limit,
+        tokio::process::Command::new(binary)
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{binary} {args:?} did not exit within {limit:?}"))
+    .unwrap_or_else(|err| panic!("cannot run {binary}: {err}"));
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
