@@ -73,7 +73,9 @@ async fn the_livenessprobe_serves_through_it() {
         .await
         .unwrap();
     let port = free_port().unwrap();
-    let mut child = tokio::process::Command::new(BIN)
+    let mut command = tokio::process::Command::new(BIN);
+    testkit::process::die_with_parent(&mut command);
+    let mut child = command
         .args([
             "livenessprobe".to_string(),
             format!("--csi-address={}", mock.socket_path().display()),
