@@ -140,3 +140,56 @@ async fn counters_count_requests_by_verb_resource_and_subresource() {
     c.reset();
     assert_eq!(c.writes(), 0);
 }
+
+#[tokio::test]
+async fn too_many_requests_carries_retry_after() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = ApiServer::start().await.unwrap();
+    server.faults().fail_next_with(
+        RequestMatch::new(Verb::List, "volumeattachments"),
+        1,
+        ApiError::too_many_requests(3),
+    );
+    // A raw exchange: the header is what client-go waits on.
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    stream
+        .write_all(b"GET /apis/storage.k8s.io/v1/volumeattachments HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("retry-after: 3")),
+        "{head}"
+    );
+    let status: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(status["reason"], "TooManyRequests");
+    assert_eq!(status["details"]["retryAfterSeconds"], 3);
+    let vas: Api<VolumeAttachment> = Api::all(server.client());
+    vas.list(&Default::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_cuts_connections_and_watches_until_cleared() {
+    let server = ApiServer::start().await.unwrap();
+    let c = server.client();
+    let mut watch = Lines::open(&c, "/apis/storage.k8s.io/v1/volumeattachments?watch=1").await;
+    let vas: Api<VolumeAttachment> = Api::all(c.clone());
+    vas.create(&PostParams::default(), &va("before"))
+        .await
+        .unwrap();
+    assert_eq!(watch.next().await.unwrap()["type"], "ADDED");
+    let faults = server.faults();
+    faults.set_unreachable(true);
+    assert!(faults.is_unreachable());
+    assert!(watch.next().await.is_none(), "the open watch is cut");
+    if let Error::Api(s) = vas.get("before").await.unwrap_err() {
+        panic!("an answer while unreachable: {s:?}");
+    }
+    faults.clear();
+    assert!(!faults.is_unreachable());
+    vas.get("before").await.unwrap();
+}

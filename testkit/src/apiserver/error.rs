@@ -148,6 +148,27 @@ impl ApiError {
         e
     }
 
+    /// Throttling, as the API server's priority and fairness answers it: the client is told to
+    /// come back after `retry_after_seconds` (also sent as the `Retry-After` header).
+    pub fn too_many_requests(retry_after_seconds: u32) -> Self {
+        let mut e = Self::new(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.",
+        );
+        e.details = Some(json!({"retryAfterSeconds": retry_after_seconds}));
+        e
+    }
+
+    /// `details.retryAfterSeconds`, which the server also sends as the `Retry-After` header.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.details
+            .as_ref()
+            .and_then(|d| d.get("retryAfterSeconds"))
+            .and_then(Value::as_u64)
+            .filter(|s| *s > 0)
+    }
+
     /// A JSON patch operation that does not apply: the real server answers 422
     /// with a generic message and the patch library's error as the cause.
     pub fn patch_not_applicable(cause: &str) -> Self {

@@ -97,6 +97,8 @@ struct State {
 pub struct Faults {
     state: Arc<Mutex<State>>,
     store: Arc<Mutex<Store>>,
+    /// While true the server is unreachable: open connections are cut, new ones closed at once.
+    unreachable: tokio::sync::watch::Sender<bool>,
 }
 
 impl Faults {
@@ -104,7 +106,25 @@ impl Faults {
         Self {
             state: Arc::default(),
             store,
+            unreachable: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Makes the server unreachable, as while a kube-apiserver restarts: every open connection
+    /// (watches included) is cut without a response and new connections are closed as soon as
+    /// they are accepted. `false` serves again.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.unreachable.send_replace(unreachable);
+    }
+
+    /// Whether [`set_unreachable`](Self::set_unreachable) is in force.
+    pub fn is_unreachable(&self) -> bool {
+        *self.unreachable.borrow()
+    }
+
+    /// Follows [`set_unreachable`](Self::set_unreachable), for the connection tasks.
+    pub(crate) fn reachability(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.unreachable.subscribe()
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -142,9 +162,10 @@ impl Faults {
         self.with(|s| s.latencies.push((on, delay)));
     }
 
-    /// Removes all injected failures and latencies.
+    /// Removes all injected failures and latencies and makes the server reachable again.
     pub fn clear(&self) {
         self.with(|s| *s = State::default());
+        self.set_unreachable(false);
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {

@@ -96,7 +96,13 @@ fn object_response(code: u16, rendering: Rendering, v: &Value) -> Response<Body>
 }
 
 fn status_response(e: &ApiError, protobuf: bool) -> Response<Body> {
-    status_body(e.code, &e.to_status(), protobuf)
+    let mut resp = status_body(e.code, &e.to_status(), protobuf);
+    // As the real server does for any Status that carries a retry delay.
+    if let Some(seconds) = e.retry_after_seconds() {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+    }
+    resp
 }
 
 /// A `Status` body: protobuf when the client prefers it, JSON otherwise.

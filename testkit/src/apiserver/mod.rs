@@ -221,6 +221,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
                 }
             },
         };
+        let mut reachability = shared.faults.reachability();
+        if *reachability.borrow_and_update() {
+            // Unreachable: the client sees its connection closed before any response.
+            drop(stream);
+            continue;
+        }
         // Small request/response exchanges: do not wait for Nagle.
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
@@ -239,6 +245,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
+                // Dropping the connection closes its socket with requests and watches open.
+                _ = async { reachability.wait_for(|unreachable| *unreachable).await.map(|_| ()) } => {}
             }
         });
     }
