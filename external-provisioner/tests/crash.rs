@@ -16,26 +16,11 @@ use csi_proto::methods::controller::CREATE_VOLUME;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
+use testkit::rng::{Rng, count_from_env, seed_from_env};
 use tokio::process::{Child, Command};
 use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
-
-/// xorshift64*: a small seeded generator, so that a failing seed replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn spawn(env: &Env) -> Child {
     let mut command = Command::new(BIN);
@@ -66,21 +51,10 @@ fn spawn(env: &Env) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_leaks_no_volume() {
-    let seed: u64 = std::env::var("CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-                | 1
-        });
-    let rounds: u64 = std::env::var("CRASH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(25);
+    let seed = seed_from_env("CRASH_SEED");
+    let rounds = count_from_env("CRASH_ROUNDS", 25);
     println!("crash seed {seed}, {rounds} rounds");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut env = Env::without_controller(mock()).await;
     let class = env.create_class(json!({})).await;
     let mut live: Vec<String> = Vec::new();

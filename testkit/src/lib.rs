@@ -8,5 +8,6 @@ pub mod leaks;
 pub mod measure;
 pub mod mockdriver;
 pub mod process;
+pub mod rng;
 #[cfg(unix)]
 pub mod sandbox;

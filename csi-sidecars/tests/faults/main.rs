@@ -1,0 +1,607 @@
+//! The fault suite. Two replicas each of the provisioner and the attacher (the real binary,
+//! with leader election) run against the test kit's API server and the mock driver while a
+//! seeded workload creates, attaches, detaches and deletes claims and faults are injected at
+//! random moments: kill -9 of any replica (the suite restarts it, as the kubelet would), the
+//! current leader killed in the middle of a batch, driver latency beyond `--timeout`, hung
+//! calls, transient gRPC codes, volumes created but answered DeadlineExceeded, driver restarts
+//! (socket gone and back), failed API writes (500, 409, 429 with Retry-After), closed watches,
+//! compacted history (410) and the API server unreachable for seconds.
+//!
+//! Then, with faults off, everything must converge within a bounded time: the driver's volumes
+//! and the PVs name each other one to one, every claim the workload keeps is Bound, nothing is
+//! stuck with a finalizer, and every VolumeAttachment's attached state is the driver's publish
+//! state. Each run prints its seed and a one-line verdict.
+//!
+//!   FAULT_SEED=N      replays a run
+//!   FAULT_ROUNDS=N    rounds of operations and faults (default 40; a long run: 400)
+//!   FAULT_CONVERGE=S  seconds allowed to converge (default 120)
+
+#![cfg(target_os = "linux")]
+
+mod driver;
+mod replicas;
+mod verdict;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use csi_proto::methods::controller::{
+    CONTROLLER_PUBLISH_VOLUME, CONTROLLER_UNPUBLISH_VOLUME, CREATE_VOLUME, DELETE_VOLUME,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use testkit::apiserver::{ApiError, Faults as ApiFaults, RequestMatch, TestCluster, Verb};
+use testkit::rng::{Rng, count_from_env, seed_from_env};
+use tonic::Code;
+
+use driver::Driver;
+use replicas::{Launch, Replica, Sidecar};
+use verdict::{DriverVolume, PvView, PvcView, Snapshot, VaView, judge};
+use workload::Workload;
+
+const DRIVER: &str = "faults.csi.example.com";
+const NODES: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Kill,
+    LeaderFailover,
+    DriverLatency,
+    DriverHang,
+    DriverTransientCode,
+    DriverLostAnswer,
+    DriverRestart,
+    ApiWriteError,
+    ApiWatchClose,
+    ApiCompaction,
+    ApiUnreachable,
+}
+
+/// Something a fault undoes later.
+enum Restore {
+    Replica(usize),
+    DriverUp,
+    DriverLatency(&'static str),
+    DriverRelease(&'static str),
+}
+
+const METHODS: [&str; 4] = [
+    CREATE_VOLUME,
+    DELETE_VOLUME,
+    CONTROLLER_PUBLISH_VOLUME,
+    CONTROLLER_UNPUBLISH_VOLUME,
+];
+
+/// The codes upstream's sidecars treat as "may still be in progress".
+const TRANSIENT: [Code; 5] = [
+    Code::Cancelled,
+    Code::DeadlineExceeded,
+    Code::Unavailable,
+    Code::ResourceExhausted,
+    Code::Aborted,
+];
+
+/// Writes the sidecars make (and the workload does not): where API failures are injected.
+fn sidecar_writes() -> [RequestMatch; 8] {
+    [
+        RequestMatch::new(Verb::Create, "persistentvolumes"),
+        RequestMatch::new(Verb::Delete, "persistentvolumes"),
+        RequestMatch::new(Verb::Patch, "persistentvolumes"),
+        RequestMatch::new(Verb::Patch, "persistentvolumeclaims"),
+        RequestMatch::new(Verb::Update, "persistentvolumeclaims"),
+        RequestMatch::new(Verb::Patch, "volumeattachments"),
+        RequestMatch::new(Verb::Update, "leases"),
+        RequestMatch::new(Verb::Create, "events"),
+    ]
+}
+
+struct Suite {
+    rng: Rng,
+    cluster: TestCluster,
+    api: Option<ApiFaults>,
+    driver: Driver,
+    launch: Launch,
+    replicas: Vec<Replica>,
+    workload: Workload,
+    restores: Vec<(Instant, Restore)>,
+    faults: BTreeMap<Fault, u64>,
+    kills: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Suite {
+    async fn start(seed: u64) -> Self {
+        let cluster = TestCluster::start().await.expect("a test cluster");
+        let client = cluster.client();
+        let namespace = cluster.namespace().to_string();
+        let driver_name = if cluster.is_real() {
+            format!("{namespace}.{DRIVER}")
+        } else {
+            DRIVER.to_string()
+        };
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let driver = Driver::start(&driver_name, dir.path()).await;
+        let class = cluster.cluster_name("faults");
+        let sc: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": class},
+            "provisioner": driver_name,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        }))
+        .expect("a valid StorageClass");
+        Api::<StorageClass>::all(client.clone())
+            .create(&PostParams::default(), &sc)
+            .await
+            .expect("the StorageClass is created");
+        let mut nodes = BTreeMap::new();
+        for i in 0..NODES {
+            let node = cluster.cluster_name(&format!("node-{i}"));
+            let csinode: CSINode = serde_json::from_value(json!({
+                "metadata": {"name": node},
+                "spec": {"drivers": [{"name": driver_name, "nodeID": format!("node-id-{i}")}]},
+            }))
+            .expect("a valid CSINode");
+            Api::<CSINode>::all(client.clone())
+                .create(&PostParams::default(), &csinode)
+                .await
+                .expect("the CSINode is created");
+            nodes.insert(node, format!("node-id-{i}"));
+        }
+        let launch = Launch {
+            kubeconfig: cluster.kubeconfig_path().to_owned(),
+            csi_address: driver.endpoint(),
+            namespace: namespace.clone(),
+            log_dir: dir.path().to_owned(),
+        };
+        let mut replicas = vec![
+            Replica::new(Sidecar::Provisioner, "csi-provisioner-a", &launch),
+            Replica::new(Sidecar::Provisioner, "csi-provisioner-b", &launch),
+            Replica::new(Sidecar::Attacher, "csi-attacher-a", &launch),
+            Replica::new(Sidecar::Attacher, "csi-attacher-b", &launch),
+        ];
+        for replica in &mut replicas {
+            replica.start(&launch).expect("the sidecar starts");
+        }
+        let workload = Workload::new(client, &namespace, &class, &driver_name, nodes);
+        if cluster.is_real() {
+            println!("on a real cluster: API faults are not injected");
+        }
+        Self {
+            rng: Rng::new(seed),
+            api: cluster.faults(),
+            cluster,
+            driver,
+            launch,
+            replicas,
+            workload,
+            restores: Vec::new(),
+            faults: BTreeMap::new(),
+            kills: 0,
+            _dir: dir,
+        }
+    }
+
+    fn later(&mut self, low_ms: u64, high_ms: u64, restore: Restore) {
+        let delay = Duration::from_millis(self.rng.between(low_ms, high_ms));
+        self.restores.push((Instant::now() + delay, restore));
+    }
+
+    async fn kill(&mut self, index: usize) {
+        self.replicas[index].kill().await;
+        self.kills += 1;
+        self.later(0, 1500, Restore::Replica(index));
+    }
+
+    /// The replica of `sidecar` that holds its Lease, if one does.
+    async fn leader(&self, sidecar: Sidecar) -> Option<usize> {
+        let leases: Api<Lease> = Api::namespaced(self.cluster.client(), self.cluster.namespace());
+        let holders: Vec<String> = leases
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter_map(|l| l.spec?.holder_identity)
+            .collect();
+        (0..self.replicas.len()).find(|i| {
+            let r = &self.replicas[*i];
+            r.sidecar == sidecar && r.is_running() && holders.contains(&r.name)
+        })
+    }
+
+    async fn inject(&mut self, fault: Fault) {
+        let method = *self.rng.pick(&METHODS).unwrap_or(&CREATE_VOLUME);
+        let injected = match fault {
+            Fault::Kill => {
+                let index = self.rng.below(self.replicas.len() as u64) as usize;
+                self.kill(index).await;
+                true
+            }
+            Fault::LeaderFailover => {
+                let sidecar = if self.rng.chance(50) {
+                    Sidecar::Provisioner
+                } else {
+                    Sidecar::Attacher
+                };
+                match self.leader(sidecar).await {
+                    Some(index) => {
+                        self.kill(index).await;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Fault::DriverLatency => match self.driver.faults() {
+                Some(faults) => {
+                    // Beyond the sidecars' --timeout of 2 s.
+                    faults.set_latency(method, Duration::from_millis(self.rng.between(500, 3500)));
+                    self.later(500, 3000, Restore::DriverLatency(method));
+                    true
+                }
+                None => false,
+            },
+            Fault::DriverHang => match self.driver.faults() {
+                Some(faults) => {
+                    faults.hang(method);
+                    self.later(200, 3000, Restore::DriverRelease(method));
+                    true
+                }
+                None => false,
+            },
+            Fault::DriverTransientCode => {
+                let code = *self.rng.pick(&TRANSIENT).unwrap_or(&Code::Unavailable);
+                let times = self.rng.between(1, 3);
+                match self.driver.faults() {
+                    Some(faults) => {
+                        faults.fail_next(method, times, code, "injected transient failure");
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Fault::DriverLostAnswer => {
+                let method = if self.rng.chance(50) {
+                    CREATE_VOLUME
+                } else {
+                    CONTROLLER_PUBLISH_VOLUME
+                };
+                let times = self.rng.between(1, 3);
+                match self.driver.faults() {
+                    Some(faults) => {
+                        faults.lose_answers(method, times, Code::DeadlineExceeded);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Fault::DriverRestart => {
+                if self.driver.is_up() {
+                    self.driver.down().await;
+                    self.later(200, 2000, Restore::DriverUp);
+                    true
+                } else {
+                    false
+                }
+            }
+            Fault::ApiWriteError => match &self.api {
+                Some(api) => {
+                    let writes = sidecar_writes();
+                    let on = writes[self.rng.below(writes.len() as u64) as usize].clone();
+                    let times = self.rng.between(1, 4) as u32;
+                    let error = match self.rng.below(3) {
+                        0 => ApiError::from_code(500, "injected internal error"),
+                        1 => ApiError::from_code(409, "injected conflict"),
+                        _ => ApiError::too_many_requests(1),
+                    };
+                    api.fail_next_with(on, times, error);
+                    true
+                }
+                None => false,
+            },
+            Fault::ApiWatchClose => match &self.api {
+                Some(api) => {
+                    api.close_watches(None);
+                    true
+                }
+                None => false,
+            },
+            Fault::ApiCompaction => match &self.api {
+                Some(api) => {
+                    api.compact_history();
+                    api.close_watches(None);
+                    true
+                }
+                None => false,
+            },
+            Fault::ApiUnreachable => match &self.api {
+                Some(api) if !api.is_unreachable() => {
+                    api.set_unreachable(true);
+                    // On a timer of its own: the workload's next request waits for it.
+                    let api = api.clone();
+                    let outage = Duration::from_millis(self.rng.between(1000, 4000));
+                    tokio::spawn(async move {
+                        tokio::time::sleep(outage).await;
+                        api.set_unreachable(false);
+                    });
+                    true
+                }
+                _ => false,
+            },
+        };
+        if injected {
+            *self.faults.entry(fault).or_default() += 1;
+        }
+    }
+
+    async fn restore(&mut self, restore: Restore) {
+        match restore {
+            Restore::Replica(index) => {
+                // A replica that cannot start is a failure of the suite's own set-up.
+                self.replicas[index]
+                    .start(&self.launch)
+                    .expect("the sidecar starts again");
+            }
+            Restore::DriverUp => self.driver.up().await,
+            Restore::DriverLatency(method) => {
+                if let Some(faults) = self.driver.faults() {
+                    faults.clear_latency(method);
+                }
+            }
+            Restore::DriverRelease(method) => {
+                if let Some(faults) = self.driver.faults() {
+                    faults.release(method);
+                }
+            }
+        }
+    }
+
+    /// Lets `duration` pass while undoing faults when due and restarting replicas that exited
+    /// by themselves, as the kubelet restarts a container.
+    async fn settle(&mut self, duration: Duration) {
+        let until = Instant::now() + duration;
+        loop {
+            let now = Instant::now();
+            let (due, pending): (Vec<_>, Vec<_>) =
+                self.restores.drain(..).partition(|(at, _)| *at <= now);
+            self.restores = pending;
+            for (_, restore) in due {
+                self.restore(restore).await;
+            }
+            for index in 0..self.replicas.len() {
+                if self.replicas[index].reap() {
+                    self.later(200, 1000, Restore::Replica(index));
+                }
+            }
+            if now >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Undoes every fault at once: the state the sidecars must converge from.
+    async fn all_clear(&mut self) {
+        for (_, restore) in std::mem::take(&mut self.restores) {
+            self.restore(restore).await;
+        }
+        if let Some(api) = &self.api {
+            api.clear();
+        }
+        self.driver.up().await;
+        if let Some(faults) = self.driver.faults() {
+            faults.reset();
+        }
+        for replica in &mut self.replicas {
+            replica.reap();
+            replica.start(&self.launch).expect("the sidecar starts");
+        }
+    }
+
+    async fn snapshot(&self) -> Option<Snapshot> {
+        let client = self.cluster.client();
+        let driver = self
+            .driver
+            .state()
+            .volumes
+            .into_values()
+            .map(|v| DriverVolume {
+                id: v.id,
+                published: v.published.into_keys().collect(),
+            })
+            .collect();
+        let pvs = Api::<PersistentVolume>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .map(|c| c.driver.as_str())
+                    == Some(self.launch_driver())
+            })
+            .map(|pv| {
+                let spec = pv.spec.unwrap_or_default();
+                PvView {
+                    name: pv.metadata.name.unwrap_or_default(),
+                    handle: spec.csi.map(|c| c.volume_handle),
+                    claim: spec.claim_ref.map(|r| {
+                        format!(
+                            "{}/{}",
+                            r.namespace.unwrap_or_default(),
+                            r.name.unwrap_or_default()
+                        )
+                    }),
+                    deleting: pv.metadata.deletion_timestamp.is_some(),
+                    finalizers: pv.metadata.finalizers.unwrap_or_default(),
+                }
+            })
+            .collect();
+        let pvcs =
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), self.cluster.namespace())
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .map(|c| PvcView {
+                    key: format!(
+                        "{}/{}",
+                        c.metadata.namespace.unwrap_or_default(),
+                        c.metadata.name.unwrap_or_default()
+                    ),
+                    phase: c.status.and_then(|s| s.phase).unwrap_or_default(),
+                    volume: c.spec.and_then(|s| s.volume_name),
+                    deleting: c.metadata.deletion_timestamp.is_some(),
+                })
+                .collect();
+        let vas = Api::<VolumeAttachment>::all(client)
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|va| va.spec.attacher == self.launch_driver())
+            .map(|va| VaView {
+                name: va.metadata.name.unwrap_or_default(),
+                pv: va.spec.source.persistent_volume_name,
+                node: va.spec.node_name,
+                attached: va.status.is_some_and(|s| s.attached),
+                deleting: va.metadata.deletion_timestamp.is_some(),
+            })
+            .collect();
+        Some(Snapshot {
+            driver,
+            pvs,
+            pvcs,
+            vas,
+        })
+    }
+
+    fn launch_driver(&self) -> &str {
+        self.workload.driver()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_lose_nothing_and_everything_converges() {
+    let seed = seed_from_env("FAULT_SEED");
+    let rounds = count_from_env("FAULT_ROUNDS", 40);
+    let converge = Duration::from_secs(count_from_env("FAULT_CONVERGE", 120));
+    println!("fault suite: seed {seed}, {rounds} rounds (FAULT_SEED={seed} replays it)");
+    let mut suite = Suite::start(seed).await;
+    let faults = [
+        Fault::Kill,
+        Fault::DriverLatency,
+        Fault::DriverHang,
+        Fault::DriverTransientCode,
+        Fault::DriverLostAnswer,
+        Fault::DriverRestart,
+        Fault::ApiWriteError,
+        Fault::ApiWatchClose,
+        Fault::ApiCompaction,
+        Fault::ApiUnreachable,
+    ];
+    let started = Instant::now();
+    for _ in 0..rounds {
+        let batch = suite.rng.between(2, 6);
+        for _ in 0..batch {
+            let mut rng = suite.rng.clone();
+            suite.workload.step(&mut rng).await;
+            suite.rng = rng;
+        }
+        if suite.rng.chance(15) {
+            // The batch is in flight: its leader goes.
+            suite.inject(Fault::LeaderFailover).await;
+        }
+        for _ in 0..suite.rng.between(0, 2) {
+            let fault = *suite.rng.pick(&faults).unwrap_or(&Fault::Kill);
+            suite.inject(fault).await;
+        }
+        if suite.rng.chance(40) {
+            suite.inject(Fault::Kill).await;
+        }
+        let pause = Duration::from_millis(suite.rng.between(100, 500));
+        suite.settle(pause).await;
+    }
+    let workload_time = started.elapsed();
+    suite.all_clear().await;
+    let expected = suite.workload.expectation();
+    let converging = Instant::now();
+    let mut last = None;
+    while converging.elapsed() < converge {
+        suite.settle(Duration::from_millis(500)).await;
+        if let Some(snapshot) = suite.snapshot().await {
+            let verdict = judge(&snapshot, &expected);
+            let done = verdict.converged();
+            last = Some(verdict);
+            if done {
+                break;
+            }
+        }
+    }
+    let converged_in = converging.elapsed();
+    let verdict = last.unwrap_or_default();
+    let repeated = suite.driver.repeated_calls();
+    let ops = &suite.workload.ops;
+    let exits: usize = suite.replicas.iter().map(|r| r.exits.len()).sum();
+    let fault_total: u64 = suite.faults.values().sum();
+    println!(
+        "fault verdict: seed {seed}: {} operations ({} claims created, {} deleted while creating, {} deleted, {} attached, {} detached) in {:.1} s; {fault_total} faults {:?}, {} kills, {exits} exits by the sidecars themselves; {} in {:.1} s: leaked {}, orphaned {}, duplicated {}, pending {}, stuck {}, unexpected {}, attach mismatches {}; {} claims and {} volumes held; CSI calls {} CreateVolume, {} ControllerPublishVolume, repeated {:?}",
+        ops.total(),
+        ops.created,
+        ops.deleted_while_creating,
+        ops.deleted,
+        ops.attached,
+        ops.detached,
+        workload_time.as_secs_f64(),
+        suite.faults,
+        suite.kills,
+        if verdict.converged() {
+            "converged"
+        } else {
+            "NOT converged"
+        },
+        converged_in.as_secs_f64(),
+        verdict.leaked.len(),
+        verdict.orphaned.len(),
+        verdict.duplicated.len(),
+        verdict.pending.len(),
+        verdict.stuck.len(),
+        verdict.unexpected.len(),
+        verdict.attach_mismatch.len(),
+        suite.workload.claims(),
+        suite.driver.state().volumes.len(),
+        suite.driver.total_calls(CREATE_VOLUME),
+        suite.driver.total_calls(CONTROLLER_PUBLISH_VOLUME),
+        repeated,
+    );
+    for replica in &suite.replicas {
+        if !replica.exits.is_empty() {
+            println!("{} exited by itself: {:?}", replica.name, replica.exits);
+        }
+    }
+    if !verdict.converged() {
+        println!("{verdict:#?}");
+        for replica in &suite.replicas {
+            println!(
+                "--- last lines of {} ({})\n{}",
+                replica.name,
+                replica.log().display(),
+                replica.log_tail(40)
+            );
+        }
+        panic!("seed {seed} did not converge within {converge:?}; FAULT_SEED={seed} replays it");
+    }
+    for replica in &mut suite.replicas {
+        replica.kill().await;
+    }
+    suite.driver.stop().await;
+    let _ = suite.cluster.cleanup().await;
+}

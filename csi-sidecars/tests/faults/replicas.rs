@@ -1,0 +1,157 @@
+//! The sidecar processes: two replicas of the provisioner and two of the attacher, each in a
+//! UTS namespace of its own so that its host name, which is its leader-election identity as in
+//! a pod, differs from its twin's. The suite plays the kubelet: a replica that is killed or
+//! exits is started again.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sidecar {
+    Provisioner,
+    Attacher,
+}
+
+impl Sidecar {
+    fn command(self) -> &'static str {
+        match self {
+            Sidecar::Provisioner => "csi-provisioner",
+            Sidecar::Attacher => "csi-attacher",
+        }
+    }
+}
+
+/// What every replica is started with.
+pub struct Launch {
+    pub kubeconfig: PathBuf,
+    pub csi_address: String,
+    pub namespace: String,
+    pub log_dir: PathBuf,
+}
+
+pub struct Replica {
+    pub sidecar: Sidecar,
+    /// Its host name and so its leader-election identity.
+    pub name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    /// Exits nobody asked for: how each ended and its last log line.
+    pub exits: Vec<String>,
+}
+
+impl Replica {
+    pub fn new(sidecar: Sidecar, name: &str, launch: &Launch) -> Self {
+        Self {
+            sidecar,
+            name: name.to_string(),
+            child: None,
+            log: launch.log_dir.join(format!("{name}.log")),
+            exits: Vec::new(),
+        }
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    fn args(&self, launch: &Launch) -> Vec<String> {
+        let mut args = vec![
+            self.sidecar.command().to_string(),
+            format!("--kubeconfig={}", launch.kubeconfig.display()),
+            format!("--csi-address={}", launch.csi_address),
+            "--leader-election".into(),
+            format!("--leader-election-namespace={}", launch.namespace),
+            // Short terms so that a failover takes seconds, not the default 15 s.
+            "--leader-election-lease-duration=3s".into(),
+            "--leader-election-renew-deadline=2s".into(),
+            "--leader-election-retry-period=500ms".into(),
+            "--timeout=2s".into(),
+            "--retry-interval-start=100ms".into(),
+            "--retry-interval-max=2s".into(),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+            "--v=4".into(),
+        ];
+        if self.sidecar == Sidecar::Attacher {
+            args.push("--reconcile-sync=5s".into());
+        }
+        args
+    }
+
+    /// Starts the process (if it does not run). Host names need a UTS namespace: as root
+    /// directly, otherwise inside a user namespace.
+    pub fn start(&mut self, launch: &Launch) -> std::io::Result<()> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let mut command = Command::new("unshare");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            command.args(["--user", "--map-root-user"]);
+        }
+        command
+            .args([
+                "--uts",
+                "--",
+                "/bin/sh",
+                "-c",
+                "hostname \"$0\" && exec \"$@\"",
+            ])
+            .arg(&self.name)
+            .arg(BIN)
+            .args(self.args(launch))
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        testkit::process::die_with_parent(&mut command);
+        self.child = Some(command.spawn()?);
+        Ok(())
+    }
+
+    /// SIGKILL, as `kill -9`; waits for the process to be gone.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether the process ended by itself; records how.
+    pub fn reap(&mut self) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return false;
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let reason = self.log_tail(1);
+                self.exits.push(format!("{status}: {reason}"));
+                self.child = None;
+                true
+            }
+            Ok(None) | Err(_) => false,
+        }
+    }
+
+    /// The last `n` lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}

@@ -1,0 +1,321 @@
+//! The convergence verdict: a pure judgement of one snapshot of the cluster and the driver
+//! against what the workload asked for.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A volume the mock driver holds.
+#[derive(Clone, Debug, Default)]
+pub struct DriverVolume {
+    pub id: String,
+    /// Node ids it is controller-published to.
+    pub published: BTreeSet<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct PvView {
+    pub name: String,
+    /// The CSI volume handle, for PVs of the driver under test.
+    pub handle: Option<String>,
+    /// `namespace/name` of the claim it is bound to.
+    pub claim: Option<String>,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct PvcView {
+    /// `namespace/name`.
+    pub key: String,
+    pub phase: String,
+    pub volume: Option<String>,
+    pub deleting: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct VaView {
+    pub name: String,
+    pub pv: Option<String>,
+    pub node: String,
+    pub attached: bool,
+    pub deleting: bool,
+}
+
+/// What the cluster and the driver hold at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub driver: Vec<DriverVolume>,
+    pub pvs: Vec<PvView>,
+    pub pvcs: Vec<PvcView>,
+    pub vas: Vec<VaView>,
+}
+
+/// What the workload wants once everything has settled.
+#[derive(Clone, Debug, Default)]
+pub struct Expectation {
+    /// Claims (`namespace/name`) that exist and must be Bound.
+    pub claims: BTreeSet<String>,
+    /// VolumeAttachments that exist and must be attached: name → node name.
+    pub attachments: BTreeMap<String, String>,
+    /// Node name → the driver's node id.
+    pub node_ids: BTreeMap<String, String>,
+}
+
+/// Everything that is not as it should be; all empty means converged.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Volumes in the driver that no PV names.
+    pub leaked: Vec<String>,
+    /// PVs whose volume the driver does not have.
+    pub orphaned: Vec<String>,
+    /// Volume handles named by more than one PV.
+    pub duplicated: Vec<String>,
+    /// Claims that should be Bound and are not.
+    pub pending: Vec<String>,
+    /// Objects with a deletion timestamp that are still there.
+    pub stuck: Vec<String>,
+    /// Claims, PVs or VolumeAttachments that should be gone.
+    pub unexpected: Vec<String>,
+    /// VolumeAttachments whose attached state is not the driver's publish state, and
+    /// publications no VolumeAttachment asks for.
+    pub attach_mismatch: Vec<String>,
+}
+
+impl Verdict {
+    pub fn converged(&self) -> bool {
+        *self == Verdict::default()
+    }
+}
+
+/// Judges `snapshot` against `expected`.
+pub fn judge(snapshot: &Snapshot, expected: &Expectation) -> Verdict {
+    let mut verdict = Verdict::default();
+    let driver: BTreeMap<&str, &DriverVolume> =
+        snapshot.driver.iter().map(|v| (v.id.as_str(), v)).collect();
+    let mut handles: BTreeMap<&str, Vec<&PvView>> = BTreeMap::new();
+    for pv in &snapshot.pvs {
+        if let Some(handle) = &pv.handle {
+            handles.entry(handle).or_default().push(pv);
+        }
+    }
+    for id in driver.keys() {
+        if !handles.contains_key(id) {
+            verdict.leaked.push(id.to_string());
+        }
+    }
+    for (handle, pvs) in &handles {
+        if !driver.contains_key(handle) {
+            verdict
+                .orphaned
+                .extend(pvs.iter().map(|pv| format!("{} ({handle})", pv.name)));
+        }
+        if pvs.len() > 1 {
+            verdict.duplicated.push(handle.to_string());
+        }
+    }
+    let pvcs: BTreeMap<&str, &PvcView> =
+        snapshot.pvcs.iter().map(|c| (c.key.as_str(), c)).collect();
+    for claim in &expected.claims {
+        match pvcs.get(claim.as_str()) {
+            Some(pvc) if pvc.phase == "Bound" && pvc.volume.is_some() => {}
+            Some(pvc) => verdict.pending.push(format!("{claim} ({})", pvc.phase)),
+            None => verdict.pending.push(format!("{claim} (missing)")),
+        }
+    }
+    for pvc in &snapshot.pvcs {
+        if pvc.deleting {
+            verdict.stuck.push(format!("claim {}", pvc.key));
+        } else if !expected.claims.contains(&pvc.key) {
+            verdict.unexpected.push(format!("claim {}", pvc.key));
+        }
+    }
+    for pv in snapshot.pvs.iter().filter(|pv| pv.handle.is_some()) {
+        if pv.deleting {
+            verdict
+                .stuck
+                .push(format!("PV {} (finalizers {:?})", pv.name, pv.finalizers));
+        } else if !pv
+            .claim
+            .as_ref()
+            .is_some_and(|c| expected.claims.contains(c))
+        {
+            verdict
+                .unexpected
+                .push(format!("PV {} for {:?}", pv.name, pv.claim));
+        }
+    }
+    let pv_handles: BTreeMap<&str, &str> = snapshot
+        .pvs
+        .iter()
+        .filter_map(|pv| Some((pv.name.as_str(), pv.handle.as_deref()?)))
+        .collect();
+    let mut asked: BTreeSet<(&str, &str)> = BTreeSet::new();
+    for va in &snapshot.vas {
+        if va.deleting {
+            verdict.stuck.push(format!("VolumeAttachment {}", va.name));
+            continue;
+        }
+        if !expected.attachments.contains_key(&va.name) {
+            verdict
+                .unexpected
+                .push(format!("VolumeAttachment {}", va.name));
+            continue;
+        }
+        let handle = va.pv.as_deref().and_then(|pv| pv_handles.get(pv).copied());
+        let node_id = expected.node_ids.get(&va.node).map(String::as_str);
+        let published = match (handle, node_id) {
+            (Some(handle), Some(node_id)) => {
+                asked.insert((handle, node_id));
+                driver
+                    .get(handle)
+                    .is_some_and(|v| v.published.contains(node_id))
+            }
+            _ => false,
+        };
+        if !va.attached || !published {
+            verdict.attach_mismatch.push(format!(
+                "VolumeAttachment {}: attached {}, published in the driver {published}",
+                va.name, va.attached
+            ));
+        }
+    }
+    for name in expected.attachments.keys() {
+        if !snapshot.vas.iter().any(|va| &va.name == name) {
+            verdict
+                .attach_mismatch
+                .push(format!("VolumeAttachment {name} is missing"));
+        }
+    }
+    for volume in &snapshot.driver {
+        for node_id in &volume.published {
+            if !asked.contains(&(volume.id.as_str(), node_id.as_str())) {
+                verdict.attach_mismatch.push(format!(
+                    "volume {} is published to {node_id} without a VolumeAttachment",
+                    volume.id
+                ));
+            }
+        }
+    }
+    verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settled() -> (Snapshot, Expectation) {
+        let snapshot = Snapshot {
+            driver: vec![
+                DriverVolume {
+                    id: "v1".into(),
+                    published: ["n-1".to_string()].into(),
+                },
+                DriverVolume {
+                    id: "v2".into(),
+                    published: BTreeSet::new(),
+                },
+            ],
+            pvs: vec![
+                PvView {
+                    name: "pv1".into(),
+                    handle: Some("v1".into()),
+                    claim: Some("ns/c1".into()),
+                    ..PvView::default()
+                },
+                PvView {
+                    name: "pv2".into(),
+                    handle: Some("v2".into()),
+                    claim: Some("ns/c2".into()),
+                    ..PvView::default()
+                },
+            ],
+            pvcs: ["c1", "c2"]
+                .iter()
+                .zip(["pv1", "pv2"])
+                .map(|(c, pv)| PvcView {
+                    key: format!("ns/{c}"),
+                    phase: "Bound".into(),
+                    volume: Some(pv.into()),
+                    deleting: false,
+                })
+                .collect(),
+            vas: vec![VaView {
+                name: "va1".into(),
+                pv: Some("pv1".into()),
+                node: "node-1".into(),
+                attached: true,
+                deleting: false,
+            }],
+        };
+        let expected = Expectation {
+            claims: ["ns/c1".to_string(), "ns/c2".to_string()].into(),
+            attachments: [("va1".to_string(), "node-1".to_string())].into(),
+            node_ids: [("node-1".to_string(), "n-1".to_string())].into(),
+        };
+        (snapshot, expected)
+    }
+
+    #[test]
+    fn a_settled_snapshot_converges() {
+        let (snapshot, expected) = settled();
+        assert_eq!(judge(&snapshot, &expected), Verdict::default());
+    }
+
+    #[test]
+    fn each_kind_of_divergence_is_named() {
+        let (mut snapshot, expected) = settled();
+        snapshot.driver.push(DriverVolume {
+            id: "v3".into(),
+            ..DriverVolume::default()
+        });
+        snapshot.driver[1].published.insert("n-1".into());
+        snapshot.pvs.push(PvView {
+            name: "pv4".into(),
+            handle: Some("v4".into()),
+            claim: Some("ns/gone".into()),
+            deleting: true,
+            finalizers: vec!["external-provisioner.volume.kubernetes.io/finalizer".into()],
+        });
+        snapshot.pvcs[1].phase = "Pending".into();
+        snapshot.vas[0].attached = false;
+        snapshot.vas.push(VaView {
+            name: "va-old".into(),
+            deleting: true,
+            ..VaView::default()
+        });
+        let verdict = judge(&snapshot, &expected);
+        assert_eq!(verdict.leaked, ["v3"]);
+        assert_eq!(verdict.orphaned, ["pv4 (v4)"]);
+        assert_eq!(verdict.pending, ["ns/c2 (Pending)"]);
+        assert_eq!(verdict.stuck.len(), 2, "{:?}", verdict.stuck);
+        assert_eq!(
+            verdict.attach_mismatch.len(),
+            2,
+            "{:?}",
+            verdict.attach_mismatch
+        );
+        assert!(!verdict.converged());
+    }
+
+    #[test]
+    fn a_handle_on_two_pvs_and_leftovers_are_named() {
+        let (mut snapshot, mut expected) = settled();
+        snapshot.pvs[1].handle = Some("v1".into());
+        expected.attachments.clear();
+        expected.claims.remove("ns/c2");
+        let verdict = judge(&snapshot, &expected);
+        assert_eq!(verdict.duplicated, ["v1"]);
+        assert_eq!(verdict.leaked, ["v2"]);
+        assert!(verdict.unexpected.contains(&"claim ns/c2".to_string()));
+        assert!(
+            verdict
+                .unexpected
+                .contains(&"VolumeAttachment va1".to_string())
+        );
+        assert!(
+            verdict
+                .attach_mismatch
+                .iter()
+                .any(|m| m.contains("without a VolumeAttachment"))
+        );
+    }
+}

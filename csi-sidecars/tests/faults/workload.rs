@@ -1,0 +1,257 @@
+//! The seeded workload: claims created, attached, detached and deleted, some deleted while
+//! still being provisioned, with a model of what should exist once everything settles.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use testkit::rng::Rng;
+
+use crate::verdict::Expectation;
+
+/// One claim of the workload and its attachment, if any.
+struct Claim {
+    name: String,
+    attachment: Option<(String, String)>,
+}
+
+/// Counts of what the workload did.
+#[derive(Debug, Default)]
+pub struct Operations {
+    pub created: u64,
+    pub deleted_while_creating: u64,
+    pub deleted: u64,
+    pub attached: u64,
+    pub detached: u64,
+}
+
+impl Operations {
+    pub fn total(&self) -> u64 {
+        self.created + self.deleted_while_creating + self.deleted + self.attached + self.detached
+    }
+}
+
+pub struct Workload {
+    pvcs: Api<PersistentVolumeClaim>,
+    vas: Api<VolumeAttachment>,
+    namespace: String,
+    class: String,
+    driver: String,
+    /// Node names the attachments go to, with the driver's node ids.
+    nodes: BTreeMap<String, String>,
+    claims: Vec<Claim>,
+    next: u64,
+    pub ops: Operations,
+}
+
+/// How long one request of the workload is retried (the API server may be unreachable).
+const RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Runs `request` until it succeeds or answers in a way `done` accepts as success.
+async fn persist<T, F, Fut>(what: &str, done: impl Fn(&kube::Error) -> bool, mut request: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + RETRY_FOR;
+    loop {
+        match request().await {
+            Ok(_) => return,
+            Err(e) if done(&e) => return,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the workload could not {what} within {RETRY_FOR:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+fn code_is(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+impl Workload {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        class: &str,
+        driver: &str,
+        nodes: BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            pvcs: Api::namespaced(client.clone(), namespace),
+            vas: Api::all(client),
+            namespace: namespace.to_string(),
+            class: class.to_string(),
+            driver: driver.to_string(),
+            nodes,
+            claims: Vec::new(),
+            next: 0,
+            ops: Operations::default(),
+        }
+    }
+
+    /// One random operation.
+    pub async fn step(&mut self, rng: &mut Rng) {
+        match rng.below(100) {
+            0..40 => self.create(rng).await,
+            40..65 => self.attach(rng).await,
+            65..82 => self.detach(rng).await,
+            _ => self.delete(rng).await,
+        }
+    }
+
+    async fn create(&mut self, rng: &mut Rng) {
+        self.next += 1;
+        let name = format!("claim-{}", self.next);
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": self.class,
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        }))
+        .expect("a valid claim");
+        let (pvcs, post) = (self.pvcs.clone(), PostParams::default());
+        persist(
+            "create a claim",
+            |e| code_is(e, 409),
+            || pvcs.create(&post, &claim),
+        )
+        .await;
+        if rng.chance(10) {
+            // Gone again while the provisioner may be creating its volume.
+            tokio::time::sleep(Duration::from_millis(rng.below(50))).await;
+            self.delete_claim(&name).await;
+            self.ops.deleted_while_creating += 1;
+        } else {
+            self.claims.push(Claim {
+                name,
+                attachment: None,
+            });
+            self.ops.created += 1;
+        }
+    }
+
+    /// Attaches a bound claim that has no attachment to a random node.
+    async fn attach(&mut self, rng: &mut Rng) {
+        let free: Vec<usize> = (0..self.claims.len())
+            .filter(|i| self.claims[*i].attachment.is_none())
+            .collect();
+        let Some(&index) = rng.pick(&free) else {
+            return;
+        };
+        let Ok(pvc) = self.pvcs.get(&self.claims[index].name).await else {
+            return;
+        };
+        let Some(pv) = pvc.spec.and_then(|s| s.volume_name) else {
+            return; // Not bound yet; a later step may attach it.
+        };
+        let nodes: Vec<&String> = self.nodes.keys().collect();
+        let Some(node) = rng.pick(&nodes).map(|n| n.to_string()) else {
+            return;
+        };
+        self.next += 1;
+        let name = format!("va-{}-{}", self.claims[index].name, self.next);
+        let va: VolumeAttachment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "attacher": self.driver,
+                "nodeName": node,
+                "source": {"persistentVolumeName": pv},
+            },
+        }))
+        .expect("a valid VolumeAttachment");
+        let (vas, post) = (self.vas.clone(), PostParams::default());
+        persist(
+            "create a VolumeAttachment",
+            |e| code_is(e, 409),
+            || vas.create(&post, &va),
+        )
+        .await;
+        self.claims[index].attachment = Some((name, node));
+        self.ops.attached += 1;
+    }
+
+    async fn detach(&mut self, rng: &mut Rng) {
+        let attached: Vec<usize> = (0..self.claims.len())
+            .filter(|i| self.claims[*i].attachment.is_some())
+            .collect();
+        let Some(&index) = rng.pick(&attached) else {
+            return;
+        };
+        if let Some((va, _)) = self.claims[index].attachment.take() {
+            self.delete_attachment(&va).await;
+            self.ops.detached += 1;
+        }
+    }
+
+    /// Deletes a claim; an attached one loses its attachment first, as when its pod is gone.
+    async fn delete(&mut self, rng: &mut Rng) {
+        if self.claims.is_empty() {
+            return;
+        }
+        let claim = self
+            .claims
+            .swap_remove(rng.below(self.claims.len() as u64) as usize);
+        if let Some((va, _)) = claim.attachment {
+            self.delete_attachment(&va).await;
+            self.ops.detached += 1;
+        }
+        self.delete_claim(&claim.name).await;
+        self.ops.deleted += 1;
+    }
+
+    async fn delete_claim(&self, name: &str) {
+        let (pvcs, params) = (self.pvcs.clone(), DeleteParams::default());
+        persist(
+            "delete a claim",
+            |e| code_is(e, 404),
+            || pvcs.delete(name, &params),
+        )
+        .await;
+    }
+
+    async fn delete_attachment(&self, name: &str) {
+        let (vas, params) = (self.vas.clone(), DeleteParams::default());
+        persist(
+            "delete a VolumeAttachment",
+            |e| code_is(e, 404),
+            || vas.delete(name, &params),
+        )
+        .await;
+    }
+
+    /// What should exist once everything has settled.
+    pub fn expectation(&self) -> Expectation {
+        Expectation {
+            claims: self
+                .claims
+                .iter()
+                .map(|c| format!("{}/{}", self.namespace, c.name))
+                .collect(),
+            attachments: self
+                .claims
+                .iter()
+                .filter_map(|c| c.attachment.clone())
+                .collect(),
+            node_ids: self.nodes.clone(),
+        }
+    }
+
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    pub fn claims(&self) -> usize {
+        self.claims.len()
+    }
+}
