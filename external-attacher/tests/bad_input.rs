@@ -89,3 +89,32 @@ async fn a_driver_with_an_empty_name_is_refused_at_start() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     env.stop().await;
 }
+
+/// Row 67: a VolumeAttachment for this driver whose PV is another driver's. As upstream, the
+/// attacher does not judge the PV's driver; it asks its own driver, which does not know the
+/// volume: the answer lands in attachError, nothing is published and the attacher goes on.
+#[tokio::test]
+async fn an_attachment_for_a_pv_of_another_driver_gets_the_drivers_refusal() {
+    let env = Env::start(mock(), |_| {}).await;
+    env.create_csinode("node-1", "nid-1").await;
+    let mut spec = env.csi_pv_spec("foreign-volume");
+    spec["csi"]["driver"] = serde_json::json!("other.csi.example.com");
+    env.create_pv("pv-foreign", spec).await;
+    env.create_pv_va("va-foreign", "pv-foreign", "node-1").await;
+    let va = env
+        .wait_va("va-foreign", |va| attach_error(va).is_some())
+        .await;
+    let (message, _) = attach_error(&va).unwrap();
+    assert!(message.contains("foreign-volume"), "{message}");
+    assert!(!attached(&va));
+    assert!(
+        env.mock
+            .state()
+            .volumes
+            .values()
+            .all(|v| v.published.is_empty())
+    );
+    // Still serving: an attachment of its own volumes goes through.
+    env.attached_volume(1).await;
+    env.stop().await;
+}
