@@ -4,6 +4,8 @@
 #
 #   scripts/windows-test.sh            build all binaries, run the tests, build release binaries
 #   scripts/windows-test.sh build      only build (debug) all binaries
+#   scripts/windows-test.sh release    only build the release binaries and check what the
+#                                      Dockerfile.windows files copy (for scripts/images.sh)
 #
 # Uses Debian's rustc-web toolchain (it can build std for the target with -Zbuild-std), never
 # the rustup toolchain first in PATH.
@@ -53,14 +55,16 @@ build_std=(-Zbuild-std=std,panic_unwind,test --target "$target")
 # The release profile aborts on panic.
 build_std_release=(-Zbuild-std=std,panic_abort --target "$target")
 
-"$cargo_bin" build --locked "${build_std[@]}" --workspace --bins
-if [ "${1:-}" = build ]; then
-    exit 0
-fi
+if [ "${1:-}" != release ]; then
+    "$cargo_bin" build --locked "${build_std[@]}" --workspace --bins
+    if [ "${1:-}" = build ]; then
+        exit 0
+    fi
 
-test_args=()
-for crate in "${test_crates[@]}"; do test_args+=(-p "$crate"); done
-"$cargo_bin" test --locked "${build_std[@]}" "${test_args[@]}"
+    test_args=()
+    for crate in "${test_crates[@]}"; do test_args+=(-p "$crate"); done
+    "$cargo_bin" test --locked "${build_std[@]}" "${test_args[@]}"
+fi
 
 "$cargo_bin" build --locked --release "${build_std_release[@]}" --workspace --bins
 release="$CARGO_TARGET_DIR/$target/release"
