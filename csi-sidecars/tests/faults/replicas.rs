@@ -139,7 +139,15 @@ impl Replica {
         };
         match child.try_wait() {
             Ok(Some(status)) => {
-                let reason = self.log_tail(1);
+                // Other threads may still log after the fatal line: find it near the end.
+                let tail = self.log_tail(20);
+                let reason = tail
+                    .lines()
+                    .rev()
+                    .find(|l| l.contains("ERROR"))
+                    .or_else(|| tail.lines().last())
+                    .unwrap_or("")
+                    .to_string();
                 self.exits.push(format!("{status}: {reason}"));
                 self.child = None;
                 true
