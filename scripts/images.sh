@@ -121,6 +121,16 @@ for platform in "${platforms[@]}"; do
     fi
 done
 
+# The Linux Dockerfiles copy from this context: check that each finds its binary.
+for dockerfile in */Dockerfile; do
+    for platform in "${linux[@]}"; do
+        for source in $(awk '$1 == "COPY" {print $2}' "$dockerfile"); do
+            file="$context/${source//\$\{TARGETPLATFORM\}/${oci_platform[$platform]}}"
+            [ -x "$file" ] || { echo "$dockerfile copies $source: $file is missing" >&2; exit 1; }
+        done
+    done
+done
+
 sizes="$out/sizes.tsv"
 printf 'image\tplatform\tbinary bytes (stripped)\tlayer bytes (gzip)\n' >"$sizes"
 for image in "${images[@]}"; do
