@@ -436,7 +436,9 @@ pub fn unpack(layout: &Path, tag: &str, platform: &Platform, dest: &Path) -> Res
                 write_file(&path, data)?;
                 set_mode(&path, entry.mode)?;
             }
-            Kind::Symlink(target) => symlink(target, &path)?,
+            // Links stay inside the root, so that later entries cannot be written through
+            // one to a place outside it.
+            Kind::Symlink(target) => symlink(tar::safe_path(target)?, &path)?,
         }
     }
     Ok(unpacked.config)
