@@ -114,9 +114,15 @@ impl ClusterTopology for NoNodes {
     }
 }
 
+/// An RFC 1123 label as Kubernetes checks namespaces: at most 63 characters.
 fn label_ok(s: &str) -> bool {
+    s.len() <= 63 && subdomain_part_ok(s)
+}
+
+/// One dot-separated part of an RFC 1123 subdomain, as Kubernetes checks object names:
+/// no length limit of its own, only the name's 253.
+fn subdomain_part_ok(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 63
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
@@ -127,7 +133,7 @@ fn check_secret(secret: &Option<SecretRef>) {
     if let Some(secret) = secret {
         assert!(label_ok(&secret.namespace), "{secret:?}");
         assert!(
-            secret.name.len() <= 253 && secret.name.split('.').all(label_ok),
+            secret.name.len() <= 253 && secret.name.split('.').all(subdomain_part_ok),
             "{secret:?}"
         );
     }
