@@ -67,6 +67,24 @@ fn term_of(labels: &BTreeMap<String, String>, keys: &[String]) -> Option<Term> {
     Some(term)
 }
 
+/// The most segments allowedTopologies may expand to. A term expands to the product of its
+/// expressions' value counts, so a class with a dozen expressions of a few values each would
+/// expand to millions of segments, costing the provisioner seconds and gigabytes per claim;
+/// no driver could take such a request anyway (gRPC's default limit is 4 MiB).
+pub const MAX_ALLOWED_SEGMENTS: usize = 10_000;
+
+/// An upper bound of `flatten(allowed).len()`, without expanding.
+pub fn flattened_len(allowed: &[TopologySelectorTerm]) -> usize {
+    allowed
+        .iter()
+        .map(|term| {
+            term.iter()
+                .map(|(_, values)| values.len().max(1))
+                .fold(1usize, usize::saturating_mul)
+        })
+        .fold(0usize, usize::saturating_add)
+}
+
 /// Distributes each allowedTopologies term's OR of values over its AND of keys.
 pub fn flatten(allowed: &[TopologySelectorTerm]) -> Vec<Term> {
     let mut out = Vec::new();
@@ -145,6 +163,12 @@ pub fn requirements(
     cluster: &dyn ClusterTopology,
 ) -> Result<Option<TopologyRequirement>, TopologyError> {
     let other = |m: String| TopologyError::Other(m);
+    let size = flattened_len(request.allowed);
+    if size > MAX_ALLOWED_SEGMENTS {
+        return Err(other(format!(
+            "allowedTopologies expand to {size} topology segments, more than the {MAX_ALLOWED_SEGMENTS} supported"
+        )));
+    }
     let mut requisite: Vec<Term> = Vec::new();
     let mut selected_term: Term = Vec::new();
     let mut keys: Vec<String> = Vec::new();
@@ -290,6 +314,46 @@ pub fn volume_is_accessible(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn allowed_topologies_that_expand_to_too_many_segments_are_refused() {
+        struct NoNodes;
+        impl ClusterTopology for NoNodes {
+            fn keys_of(&self, _: &str) -> Option<Vec<String>> {
+                None
+            }
+            fn labels_of(&self, _: &str) -> Option<&BTreeMap<String, String>> {
+                None
+            }
+            fn any_keys(&self) -> Option<Vec<String>> {
+                None
+            }
+            fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
+                Box::new(std::iter::empty())
+            }
+        }
+        // 4^12 = 16 777 216 segments: expanding them took seconds and gigabytes.
+        let term: TopologySelectorTerm = (0..12)
+            .map(|k| (format!("k{k}"), (0..4).map(|v| v.to_string()).collect()))
+            .collect();
+        assert_eq!(flattened_len(std::slice::from_ref(&term)), 1 << 24);
+        let request = |allowed| Request {
+            claim_name: "c",
+            allowed,
+            selected_node: None,
+            strict: false,
+            immediate: true,
+        };
+        let err = requirements(request(std::slice::from_ref(&term)), &NoNodes).unwrap_err();
+        assert!(
+            err.to_string().contains("16777216 topology segments"),
+            "{err}"
+        );
+        let small: Vec<TopologySelectorTerm> = vec![term[..6].to_vec()];
+        assert_eq!(flattened_len(&small), 4096);
+        let answer = requirements(request(&small), &NoNodes).unwrap().unwrap();
+        assert_eq!(answer.requisite.len(), 4096);
+    }
+
     #[test]
     fn volumes_are_accessible_where_their_affinity_matches() {
         let affinity: k8s_openapi::api::core::v1::VolumeNodeAffinity =
