@@ -9,6 +9,10 @@
 #   scripts/linux-static.sh aarch64 s390x    some of them (amd64 arm64 armv7 ppc64le s390x, or
 #                                            the Rust architecture names)
 #
+# With STATIC_QUICK=1 (what CI runs) the same binaries are built without optimisation or LTO
+# into target/static-quick/: minutes instead of tens of minutes per platform, for checking that
+# the cross-build works and that the binaries behave on their architecture, not for shipping.
+#
 # Binaries end up in target/static/<rust target>/release/. Uses Debian's rustc-web toolchain
 # (std built for the target with -Zbuild-std, as the Windows script does) and zig (from PyPI's
 # `ziglang`, in a virtual environment under target/static) as C compiler and linker with its own
@@ -65,6 +69,15 @@ if ((${#missing[@]})); then
 fi
 
 work="$PWD/target/static"
+profile=()
+if [ "${STATIC_QUICK:-}" = 1 ]; then
+    work="$PWD/target/static-quick"
+    profile=(--config profile.release.opt-level=0 --config profile.release.lto=false
+        --config profile.release.codegen-units=16
+        --config 'profile.release.package."*".opt-level=0'
+        --config profile.release.package.node-driver-registrar.opt-level=0
+        --config profile.release.package.external-attacher.opt-level=0)
+fi
 venv="$work/zig"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m ziglang version >/dev/null 2>&1; then
     echo "installing zig into $venv"
@@ -105,7 +118,7 @@ EOF
     export "CARGO_TARGET_${upper}_LINKER=$wrapper"
     export "CC_${target//-/_}=$wrapper"
     echo "== $platform ($target)"
-    /usr/bin/cargo build --locked --release -Zbuild-std=std,panic_abort --target "$target" \
+    /usr/bin/cargo build "${profile[@]}" --locked --release -Zbuild-std=std,panic_abort --target "$target" \
         "${crates[@]}" --bins
     out="$work/$target/release"
     for binary in "${binaries[@]}"; do
