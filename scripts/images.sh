@@ -17,29 +17,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A rust_target=(
-    [amd64]=x86_64-unknown-linux-musl
-    [arm64]=aarch64-unknown-linux-musl
-    [armv7]=armv7-unknown-linux-musleabihf
-    [ppc64le]=powerpc64le-unknown-linux-musl
-    [s390x]=s390x-unknown-linux-musl
-    [windows]=x86_64-pc-windows-gnu
-)
-declare -A oci_platform=(
-    [amd64]=linux/amd64
-    [arm64]=linux/arm64
-    [armv7]=linux/arm/v7
-    [ppc64le]=linux/ppc64le
-    [s390x]=linux/s390x
-    [windows]=windows/amd64
-)
-declare -A qemu=(
-    [amd64]=
-    [arm64]=qemu-aarch64-static
-    [armv7]=qemu-arm-static
-    [ppc64le]=qemu-ppc64le-static
-    [s390x]=qemu-s390x-static
-)
+source scripts/platforms.sh
+rust_target[windows]=x86_64-pc-windows-gnu
+oci_platform[windows]=windows/amd64
 # image name (the binary) → Cargo package
 declare -A package=(
     [livenessprobe]=livenessprobe
@@ -50,16 +30,11 @@ declare -A package=(
 )
 images=(livenessprobe csi-node-driver-registrar csi-attacher csi-provisioner csi-sidecars)
 
-platforms=(amd64 arm64 armv7 ppc64le s390x windows)
+platforms=("${linux_platforms[@]}" windows)
 if (($#)); then
     platforms=()
     for name in "$@"; do
-        case "$name" in
-            x86_64) name=amd64 ;;
-            aarch64) name=arm64 ;;
-            arm | armv7l) name=armv7 ;;
-            powerpc64le) name=ppc64le ;;
-        esac
+        name=$(platform_name "$name")
         [ -n "${rust_target[$name]:-}" ] || { echo "unknown platform $name" >&2; exit 2; }
         platforms+=("$name")
     done

@@ -20,37 +20,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A rust_target=(
-    [amd64]=x86_64-unknown-linux-musl
-    [arm64]=aarch64-unknown-linux-musl
-    [armv7]=armv7-unknown-linux-musleabihf
-    [ppc64le]=powerpc64le-unknown-linux-musl
-    [s390x]=s390x-unknown-linux-musl
-)
-declare -A zig_target=(
-    [amd64]=x86_64-linux-musl
-    [arm64]=aarch64-linux-musl
-    [armv7]=arm-linux-musleabihf
-    [ppc64le]=powerpc64le-linux-musl
-    [s390x]=s390x-linux-musl
-)
-declare -A qemu=(
-    [amd64]=
-    [arm64]=qemu-aarch64-static
-    [armv7]=qemu-arm-static
-    [ppc64le]=qemu-ppc64le-static
-    [s390x]=qemu-s390x-static
-)
-platforms=(amd64 arm64 armv7 ppc64le s390x)
+source scripts/platforms.sh
+platforms=("${linux_platforms[@]}")
 if (($#)); then
     platforms=()
     for name in "$@"; do
-        case "$name" in
-            x86_64) name=amd64 ;;
-            aarch64) name=arm64 ;;
-            arm | armv7l) name=armv7 ;;
-            powerpc64le) name=ppc64le ;;
-        esac
+        name=$(platform_name "$name")
         [ -n "${rust_target[$name]:-}" ] || { echo "unknown platform $name" >&2; exit 2; }
         platforms+=("$name")
     done

@@ -23,6 +23,53 @@ pub trait ClusterTopology {
     fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_>;
 }
 
+/// A cluster's nodes as plain maps, for computing requirements without the watch-fed index
+/// (tests, fuzzing). [`NodeMaps::EMPTY`] has no nodes: topology then comes from
+/// allowedTopologies alone.
+#[derive(Clone, Debug, Default)]
+pub struct NodeMaps {
+    /// Node name → the topology keys its CSINode lists for the driver.
+    pub keys: BTreeMap<String, Vec<String>>,
+    /// Node name → its labels.
+    pub labels: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl NodeMaps {
+    pub const EMPTY: NodeMaps = NodeMaps {
+        keys: BTreeMap::new(),
+        labels: BTreeMap::new(),
+    };
+
+    /// Adds a node with its CSINode's topology keys and its labels.
+    pub fn with_node(mut self, name: &str, keys: &[&str], labels: &[(&str, &str)]) -> Self {
+        self.keys
+            .insert(name.into(), keys.iter().map(|k| k.to_string()).collect());
+        self.labels.insert(
+            name.into(),
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        self
+    }
+}
+
+impl ClusterTopology for NodeMaps {
+    fn keys_of(&self, node: &str) -> Option<Vec<String>> {
+        self.keys.get(node).cloned()
+    }
+    fn labels_of(&self, node: &str) -> Option<&BTreeMap<String, String>> {
+        self.labels.get(node)
+    }
+    fn any_keys(&self) -> Option<Vec<String>> {
+        self.keys.values().find(|k| !k.is_empty()).cloned()
+    }
+    fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
+        Box::new(self.labels.values())
+    }
+}
+
 /// The requirements, or why none could be computed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TopologyError {
@@ -316,21 +363,6 @@ pub fn volume_is_accessible(
 mod tests {
     #[test]
     fn allowed_topologies_that_expand_to_too_many_segments_are_refused() {
-        struct NoNodes;
-        impl ClusterTopology for NoNodes {
-            fn keys_of(&self, _: &str) -> Option<Vec<String>> {
-                None
-            }
-            fn labels_of(&self, _: &str) -> Option<&BTreeMap<String, String>> {
-                None
-            }
-            fn any_keys(&self) -> Option<Vec<String>> {
-                None
-            }
-            fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
-                Box::new(std::iter::empty())
-            }
-        }
         // 4^12 = 16 777 216 segments: expanding them took seconds and gigabytes.
         let term: TopologySelectorTerm = (0..12)
             .map(|k| (format!("k{k}"), (0..4).map(|v| v.to_string()).collect()))
@@ -343,14 +375,16 @@ mod tests {
             strict: false,
             immediate: true,
         };
-        let err = requirements(request(std::slice::from_ref(&term)), &NoNodes).unwrap_err();
+        let err = requirements(request(std::slice::from_ref(&term)), &NodeMaps::EMPTY).unwrap_err();
         assert!(
             err.to_string().contains("16777216 topology segments"),
             "{err}"
         );
         let small: Vec<TopologySelectorTerm> = vec![term[..6].to_vec()];
         assert_eq!(flattened_len(&small), 4096);
-        let answer = requirements(request(&small), &NoNodes).unwrap().unwrap();
+        let answer = requirements(request(&small), &NodeMaps::EMPTY)
+            .unwrap()
+            .unwrap();
         assert_eq!(answer.requisite.len(), 4096);
     }
 
@@ -415,49 +449,13 @@ mod tests {
 
     use super::*;
 
-    #[derive(Default)]
-    struct Cluster {
-        keys: BTreeMap<String, Vec<String>>,
-        labels: BTreeMap<String, BTreeMap<String, String>>,
-    }
-
-    impl Cluster {
-        fn node(mut self, name: &str, keys: &[&str], labels: &[(&str, &str)]) -> Self {
-            self.keys
-                .insert(name.into(), keys.iter().map(|k| k.to_string()).collect());
-            self.labels.insert(
-                name.into(),
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            );
-            self
-        }
-    }
-
-    impl ClusterTopology for Cluster {
-        fn keys_of(&self, node: &str) -> Option<Vec<String>> {
-            self.keys.get(node).cloned()
-        }
-        fn labels_of(&self, node: &str) -> Option<&BTreeMap<String, String>> {
-            self.labels.get(node)
-        }
-        fn any_keys(&self) -> Option<Vec<String>> {
-            self.keys.values().find(|k| !k.is_empty()).cloned()
-        }
-        fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
-            Box::new(self.labels.values())
-        }
-    }
-
-    fn zones() -> Cluster {
-        Cluster::default()
-            .node("n1", &["zone"], &[("zone", "a"), ("other", "x")])
-            .node("n2", &["zone"], &[("zone", "b")])
-            .node("n3", &["zone"], &[("zone", "c")])
-            .node("n4", &[], &[("zone", "a")])
-            .node("nolabel", &["zone"], &[])
+    fn zones() -> NodeMaps {
+        NodeMaps::default()
+            .with_node("n1", &["zone"], &[("zone", "a"), ("other", "x")])
+            .with_node("n2", &["zone"], &[("zone", "b")])
+            .with_node("n3", &["zone"], &[("zone", "c")])
+            .with_node("n4", &[], &[("zone", "a")])
+            .with_node("nolabel", &["zone"], &[])
     }
 
     fn segs(topologies: &[Topology]) -> Vec<String> {
@@ -572,7 +570,7 @@ mod tests {
                 .contains("does not match topology keys from CSINode [zone]")
         );
         assert_eq!(
-            requirements(request(None, &[]), &Cluster::default())
+            requirements(request(None, &[]), &NodeMaps::default())
                 .unwrap_err()
                 .to_string(),
             "error generating accessibility requirements: no available topology found"

@@ -2,30 +2,12 @@
 //! fuzzer found problems with, written as StorageClass objects) through the provisioner's
 //! request building: each must be answered, quickly, without a panic.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use external_provisioner::decide::{Capabilities, Lookups, Policy, prepare};
 use external_provisioner::model::{Claim, ClaimSpec, Class};
-use external_provisioner::topology::ClusterTopology;
+use external_provisioner::topology::NodeMaps;
 use k8s_openapi::api::storage::v1::StorageClass;
-
-struct NoNodes;
-
-impl ClusterTopology for NoNodes {
-    fn keys_of(&self, _: &str) -> Option<Vec<String>> {
-        None
-    }
-    fn labels_of(&self, _: &str) -> Option<&BTreeMap<String, String>> {
-        None
-    }
-    fn any_keys(&self) -> Option<Vec<String>> {
-        None
-    }
-    fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
-        Box::new(std::iter::empty())
-    }
-}
 
 /// The CSI driver that provisions for `provisioner` (itself, or the one replacing an in-tree
 /// plugin).
@@ -87,7 +69,13 @@ fn storage_classes_the_fuzzer_found_are_answered_quickly() {
             ..Claim::default()
         };
         let started = Instant::now();
-        let answer = prepare(&policy, &claim, &class, &NoNodes, &Lookups::default());
+        let answer = prepare(
+            &policy,
+            &claim,
+            &class,
+            &NodeMaps::EMPTY,
+            &Lookups::default(),
+        );
         let took = started.elapsed();
         assert!(
             took < Duration::from_secs(1),

@@ -17,8 +17,12 @@ use arbitrary::Arbitrary;
 use external_provisioner::decide::{Capabilities, Lookups, Policy, prepare};
 use external_provisioner::model::{Claim, ClaimSpec, Class, SecretRef};
 use external_provisioner::params::{self, PREFIX, driver_parameters, fs_type};
-use external_provisioner::topology::ClusterTopology;
+use external_provisioner::topology::NodeMaps;
 use libfuzzer_sys::fuzz_target;
+
+#[path = "../common/names.rs"]
+mod names;
+use names::{label_ok, subdomain_ok};
 
 const KEYS: &[&str] = &[
     "csi.storage.k8s.io/fstype",
@@ -97,45 +101,10 @@ struct Input {
     block: bool,
 }
 
-struct NoNodes;
-
-impl ClusterTopology for NoNodes {
-    fn keys_of(&self, _node: &str) -> Option<Vec<String>> {
-        None
-    }
-    fn labels_of(&self, _node: &str) -> Option<&BTreeMap<String, String>> {
-        None
-    }
-    fn any_keys(&self) -> Option<Vec<String>> {
-        None
-    }
-    fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
-        Box::new(std::iter::empty())
-    }
-}
-
-/// An RFC 1123 label as Kubernetes checks namespaces: at most 63 characters.
-fn label_ok(s: &str) -> bool {
-    s.len() <= 63 && subdomain_part_ok(s)
-}
-
-/// One dot-separated part of an RFC 1123 subdomain, as Kubernetes checks object names:
-/// no length limit of its own, only the name's 253.
-fn subdomain_part_ok(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 fn check_secret(secret: &Option<SecretRef>) {
     if let Some(secret) = secret {
         assert!(label_ok(&secret.namespace), "{secret:?}");
-        assert!(
-            secret.name.len() <= 253 && secret.name.split('.').all(subdomain_part_ok),
-            "{secret:?}"
-        );
+        assert!(subdomain_ok(&secret.name), "{secret:?}");
     }
 }
 
@@ -261,7 +230,13 @@ fuzz_target!(|input: Input| {
         })),
         ..Claim::default()
     };
-    let Ok(prepared) = prepare(&policy, &claim, &class, &NoNodes, &Lookups::default()) else {
+    let Ok(prepared) = prepare(
+        &policy,
+        &claim,
+        &class,
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    ) else {
         return;
     };
     let request = &prepared.request;

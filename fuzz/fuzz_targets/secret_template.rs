@@ -17,6 +17,10 @@ use external_provisioner::params::{
 };
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../common/names.rs"]
+mod names;
+use names::{label_ok, subdomain_ok};
+
 #[derive(Arbitrary, Debug)]
 enum Part {
     Literal(String),
@@ -98,21 +102,6 @@ fn check_built(parts: &[Part], params: &BTreeMap<String, String>) {
     }
 }
 
-/// An RFC 1123 label as Kubernetes checks namespaces: at most 63 characters.
-fn label_ok(s: &str) -> bool {
-    s.len() <= 63 && subdomain_part_ok(s)
-}
-
-/// One dot-separated part of an RFC 1123 subdomain, as Kubernetes checks object names:
-/// no length limit of its own, only the name's 253.
-fn subdomain_part_ok(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 fuzz_target!(|input: Input| {
     let annotations: BTreeMap<String, String> = input.annotations.iter().cloned().collect();
     let mut params = BTreeMap::new();
@@ -157,11 +146,7 @@ fuzz_target!(|input: Input| {
                 "namespace {:?}",
                 found.namespace
             );
-            assert!(
-                found.name.len() <= 253 && found.name.split('.').all(subdomain_part_ok),
-                "name {:?}",
-                found.name
-            );
+            assert!(subdomain_ok(&found.name), "name {:?}", found.name);
         }
     }
 });

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::Arbitrary;
 use external_provisioner::topology::{
-    ClusterTopology, Request, Term, flatten, requirements, spread_offset,
+    NodeMaps, Request, Term, flatten, requirements, spread_offset,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -43,26 +43,6 @@ struct Input {
     immediate: bool,
 }
 
-struct Cluster {
-    keys: BTreeMap<String, Vec<String>>,
-    labels: BTreeMap<String, BTreeMap<String, String>>,
-}
-
-impl ClusterTopology for Cluster {
-    fn keys_of(&self, node: &str) -> Option<Vec<String>> {
-        self.keys.get(node).cloned()
-    }
-    fn labels_of(&self, node: &str) -> Option<&BTreeMap<String, String>> {
-        self.labels.get(node)
-    }
-    fn any_keys(&self) -> Option<Vec<String>> {
-        self.keys.values().find(|k| !k.is_empty()).cloned()
-    }
-    fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
-        Box::new(self.labels.values())
-    }
-}
-
 type Segment = BTreeMap<String, String>;
 
 fn segments(topologies: &[csi_proto::v1::Topology]) -> Vec<Segment> {
@@ -82,10 +62,7 @@ fn as_segment(term: &Term) -> Segment {
 }
 
 fuzz_target!(|input: Input| {
-    let mut cluster = Cluster {
-        keys: BTreeMap::new(),
-        labels: BTreeMap::new(),
-    };
+    let mut cluster = NodeMaps::default();
     let mut names = Vec::new();
     for node in input.nodes {
         if let Some(keys) = node.keys {

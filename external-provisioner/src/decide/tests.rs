@@ -1,27 +1,8 @@
-use std::collections::BTreeMap;
-
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use serde_json::json;
 
 use super::*;
-use crate::topology::ClusterTopology;
-
-struct NoNodes;
-
-impl ClusterTopology for NoNodes {
-    fn keys_of(&self, _: &str) -> Option<Vec<String>> {
-        None
-    }
-    fn labels_of(&self, _: &str) -> Option<&BTreeMap<String, String>> {
-        None
-    }
-    fn any_keys(&self) -> Option<Vec<String>> {
-        None
-    }
-    fn all_labels(&self) -> Box<dyn Iterator<Item = &BTreeMap<String, String>> + '_> {
-        Box::new(std::iter::empty())
-    }
-}
+use crate::topology::NodeMaps;
 
 fn policy() -> Policy {
     Policy {
@@ -146,7 +127,14 @@ fn request_as_upstream_builds_it() {
             "kube-system",
         ),
     ]);
-    let prepared = prepare(&p, &basic_claim(), &c, &NoNodes, &Lookups::default()).unwrap();
+    let prepared = prepare(
+        &p,
+        &basic_claim(),
+        &c,
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    )
+    .unwrap();
     let r = &prepared.request;
     assert_eq!(r.name, "pvc-1234-abcd");
     assert_eq!(r.capacity_range.as_ref().unwrap().required_bytes, 1 << 30);
@@ -199,7 +187,14 @@ fn bad_claims_fail_with_clear_messages() {
         json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
         "selector": {"matchLabels": {"a": "b"}}, "resources": {"requests": {"storage": "1Gi"}}}),
     );
-    let f = prepare(&p, &selector, &class(&[]), &NoNodes, &Lookups::default()).unwrap_err();
+    let f = prepare(
+        &p,
+        &selector,
+        &class(&[]),
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    )
+    .unwrap_err();
     assert_eq!(
         (f.state, f.message.as_str()),
         (State::Finished, "claim Selector is not supported")
@@ -209,7 +204,7 @@ fn bad_claims_fail_with_clear_messages() {
         &p,
         &basic_claim(),
         &class(&[("csi.storage.k8s.io/bogus", "x")]),
-        &NoNodes,
+        &NodeMaps::EMPTY,
         &Lookups::default(),
     )
     .unwrap_err();
@@ -224,9 +219,15 @@ fn bad_claims_fail_with_clear_messages() {
         "resources": {"requests": {"storage": "1Gi"}}}),
     );
     assert_eq!(
-        prepare(&p, &mode, &class(&[]), &NoNodes, &Lookups::default())
-            .unwrap_err()
-            .message,
+        prepare(
+            &p,
+            &mode,
+            &class(&[]),
+            &NodeMaps::EMPTY,
+            &Lookups::default()
+        )
+        .unwrap_err()
+        .message,
         "unsupported AccessMode combination: [ReadWriteSometimes]"
     );
 
@@ -235,17 +236,30 @@ fn bad_claims_fail_with_clear_messages() {
         "resources": {"requests": {"storage": "100Ei"}}}),
     );
     assert!(
-        prepare(&p, &huge, &class(&[]), &NoNodes, &Lookups::default())
-            .unwrap_err()
-            .message
-            .contains("larger than a volume can be")
+        prepare(
+            &p,
+            &huge,
+            &class(&[]),
+            &NodeMaps::EMPTY,
+            &Lookups::default()
+        )
+        .unwrap_err()
+        .message
+        .contains("larger than a volume can be")
     );
 
     let template = class(&[
         ("csi.storage.k8s.io/provisioner-secret-name", "${pvc.nope}"),
         ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
     ]);
-    let f = prepare(&p, &basic_claim(), &template, &NoNodes, &Lookups::default()).unwrap_err();
+    let f = prepare(
+        &p,
+        &basic_claim(),
+        &template,
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    )
+    .unwrap_err();
     assert_eq!(f.state, State::NoChange);
     assert!(f.message.contains("invalid tokens"), "{}", f.message);
 
@@ -261,7 +275,7 @@ fn bad_claims_fail_with_clear_messages() {
             &no_create,
             &basic_claim(),
             &class(&[]),
-            &NoNodes,
+            &NodeMaps::EMPTY,
             &Lookups::default()
         )
         .unwrap_err()
@@ -274,7 +288,14 @@ fn bad_claims_fail_with_clear_messages() {
         "dataSourceRef": {"apiGroup": "example.com", "kind": "Hello", "name": "h"},
         "resources": {"requests": {"storage": "1Gi"}}}),
     );
-    let f = prepare(&p, &populator, &class(&[]), &NoNodes, &Lookups::default()).unwrap_err();
+    let f = prepare(
+        &p,
+        &populator,
+        &class(&[]),
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    )
+    .unwrap_err();
     assert_eq!(
         (f.state, f.message.as_str()),
         (State::Ignored, POPULATOR_MESSAGE)
@@ -291,7 +312,14 @@ fn block_claims_get_block_capabilities() {
         json!({"storageClassName": "fast", "accessModes": ["ReadOnlyMany"],
         "volumeMode": "Block", "resources": {"requests": {"storage": "10Mi"}}}),
     );
-    let prepared = prepare(&p, &block, &class(&[]), &NoNodes, &Lookups::default()).unwrap();
+    let prepared = prepare(
+        &p,
+        &block,
+        &class(&[]),
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    )
+    .unwrap();
     let cap = &prepared.request.volume_capabilities[0];
     assert!(matches!(cap.access_type, Some(AccessType::Block(_))));
     assert_eq!(
@@ -326,7 +354,7 @@ fn pv_as_upstream_writes_it() {
         },
         &basic_claim(),
         &class(&[]),
-        &NoNodes,
+        &NodeMaps::EMPTY,
         &Lookups::default(),
     )
     .unwrap();
@@ -586,9 +614,15 @@ fn data_sources_need_their_capability() {
     let vac = from_source(json!({}), json!({"volumeAttributesClassName": "gold"}));
     let p = policy();
     let message = |claim: &Claim| {
-        prepare(&p, claim, &class(&[]), &NoNodes, &Lookups::default())
-            .unwrap_err()
-            .message
+        prepare(
+            &p,
+            claim,
+            &class(&[]),
+            &NodeMaps::EMPTY,
+            &Lookups::default(),
+        )
+        .unwrap_err()
+        .message
     };
     assert_eq!(
         message(&restore),
@@ -606,7 +640,14 @@ fn data_sources_need_their_capability() {
         attributes_classes: false,
         ..policy()
     };
-    let prepared = prepare(&gate_off, &vac, &class(&[]), &NoNodes, &Lookups::default()).unwrap();
+    let prepared = prepare(
+        &gate_off,
+        &vac,
+        &class(&[]),
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    )
+    .unwrap();
     assert!(prepared.request.mutable_parameters.is_empty());
     assert_eq!(
         prepared.pv.volume_attributes_class, None,
@@ -636,7 +677,7 @@ fn the_content_source_goes_into_the_request() {
         source_watched: true,
         ..Lookups::default()
     };
-    let prepared = prepare(&p, &restore, &class(&[]), &NoNodes, &lookups).unwrap();
+    let prepared = prepare(&p, &restore, &class(&[]), &NodeMaps::EMPTY, &lookups).unwrap();
     assert_eq!(
         prepared.request.volume_content_source,
         Some(content("snap-1"))
@@ -648,7 +689,7 @@ fn the_content_source_goes_into_the_request() {
         json!({}),
     );
     assert_eq!(
-        prepare(&p, &by_ref, &class(&[]), &NoNodes, &lookups)
+        prepare(&p, &by_ref, &class(&[]), &NodeMaps::EMPTY, &lookups)
             .unwrap()
             .source,
         ""
@@ -699,7 +740,7 @@ fn unusable_sources_wait_only_when_watched() {
             source_watched: watched,
             ..Lookups::default()
         };
-        prepare(&p, &restore, &class(&[]), &NoNodes, &lookups).unwrap_err()
+        prepare(&p, &restore, &class(&[]), &NodeMaps::EMPTY, &lookups).unwrap_err()
     };
     let waiting = failing(true, true);
     assert_eq!(waiting.state, State::Wait);
@@ -722,7 +763,7 @@ fn cross_namespace_sources_need_the_gate_and_a_grant() {
         grant: Some(Err("not allowed".into())),
         ..Lookups::default()
     };
-    let off = prepare(&all_caps(), &claim, &class(&[]), &NoNodes, &lookups).unwrap_err();
+    let off = prepare(&all_caps(), &claim, &class(&[]), &NodeMaps::EMPTY, &lookups).unwrap_err();
     assert_eq!(
         (off.state, off.message.as_str()),
         (
@@ -734,7 +775,7 @@ fn cross_namespace_sources_need_the_gate_and_a_grant() {
         cross_namespace_sources: true,
         ..all_caps()
     };
-    let refused = prepare(&on, &claim, &class(&[]), &NoNodes, &lookups).unwrap_err();
+    let refused = prepare(&on, &claim, &class(&[]), &NodeMaps::EMPTY, &lookups).unwrap_err();
     assert_eq!(
         (refused.state, refused.message.as_str()),
         (State::Finished, "not allowed")
@@ -743,7 +784,7 @@ fn cross_namespace_sources_need_the_gate_and_a_grant() {
         grant: Some(Ok(())),
         ..lookups
     };
-    assert!(prepare(&on, &claim, &class(&[]), &NoNodes, &granted).is_ok());
+    assert!(prepare(&on, &claim, &class(&[]), &NodeMaps::EMPTY, &granted).is_ok());
 }
 
 #[test]
@@ -755,7 +796,7 @@ fn attributes_classes_give_mutable_parameters() {
             &p,
             &claim,
             &class(&[("type", "ssd")]),
-            &NoNodes,
+            &NodeMaps::EMPTY,
             &Lookups {
                 attributes_class: Some(vac),
                 ..Lookups::default()
@@ -830,7 +871,14 @@ fn in_tree_classes_are_translated_for_their_driver() {
     );
 
     let claim = basic_claim();
-    let prepared = prepare(&ebs, &claim, &in_tree, &NoNodes, &Lookups::default()).unwrap();
+    let prepared = prepare(
+        &ebs,
+        &claim,
+        &in_tree,
+        &NodeMaps::EMPTY,
+        &Lookups::default(),
+    )
+    .unwrap();
     assert!(prepared.migrated);
     assert_eq!(prepared.pv.provisioned_by, "kubernetes.io/aws-ebs");
     let Created::Pv(pv) = build_pv(
