@@ -31,14 +31,7 @@ declare -A package=(
 images=(livenessprobe csi-node-driver-registrar csi-attacher csi-provisioner csi-sidecars)
 
 platforms=("${linux_platforms[@]}" windows)
-if (($#)); then
-    platforms=()
-    for name in "$@"; do
-        name=$(platform_name "$name")
-        [ -n "${rust_target[$name]:-}" ] || { echo "unknown platform $name" >&2; exit 2; }
-        platforms+=("$name")
-    done
-fi
+select_platforms "$@"
 linux=()
 windows=
 for platform in "${platforms[@]}"; do

@@ -22,14 +22,7 @@ cd "$(dirname "$0")/.."
 
 source scripts/platforms.sh
 platforms=("${linux_platforms[@]}")
-if (($#)); then
-    platforms=()
-    for name in "$@"; do
-        name=$(platform_name "$name")
-        [ -n "${rust_target[$name]:-}" ] || { echo "unknown platform $name" >&2; exit 2; }
-        platforms+=("$name")
-    done
-fi
+select_platforms "$@"
 
 packages=(rustc-web cargo-web rust-web-src qemu-user-static python3-venv)
 missing=()

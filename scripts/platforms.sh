@@ -43,3 +43,16 @@ platform_name() {
         *) echo "$1" ;;
     esac
 }
+
+# Replaces `platforms` with the platforms named on the command line, if any; an unknown name
+# (one `rust_target` lacks) ends the script with status 2.
+select_platforms() {
+    (($#)) || return 0
+    platforms=()
+    local name
+    for name in "$@"; do
+        name=$(platform_name "$name")
+        [ -n "${rust_target[$name]:-}" ] || { echo "unknown platform $name" >&2; exit 2; }
+        platforms+=("$name")
+    done
+}
