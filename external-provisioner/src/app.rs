@@ -317,7 +317,10 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     discover(&cli, &client, &mut config).await;
     config.journal = Some(Location {
         namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
-        name: journal_name(&model::lease_name(&driver)),
+        name: journal_name(
+            &model::lease_name(&driver),
+            config.policy.node.as_ref().map(|node| node.name.as_str()),
+        ),
     });
 
     // --enable-capacity: CSIStorageCapacity objects, through a client of their own limited by

@@ -184,7 +184,8 @@ pub fn name_with_max_length(base: &str, suffix: &str, max: usize) -> String {
     format!("{prefix}-{}-{suffix}", fnv32a(base))
 }
 
-fn fnv32a(s: &str) -> String {
+/// FNV-1a (32 bit) as eight hex digits.
+pub(crate) fn fnv32a(s: &str) -> String {
     let mut hash: u32 = 0x811c_9dc5;
     for byte in s.bytes() {
         hash ^= u32::from(byte);

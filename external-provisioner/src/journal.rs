@@ -80,9 +80,30 @@ pub struct Location {
     pub name: String,
 }
 
-/// The journal's name for a Lease name: `<lease>-journal`.
-pub fn journal_name(lease: &str) -> String {
-    format!("{lease}-journal")
+/// The longest object name the API server accepts (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The journal's name for a Lease name: `<lease>-journal`, or with distributed provisioning
+/// `<lease>-journal-<node>`. Each node's provisioner talks to the driver of its own node, so it
+/// must take up only the intents it recorded itself: one journal per node. A name past the
+/// API's limit keeps its start and ends with a hash of the node name, so it stays the same
+/// across restarts and differs between nodes.
+pub fn journal_name(lease: &str, node: Option<&str>) -> String {
+    let Some(node) = node else {
+        return format!("{lease}-journal");
+    };
+    let name = format!("{lease}-journal-{node}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let hash = crate::capacity::fnv32a(node);
+    let keep = MAX_NAME - hash.len() - 1;
+    // Node and Lease names are ASCII, so any byte offset is a character boundary.
+    let start = name
+        .get(..keep)
+        .unwrap_or(&name)
+        .trim_end_matches(['-', '.']);
+    format!("{start}-{hash}")
 }
 
 enum Op {
@@ -360,6 +381,31 @@ async fn write_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_node_has_a_journal_of_its_own() {
+        assert_eq!(
+            journal_name("hostpath-csi-k8s-io", None),
+            "hostpath-csi-k8s-io-journal"
+        );
+        assert_eq!(
+            journal_name("hostpath-csi-k8s-io", Some("worker-1.example.com")),
+            "hostpath-csi-k8s-io-journal-worker-1.example.com"
+        );
+        // Node names may be 253 characters long: the journal's name stays a valid object name,
+        // stable, and distinct for nodes that differ only at the end.
+        let long = |last: char| format!("{}{last}", "n".repeat(252));
+        let first = journal_name("hostpath-csi-k8s-io", Some(&long('a')));
+        let second = journal_name("hostpath-csi-k8s-io", Some(&long('b')));
+        assert_eq!(first.len(), MAX_NAME);
+        assert!(first.starts_with("hostpath-csi-k8s-io-journal-nnn"));
+        assert_ne!(first, second);
+        assert_eq!(first, journal_name("hostpath-csi-k8s-io", Some(&long('a'))));
+        // A cut that ends in a separator does not leave two of them next to each other.
+        let dotted = format!("{}.{}", "n".repeat(215), "m".repeat(37));
+        let name = journal_name("hostpath-csi-k8s-io", Some(&dotted));
+        assert!(!name.contains(".-") && !name.contains("--"), "{name}");
+    }
 
     #[test]
     fn groups_apply_in_order_and_respect_the_size_limit() {

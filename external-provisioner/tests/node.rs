@@ -10,8 +10,10 @@ use std::time::Duration;
 use common::{Env, WAIT, csi_client, eventually, mock, requests, unique};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use external_provisioner::app;
+use external_provisioner::journal::journal_name;
+use external_provisioner::model::lease_name;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use std::process::Stdio;
@@ -81,9 +83,11 @@ fn node_of(pv: &PersistentVolume) -> Option<String> {
 #[tokio::test]
 async fn nodes_race_for_immediate_claims_and_keep_to_their_own() {
     let mut env = Env::without_controller(mock()).await;
+    // Room for every claim on each of the first two nodes, so that no claim is given back for
+    // want of capacity and each is created exactly once.
     let nodes = vec![
-        start_node(&env, &unique("n1"), 100 * GIB).await,
-        start_node(&env, &unique("n2"), 100 * GIB).await,
+        start_node(&env, &unique("n1"), 200 * GIB).await,
+        start_node(&env, &unique("n2"), 200 * GIB).await,
         // Too small for any claim: it never takes one.
         start_node(&env, &unique("n3"), GIB / 2).await,
     ];
@@ -172,6 +176,16 @@ async fn nodes_race_for_immediate_claims_and_keep_to_their_own() {
         !per_node.contains_key(&nodes[2].name),
         "the node without room took none: {per_node:?}"
     );
+    // Each node records its intents in a journal of its own: a node's provisioner must never
+    // take up what another node's began, with the wrong driver.
+    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(env.client(), "default");
+    for node in nodes.iter().filter(|n| per_node.contains_key(&n.name)) {
+        let name = journal_name(&lease_name(common::DRIVER), Some(&node.name));
+        assert!(
+            config_maps.get_opt(&name).await.unwrap().is_some(),
+            "{name} is missing"
+        );
+    }
     let late_claim = pvcs.get("late").await.unwrap();
     let late_pv = pvs
         .get(late_claim.spec.unwrap().volume_name.as_deref().unwrap())
