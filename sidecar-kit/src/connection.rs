@@ -276,7 +276,10 @@ pub async fn dial(endpoint: &Endpoint) -> io::Result<Box<dyn DriverIo>> {
     }
 }
 
-/// Reports the end of the stream (EOF or error while reading) to the link state.
+/// Reports the end of the stream to the link state: an EOF or an error while reading, or an
+/// error while writing. A driver killed while a request is being sent shows up as a failed
+/// write (EPIPE) after which the connection is dropped without another read, so watching reads
+/// alone would miss it until the next call.
 struct Monitored {
     inner: Box<dyn DriverIo>,
     id: u64,
@@ -318,16 +321,110 @@ impl AsyncWrite for Monitored {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Err(_)) = &polled {
+            self.end();
+        }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        if let Poll::Ready(Err(_)) = &polled {
+            self.end();
+        }
+        polled
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Our own side closing is not a loss.
         self.ended = true;
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A stream whose peer is gone: reads wait forever, writes and flushes fail with EPIPE.
+    struct PeerGone;
+
+    impl AsyncRead for PeerGone {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl AsyncWrite for PeerGone {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn monitored(
+        policy: LossPolicy,
+        inner: Box<dyn DriverIo>,
+    ) -> (Monitored, watch::Receiver<u64>) {
+        let (losses, lost) = watch::channel(0);
+        let state = Arc::new(LinkState {
+            policy,
+            losses,
+            current: AtomicU64::new(1),
+            next_id: AtomicU64::new(2),
+            refuse_redial: AtomicBool::new(false),
+        });
+        let stream = Monitored {
+            inner,
+            id: 1,
+            state,
+            ended: false,
+        };
+        (stream, lost)
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_a_loss() {
+        for policy in [LossPolicy::Exit, LossPolicy::Reconnect] {
+            let (mut stream, lost) = monitored(policy, Box::new(PeerGone));
+            assert!(stream.write_all(b"request").await.is_err());
+            assert_eq!(*lost.borrow(), 1, "{policy:?}");
+            // The same stream failing again is the same loss.
+            assert!(stream.flush().await.is_err());
+            assert_eq!(*lost.borrow(), 1, "{policy:?}");
+        }
+        let (mut stream, lost) = monitored(LossPolicy::Exit, Box::new(PeerGone));
+        assert!(stream.flush().await.is_err());
+        assert_eq!(*lost.borrow(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_eof_is_a_loss_and_our_own_close_is_not() {
+        let (ours, theirs) = tokio::io::duplex(64);
+        let (mut stream, lost) = monitored(LossPolicy::Exit, Box::new(ours));
+        drop(theirs);
+        let mut buf = [0u8; 8];
+        assert_eq!(stream.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(*lost.borrow(), 1);
+
+        let (ours, _theirs) = tokio::io::duplex(64);
+        let (mut stream, lost) = monitored(LossPolicy::Exit, Box::new(ours));
+        stream.shutdown().await.unwrap();
+        assert_eq!(*lost.borrow(), 0);
     }
 }
