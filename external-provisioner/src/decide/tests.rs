@@ -54,6 +54,11 @@ fn class(params: &[(&str, &str)]) -> Class {
     }
 }
 
+/// Prepares a claim that needs neither the cluster's nodes nor any lookup.
+fn prepare_alone(policy: &Policy, claim: &Claim, class: &Class) -> Result<Prepared, Failure> {
+    prepare(policy, claim, class, &NodeMaps::EMPTY, &Lookups::default())
+}
+
 fn basic_claim() -> Claim {
     claim(
         json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
@@ -127,14 +132,7 @@ fn request_as_upstream_builds_it() {
             "kube-system",
         ),
     ]);
-    let prepared = prepare(
-        &p,
-        &basic_claim(),
-        &c,
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap();
+    let prepared = prepare_alone(&p, &basic_claim(), &c).unwrap();
     let r = &prepared.request;
     assert_eq!(r.name, "pvc-1234-abcd");
     assert_eq!(r.capacity_range.as_ref().unwrap().required_bytes, 1 << 30);
@@ -187,25 +185,16 @@ fn bad_claims_fail_with_clear_messages() {
         json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
         "selector": {"matchLabels": {"a": "b"}}, "resources": {"requests": {"storage": "1Gi"}}}),
     );
-    let f = prepare(
-        &p,
-        &selector,
-        &class(&[]),
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap_err();
+    let f = prepare_alone(&p, &selector, &class(&[])).unwrap_err();
     assert_eq!(
         (f.state, f.message.as_str()),
         (State::Finished, "claim Selector is not supported")
     );
 
-    let unknown = prepare(
+    let unknown = prepare_alone(
         &p,
         &basic_claim(),
         &class(&[("csi.storage.k8s.io/bogus", "x")]),
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
     )
     .unwrap_err();
     assert!(
@@ -219,15 +208,7 @@ fn bad_claims_fail_with_clear_messages() {
         "resources": {"requests": {"storage": "1Gi"}}}),
     );
     assert_eq!(
-        prepare(
-            &p,
-            &mode,
-            &class(&[]),
-            &NodeMaps::EMPTY,
-            &Lookups::default()
-        )
-        .unwrap_err()
-        .message,
+        prepare_alone(&p, &mode, &class(&[])).unwrap_err().message,
         "unsupported AccessMode combination: [ReadWriteSometimes]"
     );
 
@@ -236,30 +217,17 @@ fn bad_claims_fail_with_clear_messages() {
         "resources": {"requests": {"storage": "100Ei"}}}),
     );
     assert!(
-        prepare(
-            &p,
-            &huge,
-            &class(&[]),
-            &NodeMaps::EMPTY,
-            &Lookups::default()
-        )
-        .unwrap_err()
-        .message
-        .contains("larger than a volume can be")
+        prepare_alone(&p, &huge, &class(&[]))
+            .unwrap_err()
+            .message
+            .contains("larger than a volume can be")
     );
 
     let template = class(&[
         ("csi.storage.k8s.io/provisioner-secret-name", "${pvc.nope}"),
         ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
     ]);
-    let f = prepare(
-        &p,
-        &basic_claim(),
-        &template,
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap_err();
+    let f = prepare_alone(&p, &basic_claim(), &template).unwrap_err();
     assert_eq!(f.state, State::NoChange);
     assert!(f.message.contains("invalid tokens"), "{}", f.message);
 
@@ -271,16 +239,10 @@ fn bad_claims_fail_with_clear_messages() {
         ..policy()
     };
     assert!(
-        prepare(
-            &no_create,
-            &basic_claim(),
-            &class(&[]),
-            &NodeMaps::EMPTY,
-            &Lookups::default()
-        )
-        .unwrap_err()
-        .message
-        .contains("CREATE_DELETE_VOLUME capability is not reported")
+        prepare_alone(&no_create, &basic_claim(), &class(&[]))
+            .unwrap_err()
+            .message
+            .contains("CREATE_DELETE_VOLUME capability is not reported")
     );
 
     let populator = claim(
@@ -288,14 +250,7 @@ fn bad_claims_fail_with_clear_messages() {
         "dataSourceRef": {"apiGroup": "example.com", "kind": "Hello", "name": "h"},
         "resources": {"requests": {"storage": "1Gi"}}}),
     );
-    let f = prepare(
-        &p,
-        &populator,
-        &class(&[]),
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap_err();
+    let f = prepare_alone(&p, &populator, &class(&[])).unwrap_err();
     assert_eq!(
         (f.state, f.message.as_str()),
         (State::Ignored, POPULATOR_MESSAGE)
@@ -312,14 +267,7 @@ fn block_claims_get_block_capabilities() {
         json!({"storageClassName": "fast", "accessModes": ["ReadOnlyMany"],
         "volumeMode": "Block", "resources": {"requests": {"storage": "10Mi"}}}),
     );
-    let prepared = prepare(
-        &p,
-        &block,
-        &class(&[]),
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap();
+    let prepared = prepare_alone(&p, &block, &class(&[])).unwrap();
     let cap = &prepared.request.volume_capabilities[0];
     assert!(matches!(cap.access_type, Some(AccessType::Block(_))));
     assert_eq!(
@@ -347,17 +295,11 @@ fn pv_as_upstream_writes_it() {
         topology: true,
         ..policy()
     };
-    let prepared = prepare(
-        &Policy {
-            topology: false,
-            ..p.clone()
-        },
-        &basic_claim(),
-        &class(&[]),
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap();
+    let without_topology = Policy {
+        topology: false,
+        ..p.clone()
+    };
+    let prepared = prepare_alone(&without_topology, &basic_claim(), &class(&[])).unwrap();
     let volume = CsiVolume {
         volume_id: "vol-1".into(),
         capacity_bytes: 2 << 30,
@@ -613,17 +555,7 @@ fn data_sources_need_their_capability() {
     );
     let vac = from_source(json!({}), json!({"volumeAttributesClassName": "gold"}));
     let p = policy();
-    let message = |claim: &Claim| {
-        prepare(
-            &p,
-            claim,
-            &class(&[]),
-            &NodeMaps::EMPTY,
-            &Lookups::default(),
-        )
-        .unwrap_err()
-        .message
-    };
+    let message = |claim: &Claim| prepare_alone(&p, claim, &class(&[])).unwrap_err().message;
     assert_eq!(
         message(&restore),
         "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
@@ -640,14 +572,7 @@ fn data_sources_need_their_capability() {
         attributes_classes: false,
         ..policy()
     };
-    let prepared = prepare(
-        &gate_off,
-        &vac,
-        &class(&[]),
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap();
+    let prepared = prepare_alone(&gate_off, &vac, &class(&[])).unwrap();
     assert!(prepared.request.mutable_parameters.is_empty());
     assert_eq!(
         prepared.pv.volume_attributes_class, None,
@@ -871,14 +796,7 @@ fn in_tree_classes_are_translated_for_their_driver() {
     );
 
     let claim = basic_claim();
-    let prepared = prepare(
-        &ebs,
-        &claim,
-        &in_tree,
-        &NodeMaps::EMPTY,
-        &Lookups::default(),
-    )
-    .unwrap();
+    let prepared = prepare_alone(&ebs, &claim, &in_tree).unwrap();
     assert!(prepared.migrated);
     assert_eq!(prepared.pv.provisioned_by, "kubernetes.io/aws-ebs");
     let Created::Pv(pv) = build_pv(
