@@ -3,8 +3,9 @@
 //! validated as `entry::main` does before it starts anything.
 //!
 //! Properties:
-//! - the Go-syntax rewrite keeps the number of words, changes a word at most by adding one
-//!   dash, leaves everything after `--` alone and is idempotent; the GNU one is the identity;
+//! - the Go-syntax rewrite changes a word at most by adding one dash or by joining a value
+//!   flag and the next word into `--name=value`, leaves everything after `--` alone and is
+//!   idempotent; the GNU one is the identity;
 //! - for the Go-syntax sidecars, a command line means the same whether its flags are written
 //!   `-name` or `--name`;
 //! - validation (`validate`, the registrar's `plan` under both platforms' rules, the
@@ -16,6 +17,7 @@
 use std::ffi::OsString;
 
 use arbitrary::Arbitrary;
+use clap::CommandFactory;
 use libfuzzer_sys::fuzz_target;
 use sidecar_kit::endpoint::Platform;
 use sidecar_kit::flags::{
@@ -78,8 +80,8 @@ fn command_line(names: &[String], words: &[Word], dashes: &str) -> Vec<String> {
     out
 }
 
-fn long_names<P: clap::CommandFactory>() -> Vec<String> {
-    P::command()
+fn long_names(command: &clap::Command) -> Vec<String> {
+    command
         .get_arguments()
         .filter_map(|arg| arg.get_long().map(str::to_string))
         .collect()
@@ -131,26 +133,35 @@ fn outcome(sidecar: &Sidecar, args: &[String], syntax: FlagSyntax) -> String {
     }
 }
 
-fn check_normalize(args: &[String]) {
-    let gnu = normalize_args(args, FlagSyntax::Gnu);
+fn check_normalize(args: &[String], command: &clap::Command) {
+    let gnu = normalize_args(args, FlagSyntax::Gnu, command);
     let os: Vec<OsString> = args.iter().map(OsString::from).collect();
     assert_eq!(gnu, os);
-    let go = normalize_args(args, FlagSyntax::Go);
-    assert_eq!(go.len(), args.len());
+    let go = normalize_args(args, FlagSyntax::Go, command);
+    let mut input = args.iter();
     let mut after_separator = false;
-    for (before, after) in args.iter().zip(&go) {
-        let after = after.to_str().unwrap_or_default();
+    for after in &go {
+        let after = after.to_string_lossy();
+        let before = input.next().expect("more words out than in");
         if after_separator {
-            assert_eq!(before, after);
-        } else {
-            assert!(
-                before == after || after.strip_prefix('-') == Some(before.as_str()),
-                "{before:?} became {after:?}"
-            );
+            assert_eq!(before.as_str(), after);
+            continue;
         }
-        after_separator |= before == "--";
+        if before.as_str() == after || after.strip_prefix('-') == Some(before.as_str()) {
+            after_separator = before == "--";
+            continue;
+        }
+        // `-name value` became `--name=value`.
+        let name = before
+            .strip_prefix("--")
+            .or_else(|| before.strip_prefix('-'))
+            .unwrap_or_else(|| panic!("{before:?} became {after:?}"));
+        let value = input.next().expect("a joined value");
+        assert!(!name.contains('='), "{before:?} already had a value");
+        assert_eq!(after, format!("--{name}={value}"));
     }
-    assert_eq!(normalize_args(go.clone(), FlagSyntax::Go), go);
+    assert!(input.next().is_none(), "words lost: {args:?} became {go:?}");
+    assert_eq!(normalize_args(go.clone(), FlagSyntax::Go, command), go);
 }
 
 /// Go's `time.ParseDuration` in exact arithmetic: whole nanoseconds times 2^-32 (u128), or
@@ -249,27 +260,19 @@ fuzz_target!(|input: Input| {
         assert!(labels.0.iter().all(|(key, _)| !key.is_empty()));
     }
 
-    let (names, syntax) = match input.sidecar {
-        Sidecar::Provisioner => (
-            long_names::<external_provisioner::flags::Cli>(),
-            FlagSyntax::Gnu,
-        ),
-        Sidecar::Attacher => (
-            long_names::<external_attacher::flags::Cli>(),
-            FlagSyntax::Go,
-        ),
-        Sidecar::Registrar => (
-            long_names::<node_driver_registrar::config::Cli>(),
-            FlagSyntax::Go,
-        ),
-        Sidecar::Livenessprobe => (long_names::<livenessprobe::flags::Cli>(), FlagSyntax::Go),
+    let (command, syntax) = match input.sidecar {
+        Sidecar::Provisioner => (external_provisioner::flags::Cli::command(), FlagSyntax::Gnu),
+        Sidecar::Attacher => (external_attacher::flags::Cli::command(), FlagSyntax::Go),
+        Sidecar::Registrar => (node_driver_registrar::config::Cli::command(), FlagSyntax::Go),
+        Sidecar::Livenessprobe => (livenessprobe::flags::Cli::command(), FlagSyntax::Go),
     };
+    let names = long_names(&command);
     let double = command_line(&names, &input.words, "--");
-    check_normalize(&double);
+    check_normalize(&double, &command);
     let parsed = outcome(&input.sidecar, &double, syntax);
     if syntax == FlagSyntax::Go && !double.iter().any(|w| w == "--") {
         let single = command_line(&names, &input.words, "-");
-        check_normalize(&single);
+        check_normalize(&single, &command);
         let single_parsed = outcome(&input.sidecar, &single, syntax);
         assert_eq!(parsed, single_parsed, "{double:?} and {single:?} differ");
     }

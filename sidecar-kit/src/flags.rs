@@ -22,10 +22,13 @@ pub enum FlagSyntax {
 /// Rewrites a command line so that clap accepts what the imitated upstream parser accepts.
 ///
 /// For [`FlagSyntax::Go`], every single-dash option of more than one character, and every
-/// single-dash option with a value (`-v=5`), gains a second dash. Rewriting stops at `--`.
-/// Values given as separate words (`-timeout 3s`) are left alone, as are positional words, which
-/// the sidecars do not take and clap then reports as errors.
-pub fn normalize_args<I, T>(args: I, syntax: FlagSyntax) -> Vec<OsString>
+/// single-dash option with a value (`-v=5`), gains a second dash. As Go's `flag` package does, a
+/// flag of `command` that takes a value and is given without `=` takes the next word as its
+/// value whatever that word looks like (`-kubelet-registration-path -x`), so the two are joined
+/// into `--name=value`. Booleans (declared with `require_equals`) never take the next word.
+/// Rewriting stops at `--`. Positional words are left alone: the sidecars take none, and clap
+/// reports them.
+pub fn normalize_args<I, T>(args: I, syntax: FlagSyntax, command: &clap::Command) -> Vec<OsString>
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString>,
@@ -36,32 +39,52 @@ where
         out.extend(args);
         return out;
     }
-    let mut rewriting = true;
-    for arg in args {
-        if !rewriting {
-            out.push(arg);
-            continue;
-        }
+    while let Some(arg) = args.next() {
         let Some(text) = arg.to_str() else {
             out.push(arg);
             continue;
         };
         if text == "--" {
-            rewriting = false;
             out.push(arg);
-        } else if text.starts_with("--") {
-            out.push(arg);
-        } else if let Some(rest) = text.strip_prefix('-')
-            && !rest.is_empty()
-            && !rest.starts_with(|c: char| c.is_ascii_digit() || c == '.')
-        {
-            out.push(format!("--{rest}").into());
-        } else {
-            // A value following `-flag value`, or a positional argument: left as is.
-            out.push(arg);
+            out.extend(args);
+            break;
         }
+        let name = match text.strip_prefix("--") {
+            Some(rest) => rest,
+            None => match text.strip_prefix('-') {
+                Some(rest)
+                    if !rest.is_empty()
+                        && !rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') =>
+                {
+                    rest
+                }
+                // A positional word or a bare number: left as is.
+                _ => {
+                    out.push(arg);
+                    continue;
+                }
+            },
+        };
+        let mut flag = OsString::from(format!("--{name}"));
+        if !name.contains('=')
+            && takes_separate_value(command, name)
+            && let Some(value) = args.next()
+        {
+            flag.push("=");
+            flag.push(value);
+        }
+        out.push(flag);
     }
     out
+}
+
+/// Whether `name` is a long option of `command` whose value may be the next word.
+fn takes_separate_value(command: &clap::Command, name: &str) -> bool {
+    command.get_arguments().any(|arg| {
+        arg.get_long() == Some(name)
+            && arg.get_action().takes_values()
+            && !arg.is_require_equals_set()
+    })
 }
 
 /// Errors of the Go-compatible value parsers.
@@ -320,7 +343,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString>,
 {
-    P::try_parse_from(normalize_args(args, syntax))
+    P::try_parse_from(normalize_args(args, syntax, &P::command()))
 }
 
 /// Parses the process's own command line, printing help or errors and exiting as clap does
@@ -345,7 +368,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     #[derive(Parser, Debug)]
     struct TestCli {
@@ -375,20 +398,31 @@ mod tests {
             (&["-csi-address=/x"], &["--csi-address=/x"]),
             (&["-v=5"], &["--v=5"]),
             (&["--v=5"], &["--v=5"]),
-            (&["-v", "5"], &["--v", "5"]),
-            (&["-timeout", "3s"], &["--timeout", "3s"]),
+            (&["-v", "5"], &["--v=5"]),
+            (&["-timeout", "3s"], &["--timeout=3s"]),
+            (&["--timeout", "3s"], &["--timeout=3s"]),
+            // Go takes the next word as the value, whatever it looks like.
+            (&["-csi-address", "-x"], &["--csi-address=-x"]),
+            (&["-csi-address", "--"], &["--csi-address=--"]),
+            // A boolean never takes the next word; a flag clap does not know takes none either.
+            (&["-leader-election", "x"], &["--leader-election", "x"]),
+            (&["-no-such-flag", "x"], &["--no-such-flag", "x"]),
+            (&["-timeout"], &["--timeout"]),
             (
                 &["-leader-election", "--", "-x"],
                 &["--leader-election", "--", "-x"],
             ),
             (&["pos", "-x"], &["pos", "--x"]),
             (&["-"], &["-"]),
-            (&["-kube-api-qps", "-1"], &["--kube-api-qps", "-1"]),
+            (&["-kube-api-qps", "-1"], &["--kube-api-qps=-1"]),
+            (&["---x"], &["---x"]),
         ];
+        let command = TestCli::command();
         for (input, expected) in cases {
             let got = normalize_args(
                 std::iter::once("bin").chain(input.iter().copied()),
                 FlagSyntax::Go,
+                &command,
             );
             let got: Vec<_> = got[1..]
                 .iter()
@@ -457,6 +491,17 @@ mod tests {
         assert_eq!(c.logging.verbosity, 0);
         assert_eq!(c.logging.logging_format, LogFormat::Text);
         assert!(!c.process.version);
+    }
+
+    #[test]
+    fn go_syntax_values_may_start_with_a_dash() {
+        let cli = go(&["-csi-address", "-odd", "--http-endpoint", "-:8080"]).unwrap();
+        assert_eq!(cli.common.csi.csi_address, "-odd");
+        assert_eq!(cli.common.http.http_endpoint, "-:8080");
+        let cli = go(&["-kube-api-qps", "-1"]).unwrap();
+        assert_eq!(cli.common.kube.kube_api_qps, -1.0);
+        // As in Go: a value flag at the end has no value.
+        assert!(go(&["-csi-address"]).is_err());
     }
 
     #[test]
