@@ -60,6 +60,13 @@ workspace_version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/
 version="${IMAGE_VERSION:-v$workspace_version}"
 source=$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository = "\(.*\)"/\1/p' Cargo.toml)
 rustc_version=$(/usr/bin/rustc -V | awk '{print $2}')
+# The static Linux binaries carry the musl that zig links in: the SBOMs name its version.
+musl_version=
+if ((${#linux[@]})); then
+    zig_package=$(target/static/zig/bin/python -c 'import os, ziglang; print(os.path.dirname(ziglang.__file__))')
+    musl_version=$(sed -n 's/^#define VERSION "\(.*\)"$/\1/p' "$zig_package/lib/libc/musl/src/internal/version.h")
+    [ -n "$musl_version" ] || { echo "cannot tell the version of zig's musl" >&2; exit 1; }
+fi
 
 out="$PWD/target/images"
 context="$out/context"
@@ -138,8 +145,10 @@ assert image["Labels"]["org.opencontainers.image.revision"] == sys.argv[3]
         echo "skopeo inspect: ${oci_platform[$platform]} ok"
 
         mkdir -p "$out/sbom/$image"
+        components=(--component "std@$rustc_version")
+        [ "$platform" != windows ] && components+=(--component "musl@$musl_version")
         "$builder" sbom --package "${package[$image]}" --binary "$image" \
-            --target "${rust_target[$platform]}" --component "std@$rustc_version" \
+            --target "${rust_target[$platform]}" "${components[@]}" \
             --out "$out/sbom/$image/${oci_platform[$platform]//\//-}.cdx.json"
 
         # Unpack the image and start its entrypoint, as a container runtime would.

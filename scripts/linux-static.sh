@@ -46,11 +46,13 @@ if [ "${STATIC_QUICK:-}" = 1 ]; then
         --config profile.release.package.node-driver-registrar.opt-level=0
         --config profile.release.package.external-attacher.opt-level=0)
 fi
+# Pinned: zig's clang and musl end up in the binaries, and the images are to be reproducible.
+zig_version=0.17.1
 venv="$work/zig"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m ziglang version >/dev/null 2>&1; then
+if [ "$("$venv/bin/python" -m ziglang version 2>/dev/null)" != "$zig_version" ]; then
     echo "installing zig into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --no-cache-dir ziglang
+    "$venv/bin/pip" install -q --no-cache-dir "ziglang==$zig_version"
 fi
 echo "zig $("$venv/bin/python" -m ziglang version)"
 
