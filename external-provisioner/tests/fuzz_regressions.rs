@@ -4,7 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+use external_provisioner::app;
 use external_provisioner::decide::{Capabilities, Lookups, Policy, prepare};
+use external_provisioner::flags::Cli;
 use external_provisioner::model::{Claim, ClaimSpec, Class};
 use external_provisioner::topology::NodeMaps;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -23,6 +26,7 @@ fn storage_classes_the_fuzzer_found_are_answered_quickly() {
         env!("CARGO_MANIFEST_DIR"),
         "/../fuzz/regressions/class_parameters"
     );
+    let cli = Cli::parse_from(["csi-provisioner"]);
     let mut replayed = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -33,27 +37,15 @@ fn storage_classes_the_fuzzer_found_are_answered_quickly() {
         let sc: StorageClass = serde_json::from_str(&text).unwrap();
         let class = Class::from_api(&sc);
         let driver = driver_for(&class.provisioner);
+        let caps = Capabilities {
+            controller_service: true,
+            create_delete_volume: true,
+            accessibility_constraints: true,
+            ..Capabilities::default()
+        };
         let policy = Policy {
-            driver: driver.clone(),
-            identity: format!("1-2-{driver}"),
-            caps: Capabilities {
-                controller_service: true,
-                create_delete_volume: true,
-                accessibility_constraints: true,
-                ..Capabilities::default()
-            },
-            topology: true,
-            strict_topology: false,
-            immediate_topology: true,
-            volume_name_prefix: "pvc".into(),
-            volume_name_uuid_length: -1,
-            default_fstype: String::new(),
             extra_create_metadata: true,
-            controller_publish_readonly: false,
-            prevent_volume_mode_conversion: true,
-            cross_namespace_sources: false,
-            attributes_classes: true,
-            node: None,
+            ..app::config(&cli, &driver, caps, &format!("1-2-{driver}"), "instance").policy
         };
         let claim = Claim {
             uid: "1234-abcd".into(),

@@ -12,9 +12,13 @@
 #![no_main]
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use arbitrary::Arbitrary;
+use clap::Parser;
+use external_provisioner::app;
 use external_provisioner::decide::{Capabilities, Lookups, Policy, prepare};
+use external_provisioner::flags::Cli;
 use external_provisioner::model::{Claim, ClaimSpec, Class, SecretRef};
 use external_provisioner::params::{self, PREFIX, driver_parameters, fs_type};
 use external_provisioner::topology::NodeMaps;
@@ -167,6 +171,9 @@ fn check_split(parameters: &BTreeMap<String, String>, default_fstype: &str) {
     }
 }
 
+/// Upstream's default flags.
+static DEFAULT_FLAGS: LazyLock<Cli> = LazyLock::new(|| Cli::parse_from(["csi-provisioner"]));
+
 fuzz_target!(|input: Input| {
     let parameters: BTreeMap<String, String> = input
         .parameters
@@ -182,27 +189,17 @@ fuzz_target!(|input: Input| {
     check_split(&parameters, &input.default_fstype);
 
     let (provisioner, driver) = DRIVERS[usize::from(input.driver) % DRIVERS.len()];
+    let caps = Capabilities {
+        controller_service: true,
+        create_delete_volume: true,
+        accessibility_constraints: input.topology,
+        ..Capabilities::default()
+    };
     let policy = Policy {
-        driver: driver.into(),
-        identity: format!("1-2-{driver}"),
-        caps: Capabilities {
-            controller_service: true,
-            create_delete_volume: true,
-            accessibility_constraints: input.topology,
-            ..Capabilities::default()
-        },
-        topology: input.topology,
         strict_topology: input.strict_topology,
-        immediate_topology: true,
-        volume_name_prefix: "pvc".into(),
-        volume_name_uuid_length: -1,
         default_fstype: input.default_fstype.clone(),
         extra_create_metadata: input.extra_create_metadata,
-        controller_publish_readonly: false,
-        prevent_volume_mode_conversion: true,
-        cross_namespace_sources: false,
-        attributes_classes: true,
-        node: None,
+        ..app::config(&DEFAULT_FLAGS, driver, caps, &format!("1-2-{driver}"), "instance").policy
     };
     let class = Class {
         name: "fast".into(),

@@ -4,28 +4,16 @@ use serde_json::json;
 use super::*;
 use crate::topology::NodeMaps;
 
+/// The policy of upstream's default flags, for driver `d` with a controller that creates and
+/// deletes volumes.
 fn policy() -> Policy {
-    Policy {
-        driver: "d".into(),
-        identity: "1-2-d".into(),
-        caps: Capabilities {
-            controller_service: true,
-            create_delete_volume: true,
-            ..Capabilities::default()
-        },
-        topology: false,
-        strict_topology: false,
-        immediate_topology: true,
-        volume_name_prefix: "pvc".into(),
-        volume_name_uuid_length: -1,
-        default_fstype: String::new(),
-        extra_create_metadata: false,
-        controller_publish_readonly: false,
-        prevent_volume_mode_conversion: true,
-        cross_namespace_sources: false,
-        attributes_classes: true,
-        node: None,
-    }
+    let cli: crate::flags::Cli = clap::Parser::parse_from(["csi-provisioner"]);
+    let caps = Capabilities {
+        controller_service: true,
+        create_delete_volume: true,
+        ..Capabilities::default()
+    };
+    crate::app::config(&cli, "d", caps, "1-2-d", "instance").policy
 }
 
 fn claim(spec: serde_json::Value) -> Claim {
