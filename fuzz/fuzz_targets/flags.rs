@@ -3,8 +3,8 @@
 //! validated as `entry::main` does before it starts anything.
 //!
 //! Properties:
-//! - the Go-syntax rewrite changes a word at most by adding one dash or by joining a value
-//!   flag and the next word into `--name=value`, leaves everything after `--` alone and is
+//! - the Go-syntax rewrite changes a word at most by adding one dash, by spelling `-h` as
+//!   `--help` or by joining a value flag and the next word into `--name=value`, leaves everything after `--` alone and is
 //!   idempotent; the GNU one is the identity;
 //! - for the Go-syntax sidecars, a command line means the same whether its flags are written
 //!   `-name` or `--name`;
@@ -147,7 +147,8 @@ fn check_normalize(args: &[String], command: &clap::Command) {
             assert_eq!(before.as_str(), after);
             continue;
         }
-        if before.as_str() == after || after.strip_prefix('-') == Some(before.as_str()) {
+        let help = matches!(before.as_str(), "-h" | "--h") && after == "--help";
+        if help || before.as_str() == after || after.strip_prefix('-') == Some(before.as_str()) {
             after_separator = before == "--";
             continue;
         }

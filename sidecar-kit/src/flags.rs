@@ -21,13 +21,13 @@ pub enum FlagSyntax {
 
 /// Rewrites a command line so that clap accepts what the imitated upstream parser accepts.
 ///
-/// For [`FlagSyntax::Go`], every single-dash option of more than one character, and every
-/// single-dash option with a value (`-v=5`), gains a second dash. As Go's `flag` package does, a
-/// flag of `command` that takes a value and is given without `=` takes the next word as its
-/// value whatever that word looks like (`-kubelet-registration-path -x`), so the two are joined
-/// into `--name=value`. Booleans (declared with `require_equals`) never take the next word.
-/// Rewriting stops at `--`. Positional words are left alone: the sidecars take none, and clap
-/// reports them.
+/// For [`FlagSyntax::Go`], every single-dash option (`-csi-address`, `-v=5`) gains a second
+/// dash, and `-h` becomes `--help`, as Go answers it with the usage. As Go's `flag` package
+/// does, a flag of `command` that takes a value and is given without `=` takes the next word as
+/// its value whatever that word looks like (`-kubelet-registration-path -x`), so the two are
+/// joined into `--name=value`. Booleans (declared with `require_equals`) never take the next
+/// word. Rewriting stops at `--`. Positional words are left alone: the sidecars take none, and
+/// clap reports them.
 pub fn normalize_args<I, T>(args: I, syntax: FlagSyntax, command: &clap::Command) -> Vec<OsString>
 where
     I: IntoIterator<Item = T>,
@@ -64,6 +64,12 @@ where
                     continue;
                 }
             },
+        };
+        // Go's flag package answers `-h` with the usage, as `-help`, unless a flag is named h.
+        let name = if name == "h" && !command.get_arguments().any(|a| a.get_long() == Some("h")) {
+            "help"
+        } else {
+            name
         };
         let mut flag = OsString::from(format!("--{name}"));
         if !name.contains('=')
@@ -416,6 +422,8 @@ mod tests {
             (&["-"], &["-"]),
             (&["-kube-api-qps", "-1"], &["--kube-api-qps=-1"]),
             (&["---x"], &["---x"]),
+            (&["-h"], &["--help"]),
+            (&["--h"], &["--help"]),
         ];
         let command = TestCli::command();
         for (input, expected) in cases {
@@ -502,6 +510,14 @@ mod tests {
         assert_eq!(cli.common.kube.kube_api_qps, -1.0);
         // As in Go: a value flag at the end has no value.
         assert!(go(&["-csi-address"]).is_err());
+    }
+
+    #[test]
+    fn go_syntax_h_asks_for_help() {
+        for h in ["-h", "--h", "-help", "--help"] {
+            let err = go(&[h]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp, "{h}");
+        }
     }
 
     #[test]
