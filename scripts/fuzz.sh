@@ -30,9 +30,9 @@ build)
 ci)
     # Proves that the targets compile against the crates' current APIs; libFuzzer still
     # links, without coverage instrumentation. The workspace's target directory and dev
-    # profile let it reuse most of what `cargo test --workspace` compiled.
-    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/../target}" CARGO_PROFILE_DEV_DEBUG=line-tables-only \
-        cargo build --locked --bins
+    # profile (as the caller's environment sets it) let it reuse most of what
+    # `cargo test --workspace` compiled.
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/../target}" cargo build --locked --bins
     ;;
 run)
     ensure_cargo_fuzz

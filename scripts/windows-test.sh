@@ -50,7 +50,7 @@ export RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc
 export CARGO_TARGET_DIR="$PWD/target/windows"
 export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
 export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER=wine
-export CARGO_PROFILE_DEV_DEBUG=line-tables-only
+export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 build_std=(-Zbuild-std=std,panic_unwind,test --target "$target")
 # The release profile aborts on panic.
 build_std_release=(-Zbuild-std=std,panic_abort --target "$target")
