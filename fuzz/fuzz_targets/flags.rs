@@ -3,18 +3,16 @@
 //! validated as `entry::main` does before it starts anything.
 //!
 //! Properties:
-//! - the Go-syntax rewrite changes a word at most by adding one dash, by spelling `-h` as
-//!   `--help` or by joining a value flag and the next word into `--name=value`, leaves everything after `--` alone and is
-//!   idempotent; the GNU one is the identity;
+//! - the rewrite changes a word at most by joining a value flag and the next word into
+//!   `--name=value` or, in Go syntax, by adding one dash or spelling `-h` as `--help`; it leaves
+//!   everything after `--` alone and is idempotent;
 //! - for the Go-syntax sidecars, a command line means the same whether its flags are written
-//!   `-name` or `--name`;
+//!   `-name` or `--name` (unless a flag is the value of the one before it);
 //! - validation (`validate`, the registrar's `plan` under both platforms' rules, the
 //!   livenessprobe's `ServePlan`) never panics on anything that parsed;
 //! - Go durations agree with an exact integer reading of Go's `time.ParseDuration` (nanosecond
 //!   rounding aside), and `Name=bool` feature gates and `k:v` labels never panic.
 #![no_main]
-
-use std::ffi::OsString;
 
 use arbitrary::Arbitrary;
 use clap::CommandFactory;
@@ -134,35 +132,43 @@ fn outcome(sidecar: &Sidecar, args: &[String], syntax: FlagSyntax) -> String {
 }
 
 fn check_normalize(args: &[String], command: &clap::Command) {
-    let gnu = normalize_args(args, FlagSyntax::Gnu, command);
-    let os: Vec<OsString> = args.iter().map(OsString::from).collect();
-    assert_eq!(gnu, os);
-    let go = normalize_args(args, FlagSyntax::Go, command);
-    let mut input = args.iter();
-    let mut after_separator = false;
-    for after in &go {
-        let after = after.to_string_lossy();
-        let before = input.next().expect("more words out than in");
-        if after_separator {
-            assert_eq!(before.as_str(), after);
-            continue;
+    for syntax in [FlagSyntax::Go, FlagSyntax::Gnu] {
+        let go = syntax == FlagSyntax::Go;
+        let normalized = normalize_args(args, syntax, command);
+        let mut input = args.iter();
+        let mut after_separator = false;
+        for after in &normalized {
+            let after = after.to_string_lossy();
+            let before = input.next().expect("more words out than in");
+            if after_separator {
+                assert_eq!(before.as_str(), after);
+                continue;
+            }
+            let respelled = go
+                && ((matches!(before.as_str(), "-h" | "--h") && after == "--help")
+                    || after.strip_prefix('-') == Some(before.as_str()));
+            if respelled || before.as_str() == after {
+                after_separator = before == "--";
+                continue;
+            }
+            // `--name value` (or in Go syntax `-name value`) became `--name=value`.
+            let name = before
+                .strip_prefix("--")
+                .or_else(|| before.strip_prefix('-').filter(|_| go))
+                .unwrap_or_else(|| panic!("{syntax:?}: {before:?} became {after:?}"));
+            let value = input.next().expect("a joined value");
+            assert!(!name.contains('='), "{before:?} already had a value");
+            assert_eq!(after, format!("--{name}={value}"));
         }
-        let help = matches!(before.as_str(), "-h" | "--h") && after == "--help";
-        if help || before.as_str() == after || after.strip_prefix('-') == Some(before.as_str()) {
-            after_separator = before == "--";
-            continue;
-        }
-        // `-name value` became `--name=value`.
-        let name = before
-            .strip_prefix("--")
-            .or_else(|| before.strip_prefix('-'))
-            .unwrap_or_else(|| panic!("{before:?} became {after:?}"));
-        let value = input.next().expect("a joined value");
-        assert!(!name.contains('='), "{before:?} already had a value");
-        assert_eq!(after, format!("--{name}={value}"));
+        assert!(
+            input.next().is_none(),
+            "words lost: {args:?} became {normalized:?}"
+        );
+        assert_eq!(
+            normalize_args(normalized.clone(), syntax, command),
+            normalized
+        );
     }
-    assert!(input.next().is_none(), "words lost: {args:?} became {go:?}");
-    assert_eq!(normalize_args(go.clone(), FlagSyntax::Go, command), go);
 }
 
 /// Go's `time.ParseDuration` in exact arithmetic: whole nanoseconds times 2^-32 (u128), or
@@ -264,14 +270,23 @@ fuzz_target!(|input: Input| {
     let (command, syntax) = match input.sidecar {
         Sidecar::Provisioner => (external_provisioner::flags::Cli::command(), FlagSyntax::Gnu),
         Sidecar::Attacher => (external_attacher::flags::Cli::command(), FlagSyntax::Go),
-        Sidecar::Registrar => (node_driver_registrar::config::Cli::command(), FlagSyntax::Go),
+        Sidecar::Registrar => (
+            node_driver_registrar::config::Cli::command(),
+            FlagSyntax::Go,
+        ),
         Sidecar::Livenessprobe => (livenessprobe::flags::Cli::command(), FlagSyntax::Go),
     };
     let names = long_names(&command);
     let double = command_line(&names, &input.words, "--");
     check_normalize(&double, &command);
     let parsed = outcome(&input.sidecar, &double, syntax);
-    if syntax == FlagSyntax::Go && !double.iter().any(|w| w == "--") {
+    // A flag written without its value takes the next word as the value, as it is spelled:
+    // when that word is itself a flag, the two spellings give different values, in Go too.
+    let flag_as_value = input
+        .words
+        .windows(2)
+        .any(|pair| matches!(pair, [Word::Flag { value: None, .. }, Word::Flag { .. }]));
+    if syntax == FlagSyntax::Go && !flag_as_value && !double.iter().any(|w| w == "--") {
         let single = command_line(&names, &input.words, "-");
         check_normalize(&single, &command);
         let single_parsed = outcome(&input.sidecar, &single, syntax);

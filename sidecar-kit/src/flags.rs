@@ -21,13 +21,15 @@ pub enum FlagSyntax {
 
 /// Rewrites a command line so that clap accepts what the imitated upstream parser accepts.
 ///
-/// For [`FlagSyntax::Go`], every single-dash option (`-csi-address`, `-v=5`) gains a second
-/// dash, and `-h` becomes `--help`, as Go answers it with the usage. As Go's `flag` package
-/// does, a flag of `command` that takes a value and is given without `=` takes the next word as
-/// its value whatever that word looks like (`-kubelet-registration-path -x`), so the two are
-/// joined into `--name=value`. Booleans (declared with `require_equals`) never take the next
-/// word. Rewriting stops at `--`. Positional words are left alone: the sidecars take none, and
-/// clap reports them.
+/// Both upstream parsers give a flag that takes a value and is written without `=` the next
+/// word as its value, whatever that word looks like (`--csi-address -x`); clap would take such a
+/// word for an option, so the two words are joined into `--name=value`. Booleans (declared with
+/// `require_equals`) never take the next word.
+///
+/// For [`FlagSyntax::Go`], every single-dash option (`-csi-address`, `-v=5`) also gains a second
+/// dash, and `-h` becomes `--help`, as Go answers it with the usage. For [`FlagSyntax::Gnu`],
+/// single-dash words are shorthands and left to clap. Rewriting stops at `--`. Positional words
+/// are left alone: the sidecars take none, and clap reports them.
 pub fn normalize_args<I, T>(args: I, syntax: FlagSyntax, command: &clap::Command) -> Vec<OsString>
 where
     I: IntoIterator<Item = T>,
@@ -35,10 +37,6 @@ where
 {
     let mut args = args.into_iter().map(Into::into);
     let mut out: Vec<OsString> = args.next().into_iter().collect();
-    if syntax == FlagSyntax::Gnu {
-        out.extend(args);
-        return out;
-    }
     while let Some(arg) = args.next() {
         let Some(text) = arg.to_str() else {
             out.push(arg);
@@ -49,9 +47,9 @@ where
             out.extend(args);
             break;
         }
-        let name = match text.strip_prefix("--") {
-            Some(rest) => rest,
-            None => match text.strip_prefix('-') {
+        let name = match (text.strip_prefix("--"), syntax) {
+            (Some(rest), _) => rest,
+            (None, FlagSyntax::Go) => match text.strip_prefix('-') {
                 Some(rest)
                     if !rest.is_empty()
                         && !rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') =>
@@ -64,9 +62,17 @@ where
                     continue;
                 }
             },
+            // A pflag shorthand or a positional word: clap reads these as pflag does.
+            (None, FlagSyntax::Gnu) => {
+                out.push(arg);
+                continue;
+            }
         };
         // Go's flag package answers `-h` with the usage, as `-help`, unless a flag is named h.
-        let name = if name == "h" && !command.get_arguments().any(|a| a.get_long() == Some("h")) {
+        let name = if syntax == FlagSyntax::Go
+            && name == "h"
+            && !command.get_arguments().any(|a| a.get_long() == Some("h"))
+        {
             "help"
         } else {
             name
@@ -82,6 +88,43 @@ where
         out.push(flag);
     }
     out
+}
+
+/// Flags whose occurrences accumulate upstream, being maps that each occurrence adds to
+/// (component-base's `MapStringBool` for `--feature-gates`, csi-lib-utils' label map).
+const ACCUMULATING_FLAGS: &[&str] = &["feature-gates", "leader-election-labels"];
+
+/// Joins the repeated `--name=value` occurrences of an accumulating flag into one, with commas,
+/// in order: the later keys override the earlier ones, as upstream's map flags do. Expects the
+/// output of [`normalize_args`], where every such occurrence has its value after `=`.
+fn merge_accumulating(mut args: Vec<OsString>) -> Vec<OsString> {
+    for name in ACCUMULATING_FLAGS {
+        let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+        let prefix = format!("--{name}=");
+        // The first word names the program.
+        let occurrences: Vec<(usize, String)> = args[..end]
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter_map(|(i, a)| Some((i, a.to_str()?.strip_prefix(&prefix)?.to_string())))
+            .collect();
+        let Some(&(first, _)) = occurrences.first() else {
+            continue;
+        };
+        if occurrences.len() < 2 {
+            continue;
+        }
+        let joined: Vec<&str> = occurrences
+            .iter()
+            .map(|(_, value)| value.as_str())
+            .filter(|value| !value.is_empty())
+            .collect();
+        args[first] = format!("{prefix}{}", joined.join(",")).into();
+        for (i, _) in occurrences[1..].iter().rev() {
+            args.remove(*i);
+        }
+    }
+    args
 }
 
 /// Whether `name` is a long option of `command` whose value may be the next word.
@@ -349,7 +392,11 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString>,
 {
-    P::try_parse_from(normalize_args(args, syntax, &P::command()))
+    // Both upstream parsers let a repeated flag override the earlier occurrences.
+    let mut command = P::command().args_override_self(true);
+    let args = merge_accumulating(normalize_args(args, syntax, &command));
+    let mut matches = command.try_get_matches_from_mut(args)?;
+    P::from_arg_matches_mut(&mut matches).map_err(|err| err.format(&mut command))
 }
 
 /// Parses the process's own command line, printing help or errors and exiting as clap does
@@ -510,6 +557,68 @@ mod tests {
         assert_eq!(cli.common.kube.kube_api_qps, -1.0);
         // As in Go: a value flag at the end has no value.
         assert!(go(&["-csi-address"]).is_err());
+    }
+
+    #[test]
+    fn a_repeated_flag_overrides_as_upstream() {
+        for parse in [go, gnu] {
+            let cli = parse(&["--v=2", "--timeout=1s", "--v=5", "--timeout", "2s"]).unwrap();
+            assert_eq!(cli.common.logging.verbosity, 5);
+            assert_eq!(cli.timeout, Duration::from_secs(2));
+            let cli = parse(&["--leader-election", "--leader-election=false"]).unwrap();
+            assert!(!cli.common.leader_election.leader_election);
+        }
+        let cli = go(&["-csi-address=/a", "--csi-address", "/b"]).unwrap();
+        assert_eq!(cli.common.csi.csi_address, "/b");
+    }
+
+    #[test]
+    fn repeated_map_flags_accumulate_as_upstream() {
+        for parse in [go, gnu] {
+            let cli = parse(&[
+                "--leader-election-labels=a:1,b:2",
+                "--v=3",
+                "--leader-election-labels=",
+                "--leader-election-labels",
+                "c:3,a:4",
+            ])
+            .unwrap();
+            assert_eq!(
+                cli.common.leader_election.leader_election_labels.0,
+                [("a", "1"), ("b", "2"), ("c", "3"), ("a", "4")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            );
+        }
+        let merged = merge_accumulating(
+            [
+                "bin",
+                "--feature-gates=A=true",
+                "--x",
+                "--feature-gates=B=false",
+                "--",
+                "--feature-gates=C=true",
+            ]
+            .map(OsString::from)
+            .to_vec(),
+        );
+        assert_eq!(
+            merged,
+            [
+                "bin",
+                "--feature-gates=A=true,B=false",
+                "--x",
+                "--",
+                "--feature-gates=C=true"
+            ]
+            .map(OsString::from)
+        );
+    }
+
+    #[test]
+    fn gnu_syntax_values_may_start_with_a_dash() {
+        let cli = gnu(&["--csi-address", "-odd", "-v", "2"]).unwrap();
+        assert_eq!(cli.common.csi.csi_address, "-odd");
+        assert_eq!(cli.common.logging.verbosity, 2);
     }
 
     #[test]
