@@ -69,17 +69,16 @@ where
             }
         };
         // Go's flag package answers `-h` with the usage, as `-help`, unless a flag is named h.
-        let name = if syntax == FlagSyntax::Go
-            && name == "h"
-            && !command.get_arguments().any(|a| a.get_long() == Some("h"))
-        {
+        let name = if syntax == FlagSyntax::Go && name == "h" && long_arg(command, "h").is_none() {
             "help"
         } else {
             name
         };
         let mut flag = OsString::from(format!("--{name}"));
+        // A value flag takes the next word, whatever it is; a boolean (`require_equals`) never.
         if !name.contains('=')
-            && takes_separate_value(command, name)
+            && long_arg(command, name)
+                .is_some_and(|arg| arg.get_action().takes_values() && !arg.is_require_equals_set())
             && let Some(value) = args.next()
         {
             flag.push("=");
@@ -108,9 +107,6 @@ fn merge_accumulating(mut args: Vec<OsString>) -> Vec<OsString> {
             .skip(1)
             .filter_map(|(i, a)| Some((i, a.to_str()?.strip_prefix(&prefix)?.to_string())))
             .collect();
-        let Some(&(first, _)) = occurrences.first() else {
-            continue;
-        };
         if occurrences.len() < 2 {
             continue;
         }
@@ -119,7 +115,7 @@ fn merge_accumulating(mut args: Vec<OsString>) -> Vec<OsString> {
             .map(|(_, value)| value.as_str())
             .filter(|value| !value.is_empty())
             .collect();
-        args[first] = format!("{prefix}{}", joined.join(",")).into();
+        args[occurrences[0].0] = format!("{prefix}{}", joined.join(",")).into();
         for (i, _) in occurrences[1..].iter().rev() {
             args.remove(*i);
         }
@@ -127,13 +123,11 @@ fn merge_accumulating(mut args: Vec<OsString>) -> Vec<OsString> {
     args
 }
 
-/// Whether `name` is a long option of `command` whose value may be the next word.
-fn takes_separate_value(command: &clap::Command, name: &str) -> bool {
-    command.get_arguments().any(|arg| {
-        arg.get_long() == Some(name)
-            && arg.get_action().takes_values()
-            && !arg.is_require_equals_set()
-    })
+/// The option of `command` spelled `--name`.
+fn long_arg<'a>(command: &'a clap::Command, name: &str) -> Option<&'a clap::Arg> {
+    command
+        .get_arguments()
+        .find(|arg| arg.get_long() == Some(name))
 }
 
 /// Errors of the Go-compatible value parsers.
