@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use testkit::measure::{free_port, http_get};
 use testkit::mockdriver::MockDriver;
+use testkit::process::CleanEnv;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(BIN).args(args).output().unwrap();
+    let output = Command::new(BIN).clean_env().args(args).output().unwrap();
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -60,7 +61,11 @@ fn a_link_named_after_a_sidecar_runs_it() {
     let dir = tempfile::tempdir().unwrap();
     let link = dir.path().join("csi-node-driver-registrar");
     std::os::unix::fs::symlink(BIN, &link).unwrap();
-    let output = Command::new(&link).arg("--help").output().unwrap();
+    let output = Command::new(&link)
+        .clean_env()
+        .arg("--help")
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&output.stdout).contains("--kubelet-registration-path"));
 }
@@ -74,6 +79,7 @@ async fn the_livenessprobe_serves_through_it() {
         .unwrap();
     let port = free_port().unwrap();
     let mut command = tokio::process::Command::new(BIN);
+    command.clean_env();
     testkit::process::die_with_parent(&mut command);
     let mut child = command
         .args([

@@ -28,6 +28,7 @@ use sidecar_kit::metrics::CsiMetrics;
 use testkit::apiserver::{ApiServer, Verb};
 use testkit::measure::{clock_ticks, percentile, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
+use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-attacher");
@@ -156,6 +157,7 @@ impl Bench {
             Err(_) => Stdio::null(),
         };
         Command::new(bin)
+            .clean_env()
             .args(args)
             .stdout(Stdio::null())
             .stderr(stderr)

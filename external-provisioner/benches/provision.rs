@@ -26,6 +26,7 @@ use serde_json::json;
 use testkit::apiserver::{ApiServer, Options, Verb};
 use testkit::measure::{clock_ticks, free_port, http_get, percentile, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
+use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
@@ -140,6 +141,7 @@ impl Bench {
         let mut command = Command::new(bin);
         testkit::process::die_with_parent(&mut command);
         command
+            .clean_env()
             .arg(format!(
                 "--kubeconfig={}",
                 self.api.kubeconfig_path().display()
@@ -149,7 +151,6 @@ impl Bench {
             .arg(format!("--leader-election-namespace={NAMESPACE}"))
             .args(extra)
             .envs(env.iter().copied())
-            .env_remove("KUBECONFIG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)

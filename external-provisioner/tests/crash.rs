@@ -16,6 +16,7 @@ use csi_proto::methods::controller::CREATE_VOLUME;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
+use testkit::process::CleanEnv;
 use testkit::rng::{Rng, count_from_env, seed_from_env};
 use tokio::process::{Child, Command};
 use tonic::Code;
@@ -25,6 +26,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
 fn spawn(env: &Env) -> Child {
     let mut command = Command::new(BIN);
     command
+        .clean_env()
         .arg(format!(
             "--kubeconfig={}",
             env.cluster.kubeconfig_path().display()
@@ -41,7 +43,6 @@ fn spawn(env: &Env) -> Child {
             "--kube-api-qps=-1",
             "-v=2",
         ])
-        .env_remove("KUBECONFIG")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);

@@ -16,6 +16,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testkit::leaks::{self, distinctive_secret};
 use testkit::measure::{free_port, http_get};
+use testkit::process::CleanEnv;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tonic::Code;
@@ -75,6 +76,7 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
     let port = free_port().unwrap();
     let mut command = Command::new(BIN);
     command
+        .clean_env()
         .arg(format!(
             "--kubeconfig={}",
             env.cluster.kubeconfig_path().display()
@@ -89,7 +91,6 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
             "--retry-interval-start=100ms",
             "--retry-interval-max=1s",
         ])
-        .env_remove("KUBECONFIG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);

@@ -25,6 +25,7 @@ mod harness {
     use csi_proto::v1::identity_client::IdentityClient;
     use sidecar_kit::connection::{ConnectOptions, LossPolicy, connect};
     use testkit::mockdriver::MockDriver;
+    use testkit::process::CleanEnv;
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     use tokio::net::TcpStream;
 
@@ -215,6 +216,7 @@ mod harness {
         let binary = std::env::var_os("LIVENESSPROBE_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_livenessprobe").into());
         let child = Command::new(binary)
+            .clean_env()
             .arg(format!("--csi-address={}", socket.display()))
             .arg(format!("--http-endpoint=127.0.0.1:{port}"))
             .stdout(Stdio::null())

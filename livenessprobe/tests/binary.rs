@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::{Answer, DRIVER, get, mock_at};
 use csi_proto::methods::identity::GET_PLUGIN_INFO;
 use testkit::mockdriver::MockDriver;
+use testkit::process::CleanEnv;
 use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_livenessprobe");
@@ -22,6 +23,7 @@ const LIMIT: Duration = Duration::from_secs(15);
 /// Runs the binary to completion (it must not wait for a driver).
 fn run(args: &[&str]) -> Output {
     let mut child = Command::new(BIN)
+        .clean_env()
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -47,6 +49,7 @@ struct Running {
 impl Running {
     fn spawn(args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
+            .clean_env()
             .args(args)
             .arg("--logging-format=json")
             .stdout(Stdio::null())
@@ -92,6 +95,7 @@ impl Running {
 
     fn terminate(&self) {
         let status = Command::new("kill")
+            .clean_env()
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();

@@ -29,6 +29,7 @@ mod linux {
     use csi_proto::pluginregistration::{InfoRequest, RegistrationStatus};
     use hyper_util::rt::TokioIo;
     use testkit::mockdriver::MockDriver;
+    use testkit::process::CleanEnv;
     use tonic::transport::{Channel, Endpoint};
 
     const BINARY: &str = env!("CARGO_BIN_EXE_csi-node-driver-registrar");
@@ -121,6 +122,7 @@ mod linux {
             .expect("a free port")
             .port();
         let mut child = tokio::process::Command::new(BINARY)
+            .clean_env()
             .arg(format!("--csi-address={}", driver_socket.display()))
             .arg(format!(
                 "--kubelet-registration-path={}",

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::process::CleanEnv;
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -45,6 +47,7 @@ pub struct Usage {
 /// Clock ticks per second, for the CPU times of `/proc/<pid>/stat`.
 pub fn clock_ticks() -> f64 {
     std::process::Command::new("getconf")
+        .clean_env()
         .arg("CLK_TCK")
         .output()
         .ok()

@@ -29,6 +29,56 @@ pub fn die_with_parent(command: &mut tokio::process::Command) -> &mut tokio::pro
     command
 }
 
+/// Environment variables that change what a sidecar does: `KUBECONFIG` (the provisioner, as
+/// upstream's, prefers it to `--kubeconfig`; the others use it when the flag is absent),
+/// `POD_NAMESPACE` (the Lease and journal namespace), `NAMESPACE` and `POD_NAME` (capacity
+/// tracking), `NODE_NAME` (distributed provisioning). Inherited from whoever runs the tests or
+/// the sandbox, they would point a child at the wrong cluster, namespace or node.
+pub const SIDECAR_ENV: [&str; 5] = [
+    "KUBECONFIG",
+    "POD_NAMESPACE",
+    "NAMESPACE",
+    "NODE_NAME",
+    "POD_NAME",
+];
+
+/// A command whose child gets only the environment its caller means.
+pub trait CleanEnv {
+    /// Keeps every variable of [`SIDECAR_ENV`] out of the child, except those set on this
+    /// command with `env`/`envs` (before or after this call).
+    fn clean_env(&mut self) -> &mut Self;
+}
+
+/// The variables of [`SIDECAR_ENV`] that `command` does not set itself.
+fn unset_by(command: &std::process::Command) -> Vec<&'static str> {
+    let explicit: Vec<&std::ffi::OsStr> = command
+        .get_envs()
+        .filter_map(|(name, value)| value.map(|_| name))
+        .collect();
+    SIDECAR_ENV
+        .into_iter()
+        .filter(|name| !explicit.iter().any(|set| set == name))
+        .collect()
+}
+
+impl CleanEnv for std::process::Command {
+    fn clean_env(&mut self) -> &mut Self {
+        for name in unset_by(self) {
+            self.env_remove(name);
+        }
+        self
+    }
+}
+
+impl CleanEnv for tokio::process::Command {
+    fn clean_env(&mut self) -> &mut Self {
+        for name in unset_by(self.as_std()) {
+            self.env_remove(name);
+        }
+        self
+    }
+}
+
 /// Whether the process `pid` has ended (gone, or a zombie not yet reaped). Linux only.
 #[cfg(target_os = "linux")]
 pub fn has_ended(pid: u32) -> bool {
@@ -70,7 +120,7 @@ mod tests {
                 .unwrap();
             runtime.block_on(async {
                 let mut command = tokio::process::Command::new("sleep");
-                command.arg("600");
+                command.clean_env().arg("600");
                 if guarded {
                     die_with_parent(&mut command);
                 }
@@ -99,10 +149,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_guarded_child_runs_as_usual() {
-        let output = die_with_parent(tokio::process::Command::new("sh").args(["-c", "echo $PPID"]))
-            .output()
-            .await
-            .unwrap();
+        let output = die_with_parent(
+            tokio::process::Command::new("sh")
+                .clean_env()
+                .args(["-c", "echo $PPID"]),
+        )
+        .output()
+        .await
+        .unwrap();
         assert!(output.status.success());
         let ppid: u32 = String::from_utf8(output.stdout)
             .unwrap()
@@ -120,7 +174,7 @@ pub fn target_bin_dir() -> Option<std::path::PathBuf> {
     Some(exe.parent()?.parent()?.to_path_buf())
 }
 
-/// Runs `binary` with `args` (without `KUBECONFIG`) and waits at most `limit` for it to exit;
+/// Runs `binary` with `args` (without [`SIDECAR_ENV`]) and waits at most `limit` for it to exit;
 /// its exit code (-1 when killed by a signal), stdout and stderr. Panics if it runs longer or
 /// cannot start: meant for tests.
 pub async fn run_to_exit(
@@ -131,8 +185,8 @@ pub async fn run_to_exit(
     let output = tokio::time::timeout(
         limit,
         tokio::process::Command::new(binary)
+            .clean_env()
             .args(args)
-            .env_remove("KUBECONFIG")
             .kill_on_drop(true)
             .output(),
     )
@@ -144,4 +198,46 @@ pub async fn run_to_exit(
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+#[cfg(test)]
+mod clean_env_tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    fn env_of(command: &std::process::Command) -> Vec<(&OsStr, Option<&OsStr>)> {
+        let mut env: Vec<_> = command.get_envs().collect();
+        env.sort();
+        env
+    }
+
+    #[test]
+    fn removes_every_sidecar_variable_but_those_set_on_the_command() {
+        let mut command = std::process::Command::new("true");
+        command
+            .env("NODE_NAME", "node-a")
+            .clean_env()
+            .env("HOME", "/h");
+        let mut expected: Vec<(&OsStr, Option<&OsStr>)> = vec![
+            (OsStr::new("HOME"), Some(OsStr::new("/h"))),
+            (OsStr::new("KUBECONFIG"), None),
+            (OsStr::new("NAMESPACE"), None),
+            (OsStr::new("NODE_NAME"), Some(OsStr::new("node-a"))),
+            (OsStr::new("POD_NAME"), None),
+            (OsStr::new("POD_NAMESPACE"), None),
+        ];
+        expected.sort();
+        assert_eq!(env_of(&command), expected);
+    }
+
+    #[test]
+    fn a_later_env_wins_on_a_tokio_command() {
+        let mut command = tokio::process::Command::new("true");
+        command.clean_env().env("KUBECONFIG", "/k");
+        let env = env_of(command.as_std());
+        assert!(env.contains(&(OsStr::new("KUBECONFIG"), Some(OsStr::new("/k")))));
+        for name in ["POD_NAMESPACE", "NAMESPACE", "NODE_NAME", "POD_NAME"] {
+            assert!(env.contains(&(OsStr::new(name), None)), "{name}: {env:?}");
+        }
+    }
 }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::apiserver::{self, ApiServer};
 use crate::kubelet;
 use crate::mockdriver::{MockDriver, MockHandle};
+use crate::process::CleanEnv;
 
 pub const DRIVER: &str = "mock.csi.example.com";
 pub const NODE: &str = "sandbox-node";
@@ -83,8 +84,12 @@ impl Children {
         log_dir: &Path,
     ) -> Result<(), SandboxError> {
         let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
+        // Variables of the user's shell would send a sidecar elsewhere: the provisioner, as
+        // upstream's, prefers $KUBECONFIG to --kubeconfig, and keeps its intent journal in
+        // $POD_NAMESPACE.
         let child = crate::process::die_with_parent(
             Command::new(binary)
+                .clean_env()
                 .args(args)
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use testkit::apiserver::ApiServer;
 use testkit::apiserver::Options;
 use testkit::apiserver::protobuf::{self, MEDIA_TYPE, WATCH_MEDIA_TYPE};
+use testkit::process::CleanEnv;
 
 use apiserver_support::TIMEOUT;
 
@@ -1204,14 +1205,10 @@ async fn custom_resources_stay_json() {
     assert_eq!(line["object"]["metadata"]["name"], "vsc");
 }
 
+/// `kubectl` with only the server's kubeconfig; its stdout, or `None` when
+/// kubectl is not installed. Panics if it fails.
 fn kubectl(server: &ApiServer, args: &[&str]) -> Option<String> {
-    let out = Command::new("kubectl")
-        .env("KUBECONFIG", server.kubeconfig_path())
-        .env("HOME", server.kubeconfig_path().parent().unwrap())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
+    let out = kubectl_command(server, args).output().ok()?;
     assert!(
         out.status.success(),
         "kubectl {args:?} failed: {}",
@@ -1220,24 +1217,39 @@ fn kubectl(server: &ApiServer, args: &[&str]) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+fn kubectl_command(server: &ApiServer, args: &[&str]) -> Command {
+    let mut command = Command::new("kubectl");
+    command
+        .clean_env()
+        .env("KUBECONFIG", server.kubeconfig_path())
+        .env("HOME", server.kubeconfig_path().parent().unwrap())
+        .args(args)
+        .stdin(Stdio::null());
+    command
+}
+
 /// kubectl's imperative commands send protobuf (`Content-Type:
 /// application/vnd.kubernetes.protobuf`, checked with `-v=8`) and decode the
-/// protobuf answer to print their result.
+/// protobuf answer: each create prints the uid it decoded, which must be the
+/// stored object's. What kubectl says about a write differs between its
+/// versions, so the outcome is read back through the API, not from its words.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_imperative_creates() {
+    const UID: &str = "-o=jsonpath={.metadata.uid}";
+    const NS: &str = "made-by-kubectl";
     let server = ApiServer::start().await.unwrap();
-    let Some(out) = kubectl(&server, &["create", "namespace", "made-by-kubectl"]) else {
+    let Some(uid) = kubectl(&server, &["create", "namespace", NS, UID]) else {
         println!("skipped: kubectl is not installed");
         return;
     };
-    assert_eq!(out.trim(), "namespace/made-by-kubectl created");
     let ns = Api::<Namespace>::all(server.client())
-        .get("made-by-kubectl")
+        .get(NS)
         .await
         .unwrap();
+    assert_eq!(ns.metadata.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Active"));
 
-    let out = kubectl(
+    let uid = kubectl(
         &server,
         &[
             "create",
@@ -1245,56 +1257,50 @@ async fn kubectl_imperative_creates() {
             "generic",
             "creds",
             "-n",
-            "made-by-kubectl",
+            NS,
             "--from-literal=user=admin",
+            UID,
         ],
     )
     .unwrap();
-    assert_eq!(out.trim(), "secret/creds created");
-    let s = Api::<KSecret>::namespaced(server.client(), "made-by-kubectl")
+    let s = Api::<KSecret>::namespaced(server.client(), NS)
         .get("creds")
         .await
         .unwrap();
+    assert_eq!(s.metadata.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(s.data.unwrap()["user"].0, b"admin");
     assert_eq!(s.type_.as_deref(), Some("Opaque"));
 
-    let out = kubectl(
+    let uid = kubectl(
         &server,
         &[
             "create",
             "configmap",
             "settings",
             "-n",
-            "made-by-kubectl",
+            NS,
             "--from-literal=a=b",
+            UID,
         ],
     )
     .unwrap();
-    assert_eq!(out.trim(), "configmap/settings created");
-    let cm = Api::<ConfigMap>::namespaced(server.client(), "made-by-kubectl")
-        .get("settings")
-        .await
-        .unwrap();
+    let configmaps = Api::<ConfigMap>::namespaced(server.client(), NS);
+    let cm = configmaps.get("settings").await.unwrap();
+    assert_eq!(cm.metadata.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(cm.data.unwrap()["a"], "b");
 
-    let out = kubectl(
+    let uid = kubectl(
         &server,
-        &["create", "serviceaccount", "robot", "-n", "made-by-kubectl"],
+        &["create", "serviceaccount", "robot", "-n", NS, UID],
     )
     .unwrap();
-    assert_eq!(out.trim(), "serviceaccount/robot created");
-    let sa = Api::<ServiceAccount>::namespaced(server.client(), "made-by-kubectl")
-        .get("robot")
-        .await
-        .unwrap();
-    assert!(sa.metadata.uid.is_some());
+    let accounts = Api::<ServiceAccount>::namespaced(server.client(), NS);
+    let sa = accounts.get("robot").await.unwrap();
+    assert_eq!(sa.metadata.uid.as_deref(), Some(uid.as_str()));
 
-    // An error answered in protobuf is printed from the decoded Status.
-    let err = Command::new("kubectl")
-        .env("KUBECONFIG", server.kubeconfig_path())
-        .env("HOME", server.kubeconfig_path().parent().unwrap())
-        .args(["create", "serviceaccount", "robot", "-n", "made-by-kubectl"])
-        .stdin(Stdio::null())
+    // An error answered in protobuf is printed from the decoded Status: its
+    // message is the server's, whatever kubectl wraps it in.
+    let err = kubectl_command(&server, &["create", "serviceaccount", "robot", "-n", NS])
         .output()
         .unwrap();
     assert!(!err.status.success());
@@ -1303,11 +1309,12 @@ async fn kubectl_imperative_creates() {
         stderr.contains("serviceaccounts \"robot\" already exists"),
         "{stderr}"
     );
+    assert_eq!(
+        accounts.get("robot").await.unwrap().metadata,
+        sa.metadata,
+        "the refused create changed the stored account"
+    );
 
-    let out = kubectl(
-        &server,
-        &["delete", "configmap", "settings", "-n", "made-by-kubectl"],
-    )
-    .unwrap();
-    assert_eq!(out.trim(), "configmap \"settings\" deleted");
+    kubectl(&server, &["delete", "configmap", "settings", "-n", NS]).unwrap();
+    assert!(configmaps.get_opt("settings").await.unwrap().is_none());
 }

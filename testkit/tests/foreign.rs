@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use testkit::kubelet;
 use testkit::measure::{free_port, http_get};
 use testkit::mockdriver::MockDriver;
+use testkit::process::CleanEnv;
 use tokio::process::Command;
 
 const DRIVER: &str = "foreign.csi.example.com";
@@ -43,7 +44,7 @@ impl Foreign {
             command.arg(&path);
             command
         };
-        command.kill_on_drop(true);
+        command.clean_env().kill_on_drop(true);
         testkit::process::die_with_parent(&mut command);
         command
     }

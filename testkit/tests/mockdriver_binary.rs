@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use csi_proto::v1;
 use mockdriver_common::*;
+use testkit::process::CleanEnv;
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -24,6 +25,7 @@ struct MockProcess {
 impl MockProcess {
     async fn start(socket: &Path, args: &[&str]) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_csi-mock-driver"))
+            .clean_env()
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .args(args)
@@ -40,6 +42,7 @@ impl MockProcess {
 
     fn signal(&self, signal: &str) {
         let status = Command::new("sh")
+            .clean_env()
             .arg("-c")
             .arg(format!("kill -{signal} {}", self.child.id()))
             .status()
@@ -228,9 +231,51 @@ async fn readiness_latency_and_switch_flags() {
     mock.terminate().await;
 }
 
+/// With `--known-node`, the mock's own node (what NodeGetInfo reports) can be
+/// published to and any other node does not exist.
+#[tokio::test]
+async fn known_nodes_flag_makes_other_nodes_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_in(&dir);
+    let mock = MockProcess::start(&socket, &["--known-node", "mock-node"]).await;
+    let mut clients = Clients::new(&socket).await;
+    let node_id = clients
+        .node
+        .node_get_info(v1::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
+    let volume_id = clients
+        .controller
+        .create_volume(create_request("pvc", 1 << 20))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    assert_eq!(
+        code(
+            clients
+                .controller
+                .controller_publish_volume(publish_request(&volume_id, "fake-node-id-1"))
+                .await
+        ),
+        Code::NotFound
+    );
+    clients
+        .controller
+        .controller_publish_volume(publish_request(&volume_id, &node_id))
+        .await
+        .unwrap();
+    mock.terminate().await;
+}
+
 #[test]
 fn help_documents_every_flag() {
     let output = Command::new(env!("CARGO_BIN_EXE_csi-mock-driver"))
+        .clean_env()
         .arg("--help")
         .output()
         .unwrap();
@@ -290,6 +335,7 @@ fn bad_flags_are_refused() {
         &["--endpoint", "unix:///tmp/x.sock", "--capacity", "lots"],
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_csi-mock-driver"))
+            .clean_env()
             .args(args)
             .output()
             .unwrap();

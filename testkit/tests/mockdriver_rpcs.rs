@@ -929,10 +929,13 @@ async fn node_error_codes() {
         Code::AlreadyExists
     );
 
+    // A made-up path: its parent does not exist, so nothing is created.
+    let target = _dir.path().join("absent").join("t");
+    let target = target.to_str().unwrap();
     let publish = |staging: &str| v1::NodePublishVolumeRequest {
         volume_id: vol.clone(),
         staging_target_path: staging.into(),
-        target_path: "/t".into(),
+        target_path: target.into(),
         volume_capability: Some(rwo()),
         ..Default::default()
     };
@@ -954,16 +957,255 @@ async fn node_error_codes() {
         code(n.node_get_volume_stats(stats("/nowhere")).await),
         Code::NotFound
     );
-    n.node_get_volume_stats(stats("/t")).await.unwrap();
+    n.node_get_volume_stats(stats(target)).await.unwrap();
     assert_eq!(
         code(
             n.node_unpublish_volume(v1::NodeUnpublishVolumeRequest {
                 volume_id: "vol-x".into(),
-                target_path: "/t".into(),
+                target_path: target.into(),
             })
             .await
         ),
         Code::NotFound
+    );
+}
+
+fn block(mode: Mode) -> v1::VolumeCapability {
+    v1::VolumeCapability {
+        access_mode: Some(v1::volume_capability::AccessMode { mode: mode as i32 }),
+        access_type: Some(v1::volume_capability::AccessType::Block(
+            v1::volume_capability::BlockVolume {},
+        )),
+    }
+}
+
+fn path_str(path: &std::path::Path) -> String {
+    path.to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn node_publish_creates_and_unpublish_removes_the_target_path() {
+    let Served {
+        mock,
+        mut clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    // What the CO creates: the staging directories and the targets' parent.
+    let pods = tempfile::tempdir().unwrap();
+    let parent = pods.path().join("mount");
+    let staging = pods.path().join("staging");
+    let staging_raw = pods.path().join("staging-raw");
+    for dir in [&parent, &staging, &staging_raw] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    let c = &mut clients.controller;
+    let vol = c
+        .create_volume(create_request("fs", GI))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let mut raw_request = create_request("raw", GI);
+    raw_request.volume_capabilities = vec![block(Mode::SingleNodeWriter)];
+    let raw = c
+        .create_volume(raw_request)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let n = &mut clients.node;
+    for (volume_id, path, capability) in [
+        (&vol, &staging, rwo()),
+        (&raw, &staging_raw, block(Mode::SingleNodeWriter)),
+    ] {
+        n.node_stage_volume(v1::NodeStageVolumeRequest {
+            volume_id: volume_id.clone(),
+            staging_target_path: path_str(path),
+            volume_capability: Some(capability),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let publish = |volume_id: &str, staging: &std::path::Path, target: &std::path::Path| {
+        v1::NodePublishVolumeRequest {
+            volume_id: volume_id.into(),
+            staging_target_path: path_str(staging),
+            target_path: path_str(target),
+            volume_capability: Some(rwo()),
+            ..Default::default()
+        }
+    };
+    let unpublish = |volume_id: &str, target: &std::path::Path| v1::NodeUnpublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: path_str(target),
+    };
+
+    // A mounted volume: a directory, created once, removed on unpublish.
+    let target = parent.join("target");
+    n.node_publish_volume(publish(&vol, &staging, &target))
+        .await
+        .unwrap();
+    assert!(target.is_dir());
+    n.node_publish_volume(publish(&vol, &staging, &target))
+        .await
+        .unwrap();
+    n.node_unpublish_volume(unpublish(&vol, &target))
+        .await
+        .unwrap();
+    assert!(
+        !target.exists(),
+        "NodeUnpublishVolume removes the target path"
+    );
+    n.node_unpublish_volume(unpublish(&vol, &target))
+        .await
+        .unwrap();
+
+    // A block volume: a file.
+    let raw_target = parent.join("raw");
+    let mut publish_raw = publish(&raw, &staging_raw, &raw_target);
+    publish_raw.volume_capability = Some(block(Mode::SingleNodeWriter));
+    n.node_publish_volume(publish_raw).await.unwrap();
+    assert!(raw_target.is_file());
+    n.node_unpublish_volume(unpublish(&raw, &raw_target))
+        .await
+        .unwrap();
+    assert!(!raw_target.exists());
+
+    // Without the parent the CO should have made, nothing is created.
+    let nowhere = pods.path().join("absent").join("target");
+    n.node_publish_volume(publish(&vol, &staging, &nowhere))
+        .await
+        .unwrap();
+    assert!(!nowhere.parent().unwrap().exists());
+    n.node_unpublish_volume(unpublish(&vol, &nowhere))
+        .await
+        .unwrap();
+
+    // Content the mock did not write is never deleted.
+    n.node_publish_volume(publish(&vol, &staging, &target))
+        .await
+        .unwrap();
+    std::fs::write(target.join("data"), b"kept").unwrap();
+    n.node_unpublish_volume(unpublish(&vol, &target))
+        .await
+        .unwrap();
+    assert!(target.join("data").is_file());
+    assert!(mock.state().volumes[&vol].node_published.is_empty());
+
+    // A path that cannot be a directory fails the call and publishes nothing.
+    let occupied = parent.join("occupied");
+    std::fs::write(&occupied, b"a file").unwrap();
+    assert_eq!(
+        code(
+            n.node_publish_volume(publish(&vol, &staging, &occupied))
+                .await
+        ),
+        Code::Internal
+    );
+    assert!(mock.state().volumes[&vol].node_published.is_empty());
+}
+
+#[tokio::test]
+async fn mutable_parameters_on_create_and_modify() {
+    let Served {
+        mock,
+        mut clients,
+        _dir,
+    } = serve(MockDriver::builder()).await;
+    let c = &mut clients.controller;
+    let params = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let fake = params(&[("XXX_FakeKey", "XXX_FakeValue")]);
+
+    // CreateVolume: the supported keys, and nothing else.
+    let mut with_class = create_request("with-class", GI);
+    with_class.mutable_parameters = params(&[("iops", "3000"), ("throughput", "125")]);
+    let with_class = c
+        .create_volume(with_class)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let mut invalid_class = create_request("invalid-class", GI);
+    invalid_class.mutable_parameters = fake.clone();
+    assert_eq!(
+        code(c.create_volume(invalid_class).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(mock.state().volumes.len(), 1);
+    let plain = c
+        .create_volume(create_request("plain", GI))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+
+    let modify = |volume_id: &str, mutable_parameters: HashMap<String, String>| {
+        v1::ControllerModifyVolumeRequest {
+            volume_id: volume_id.into(),
+            mutable_parameters,
+            ..Default::default()
+        }
+    };
+    assert_eq!(
+        code(
+            c.controller_modify_volume(modify("non-existing-volume-id", params(&[("iops", "1")])))
+                .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            c.controller_modify_volume(modify("", params(&[("iops", "1")])))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    for volume_id in [&plain, &with_class] {
+        assert_eq!(
+            code(
+                c.controller_modify_volume(modify(volume_id, fake.clone()))
+                    .await
+            ),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            code(
+                c.controller_modify_volume(modify(volume_id, HashMap::new()))
+                    .await
+            ),
+            Code::InvalidArgument
+        );
+        c.controller_modify_volume(modify(volume_id, params(&[("iops", "5000")])))
+            .await
+            .unwrap();
+    }
+    let state = mock.state();
+    assert_eq!(
+        state.volumes[&plain].mutable_parameters,
+        [("iops".to_owned(), "5000".to_owned())].into()
+    );
+    // Keys the request leaves out keep their values.
+    assert_eq!(
+        state.volumes[&with_class].mutable_parameters,
+        [
+            ("iops".to_owned(), "5000".to_owned()),
+            ("throughput".to_owned(), "125".to_owned())
+        ]
+        .into()
     );
 }
 

@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
+use testkit::process::CleanEnv;
 use testkit::sandbox::{self, Outcome, SandboxOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -103,6 +104,7 @@ fn encode(value: &str) -> String {
 /// could parse the input at all (a parse error is not a lint complaint).
 async fn promtool_check(promtool: &Path, exposition: &str) -> (Vec<String>, Result<(), String>) {
     let mut child = Command::new(promtool)
+        .clean_env()
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -175,6 +177,7 @@ impl Prometheus {
         let log_file = std::fs::File::create(&log).unwrap();
         let child = testkit::process::die_with_parent(
             Command::new(binary)
+                .clean_env()
                 .arg(format!("--config.file={}", config_path.display()))
                 .arg(format!(
                     "--storage.tsdb.path={}",

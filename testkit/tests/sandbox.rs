@@ -1,31 +1,23 @@
-//! The sandbox, for a bounded time: every sidecar binary that is built must reach its end state.
+//! The sandbox, for a bounded time: every sidecar binary that is built must reach its end state,
+//! also when started from a shell whose environment points at another cluster.
 #![cfg(unix)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
 
+use testkit::apiserver::ApiServer;
 use testkit::sandbox::{self, Outcome, SandboxOptions};
 
 fn bin_dir() -> PathBuf {
     testkit::process::target_bin_dir().expect("the test binary is in target/<profile>/deps")
 }
 
-#[tokio::test]
-async fn sandbox_reaches_its_end_state() {
-    let work = tempfile::tempdir().unwrap();
-    let options = SandboxOptions {
-        bin_dir: bin_dir(),
-        work_dir: work.path().to_path_buf(),
-        capacity: true,
-        ..SandboxOptions::default()
-    };
-    let running = sandbox::start(&options).await.unwrap();
-
+/// Asserts that every step reached its end state; `outcome` gives a step's outcome by name.
+fn assert_end_state(bin_dir: &Path, outcome: impl Fn(&str) -> Option<Outcome>) {
     for step in ["api-server", "mock-driver", "volume"] {
-        assert!(
-            matches!(running.outcome(step), Some(Outcome::Ok(_))),
-            "{step}: {:?}",
-            running.outcome(step)
-        );
+        let got = outcome(step);
+        assert!(matches!(got, Some(Outcome::Ok(_))), "{step}: {got:?}");
     }
     // CI builds the whole workspace, so there every sidecar must run; a partial build skips some.
     let require_all = std::env::var_os("CI").is_some();
@@ -38,8 +30,8 @@ async fn sandbox_reaches_its_end_state() {
         // With capacity tracking: the CSIStorageCapacity of a late-binding class.
         ("capacity", "csi-provisioner"),
     ] {
-        let built = options.bin_dir.join(binary).is_file();
-        match running.outcome(step) {
+        let built = bin_dir.join(binary).is_file();
+        match outcome(step) {
             Some(Outcome::Ok(_)) => {}
             Some(Outcome::Skipped(why)) if !built && !require_all => {
                 println!("{step} skipped: {why}")
@@ -48,5 +40,88 @@ async fn sandbox_reaches_its_end_state() {
             other => panic!("{step}: {other:?} (binary built: {built})"),
         }
     }
+}
+
+#[tokio::test]
+async fn sandbox_reaches_its_end_state() {
+    let work = tempfile::tempdir().unwrap();
+    let options = SandboxOptions {
+        bin_dir: bin_dir(),
+        work_dir: work.path().to_path_buf(),
+        capacity: true,
+        ..SandboxOptions::default()
+    };
+    let running = sandbox::start(&options).await.unwrap();
+    assert_end_state(&options.bin_dir, |step| running.outcome(step).cloned());
     running.stop().await;
+}
+
+/// The steps the sandbox binary printed (`[ok  ] name: text`, `[skip] ...`, `[FAIL] ...`).
+fn printed_steps(stdout: &str) -> Vec<(String, Outcome)> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let (mark, rest) = line.strip_prefix('[')?.split_once("] ")?;
+            let (name, text) = rest.split_once(": ")?;
+            let text = text.to_string();
+            let outcome = match mark.trim_end() {
+                "ok" => Outcome::Ok(text),
+                "skip" => Outcome::Skipped(text),
+                "FAIL" => Outcome::Failed(text),
+                _ => return None,
+            };
+            Some((name.to_string(), outcome))
+        })
+        .collect()
+}
+
+/// A shell set up for the user's own cluster: `KUBECONFIG` names it (here a second server, so
+/// that any request reaching it is seen), and the namespace and node variables a sidecar reads
+/// name things the sandbox does not have. The sandbox binary must still run every sidecar
+/// against its own server, and nothing may reach the other one.
+#[tokio::test]
+async fn the_sandbox_ignores_the_callers_cluster_environment() {
+    let elsewhere = ApiServer::start().await.unwrap();
+    let bin_dir = bin_dir();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"));
+    command
+        .args(["--no-build", "--capacity", "--duration=1s", "--bin-dir"])
+        .arg(&bin_dir)
+        .env("KUBECONFIG", elsewhere.kubeconfig_path())
+        .env("POD_NAMESPACE", "not-the-sandbox")
+        .env("NAMESPACE", "not-the-sandbox")
+        .env("NODE_NAME", "not-the-sandbox-node")
+        .env("POD_NAME", "not-the-sandbox-pod")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    testkit::process::die_with_parent(&mut command);
+    let output = tokio::time::timeout(
+        Duration::from_secs(300),
+        command.spawn().unwrap().wait_with_output(),
+    )
+    .await
+    .expect("the sandbox stops within 300 s")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    // Shown when an assertion fails.
+    println!(
+        "sandbox {}\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let steps = printed_steps(&stdout);
+    assert_end_state(&bin_dir, |step| {
+        steps
+            .iter()
+            .find(|(name, _)| name == step)
+            .map(|(_, outcome)| outcome.clone())
+    });
+    assert!(output.status.success(), "the sandbox failed");
+    let reached = elsewhere.counters().snapshot();
+    assert!(
+        reached.is_empty(),
+        "requests reached the cluster of $KUBECONFIG: {reached:?}"
+    );
 }

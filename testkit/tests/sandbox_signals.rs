@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use testkit::process::{die_with_parent, has_ended, wait_until};
+use testkit::process::{CleanEnv, die_with_parent, has_ended, wait_until};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -32,6 +32,7 @@ fn stand_ins(dir: &Path) {
 async fn sandbox_with_children(bin_dir: &Path) -> (Child, Vec<u32>) {
     let mut child = die_with_parent(
         Command::new(env!("CARGO_BIN_EXE_sandbox"))
+            .clean_env()
             .args(["--no-build", "--bin-dir"])
             .arg(bin_dir)
             .stdin(Stdio::null())

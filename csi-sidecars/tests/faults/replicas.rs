@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
@@ -95,6 +96,7 @@ impl Replica {
             .append(true)
             .open(&self.log)?;
         let mut command = Command::new("unshare");
+        command.clean_env();
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             command.args(["--user", "--map-root-user"]);
@@ -110,7 +112,6 @@ impl Replica {
             .arg(&self.name)
             .arg(BIN)
             .args(self.args(launch))
-            .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

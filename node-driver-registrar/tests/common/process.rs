@@ -7,7 +7,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use testkit::process::die_with_parent;
+use testkit::process::{CleanEnv, die_with_parent};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -50,6 +50,7 @@ impl Registrar {
     {
         let mut child = die_with_parent(
             Command::new(BINARY)
+                .clean_env()
                 .args(args)
                 .arg("--logging-format=json")
                 .stdin(Stdio::null())
@@ -157,6 +158,7 @@ impl Registrar {
 pub async fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {
     let mut child = die_with_parent(
         Command::new(BINARY)
+            .clean_env()
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -8,6 +8,8 @@ use std::time::Duration;
 #[cfg(unix)]
 use clap::Parser;
 #[cfg(unix)]
+use testkit::process::CleanEnv;
+#[cfg(unix)]
 use testkit::sandbox::{self, Outcome, SandboxOptions};
 
 /// Runs the in-process Kubernetes API server and the mock CSI driver, starts every sidecar
@@ -114,6 +116,7 @@ async fn main() -> std::process::ExitCode {
         println!("building the sidecar binaries...");
         let mut command = tokio::process::Command::new(cargo);
         command
+            .clean_env()
             .args(["build", "--workspace", "--bins"])
             .kill_on_drop(true);
         let built = match testkit::process::die_with_parent(&mut command).spawn() {

@@ -322,6 +322,29 @@ pub fn page(
     Ok((start..end, next))
 }
 
+/// The mutable parameters (VolumeAttributesClass keys) the mock supports, in
+/// CreateVolume and ControllerModifyVolume; any value is accepted. The spec
+/// asks for INVALID_ARGUMENT on any other key.
+pub const MUTABLE_PARAMETERS: [&str; 2] = ["iops", "throughput"];
+
+/// Refuses mutable parameters the mock does not support.
+pub fn check_mutable_parameters(parameters: &BTreeMap<String, String>) -> Result<(), Rejection> {
+    let unsupported: Vec<&str> = parameters
+        .keys()
+        .map(String::as_str)
+        .filter(|key| !MUTABLE_PARAMETERS.contains(key))
+        .collect();
+    if !unsupported.is_empty() {
+        return reject(
+            Code::InvalidArgument,
+            format!(
+                "unsupported mutable parameters {unsupported:?}; supported: {MUTABLE_PARAMETERS:?}"
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// `ControllerPublishVolume.publish_context` of a volume.
 pub fn publish_context(volume_id: &str) -> BTreeMap<String, String> {
     BTreeMap::from([("devicePath".to_owned(), format!("/dev/mock/{volume_id}"))])
@@ -368,6 +391,7 @@ impl State {
                 "mutable_parameters need the MODIFY_VOLUME capability",
             );
         }
+        check_mutable_parameters(&req.mutable_parameters)?;
         let range = Range64::new(req.required_bytes, req.limit_bytes)?;
 
         if let Some(existing) = self.volumes.values().find(|v| v.name == req.name) {
@@ -639,6 +663,7 @@ impl State {
         if mutable_parameters.is_empty() {
             return reject(Code::InvalidArgument, "mutable_parameters are required");
         }
+        check_mutable_parameters(&mutable_parameters)?;
         self.volume_mut(volume_id)?
             .mutable_parameters
             .extend(mutable_parameters);
@@ -958,6 +983,26 @@ mod tests {
     }
 
     #[test]
+    fn create_refuses_unsupported_mutable_parameters() {
+        let mut state = State::default();
+        let mut supported = request("a", 1);
+        supported.mutable_parameters = BTreeMap::from([
+            ("iops".to_owned(), "3000".to_owned()),
+            ("throughput".to_owned(), "125".to_owned()),
+        ]);
+        state.create_volume(&config(), supported).unwrap();
+        let mut unsupported = request("b", 1);
+        unsupported
+            .mutable_parameters
+            .insert("XXX_FakeKey".to_owned(), "XXX_FakeValue".to_owned());
+        assert_eq!(
+            code(state.create_volume(&config(), unsupported)),
+            Code::InvalidArgument
+        );
+        assert_eq!(state.volumes.len(), 1);
+    }
+
+    #[test]
     fn create_honours_capacity_range() {
         let mut state = State::default();
         let mut cfg = config();
@@ -1262,10 +1307,23 @@ mod tests {
         let params = BTreeMap::from([("iops".to_owned(), "100".to_owned())]);
         state.modify_volume(&a.id, params.clone()).unwrap();
         assert_eq!(state.volumes[&a.id].mutable_parameters, params);
+        let throughput = BTreeMap::from([("throughput".to_owned(), "125".to_owned())]);
+        state.modify_volume(&a.id, throughput).unwrap();
+        assert_eq!(state.volumes[&a.id].mutable_parameters.len(), 2, "merged");
         assert_eq!(
             code(state.modify_volume(&a.id, BTreeMap::new())),
             Code::InvalidArgument
         );
+        // One unsupported key refuses the whole change.
+        let unsupported = BTreeMap::from([
+            ("iops".to_owned(), "200".to_owned()),
+            ("XXX_FakeKey".to_owned(), "x".to_owned()),
+        ]);
+        assert_eq!(
+            code(state.modify_volume(&a.id, unsupported)),
+            Code::InvalidArgument
+        );
+        assert_eq!(state.volumes[&a.id].mutable_parameters["iops"], "100");
         assert_eq!(code(state.modify_volume("vol-x", params)), Code::NotFound);
     }
 

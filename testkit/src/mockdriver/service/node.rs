@@ -1,3 +1,7 @@
+use std::fs;
+use std::io;
+use std::path::Path;
+
 use csi_proto::methods::node as m;
 use csi_proto::v1;
 use csi_proto::v1::node_service_capability::{self, rpc};
@@ -6,7 +10,49 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::{Driver, MockService, offered};
-use crate::mockdriver::state::Publication;
+use crate::mockdriver::state::{AccessType, Publication};
+
+/// Creates what the spec has the SP create at a target path: a directory
+/// for a mounted volume, a file for a block volume. The CO creates the
+/// parent; when there is none (callers that only script RPCs with made-up
+/// paths), there is nowhere to create it and nothing is done.
+fn create_target(path: &Path, block: bool) -> io::Result<()> {
+    if !path.parent().is_some_and(Path::is_dir) {
+        return Ok(());
+    }
+    if block {
+        // An existing file is kept as it is.
+        return fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map(drop);
+    }
+    match fs::create_dir(path) {
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        result => result,
+    }
+}
+
+/// Removes a target path as NodeUnpublishVolume must. Only an empty
+/// directory or an empty regular file can be the mock's own (it never
+/// writes into them); anything else is left alone rather than deleted.
+fn remove_target(path: &Path) -> io::Result<()> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err),
+    };
+    if meta.is_dir() && fs::read_dir(path)?.next().is_none() {
+        fs::remove_dir(path)
+    } else if meta.is_file() && meta.len() == 0 {
+        fs::remove_file(path)
+    } else {
+        tracing::debug!(path = %path.display(), "target path has content; left in place");
+        Ok(())
+    }
+}
 
 impl Driver {
     fn node_stage_volume(
@@ -45,14 +91,30 @@ impl Driver {
             readonly: req.readonly,
             capability: convert::required_capability(req.volume_capability.as_ref())?,
         };
+        let block = publication.capability.access_type == AccessType::Block;
+        // Under the store's lock, so the path and the state change together.
         self.store.update(|s| {
-            Ok::<_, Status>(s.node_publish(
+            let again = s
+                .get_volume(&req.volume_id)
+                .is_ok_and(|v| v.node_published.contains_key(&req.target_path));
+            s.node_publish(
                 &self.config,
                 &req.volume_id,
                 &req.staging_target_path,
                 &req.target_path,
                 publication,
-            )?)
+            )?;
+            if let Err(err) = create_target(Path::new(&req.target_path), block) {
+                // Not published after all; a retry starts over.
+                if !again && let Some(volume) = s.volumes.get_mut(&req.volume_id) {
+                    volume.node_published.remove(&req.target_path);
+                }
+                return Err(Status::internal(format!(
+                    "creating target path {}: {err}",
+                    req.target_path
+                )));
+            }
+            Ok::<_, Status>(())
         })?;
         Ok(v1::NodePublishVolumeResponse {})
     }
@@ -61,8 +123,18 @@ impl Driver {
         &self,
         req: v1::NodeUnpublishVolumeRequest,
     ) -> Result<v1::NodeUnpublishVolumeResponse, Status> {
-        self.store
-            .update(|s| Ok::<_, Status>(s.node_unpublish(&req.volume_id, &req.target_path)?))?;
+        self.store.update(|s| {
+            // Only a path this mock published is touched on disk.
+            let published = s
+                .get_volume(&req.volume_id)
+                .is_ok_and(|v| v.node_published.contains_key(&req.target_path));
+            if published {
+                remove_target(Path::new(&req.target_path)).map_err(|err| {
+                    Status::internal(format!("removing target path {}: {err}", req.target_path))
+                })?;
+            }
+            Ok::<_, Status>(s.node_unpublish(&req.volume_id, &req.target_path)?)
+        })?;
         Ok(v1::NodeUnpublishVolumeResponse {})
     }
 
