@@ -173,6 +173,7 @@ pub fn config(
         metrics: None,
         journal: None,
         event_client: None,
+        journal_client: None,
         reporter: Reporter {
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
@@ -311,6 +312,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
     config.metrics = Some(ProvisionMetrics::register(metrics.registry())?);
     config.event_client = Some(clients.background);
+    config.journal_client = Some(clients.urgent);
     if cli.node_deployment {
         node_deployment(&cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;
     }

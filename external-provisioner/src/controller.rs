@@ -89,6 +89,9 @@ pub struct Config {
     /// Client of the Events: one that only uses the rate-limit tokens the PV writes leave free
     /// (`None`: the main client).
     pub event_client: Option<kube::Client>,
+    /// Client of the journal: one whose writes go ahead of the PV writes waiting for tokens,
+    /// since each gates CreateVolume calls whose PVs then wait (`None`: the main client).
+    pub journal_client: Option<kube::Client>,
 }
 
 /// A CreateVolume that has not been answered for sure: repeated with the identical request
@@ -193,7 +196,13 @@ pub async fn run(
             config.reporter.clone(),
         ),
         journal: match &config.journal {
-            Some(location) => Journal::start(client.clone(), location.clone()),
+            Some(location) => Journal::start(
+                config
+                    .journal_client
+                    .clone()
+                    .unwrap_or_else(|| client.clone()),
+                location.clone(),
+            ),
             None => Journal::off(),
         },
         client,
@@ -1478,10 +1487,14 @@ impl Controller {
     }
 
     async fn patch_finalizers(&self, volume: &model::Volume, add: bool) -> Result<(), String> {
-        let patch = decide::finalizers_patch(volume, add);
+        let patch = decide::finalizers_patch(add);
         match self
             .pvs
-            .patch(&volume.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                &volume.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
             .await
         {
             Ok(updated) => {
@@ -1532,8 +1545,8 @@ impl Controller {
             return Err(message);
         }
         tracing::info!(persistent_volume = %volume.name, "volume deleted");
-        // The deletion answers with the PV as it is now (deletionTimestamp set, finalizers
-        // still on): the finalizer patch is guarded by that version, not by a cached one.
+        // The deletion answers with the PV as it is now: deletionTimestamp set, finalizers
+        // still on.
         match self
             .pvs
             .delete(&volume.name, &DeleteParams::default())

@@ -945,23 +945,16 @@ pub fn plan_volume(
     })
 }
 
-/// A merge patch setting a PV's finalizers to `finalizers`, guarded by its resourceVersion.
-pub fn finalizers_patch(volume: &Volume, add: bool) -> serde_json::Value {
-    let mut finalizers: Vec<String> = volume
-        .finalizers
-        .iter()
-        .filter(|f| *f != model::PV_FINALIZER)
-        .map(|f| f.to_string())
-        .collect();
+/// A strategic merge patch that adds or removes only our finalizer, as upstream's does. It
+/// carries no resourceVersion: the controller manager's pv-protection controller removes its own
+/// finalizer from the same list right after the PV's deletion, and a guarded write would conflict
+/// with it every time. The API server applies both edits to the list atomically.
+pub fn finalizers_patch(add: bool) -> serde_json::Value {
     if add {
-        finalizers.push(model::PV_FINALIZER.to_string());
+        serde_json::json!({"metadata": {"finalizers": [model::PV_FINALIZER]}})
+    } else {
+        serde_json::json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [model::PV_FINALIZER]}})
     }
-    serde_json::json!({
-        "metadata": {
-            "finalizers": if finalizers.is_empty() { serde_json::Value::Null } else { serde_json::json!(finalizers) },
-            "resourceVersion": volume.resource_version,
-        }
-    })
 }
 
 /// Whether an existing PV is the one a replayed CreateVolume would have written.

@@ -184,7 +184,7 @@ impl Journal {
 
     fn turn_off(&self, message: &str) {
         if !self.disabled.swap(true, Ordering::Relaxed) {
-            tracing::warn!(error = %message, "the provisioner may not use its intent journal (RBAC: configmaps get, create, update in its namespace); a restart during a CreateVolume may then leak a volume, as upstream's can");
+            tracing::warn!(error = %message, "the provisioner cannot use its intent journal (it needs its namespace to exist, and RBAC: configmaps get, create, update there); a restart during a CreateVolume may then leak a volume, as upstream's can");
         }
     }
 
@@ -331,10 +331,11 @@ async fn write_loop(
                 .iter()
                 .map(|(k, v)| k.len() + v.len())
                 .sum::<usize>();
-            let result = if object.metadata.resource_version.is_some() {
-                api.replace(&name, &PostParams::default(), &object).await
-            } else {
+            let creating = object.metadata.resource_version.is_none();
+            let result = if creating {
                 api.create(&PostParams::default(), &object).await
+            } else {
+                api.replace(&name, &PostParams::default(), &object).await
             };
             writes.fetch_add(1, Ordering::Relaxed);
             match result {
@@ -343,8 +344,17 @@ async fn write_loop(
                     break Ok((refused, size));
                 }
                 Err(kube::Error::Api(status)) if status.code == 403 => break Err(status.message),
+                // A create answered 404: the namespace itself is missing.
+                Err(kube::Error::Api(status)) if creating && status.code == 404 => {
+                    break Err(status.message);
+                }
                 Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {
-                    // Someone else wrote it (or it was deleted): read it again and redo.
+                    // Someone else wrote it (or it was deleted): read it again and redo, at
+                    // once the first time, after a growing pause if it keeps happening.
+                    if delay > RETRY_START {
+                        tokio::time::sleep(delay).await;
+                    }
+                    delay = (delay * 2).min(RETRY_MAX);
                     continue;
                 }
                 Err(err) => {
@@ -368,7 +378,7 @@ async fn write_loop(
             }
             Err(message) => {
                 if !disabled.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(error = %message, "the provisioner may not use its intent journal (RBAC: configmaps get, create, update in its namespace); a restart during a CreateVolume may then leak a volume, as upstream's can");
+                    tracing::warn!(error = %message, "the provisioner cannot use its intent journal (it needs its namespace to exist, and RBAC: configmaps get, create, update there); a restart during a CreateVolume may then leak a volume, as upstream's can");
                 }
                 for (_, done) in waiters {
                     let _ = done.send(Ok(()));

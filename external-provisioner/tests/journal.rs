@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{Env, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
-use external_provisioner::journal;
+use external_provisioner::journal::{self, Location};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::json;
@@ -160,6 +160,28 @@ async fn a_burst_costs_few_journal_writes() {
         assert!(
             writes * 4 < claims,
             "{writes} journal writes for a burst of {claims} claims"
+        );
+    }
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes_on() {
+    let mut env = Env::without_controller(mock()).await;
+    let mut config = env.config(&[]).await;
+    config.journal = Some(Location {
+        namespace: format!("{}-missing", env.namespace()),
+        name: "provisioner-journal".into(),
+    });
+    env.launch(config);
+    let class = env.create_class(json!({})).await;
+    env.create_claim("data", &class, json!({})).await;
+    env.wait_bound("data").await;
+    if let Some(counters) = env.cluster.counters() {
+        assert_eq!(
+            counters.total(Verb::Create, "configmaps"),
+            1,
+            "one refused create, then the journal is off"
         );
     }
     env.stop().await;

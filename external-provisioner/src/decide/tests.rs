@@ -200,6 +200,22 @@ fn bad_claims_fail_with_clear_messages() {
         "unsupported AccessMode combination: [ReadWriteSometimes]"
     );
 
+    // kube-apiserver refuses these claims; a provisioner that meets one anyway says why.
+    for (storage, message) in [
+        ("-1", "invalid storage request \"-1\": negative"),
+        (
+            "1Zi",
+            "invalid storage request: quantities must match the regular expression",
+        ),
+    ] {
+        let bad = claim(
+            json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": storage}}}),
+        );
+        let failure = prepare_alone(&p, &bad, &class(&[])).unwrap_err();
+        assert!(failure.message.contains(message), "{}", failure.message);
+    }
+
     let huge = claim(
         json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": "100Ei"}}}),
@@ -475,20 +491,14 @@ fn volume_plans() {
 }
 
 #[test]
-fn finalizer_patches_keep_other_finalizers() {
-    let v = volume(
-        json!({"metadata": {"name": "pv", "resourceVersion": "9", "finalizers": ["kubernetes.io/pv-protection"]}}),
+fn finalizer_patches_touch_only_our_entry_and_carry_no_version() {
+    assert_eq!(
+        finalizers_patch(true),
+        json!({"metadata": {"finalizers": [model::PV_FINALIZER]}})
     );
     assert_eq!(
-        finalizers_patch(&v, true),
-        json!({"metadata": {"finalizers": ["kubernetes.io/pv-protection", model::PV_FINALIZER], "resourceVersion": "9"}})
-    );
-    let only = volume(
-        json!({"metadata": {"name": "pv", "resourceVersion": "9", "finalizers": [model::PV_FINALIZER]}}),
-    );
-    assert_eq!(
-        finalizers_patch(&only, false),
-        json!({"metadata": {"finalizers": null, "resourceVersion": "9"}})
+        finalizers_patch(false),
+        json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [model::PV_FINALIZER]}})
     );
 }
 
