@@ -8,7 +8,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Error};
 use serde_json::json;
-use testkit::apiserver::ApiServer;
+use testkit::apiserver::{ApiServer, Options};
 
 fn pvc(name: &str) -> PersistentVolumeClaim {
     obj(
@@ -52,7 +52,7 @@ async fn create_assigns_system_fields_and_a_global_resource_version() {
     let generated = pvcs
         .create(
             &PostParams::default(),
-            &obj(json!({"metadata": {"generateName": "claim-"}, "spec": {}})),
+            &obj(json!({"metadata": {"generateName": "claim-"}, "spec": pvc("x").spec})),
         )
         .await
         .unwrap();
@@ -229,10 +229,18 @@ async fn status_subresource_separates_status_from_the_rest() {
 
 #[tokio::test]
 async fn finalizers_keep_objects_until_the_last_one_is_removed() {
-    let server = ApiServer::start().await.unwrap();
+    // Without the pv-protection controller: its write would change the resourceVersion below.
+    let server = ApiServer::start_with(Options {
+        protection_controllers: false,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
     let pvs: Api<PersistentVolume> = Api::all(server.client());
     let pv: PersistentVolume = obj(
-        json!({"metadata": {"name": "pv", "finalizers": ["external-attacher/csi-example-com"]}, "spec": {"capacity": {"storage": "1Gi"}}}),
+        json!({"metadata": {"name": "pv", "finalizers": ["external-attacher/csi-example-com"]},
+               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                        "csi": {"driver": "csi.example.com", "volumeHandle": "h"}}}),
     );
     pvs.create(&PostParams::default(), &pv).await.unwrap();
     let pending = pvs
@@ -266,9 +274,13 @@ async fn finalizers_keep_objects_until_the_last_one_is_removed() {
 #[tokio::test]
 async fn delete_preconditions_and_status_response() {
     let server = ApiServer::start().await.unwrap();
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(server.client(), "default");
+    // A kind without protection finalizers: the DELETE removes it at once.
+    let pvcs: Api<ConfigMap> = Api::namespaced(server.client(), "default");
     let a = pvcs
-        .create(&PostParams::default(), &pvc("a"))
+        .create(
+            &PostParams::default(),
+            &obj(json!({"metadata": {"name": "a"}})),
+        )
         .await
         .unwrap();
     let wrong_uid = DeleteParams {

@@ -87,7 +87,8 @@ async fn close_watches_of_one_resource() {
     let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(c.clone());
     api.create(
         &PostParams::default(),
-        &obj(json!({"metadata": {"name": "pv"}, "spec": {}})),
+        &obj(json!({"metadata": {"name": "pv"}, "spec": {"capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"], "csi": {"driver": "d.example.com", "volumeHandle": "h"}}})),
     )
     .await
     .unwrap();

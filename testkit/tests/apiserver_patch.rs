@@ -15,7 +15,8 @@ async fn server_with_pv() -> (ApiServer, Api<PersistentVolume>) {
     let pvs: Api<PersistentVolume> = Api::all(server.client());
     let pv: PersistentVolume = obj(json!({
         "metadata": {"name": "pv", "labels": {"a": "1"}, "annotations": {"x/y": "1"}, "finalizers": ["kubernetes.io/pv-protection"]},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "csi": {"driver": "csi.example.com", "volumeHandle": "h"}}
     }));
     pvs.create(&PostParams::default(), &pv).await.unwrap();
     (server, pvs)
@@ -112,20 +113,24 @@ async fn strategic_merge_patch_merges_finalizers_and_keyed_lists() {
         .patch(
             "pv",
             &PatchParams::default(),
-            &Patch::Strategic(json!({"metadata": {"finalizers": ["b"], "labels": {"c": "3"}}})),
+            &Patch::Strategic(
+                json!({"metadata": {"finalizers": ["example.com/b"], "labels": {"c": "3"}}}),
+            ),
         )
         .await
         .unwrap();
     assert_eq!(
         p.metadata.finalizers.unwrap(),
-        vec!["b", "kubernetes.io/pv-protection"]
+        vec!["example.com/b", "kubernetes.io/pv-protection"]
     );
     assert_eq!(p.metadata.labels.unwrap().len(), 2);
     let p = pvs
         .patch(
             "pv",
             &PatchParams::default(),
-            &Patch::Strategic(json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["b"]}})),
+            &Patch::Strategic(
+                json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["example.com/b"]}}),
+            ),
         )
         .await
         .unwrap();

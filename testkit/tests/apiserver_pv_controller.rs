@@ -181,7 +181,8 @@ async fn unbound_volumes_become_available() {
     let (_s, _pvcs, pvs) = setup("Immediate").await;
     pvs.create(
         &PostParams::default(),
-        &obj(json!({"metadata": {"name": "free"}, "spec": {"capacity": {"storage": "1Gi"}}})),
+        &obj(json!({"metadata": {"name": "free"}, "spec": {"capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"], "csi": {"driver": "d.example.com", "volumeHandle": "free"}}})),
     )
     .await
     .unwrap();

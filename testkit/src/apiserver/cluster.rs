@@ -134,7 +134,9 @@ impl TestCluster {
     /// deletes the cluster-scoped objects of the kinds in
     /// [`CLUSTER_SCOPED_CLEANUP`] whose names start with this prefix, and the
     /// PersistentVolumes whose claimRef points into the test namespace,
-    /// removing their finalizers first.
+    /// removing their finalizers first; then it removes the finalizers of the
+    /// pods, claims, ConfigMaps and VolumeSnapshots left in the namespace and
+    /// deletes it.
     pub fn cluster_name(&self, base: &str) -> String {
         format!("{}-{base}", self.namespace)
     }
@@ -157,6 +159,7 @@ impl TestCluster {
         if self.cleanup_pending {
             self.cleanup_pending = false;
             delete_cluster_scoped(&self.client, &self.namespace).await?;
+            strip_namespaced_finalizers(&self.client, &self.namespace).await?;
             delete_namespace(&self.client, &self.namespace).await?;
         }
         if let Some(server) = self.server.take() {
@@ -180,8 +183,68 @@ pub const CLUSTER_SCOPED_CLEANUP: &[(&str, &str, &str, &str)] = &[
     ("storage.k8s.io", "v1", "StorageClass", "storageclasses"),
     ("storage.k8s.io", "v1", "CSINode", "csinodes"),
     ("storage.k8s.io", "v1", "CSIDriver", "csidrivers"),
+    (
+        "storage.k8s.io",
+        "v1",
+        "VolumeAttributesClass",
+        "volumeattributesclasses",
+    ),
     ("", "v1", "Node", "nodes"),
 ];
+
+/// `(group, version, kind, plural)` of the kinds whose objects in the test
+/// namespace get their finalizers removed before the namespace is deleted,
+/// so a test that failed half-way (leaving a pod, claim or snapshot held by a
+/// finalizer) does not leave the namespace terminating forever.
+const NAMESPACED_CLEANUP: &[(&str, &str, &str, &str)] = &[
+    ("", "v1", "Pod", "pods"),
+    ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+    ("", "v1", "ConfigMap", "configmaps"),
+    (
+        "snapshot.storage.k8s.io",
+        "v1",
+        "VolumeSnapshot",
+        "volumesnapshots",
+    ),
+];
+
+async fn strip_namespaced_finalizers(client: &Client, namespace: &str) -> Result<(), kube::Error> {
+    for (group, version, kind, plural) in NAMESPACED_CLEANUP {
+        let api_version = if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        };
+        let ar = ApiResource {
+            group: group.to_string(),
+            version: version.to_string(),
+            api_version,
+            kind: kind.to_string(),
+            plural: plural.to_string(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+        let list = match api.list(&ListParams::default()).await {
+            Ok(l) => l,
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => continue,
+            Err(e) => return Err(e),
+        };
+        for o in list.items {
+            let Some(name) = o.metadata.name.as_deref() else {
+                continue;
+            };
+            if o.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+                continue;
+            }
+            let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+            match api.patch(name, &PatchParams::default(), &unfinalize).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
 
 async fn delete_cluster_scoped(client: &Client, namespace: &str) -> Result<(), kube::Error> {
     let prefix = format!("{namespace}-");
@@ -266,6 +329,9 @@ impl Drop for TestCluster {
                     .await
                     .map_err(std::io::Error::other)?;
                 delete_cluster_scoped(&client, &namespace)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                strip_namespaced_finalizers(&client, &namespace)
                     .await
                     .map_err(std::io::Error::other)?;
                 delete_namespace(&client, &namespace)

@@ -83,15 +83,70 @@ impl ApiError {
 
     /// 422 with one field cause; `detail` is the text after `field: `.
     pub fn invalid(kind: &Kind, name: &str, field: &str, cause_reason: &str, detail: &str) -> Self {
+        Self::invalid_causes(
+            kind,
+            name,
+            &[(cause_reason, detail.to_string(), field.to_string())],
+        )
+    }
+
+    /// 422 with one cause per `(reason, message, field)`; the message lists the
+    /// distinct `field: message` texts, in brackets when there are several, as
+    /// apimachinery's error aggregate prints them.
+    pub fn invalid_causes(kind: &Kind, name: &str, causes: &[(&str, String, String)]) -> Self {
         let mut d = details(kind, name, kind.kind);
         d.insert(
             "causes".into(),
-            json!([{"reason": cause_reason, "message": detail, "field": field}]),
+            Value::Array(
+                causes
+                    .iter()
+                    .map(|(reason, message, field)| {
+                        json!({"reason": reason, "message": message, "field": field})
+                    })
+                    .collect(),
+            ),
+        );
+        let mut seen: Vec<String> = Vec::new();
+        for (_, message, field) in causes {
+            let text = format!("{field}: {message}");
+            if !seen.contains(&text) {
+                seen.push(text);
+            }
+        }
+        let qualified = if kind.group.is_empty() {
+            kind.kind.to_string()
+        } else {
+            format!("{}.{}", kind.kind, kind.group)
+        };
+        let message = match seen.as_slice() {
+            [] => format!("{qualified} \"{name}\" is invalid"),
+            [one] => format!("{qualified} \"{name}\" is invalid: {one}"),
+            many => format!("{qualified} \"{name}\" is invalid: [{}]", many.join(", ")),
+        };
+        Self::new(422, "Invalid", message).with_details(d)
+    }
+
+    /// An update without a resourceVersion of a kind that requires one
+    /// (`AllowUnconditionalUpdate() == false`): upstream names the resource
+    /// where the kind belongs.
+    pub fn resource_version_required(kind: &Kind, name: &str) -> Self {
+        let mut d = Map::new();
+        d.insert("name".into(), json!(name));
+        if !kind.group.is_empty() {
+            d.insert("group".into(), json!(kind.group));
+        }
+        d.insert("kind".into(), json!(kind.plural));
+        d.insert(
+            "causes".into(),
+            json!([{"reason": "FieldValueInvalid", "message": "Invalid value: 0: must be specified for an update", "field": "metadata.resourceVersion"}]),
         );
         Self::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {field}: {detail}", kind.kind),
+            format!(
+                "{} \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0: must be specified for an update",
+                kind.qualified_resource()
+            ),
         )
         .with_details(d)
     }

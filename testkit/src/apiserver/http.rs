@@ -239,6 +239,13 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     match segs.as_slice() {
         ["healthz" | "livez" | "readyz", ..] => Ok(respond(200, "text/plain; charset=utf-8", "ok")),
         ["version"] => get_only(Some(discovery::version())),
+        // The feature gate gauges of kube-apiserver's metrics, so a client can tell
+        // which gated fields the server keeps.
+        ["metrics"] if req.method() == Method::GET => Ok(respond(
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            shared.store().feature_gates().metrics_text(),
+        )),
         ["api"] => get_only(Some(discovery::api_versions(&shared.address))),
         ["api", version] => get_only(discovery::api_resource_list(&shared.registry, "", version)),
         ["apis"] => get_only(Some(discovery::api_group_list(&shared.registry))),

@@ -8,13 +8,17 @@ pub mod counters;
 pub mod discovery;
 pub mod error;
 pub mod faults;
+pub mod gates;
 mod http;
 pub mod patch;
+pub mod protection;
 pub mod protobuf;
 pub mod pv_controller;
+pub mod quantity;
 pub mod registry;
 pub mod selector;
 pub mod store;
+pub mod validation;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -33,6 +37,7 @@ pub use cluster::TestCluster;
 pub use counters::{CounterKey, RequestCounters, Verb};
 pub use error::ApiError;
 pub use faults::{Faults, RequestMatch};
+pub use gates::{FeatureGates, Gate};
 pub use registry::Registry;
 
 use http::Shared;
@@ -60,6 +65,13 @@ pub enum ApiServerError {
 pub struct Options {
     /// Run the built-in PV controller (binding, phases, provisioner annotations).
     pub pv_controller: bool,
+    /// Run the pv-protection, pvc-protection and vac-protection controllers of
+    /// kube-controller-manager (on by default): without them the protection
+    /// finalizers the API server adds keep deleted PVs and PVCs forever, as on
+    /// a cluster whose controller manager is down.
+    pub protection_controllers: bool,
+    /// Feature gates (Kubernetes 1.34's defaults); see [`Options::feature_gate`].
+    pub feature_gates: FeatureGates,
     /// Events kept for watches and list continuations; older resourceVersions get 410.
     pub history_limit: usize,
     /// How often watches that allow bookmarks get a BOOKMARK event.
@@ -72,10 +84,21 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             pv_controller: false,
+            protection_controllers: true,
+            feature_gates: FeatureGates::default(),
             history_limit: 100_000,
             bookmark_interval: Duration::from_secs(1),
             watch_buffer: 100_000,
         }
+    }
+}
+
+impl Options {
+    /// Turns a feature gate on or off, as `--feature-gates` on kube-apiserver
+    /// and kube-controller-manager would.
+    pub fn feature_gate(mut self, gate: Gate, enabled: bool) -> Self {
+        self.feature_gates.set(gate, enabled);
+        self
     }
 }
 
@@ -111,11 +134,9 @@ impl ApiServer {
             .map_err(ApiServerError::Bind)?;
         let addr = listener.local_addr().map_err(ApiServerError::Bind)?;
         let registry = Arc::new(Registry::builtin());
-        let store = Arc::new(Mutex::new(Store::new(
-            registry.clone(),
-            opts.history_limit,
-            opts.watch_buffer,
-        )));
+        let mut store = Store::new(registry.clone(), opts.history_limit, opts.watch_buffer);
+        store.set_feature_gates(opts.feature_gates);
+        let store = Arc::new(Mutex::new(store));
         let shared = Arc::new(Shared {
             faults: Faults::new(store.clone()),
             store,
@@ -135,6 +156,12 @@ impl ApiServer {
         tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
         if opts.pv_controller {
             tracker.spawn(pv_controller::run(
+                shared.store.clone(),
+                shared.shutdown.clone(),
+            ));
+        }
+        if opts.protection_controllers {
+            tracker.spawn(protection::run(
                 shared.store.clone(),
                 shared.shutdown.clone(),
             ));
@@ -181,6 +208,22 @@ impl ApiServer {
     /// Request counters.
     pub fn counters(&self) -> RequestCounters {
         self.shared.counters.clone()
+    }
+
+    /// The feature gates the server runs with.
+    pub fn feature_gates(&self) -> FeatureGates {
+        *self.shared.store().feature_gates()
+    }
+
+    /// Turns a feature gate on or off for the writes that follow (a real
+    /// cluster needs its servers restarted with `--feature-gates`; prefer
+    /// [`Options::feature_gate`] where the test starts the server). The
+    /// protection controllers keep the gates they started with.
+    pub fn set_feature_gate(&self, gate: Gate, enabled: bool) {
+        let mut store = self.shared.store();
+        let mut gates = *store.feature_gates();
+        gates.set(gate, enabled);
+        store.set_feature_gates(gates);
     }
 
     /// The newest resourceVersion in the store.

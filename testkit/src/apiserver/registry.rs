@@ -39,6 +39,32 @@ pub struct Kind {
     /// DELETE returns the object instead of a Status.
     pub custom: bool,
     pub name_rule: NameRule,
+    /// Whether an update without a resourceVersion is allowed (the strategy's
+    /// `AllowUnconditionalUpdate`); when not, it is `422 Invalid`.
+    pub unconditional_update: bool,
+    /// Which metadata of a `/status` write is kept.
+    pub status_metadata: StatusMetadata,
+}
+
+/// What a write to the `/status` subresource may change in `metadata`,
+/// besides `.status`, per the kind's status strategy `PrepareForUpdate`.
+/// System fields (uid, creationTimestamp, deletionTimestamp, generation) are
+/// always those of the stored object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusMetadata {
+    /// Labels, annotations, finalizers and ownerReferences of the request
+    /// are stored (PVs, PVCs, Namespaces, Nodes, ReplicaSets: their status
+    /// strategies only reset the spec).
+    FromRequest,
+    /// As `FromRequest`, but ownerReferences stay (Pods).
+    KeepOwnerReferences,
+    /// As `FromRequest`, but labels stay (Deployments).
+    KeepLabels,
+    /// `metav1.ResetObjectMetaForStatus`: labels, annotations, finalizers and
+    /// ownerReferences stay (VolumeAttachments).
+    Reset,
+    /// Everything but `.status` stays (custom resources).
+    StatusOnly,
 }
 
 impl Kind {
@@ -160,6 +186,8 @@ const fn k(
         tracks_generation: false,
         custom: false,
         name_rule: SUBDOMAIN,
+        unconditional_update: true,
+        status_metadata: StatusMetadata::FromRequest,
     }
 }
 
@@ -272,6 +300,7 @@ impl Registry {
             Kind {
                 field_selectors: POD_FIELDS,
                 tracks_generation: true,
+                status_metadata: StatusMetadata::KeepOwnerReferences,
                 ..k("", "v1", "pods", "pod", "Pod", true, true, &["po"])
             },
             k(
@@ -304,46 +333,59 @@ impl Registry {
                 false,
                 &["sc"],
             ),
-            k(
-                st,
-                "v1",
-                "volumeattachments",
-                "volumeattachment",
-                "VolumeAttachment",
-                false,
-                true,
-                &[],
-            ),
-            k(
-                st,
-                "v1",
-                "csinodes",
-                "csinode",
-                "CSINode",
-                false,
-                false,
-                &[],
-            ),
-            k(
-                st,
-                "v1",
-                "csidrivers",
-                "csidriver",
-                "CSIDriver",
-                false,
-                false,
-                &[],
-            ),
-            k(
-                st,
-                "v1",
-                "csistoragecapacities",
-                "csistoragecapacity",
-                "CSIStorageCapacity",
-                true,
-                false,
-                &[],
-            ),
+            Kind {
+                unconditional_update: false,
+                status_metadata: StatusMetadata::Reset,
+                ..k(
+                    st,
+                    "v1",
+                    "volumeattachments",
+                    "volumeattachment",
+                    "VolumeAttachment",
+                    false,
+                    true,
+                    &[],
+                )
+            },
+            Kind {
+                unconditional_update: false,
+                ..k(
+                    st,
+                    "v1",
+                    "csinodes",
+                    "csinode",
+                    "CSINode",
+                    false,
+                    false,
+                    &[],
+                )
+            },
+            Kind {
+                unconditional_update: false,
+                ..k(
+                    st,
+                    "v1",
+                    "csidrivers",
+                    "csidriver",
+                    "CSIDriver",
+                    false,
+                    false,
+                    &[],
+                )
+            },
+            Kind {
+                unconditional_update: false,
+                ..k(
+                    st,
+                    "v1",
+                    "csistoragecapacities",
+                    "csistoragecapacity",
+                    "CSIStorageCapacity",
+                    true,
+                    false,
+                    &[],
+                )
+            },
             k(
                 st,
                 "v1",
@@ -356,6 +398,7 @@ impl Registry {
             ),
             Kind {
                 name_rule: NameRule::PathSegment,
+                unconditional_update: false,
                 ..k(
                     "coordination.k8s.io",
                     "v1",
@@ -384,6 +427,8 @@ impl Registry {
             Kind {
                 tracks_generation: true,
                 custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
                 ..k(
                     snap,
                     "v1",
@@ -398,6 +443,8 @@ impl Registry {
             Kind {
                 tracks_generation: true,
                 custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
                 ..k(
                     snap,
                     "v1",
@@ -412,6 +459,8 @@ impl Registry {
             Kind {
                 tracks_generation: true,
                 custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
                 ..k(
                     snap,
                     "v1",
@@ -439,6 +488,7 @@ impl Registry {
             },
             Kind {
                 tracks_generation: true,
+                status_metadata: StatusMetadata::KeepLabels,
                 ..k(
                     "apps",
                     "v1",
@@ -454,6 +504,8 @@ impl Registry {
             Kind {
                 tracks_generation: true,
                 custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
                 ..k(
                     "gateway.networking.k8s.io",
                     "v1beta1",

@@ -14,11 +14,12 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use super::gates::{FeatureGates, Gate};
 use super::patch::{PatchError, json_patch, merge_patch, strategic_merge_patch};
-use super::registry::{Kind, KindId, NameRule, Registry};
-use super::selector::{
-    FieldSelector, LabelSelector, is_dns_label, is_dns_subdomain, validate_label_key,
-};
+use super::protection;
+use super::registry::{Kind, KindId, Registry, StatusMetadata};
+use super::selector::{FieldSelector, LabelSelector};
+use super::validation;
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped kinds.
 pub type ObjKey = (String, String);
@@ -185,6 +186,7 @@ pub struct Store {
     watchers: Vec<Vec<Watcher>>,
     watch_buffer: usize,
     rng: u64,
+    gates: FeatureGates,
 }
 
 /// The current time as the RFC 3339 string Kubernetes uses (second precision).
@@ -294,22 +296,6 @@ fn decode_continue(token: &str) -> Option<(u64, ObjKey)> {
             start.get(1)?.as_str()?.to_string(),
         ),
     ))
-}
-
-fn name_error(rule: NameRule, name: &str) -> Option<String> {
-    match rule {
-        NameRule::Subdomain if !is_dns_subdomain(name) => Some(
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into(),
-        ),
-        NameRule::Label if !is_dns_label(name) => Some(
-            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".into(),
-        ),
-        NameRule::PathSegment if name == "." || name == ".." => Some(format!("may not be '{name}'")),
-        NameRule::PathSegment if name.contains('/') || name.contains('%') => {
-            Some("may not contain '/' or '%'".into())
-        }
-        _ => None,
-    }
 }
 
 /// Checks and fills `apiVersion`/`kind` of a request body.
@@ -460,64 +446,217 @@ fn is_config_key(key: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-fn validate_meta(k: &Kind, obj: &Value) -> Result<(), ApiError> {
-    let name = meta_str(obj, "name");
-    if let Some(why) = name_error(k.name_rule, name) {
-        return Err(ApiError::invalid(
-            k,
-            name,
-            "metadata.name",
-            "FieldValueInvalid",
-            &format!("Invalid value: {name:?}: {why}"),
-        ));
-    }
-    if let Some(labels) = meta(obj)
-        .and_then(|m| m.get("labels"))
-        .and_then(Value::as_object)
-    {
-        for (key, v) in labels {
-            let bad_value = v
-                .as_str()
-                .is_none_or(|s| LabelSelector::parse(&format!("k={s}")).is_err());
-            if let Err(why) = validate_label_key(key) {
-                return Err(ApiError::invalid(
-                    k,
-                    name,
-                    "metadata.labels",
-                    "FieldValueInvalid",
-                    &format!("Invalid value: {key:?}: {why}"),
-                ));
+/// `PrepareForCreate`/`PrepareForUpdate` of the strategies that change what
+/// is stored: fields of disabled feature gates are dropped unless the stored
+/// object already has them, and a PVC's `dataSource`/`dataSourceRef` are
+/// made consistent (pkg/api/persistentvolumeclaim/util.go,
+/// pkg/api/persistentvolume/util.go, the CSIDriver strategy).
+fn drop_disabled_spec_fields(k: &Kind, obj: &mut Value, old: Option<&Value>, gates: &FeatureGates) {
+    let old_has =
+        |pointer: &str| old.is_some_and(|o| o.pointer(pointer).is_some_and(|v| !v.is_null()));
+    let remove = |obj: &mut Value, parent: &str, field: &str| {
+        if let Some(Value::Object(m)) = obj.pointer_mut(parent) {
+            m.remove(field);
+        }
+    };
+    match (k.group, k.kind) {
+        ("", "PersistentVolumeClaim") => {
+            if !gates.enabled(Gate::VolumeAttributesClass)
+                && !old_has("/spec/volumeAttributesClassName")
+            {
+                remove(obj, "/spec", "volumeAttributesClassName");
             }
-            if bad_value {
-                return Err(ApiError::invalid(
-                    k,
-                    name,
-                    "metadata.labels",
-                    "FieldValueInvalid",
-                    &format!(
-                        "Invalid value: {v}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
-                    ),
-                ));
+            let cross_namespace = obj
+                .pointer("/spec/dataSourceRef/namespace")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            if cross_namespace
+                && !gates.enabled(Gate::CrossNamespaceVolumeDataSource)
+                && !old_has("/spec/dataSourceRef")
+            {
+                remove(obj, "/spec", "dataSourceRef");
+            }
+            normalize_claim_data_sources(obj, old);
+        }
+        ("", "PersistentVolume")
+            if !gates.enabled(Gate::VolumeAttributesClass)
+                && !old_has("/spec/volumeAttributesClassName") =>
+        {
+            remove(obj, "/spec", "volumeAttributesClassName");
+        }
+        ("storage.k8s.io", "CSIDriver") => {
+            if !gates.enabled(Gate::SELinuxMountReadWriteOncePod) && !old_has("/spec/seLinuxMount")
+            {
+                remove(obj, "/spec", "seLinuxMount");
+            }
+            if !gates.enabled(Gate::MutableCSINodeAllocatableCount)
+                && !old_has("/spec/nodeAllocatableUpdatePeriodSeconds")
+            {
+                remove(obj, "/spec", "nodeAllocatableUpdatePeriodSeconds");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `EnforceDataSourceBackwardsCompatibility` then `NormalizeDataSources`:
+/// without a `dataSourceRef`, a `dataSource` other than a PVC or a
+/// VolumeSnapshot is dropped (unless the stored claim has a data source);
+/// then each of the two is filled from the other when only one is set
+/// (a cross-namespace `dataSourceRef` has no `dataSource` counterpart).
+fn normalize_claim_data_sources(obj: &mut Value, old: Option<&Value>) {
+    let set = |v: &Value, p: &str| v.pointer(p).is_some_and(Value::is_object);
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let old_in_use =
+        old.is_some_and(|o| set(o, "/spec/dataSource") || set(o, "/spec/dataSourceRef"));
+    let has = |spec: &Map<String, Value>, f: &str| spec.get(f).is_some_and(Value::is_object);
+    if !old_in_use && !has(spec, "dataSourceRef") && has(spec, "dataSource") {
+        let ds = &spec["dataSource"];
+        let group = ds.get("apiGroup").and_then(Value::as_str).unwrap_or("");
+        let kind = ds.get("kind").and_then(Value::as_str).unwrap_or("");
+        let allowed = (kind == "PersistentVolumeClaim" && group.is_empty())
+            || (kind == "VolumeSnapshot" && group == "snapshot.storage.k8s.io");
+        if !allowed {
+            spec.remove("dataSource");
+        }
+    }
+    // Go writes the nil apiGroup pointer of these references as null.
+    let copy = |from: &Value| {
+        json!({
+            "apiGroup": from.get("apiGroup").cloned().unwrap_or(Value::Null),
+            "kind": from.get("kind").cloned().unwrap_or(json!("")),
+            "name": from.get("name").cloned().unwrap_or(json!("")),
+        })
+    };
+    match (has(spec, "dataSource"), has(spec, "dataSourceRef")) {
+        (true, false) => {
+            let r = copy(&spec["dataSource"]);
+            spec.insert("dataSourceRef".into(), r);
+        }
+        (false, true) => {
+            let namespaced = spec["dataSourceRef"]
+                .get("namespace")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            if !namespaced {
+                let d = copy(&spec["dataSourceRef"]);
+                spec.insert("dataSource".into(), d);
+            }
+        }
+        _ => {}
+    }
+    for f in ["dataSource", "dataSourceRef"] {
+        if let Some(Value::Object(r)) = spec.get_mut(f) {
+            r.entry("apiGroup").or_insert(Value::Null);
+        }
+    }
+}
+
+/// Status fields of disabled feature gates, dropped on status writes unless
+/// the stored object has them (the PVC and VolumeAttachment status strategies).
+fn drop_disabled_status_fields(k: &Kind, new: &mut Value, old: &Value, gates: &FeatureGates) {
+    let old_has = |pointer: &str| old.pointer(pointer).is_some_and(|v| !v.is_null());
+    let remove = |obj: &mut Value, parent: &str, field: &str| {
+        if let Some(Value::Object(m)) = obj.pointer_mut(parent) {
+            m.remove(field);
+        }
+    };
+    match (k.group, k.kind) {
+        ("", "PersistentVolumeClaim") if !gates.enabled(Gate::VolumeAttributesClass) => {
+            for f in ["currentVolumeAttributesClassName", "modifyVolumeStatus"] {
+                if !old_has(&format!("/status/{f}")) {
+                    remove(new, "/status", f);
+                }
+            }
+        }
+        ("storage.k8s.io", "VolumeAttachment")
+            if !gates.enabled(Gate::MutableCSINodeAllocatableCount) =>
+        {
+            for e in ["attachError", "detachError"] {
+                if !old_has(&format!("/status/{e}/errorCode")) {
+                    remove(new, &format!("/status/{e}"), "errorCode");
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The PV status strategy keeps `lastPhaseTransitionTime` while the phase
+/// stays, and stamps it when the phase changes and the writer did not.
+fn volume_phase_transition(new: &mut Value, old: &Value) {
+    let phase = |v: &Value| {
+        v.pointer("/status/phase")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let time = |v: &Value| {
+        v.pointer("/status/lastPhaseTransitionTime")
+            .filter(|t| !t.is_null())
+            .cloned()
+    };
+    let (new_time, old_time) = (time(new), time(old));
+    let stamp = if phase(new) == phase(old) {
+        if new_time.is_some() {
+            return;
+        }
+        old_time
+    } else if new_time.is_none() || new_time == old_time {
+        Some(json!(now_timestamp()))
+    } else {
+        return;
+    };
+    if let (Some(t), Some(Value::Object(st))) = (stamp, new.get_mut("status")) {
+        st.insert("lastPhaseTransitionTime".into(), t);
+    }
+}
+
+/// The metadata a `/status` write stores, per the kind's status strategy.
+fn status_write(k: &Kind, old: &Value, new: &Value) -> Value {
+    let mut out = old.clone();
+    match new.get("status") {
+        Some(st) if !st.is_null() => out["status"] = st.clone(),
+        _ => {
+            if let Value::Object(m) = &mut out {
+                m.remove("status");
             }
         }
     }
-    Ok(())
+    let request_fields: &[&str] = match k.status_metadata {
+        StatusMetadata::StatusOnly | StatusMetadata::Reset => &[],
+        StatusMetadata::FromRequest => &["labels", "annotations", "finalizers", "ownerReferences"],
+        StatusMetadata::KeepOwnerReferences => &["labels", "annotations", "finalizers"],
+        StatusMetadata::KeepLabels => &["annotations", "finalizers", "ownerReferences"],
+    };
+    let new_meta = meta(new).cloned().unwrap_or_default();
+    let m = meta_mut(&mut out);
+    for f in request_fields {
+        match new_meta.get(*f) {
+            Some(v) if !v.is_null() => m.insert((*f).to_string(), v.clone()),
+            _ => m.remove(*f),
+        };
+    }
+    out
 }
 
 /// Builds the object an update stores, applying the real server's rules:
 /// preconditions, immutable system metadata, status subresource separation,
-/// generation, and no new finalizers on an object being deleted.
+/// fields of disabled gates, generation, and the kind's validation.
 fn prepare_update(
     k: &Kind,
     old: &Value,
     mut new: Value,
     target: Target,
     key: &ObjKey,
+    gates: &FeatureGates,
 ) -> Result<Value, ApiError> {
     check_type(k, &mut new)?;
     if k.is_core("Secret") && target == Target::Main {
         normalize_secret(k, &mut new)?;
     }
+    validation::canonicalize_quantities(k, &mut new)?;
     if target == Target::Main {
         apply_defaults(k, &mut new);
     }
@@ -535,6 +674,9 @@ fn prepare_update(
         ));
     }
     let rv = meta_str(&new, "resourceVersion");
+    if rv.is_empty() && !k.unconditional_update {
+        return Err(ApiError::resource_version_required(k, name));
+    }
     if !rv.is_empty() && parse_rv(rv)? != resource_version_of(old) {
         return Err(ApiError::modified(k, name));
     }
@@ -550,14 +692,14 @@ fn prepare_update(
         ));
     }
     if target == Target::Status {
-        let mut out = old.clone();
-        match new.get("status") {
-            Some(s) if !s.is_null() => out["status"] = s.clone(),
-            _ => {
-                if let Value::Object(m) = &mut out {
-                    m.remove("status");
-                }
-            }
+        let mut out = status_write(k, old, &new);
+        drop_disabled_status_fields(k, &mut out, old, gates);
+        if k.is_core("PersistentVolume") {
+            volume_phase_transition(&mut out, old);
+        }
+        let errs = validation::validate_update(k, &out, old, true, gates);
+        if !errs.is_empty() {
+            return Err(validation::invalid(k, name, &errs));
         }
         return Ok(out);
     }
@@ -596,24 +738,7 @@ fn prepare_update(
             }
         }
     }
-    if being_deleted(old) {
-        let before = finalizers(old);
-        let added: Vec<&str> = finalizers(&new)
-            .into_iter()
-            .filter(|f| !before.contains(f))
-            .collect();
-        if !added.is_empty() {
-            return Err(ApiError::invalid(
-                k,
-                name,
-                "metadata.finalizers",
-                "FieldValueForbidden",
-                &format!(
-                    "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
-                ),
-            ));
-        }
-    }
+    drop_disabled_spec_fields(k, &mut new, Some(old), gates);
     if k.tracks_generation && spec_part(&new) != spec_part(old) {
         let generation = old_meta
             .get("generation")
@@ -621,7 +746,10 @@ fn prepare_update(
             .unwrap_or(0);
         meta_mut(&mut new).insert("generation".into(), json!(generation + 1));
     }
-    validate_meta(k, &new)?;
+    let errs = validation::validate_update(k, &new, old, false, gates);
+    if !errs.is_empty() {
+        return Err(validation::invalid(k, name, &errs));
+    }
     Ok(new)
 }
 
@@ -643,6 +771,7 @@ impl Store {
             history_floor: 0,
             watch_buffer: watch_buffer.max(1),
             rng: seed | 1,
+            gates: FeatureGates::default(),
         };
         if let Some(ns_kind) = store.registry.core("namespaces") {
             for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -655,6 +784,15 @@ impl Store {
 
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// The feature gates writes are handled with (1.34's defaults unless set).
+    pub fn feature_gates(&self) -> &FeatureGates {
+        &self.gates
+    }
+
+    pub fn set_feature_gates(&mut self, gates: FeatureGates) {
+        self.gates = gates;
     }
 
     /// The newest resourceVersion handed out.
@@ -814,6 +952,57 @@ impl Store {
             .map(|o| meta_str(o, "name").to_string())
     }
 
+    /// The PersistentVolumeClaimResize admission (validating, after the
+    /// strategy's validation): a claim may grow only when bound and when its
+    /// StorageClass allows volume expansion.
+    fn admit_claim_resize(&self, k: &Kind, old: &Value, new: &Value) -> Result<(), ApiError> {
+        let size = |v: &Value| {
+            v.pointer("/spec/resources/requests/storage")
+                .and_then(super::quantity::from_json)
+                .and_then(Result::ok)
+        };
+        let (Some(new_size), old_size) = (size(new), size(old)) else {
+            return Ok(());
+        };
+        if old_size.is_some_and(|o| new_size <= o) || old_size.is_none() && new_size.is_zero() {
+            return Ok(());
+        }
+        let name = meta_str(new, "name");
+        if old.pointer("/status/phase").and_then(Value::as_str) != Some("Bound") {
+            return Err(ApiError::forbidden(
+                k,
+                name,
+                "Only bound persistent volume claims can be expanded",
+            ));
+        }
+        // The beta annotation wins over spec.storageClassName, as GetPersistentVolumeClaimClass.
+        let class = |v: &Value| {
+            v.pointer("/metadata/annotations/volume.beta.kubernetes.io~1storage-class")
+                .or_else(|| v.pointer("/spec/storageClassName"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let (new_class, old_class) = (class(new), class(old));
+        let allowed = !new_class.is_empty()
+            && new_class == old_class
+            && self
+                .registry
+                .lookup("storage.k8s.io", "v1", "storageclasses")
+                .and_then(|sc| self.objects[sc].get(&(String::new(), new_class.clone())))
+                .and_then(|sc| sc.get("allowVolumeExpansion"))
+                .and_then(Value::as_bool)
+                == Some(true);
+        if !allowed {
+            return Err(ApiError::forbidden(
+                k,
+                name,
+                "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
+            ));
+        }
+        Ok(())
+    }
+
     /// CREATE. `ns` is the namespace from the URL (ignored for cluster-scoped kinds).
     pub fn create(
         &mut self,
@@ -827,6 +1016,7 @@ impl Store {
         if k.is_core("Secret") {
             normalize_secret(&k, &mut obj)?;
         }
+        validation::canonicalize_quantities(&k, &mut obj)?;
         apply_defaults(&k, &mut obj);
         let body_ns = meta_str(&obj, "namespace").to_string();
         if k.namespaced && !body_ns.is_empty() && body_ns != ns {
@@ -921,13 +1111,24 @@ impl Store {
         if k.is_core("Namespace") {
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
         }
+        if k.is_core("PersistentVolume")
+            && let Some(Value::Object(st)) = obj.get_mut("status")
+        {
+            st.insert("lastPhaseTransitionTime".into(), json!(now_timestamp()));
+        }
+        // Mutating admission: DefaultStorageClass, StorageObjectInUseProtection.
         if k.is_core("PersistentVolumeClaim")
             && obj.pointer("/spec/storageClassName").is_none()
             && let Some(class) = self.default_storage_class()
         {
             obj["spec"]["storageClassName"] = json!(class);
         }
-        validate_meta(&k, &obj)?;
+        protection::admit(&k, &mut obj, &self.gates);
+        drop_disabled_spec_fields(&k, &mut obj, None, &self.gates);
+        let errs = validation::validate_create(&k, &obj, &self.gates);
+        if !errs.is_empty() {
+            return Err(validation::invalid(&k, &name, &errs));
+        }
         let key = (ns, name.clone());
         if self.objects[kind].contains_key(&key) {
             return Err(ApiError::already_exists(&k, &name));
@@ -958,7 +1159,10 @@ impl Store {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(&k, name))?;
-        let new = prepare_update(&k, &old, new, target, &key)?;
+        let new = prepare_update(&k, &old, new, target, &key, &self.gates)?;
+        if k.is_core("PersistentVolumeClaim") && target == Target::Main {
+            self.admit_claim_resize(&k, &old, &new)?;
+        }
         if new == *old {
             // The real server skips writes that change nothing: no new resourceVersion, no event.
             return Ok(old);
@@ -1279,7 +1483,13 @@ mod tests {
     }
 
     fn pvc(name: &str) -> Value {
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}, "spec": {"accessModes": ["ReadWriteOnce"]}})
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+    }
+
+    fn pv_spec() -> Value {
+        json!({"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+               "csi": {"driver": "d.example.com", "volumeHandle": "h"}})
     }
 
     #[test]
@@ -1307,7 +1517,7 @@ mod tests {
             .create(
                 pvc_k,
                 "default",
-                json!({"metadata": {"generateName": "gen-"}}),
+                json!({"metadata": {"generateName": "gen-"}, "spec": pvc("x")["spec"]}),
                 false,
             )
             .unwrap();
@@ -1344,11 +1554,24 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("resourceVersion");
-        unconditional["spec"]["volumeName"] = json!("pv-2");
+        unconditional["metadata"]["labels"] = json!({"l": "v"});
         let u2 = s
-            .update(pvc_k, "default", "a", unconditional, Target::Main, false)
+            .update(
+                pvc_k,
+                "default",
+                "a",
+                unconditional.clone(),
+                Target::Main,
+                false,
+            )
             .unwrap();
-        assert_eq!(u2["spec"]["volumeName"], "pv-2");
+        assert_eq!(u2["metadata"]["labels"]["l"], "v");
+        // volumeName is set once; after that the spec is immutable.
+        unconditional["spec"]["volumeName"] = json!("pv-2");
+        let e = s
+            .update(pvc_k, "default", "a", unconditional, Target::Main, false)
+            .unwrap_err();
+        assert_eq!((e.code, e.reason), (422, "Invalid"));
         let mut st = (*u2).clone();
         st["status"] = json!({"phase": "Bound"});
         st["spec"]["volumeName"] = json!("ignored");
@@ -1357,8 +1580,8 @@ mod tests {
             .unwrap();
         assert_eq!(u3["status"]["phase"], "Bound");
         assert_eq!(
-            u3["spec"]["volumeName"], "pv-2",
-            "status writes ignore the rest"
+            u3["spec"]["volumeName"], "pv-1",
+            "status writes ignore the spec"
         );
         let same = s
             .update(pvc_k, "default", "a", (*u3).clone(), Target::Main, false)
@@ -1398,7 +1621,7 @@ mod tests {
         s.create(
             pv,
             "",
-            json!({"metadata": {"name": "pv", "finalizers": ["a/b"]}, "spec": {}}),
+            json!({"metadata": {"name": "pv", "finalizers": ["a/b"]}, "spec": pv_spec()}),
             false,
         )
         .unwrap();
@@ -1435,7 +1658,9 @@ mod tests {
                 "",
                 "pv",
                 PatchType::Json,
-                &json!([{"op": "remove", "path": "/metadata/finalizers/0"}]),
+                // Admission added kubernetes.io/pv-protection after a/b.
+                &json!([{"op": "remove", "path": "/metadata/finalizers/1"},
+                        {"op": "remove", "path": "/metadata/finalizers/0"}]),
                 Target::Main,
                 false,
             )
@@ -1470,10 +1695,11 @@ mod tests {
                 .code,
             409
         );
+        // The pvc-protection finalizer from admission keeps the claim.
         assert!(matches!(
             s.delete(pvc_k, "default", "a", &Preconditions::default(), false)
                 .unwrap(),
-            Deleted::Removed(_)
+            Deleted::Pending(_)
         ));
     }
 
@@ -1539,7 +1765,9 @@ mod tests {
 
     #[test]
     fn watch_replays_history_and_expires_when_compacted() {
-        let (mut s, pvc_k, _, _) = store();
+        let (mut s, _, _, _) = store();
+        let pvc_k = s.registry().core("configmaps").unwrap();
+        let pvc = |n: &str| json!({"metadata": {"name": n}});
         let a = s.create(pvc_k, "default", pvc("a"), false).unwrap();
         let rv = resource_version_of(&a);
         s.create(pvc_k, "default", pvc("b"), false).unwrap();
@@ -1568,7 +1796,7 @@ mod tests {
         s.create(
             pvc_k,
             "t",
-            json!({"metadata": {"name": "a", "finalizers": ["x/y"]}}),
+            json!({"metadata": {"name": "a", "finalizers": ["x/y"]}, "spec": pvc("a")["spec"]}),
             false,
         )
         .unwrap();
@@ -1710,7 +1938,7 @@ mod tests {
             .create(
                 pv_k,
                 "",
-                json!({"metadata": {"name": "v"}, "spec": {}}),
+                json!({"metadata": {"name": "v"}, "spec": pv_spec()}),
                 false,
             )
             .unwrap();
@@ -1753,5 +1981,131 @@ mod tests {
             s.create(pvc_k, "default", explicit, false).unwrap()["spec"]["storageClassName"],
             ""
         );
+    }
+
+    #[test]
+    fn claim_data_sources_are_normalized_like_upstream() {
+        let (mut s, pvc_k, _, _) = store();
+        let mut c = pvc("a");
+        c["spec"]["dataSource"] = json!({"kind": "PersistentVolumeClaim", "name": "src"});
+        let o = s.create(pvc_k, "default", c, false).unwrap();
+        assert_eq!(
+            o["spec"]["dataSourceRef"],
+            json!({"apiGroup": null, "kind": "PersistentVolumeClaim", "name": "src"})
+        );
+        assert_eq!(o["spec"]["dataSource"]["apiGroup"], Value::Null);
+        let mut c = pvc("b");
+        c["spec"]["dataSource"] = json!({"apiGroup": "example.com", "kind": "Widget", "name": "w"});
+        let o = s.create(pvc_k, "default", c, false).unwrap();
+        assert!(o["spec"].get("dataSource").is_none() && o["spec"].get("dataSourceRef").is_none());
+        let mut c = pvc("c");
+        c["spec"]["dataSourceRef"] =
+            json!({"kind": "PersistentVolumeClaim", "name": "src", "namespace": "x"});
+        let o = s.create(pvc_k, "default", c.clone(), false).unwrap();
+        assert!(
+            o["spec"].get("dataSourceRef").is_none(),
+            "CrossNamespaceVolumeDataSource is off"
+        );
+        s.set_feature_gates(
+            FeatureGates::default().with(Gate::CrossNamespaceVolumeDataSource, true),
+        );
+        c["metadata"]["name"] = json!("d");
+        let o = s.create(pvc_k, "default", c, false).unwrap();
+        assert_eq!(o["spec"]["dataSourceRef"]["namespace"], "x");
+        assert!(o["spec"].get("dataSource").is_none());
+    }
+
+    #[test]
+    fn status_writes_keep_the_metadata_their_kind_says() {
+        let (mut s, pvc_k, _, vs) = store();
+        let o = s.create(pvc_k, "default", pvc("a"), false).unwrap();
+        let mut st = (*o).clone();
+        st["metadata"]["labels"] = json!({"from": "status"});
+        st["status"] = json!({"phase": "Pending", "conditions": []});
+        let u = s
+            .update(pvc_k, "default", "a", st, Target::Status, false)
+            .unwrap();
+        assert_eq!(
+            u["metadata"]["labels"]["from"], "status",
+            "PVC: request metadata"
+        );
+        let va = s
+            .registry()
+            .lookup("storage.k8s.io", "v1", "volumeattachments")
+            .unwrap();
+        let o = s
+            .create(va, "", json!({"metadata": {"name": "va", "labels": {"a": "1"}},
+                "spec": {"attacher": "d.example.com", "nodeName": "n", "source": {"persistentVolumeName": "pv"}}}), false)
+            .unwrap();
+        let mut st = (*o).clone();
+        st["metadata"]["labels"] = json!({"a": "2"});
+        st["status"] = json!({"attached": true});
+        let u = s.update(va, "", "va", st, Target::Status, false).unwrap();
+        assert_eq!(u["metadata"]["labels"]["a"], "1", "VolumeAttachment: reset");
+        assert_eq!(u["status"]["attached"], true);
+        let o = s
+            .create(
+                vs,
+                "default",
+                json!({"metadata": {"name": "s"}, "spec": {}}),
+                false,
+            )
+            .unwrap();
+        let mut st = (*o).clone();
+        st["metadata"]["annotations"] = json!({"x": "y"});
+        st["status"] = json!({"readyToUse": true});
+        let u = s
+            .update(vs, "default", "s", st, Target::Status, false)
+            .unwrap();
+        assert!(
+            u["metadata"].get("annotations").is_none(),
+            "custom resources: status only"
+        );
+    }
+
+    #[test]
+    fn gated_status_fields_are_dropped_unless_already_stored() {
+        let (mut s, _, _, _) = store();
+        let va = s
+            .registry()
+            .lookup("storage.k8s.io", "v1", "volumeattachments")
+            .unwrap();
+        let o = s
+            .create(va, "", json!({"metadata": {"name": "va"},
+                "spec": {"attacher": "d.example.com", "nodeName": "n", "source": {"persistentVolumeName": "pv"}}}), false)
+            .unwrap();
+        let with_code = |o: &Value| {
+            let mut st = o.clone();
+            st["status"] =
+                json!({"attached": false, "attachError": {"message": "m", "errorCode": 3}});
+            st
+        };
+        let u = s
+            .update(va, "", "va", with_code(&o), Target::Status, false)
+            .unwrap();
+        assert!(u["status"]["attachError"].get("errorCode").is_none());
+        s.set_feature_gates(
+            FeatureGates::default().with(Gate::MutableCSINodeAllocatableCount, true),
+        );
+        let u = s
+            .update(va, "", "va", with_code(&u), Target::Status, false)
+            .unwrap();
+        assert_eq!(u["status"]["attachError"]["errorCode"], 3);
+        // Off again: a code already stored is kept.
+        s.set_feature_gates(FeatureGates::default());
+        let mut st = (*u).clone();
+        st["status"]["attachError"]["errorCode"] = json!(4);
+        let u = s.update(va, "", "va", st, Target::Status, false).unwrap();
+        assert_eq!(u["status"]["attachError"]["errorCode"], 4);
+        // No unconditional updates of VolumeAttachments.
+        let mut main = (*u).clone();
+        main["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("resourceVersion");
+        let e = s
+            .update(va, "", "va", main, Target::Main, false)
+            .unwrap_err();
+        assert_eq!((e.code, e.reason), (422, "Invalid"));
     }
 }
