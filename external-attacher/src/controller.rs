@@ -388,13 +388,14 @@ impl Controller {
             .collect())
     }
 
-    async fn patch_va(&self, name: &str, patch: &serde_json::Value) -> Result<(), kube::Error> {
+    /// Sends a strategic merge patch of the metadata; returns the object as written.
+    async fn patch_va(&self, name: &str, patch: &serde_json::Value) -> Result<Va, kube::Error> {
         let updated = self
             .vas
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
             .await?;
         self.index().store_va(&updated);
-        Ok(())
+        Ok(Va::from_api(&updated))
     }
 
     async fn patch_va_status(
@@ -410,50 +411,19 @@ impl Controller {
         Ok(())
     }
 
-    /// Sends a JSON patch (RFC 6902) to a PersistentVolume.
-    async fn json_patch_pv(&self, patch: &PvPatch) -> Result<(), kube::Error> {
-        let body = serde_json::to_vec(&patch.patch).map_err(kube::Error::SerdeError)?;
-        let request = http::Request::patch(format!("/api/v1/persistentvolumes/{}", patch.name))
-            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
-            .header(http::header::ACCEPT, "application/json")
-            .body(body)
-            .map_err(kube::Error::HttpError)?;
-        let updated: PersistentVolume = self.client.request(request).await?;
+    /// Sends a strategic merge patch of a PersistentVolume's finalizers. It carries no
+    /// resourceVersion, so the PV's other writers cannot make it fail with a conflict.
+    async fn patch_pv(&self, patch: &PvPatch) -> Result<(), kube::Error> {
+        let updated = self
+            .pvs
+            .patch(
+                &patch.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch.patch),
+            )
+            .await?;
         self.index().store_pv(&updated);
         Ok(())
-    }
-
-    /// Adds our finalizer to a PV. A failed `test` means the cached PV was stale: read it and
-    /// try once more before giving up until the retry.
-    async fn add_pv_finalizer(&self, patch: &PvPatch) -> Result<(), String> {
-        match self.json_patch_pv(patch).await {
-            Ok(()) => return Ok(()),
-            Err(err) if matches!(api_code(&err), Some(409 | 422)) => {
-                tracing::debug!(persistent_volume = %patch.name, error = %err, "PV changed meanwhile; reading it again");
-            }
-            Err(err) => return Err(api_message(&err)),
-        }
-        let fresh = self
-            .pvs
-            .get(&patch.name)
-            .await
-            .map_err(|e| api_message(&e))?;
-        self.index().store_pv(&fresh);
-        let pv = Pv::from_api(&fresh);
-        let finalizer = &self.config.policy.finalizer;
-        if pv.has_finalizer(finalizer) {
-            return Ok(());
-        }
-        if pv.deleting {
-            return Err(Problem::PvDeleting(pv.name).to_string());
-        }
-        let retry = PvPatch {
-            name: pv.name.clone(),
-            patch: decide::add_finalizer_patch(&pv.finalizers, &pv.resource_version, finalizer),
-        };
-        self.json_patch_pv(&retry)
-            .await
-            .map_err(|e| api_message(&e))
     }
 
     async fn mark_attached(&self, va: &Va) -> Result<(), Failure> {
@@ -470,9 +440,9 @@ impl Controller {
         tracing::debug!(volume_attachment = %va.name, "attaching");
         let secrets = self.secrets(plan.secret.as_ref()).await?;
         if let Some(patch) = &plan.pv_finalizer {
-            self.add_pv_finalizer(patch)
+            self.patch_pv(patch)
                 .await
-                .map_err(Failure::PvFinalizer)?;
+                .map_err(|e| Failure::PvFinalizer(api_message(&e)))?;
         }
         if let Some(patch) = &plan.va_metadata {
             self.patch_va(&va.name, patch)
@@ -524,10 +494,11 @@ impl Controller {
         // The finalizer goes first: a VolumeAttachment being deleted without it counts as
         // detached, while `attached: false` with the finalizer would mean "maybe still attached"
         // and cost another ControllerUnpublish.
-        self.patch_va(&va.name, &plan.remove_finalizer)
-            .await
-            .or_else(gone_is_fine)?;
-        if plan.clear_status {
+        let outlives = match self.patch_va(&va.name, &plan.remove_finalizer).await {
+            Ok(updated) => decide::outlives_detach(&updated),
+            Err(err) => return gone_is_fine(err),
+        };
+        if outlives {
             self.patch_va_status(&va.name, &decide::detached_status_patch())
                 .await
                 .or_else(gone_is_fine)?;
@@ -548,7 +519,7 @@ impl Controller {
             self.pv_queue.forget(&key);
             return;
         };
-        match self.json_patch_pv(&patch).await {
+        match self.patch_pv(&patch).await {
             Ok(()) => {
                 tracing::debug!(persistent_volume = name, "removed finalizer");
                 self.pv_queue.forget(&key);

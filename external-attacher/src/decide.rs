@@ -90,7 +90,7 @@ pub enum Problem {
     DriverNotOnNode { node: String, driver: String },
 }
 
-/// A JSON patch (RFC 6902) of a PersistentVolume.
+/// A strategic merge patch of a PersistentVolume's finalizers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PvPatch {
     pub name: String,
@@ -115,7 +115,7 @@ pub enum VaPlan {
 pub struct AttachPlan {
     pub pv_finalizer: Option<PvPatch>,
     pub secret: Option<SecretRef>,
-    /// Merge patch of the VolumeAttachment's metadata.
+    /// Strategic merge patch of the VolumeAttachment's metadata.
     pub va_metadata: Option<Value>,
     pub request: ControllerPublishVolumeRequest,
     /// The volume is an in-tree one translated to CSI (the `migrated` metric label).
@@ -123,16 +123,13 @@ pub struct AttachPlan {
 }
 
 /// The steps of a detach: ControllerUnpublishVolume, removal of the VA finalizer, and the status
-/// reset when the VolumeAttachment outlives the finalizer removal.
+/// reset when the VolumeAttachment outlives the finalizer removal ([`outlives_detach`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DetachPlan {
     pub secret: Option<SecretRef>,
     pub request: ControllerUnpublishVolumeRequest,
-    /// Merge patch removing the finalizer.
+    /// Strategic merge patch removing the finalizer.
     pub remove_finalizer: Value,
-    /// Reset the status after unpublishing. False when removing our finalizer deletes the
-    /// object: a status write to an object that is gone would only fail.
-    pub clear_status: bool,
     /// The volume is an in-tree one translated to CSI (the `migrated` metric label).
     pub migrated: bool,
 }
@@ -204,7 +201,7 @@ fn plan_attach(
         .filter(|pv| !pv.has_finalizer(&policy.finalizer))
         .map(|pv| PvPatch {
             name: pv.name.clone(),
-            patch: add_finalizer_patch(&pv.finalizers, &pv.resource_version, &policy.finalizer),
+            patch: add_finalizer_patch(&policy.finalizer),
         });
     VaPlan::Attach(Box::new(AttachPlan {
         pv_finalizer,
@@ -243,16 +240,6 @@ fn plan_detach(policy: &Policy, va: &Va, pv: Option<&Pv>, node: &NodeLookup) -> 
         Ok(id) => id,
         Err(problem) => return fail(problem),
     };
-    let remaining: Vec<&String> = va
-        .finalizers
-        .iter()
-        .filter(|f| **f != policy.finalizer)
-        .collect();
-    let finalizers = if remaining.is_empty() {
-        Value::Null
-    } else {
-        json!(remaining)
-    };
     VaPlan::Detach(Box::new(DetachPlan {
         secret: csi.publish_secret.clone(),
         request: ControllerUnpublishVolumeRequest {
@@ -260,8 +247,7 @@ fn plan_detach(policy: &Policy, va: &Va, pv: Option<&Pv>, node: &NodeLookup) -> 
             node_id,
             secrets: HashMap::new(),
         },
-        remove_finalizer: json!({"metadata": {"finalizers": finalizers}}),
-        clear_status: !remaining.is_empty(),
+        remove_finalizer: remove_finalizer_patch(&policy.finalizer),
         migrated: migrated(pv),
     }))
 }
@@ -359,14 +345,13 @@ pub fn volume_capability(
     })
 }
 
-/// Merge patch adding our finalizer and the node-id annotation, or `None` if both are there.
-/// Finalizers are a list, which a merge patch replaces whole: the patch carries all of them.
+/// Strategic merge patch adding our finalizer and the node-id annotation, or `None` if both
+/// are there. The finalizer is merged into the list the server holds (see
+/// [`add_finalizer_patch`]).
 pub fn va_metadata_patch(va: &Va, finalizer: &str, node_id: &str) -> Option<Value> {
     let mut metadata = serde_json::Map::new();
     if !va.has_finalizer(finalizer) {
-        let mut finalizers = va.finalizers.clone();
-        finalizers.push(finalizer.to_string());
-        metadata.insert("finalizers".into(), json!(finalizers));
+        metadata.insert("finalizers".into(), json!([finalizer]));
     }
     if va.node_id_annotation.as_deref() != Some(node_id) {
         metadata.insert("annotations".into(), json!({ NODE_ID_ANNOTATION: node_id }));
@@ -374,33 +359,26 @@ pub fn va_metadata_patch(va: &Va, finalizer: &str, node_id: &str) -> Option<Valu
     (!metadata.is_empty()).then(|| json!({ "metadata": metadata }))
 }
 
-/// JSON patch adding `finalizer`, guarded by a `test` of the current finalizers (or, when there
-/// are none, of the resourceVersion), so that a concurrent writer's change is never lost.
-pub fn add_finalizer_patch(
-    finalizers: &[String],
-    resource_version: &str,
-    finalizer: &str,
-) -> Value {
-    if finalizers.is_empty() {
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
-        ])
-    } else {
-        json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
-        ])
-    }
+/// Strategic merge patch adding `finalizer`. `metadata.finalizers` merges as a set, so the
+/// server adds ours to the list it holds at that moment: the patch carries no resourceVersion
+/// and no copy of the list, so it neither conflicts with concurrent writers (on PVs the
+/// pv-protection controller and the binder) nor drops a finalizer they added meanwhile.
+pub fn add_finalizer_patch(finalizer: &str) -> Value {
+    json!({"metadata": {"finalizers": [finalizer]}})
 }
 
-/// JSON patch removing `finalizer`, guarded by a `test` of the current finalizers.
-pub fn remove_finalizer_patch(finalizers: &[String], finalizer: &str) -> Option<Value> {
-    let index = finalizers.iter().position(|f| f == finalizer)?;
-    Some(json!([
-        {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-        {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
-    ]))
+/// Strategic merge patch removing `finalizer` from the list the server holds, whatever else it
+/// contains (see [`add_finalizer_patch`]).
+pub fn remove_finalizer_patch(finalizer: &str) -> Value {
+    json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}})
+}
+
+/// Whether a VolumeAttachment, as the removal of our finalizer returned it, still exists, so
+/// that its status is reset. Without finalizers that write deleted it, and a status write would
+/// only fail. Decided from the write's response, not the cache: another controller may have
+/// added or removed a finalizer meanwhile.
+pub fn outlives_detach(va: &Va) -> bool {
+    !(va.deleting && va.finalizers.is_empty())
 }
 
 /// The status patch after a successful publish, or `None` when the status already says so.
@@ -436,16 +414,13 @@ pub fn error_status_patch(phase: Phase, message: &str, code: Option<i32>, now: T
 /// finalizer once no VolumeAttachment names it, if the PV is being deleted or is an in-tree
 /// volume whose migration to this driver was rolled back.
 pub fn plan_pv(policy: &Policy, pv: &Pv, referenced: bool) -> PvPlan {
-    if !finalizer_may_go(pv, &policy.driver) || referenced {
+    if !finalizer_may_go(pv, &policy.driver) || referenced || !pv.has_finalizer(&policy.finalizer) {
         return PvPlan::Nothing;
     }
-    match remove_finalizer_patch(&pv.finalizers, &policy.finalizer) {
-        Some(patch) => PvPlan::RemoveFinalizer(PvPatch {
-            name: pv.name.clone(),
-            patch,
-        }),
-        None => PvPlan::Nothing,
-    }
+    PvPlan::RemoveFinalizer(PvPatch {
+        name: pv.name.clone(),
+        patch: remove_finalizer_patch(&policy.finalizer),
+    })
 }
 
 /// Upstream's PV event filter: only PVs carrying our finalizer that may lose it need work.
@@ -561,10 +536,7 @@ mod tests {
             plan.pv_finalizer,
             Some(PvPatch {
                 name: "pv-1".into(),
-                patch: json!([
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": "5"},
-                    {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
-                ]),
+                patch: json!({"metadata": {"finalizers": [FINALIZER]}}),
             })
         );
         assert_eq!(
@@ -623,17 +595,39 @@ mod tests {
     }
 
     #[test]
-    fn existing_pv_finalizers_are_tested_and_appended() {
+    fn finalizer_patches_name_only_ours_and_carry_no_resource_version() {
+        // Whatever the cached PV or VA holds, the patches add or delete our finalizer alone:
+        // the server merges them into its current list, so concurrent writers (pv-protection,
+        // the binder) neither conflict with them nor lose their finalizers.
         let mut pv = pv();
         pv.finalizers = vec!["kubernetes.io/pv-protection".into()];
-        let plan = attach_plan(plan_va(&policy(), &va(), Some(&pv), &found(), false));
+        let mut va = va();
+        va.finalizers = vec!["example.com/other".into()];
+        let plan = attach_plan(plan_va(&policy(), &va, Some(&pv), &found(), false));
         assert_eq!(
             plan.pv_finalizer.unwrap().patch,
-            json!([
-                {"op": "test", "path": "/metadata/finalizers", "value": ["kubernetes.io/pv-protection"]},
-                {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER},
-            ])
+            json!({"metadata": {"finalizers": [FINALIZER]}})
         );
+        assert_eq!(
+            plan.va_metadata,
+            Some(json!({"metadata": {"finalizers": [FINALIZER],
+                "annotations": {"csi.alpha.kubernetes.io/node-id": "nid-1"}}}))
+        );
+
+        pv.finalizers.push(FINALIZER.into());
+        pv.deleting = true;
+        let PvPlan::RemoveFinalizer(removal) = plan_pv(&policy(), &pv, false) else {
+            panic!("expected a removal");
+        };
+        va.finalizers.push(FINALIZER.into());
+        va.deleting = true;
+        let detach = detach_plan(plan_va(&policy(), &va, Some(&pv), &found(), false));
+        for patch in [removal.patch, detach.remove_finalizer] {
+            assert_eq!(
+                patch,
+                json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}})
+            );
+        }
     }
 
     #[test]
@@ -799,17 +793,14 @@ mod tests {
         assert_eq!(plan.request.node_id, "nid-1");
         assert_eq!(
             plan.remove_finalizer,
-            json!({"metadata": {"finalizers": null}})
+            json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}})
         );
-        assert!(!plan.clear_status);
 
-        va.finalizers = vec!["keep".into(), FINALIZER.into()];
-        let plan = detach_plan(plan_va(&policy(), &va, Some(&pv()), &found(), false));
-        assert_eq!(
-            plan.remove_finalizer,
-            json!({"metadata": {"finalizers": ["keep"]}})
-        );
-        assert!(plan.clear_status, "the object outlives our finalizer");
+        // The response of the removal decides: gone without finalizers, kept by others.
+        va.finalizers = vec![];
+        assert!(!outlives_detach(&va));
+        va.finalizers = vec!["keep".into()];
+        assert!(outlives_detach(&va), "the object outlives our finalizer");
     }
 
     #[test]
@@ -945,10 +936,7 @@ mod tests {
             plan_pv(&policy(), &pv, false),
             PvPlan::RemoveFinalizer(PvPatch {
                 name: "pv-1".into(),
-                patch: json!([
-                    {"op": "test", "path": "/metadata/finalizers", "value": ["kubernetes.io/pv-protection", FINALIZER]},
-                    {"op": "remove", "path": "/metadata/finalizers/1"},
-                ]),
+                patch: json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}}),
             })
         );
         pv.finalizers = vec!["other".into()];

@@ -9,6 +9,7 @@ use csi_proto::methods::identity::GET_PLUGIN_INFO;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use testkit::measure::{free_port, http_get};
+use testkit::process::CleanEnv;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 use tonic::Code;
@@ -36,6 +37,7 @@ struct Running {
 
 fn spawn(args: &[String]) -> Running {
     let mut child = Command::new(BIN)
+        .clean_env()
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -62,6 +64,7 @@ impl Running {
 fn sigterm(child: &Child) {
     let pid = child.id().unwrap().to_string();
     let status = std::process::Command::new("kill")
+        .clean_env()
         .args(["-TERM", &pid])
         .status()
         .unwrap();
@@ -232,7 +235,7 @@ struct KillableDriver {
 }
 
 impl KillableDriver {
-    fn start(dir: &std::path::Path) -> Self {
+    fn start(driver: testkit::mockdriver::MockDriver, dir: &std::path::Path) -> Self {
         let socket = dir.join("killable.sock");
         let (kill, killed) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready) = std::sync::mpsc::channel();
@@ -242,7 +245,7 @@ impl KillableDriver {
                 .build()
                 .unwrap();
             runtime.block_on(async move {
-                let handle = mock().serve_unix(&socket).await.unwrap();
+                let handle = driver.serve_unix(&socket).await.unwrap();
                 ready_tx.send(handle.endpoint()).unwrap();
                 let _ = killed.await;
                 std::mem::forget(handle);
@@ -272,10 +275,7 @@ impl KillableDriver {
 #[tokio::test]
 async fn a_killed_driver_ends_the_sidecar_with_exit_1() {
     let env = Env::without_controller(mock()).await;
-    if skip_on_real_cluster(&env, "its driver has the shared default name") {
-        return env.stop().await;
-    }
-    let driver = KillableDriver::start(env.dir.path());
+    let driver = KillableDriver::start(env.mock(), env.dir.path());
     let port = free_port().unwrap();
     let running = spawn(&[
         format!("--kubeconfig={}", env.kubeconfig_path().display()),
@@ -299,11 +299,8 @@ async fn a_killed_driver_ends_the_sidecar_with_exit_1() {
 #[tokio::test]
 async fn a_gracefully_restarted_driver_ends_the_sidecar_at_its_next_call() {
     let env = Env::without_controller(mock()).await;
-    if skip_on_real_cluster(&env, "its drivers have the shared default name") {
-        return env.stop().await;
-    }
     let socket = env.dir.path().join("graceful.sock");
-    let first = mock().serve_unix(&socket).await.unwrap();
+    let first = env.mock().serve_unix(&socket).await.unwrap();
     let port = free_port().unwrap();
     let running = spawn(&[
         format!("--kubeconfig={}", env.kubeconfig_path().display()),
@@ -317,7 +314,7 @@ async fn a_gracefully_restarted_driver_ends_the_sidecar_at_its_next_call() {
     first.shutdown().await.unwrap();
     // The driver comes back, possibly with other capabilities: the sidecar must not carry on
     // with what it learnt from the old one.
-    let second = mock().serve_unix(&socket).await.unwrap();
+    let second = env.mock().serve_unix(&socket).await.unwrap();
     env.create_csinode("node-1", "nid-1").await;
     env.create_csi_pv("pv-1", "vol-x").await;
     env.create_pv_va("va-1", "pv-1", "node-1").await;
@@ -388,7 +385,7 @@ async fn a_migration_target_labels_its_calls_migrated() {
     let handle = env.create_volume("ebs-1").await;
     env.create_pv(
         "pv-1",
-        serde_json::json!({"accessModes": ["ReadWriteOnce"],
+        serde_json::json!({"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
             "awsElasticBlockStore": {"volumeID": format!("aws://us-east-1a/{handle}")}}),
     )
     .await;

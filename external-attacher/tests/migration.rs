@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use csi_proto::methods::controller::{CONTROLLER_PUBLISH_VOLUME, CONTROLLER_UNPUBLISH_VOLUME};
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use sidecar_kit::identity;
 use testkit::mockdriver::MockDriver;
@@ -99,7 +99,7 @@ async fn in_tree_volume_is_attached_and_detached_under_its_translated_handle() {
     let va = env.wait_va("va-ebs", attached).await;
     assert_eq!(finalizers(&va.metadata), [EBS_FINALIZER]);
     let pv = env.pvs().get("pv-ebs").await.unwrap();
-    assert_eq!(finalizers(&pv.metadata), [EBS_FINALIZER]);
+    assert_eq!(pv_finalizers(&pv.metadata), [EBS_FINALIZER]);
     let publish = &requests(&env.mock, CONTROLLER_PUBLISH_VOLUME)[0];
     assert_eq!(publish["volume_id"], handle.as_str());
     assert_eq!(publish["node_id"], "i-0123");
@@ -196,13 +196,17 @@ async fn a_rolled_back_migration_releases_the_finalizer_once_no_attachment_needs
     .await;
     env.wait_va("va-back", attached).await;
     env.wait_pv("pv-back", |pv| {
-        pv.is_some_and(|pv| finalizers(&pv.metadata) == [EBS_FINALIZER])
+        pv.is_some_and(|pv| pv_finalizers(&pv.metadata) == [EBS_FINALIZER])
     })
     .await;
     // Our finalizer on a PV still migrated to us, which no attachment names, stays.
     let patch = json!({"metadata": {"finalizers": [EBS_FINALIZER]}});
     env.pvs()
-        .patch("pv-still", &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            "pv-still",
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
         .await
         .unwrap();
 
@@ -212,11 +216,11 @@ async fn a_rolled_back_migration_releases_the_finalizer_once_no_attachment_needs
     env.delete_va("va-back").await;
     env.wait_va_gone("va-back").await;
     env.wait_pv("pv-back", |pv| {
-        pv.is_some_and(|pv| finalizers(&pv.metadata).is_empty())
+        pv.is_some_and(|pv| pv_finalizers(&pv.metadata).is_empty())
     })
     .await;
     let still = env.pvs().get("pv-still").await.unwrap();
-    assert_eq!(finalizers(&still.metadata), [EBS_FINALIZER]);
+    assert_eq!(pv_finalizers(&still.metadata), [EBS_FINALIZER]);
     assert_eq!(
         requests(&env.mock, CONTROLLER_UNPUBLISH_VOLUME).len(),
         1,
@@ -250,16 +254,18 @@ async fn an_untranslatable_in_tree_volume_is_reported_without_touching_the_pv() 
     env.wait_event("va-bad", "AttachFailed", "Invalid format for AWS volume")
         .await;
     let pv = env.pvs().get("pv-bad").await.unwrap();
-    assert!(finalizers(&pv.metadata).is_empty());
+    assert!(pv_finalizers(&pv.metadata).is_empty());
     assert_eq!(env.mock.calls().count(CONTROLLER_PUBLISH_VOLUME), 0);
 
-    // Fixed by hand: the retry attaches.
-    let handle = env.create_volume("ebs-3").await;
-    let patch = json!({"spec": {"awsElasticBlockStore": {"volumeID": handle}}});
+    // Fixed by hand: a PV's source is immutable, so it is created again with a valid ID, and
+    // the waiting attachment goes on.
     env.pvs()
-        .patch("pv-bad", &PatchParams::default(), &Patch::Merge(&patch))
+        .delete("pv-bad", &DeleteParams::default())
         .await
         .unwrap();
+    env.wait_pv("pv-bad", |pv| pv.is_none()).await;
+    let handle = env.create_volume("ebs-3").await;
+    create_ebs_pv(&env, "pv-bad", &handle, Some(EBS)).await;
     env.wait_va("va-bad", attached).await;
     env.stop().await;
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use common::*;
 use csi_proto::methods::controller::{CONTROLLER_PUBLISH_VOLUME, LIST_VOLUMES};
 use external_attacher::controller::{self, Reconcile};
-use external_attacher::model::lease_name;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use sidecar_kit::leader::{ElectionConfig, LeaderElector};
@@ -73,7 +72,7 @@ async fn the_reconciler_repairs_an_attachment_the_driver_forgot() {
 
 fn election(env: &Env, identity: &str) -> ElectionConfig {
     ElectionConfig {
-        lease_name: lease_name(&env.driver),
+        lease_name: env.lease_name(),
         namespace: env.cluster.namespace().into(),
         identity: identity.into(),
         lease_duration: Duration::from_secs(2),
@@ -117,7 +116,7 @@ async fn candidate(env: &Env, identity: &str) -> Candidate {
 
 async fn holder(env: &Env) -> Option<String> {
     Api::<Lease>::namespaced(env.client(), env.cluster.namespace())
-        .get_opt(&lease_name(&env.driver))
+        .get_opt(&env.lease_name())
         .await
         .unwrap()
         .and_then(|l| l.spec)

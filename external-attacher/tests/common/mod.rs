@@ -2,10 +2,11 @@
 //! cluster when `CSI_SIDECARS_TEST_KUBECONFIG` is set), the mock driver on a unix socket, and
 //! the controller running in-process against both.
 //!
-//! On a real cluster every test gets a driver name of its own (concurrent attachers of one
-//! driver would take each other's VolumeAttachments) and the helpers prefix the names of the
-//! cluster-scoped objects they create or read with the test namespace ([`Env::n`]), so that
-//! `TestCluster` cleans them up. In-process names and the driver stay as written.
+//! On a real cluster every test gets a driver name of its own ([`test_driver_name`]): attachers
+//! of one driver, be they concurrent tests or the cluster's own sidecars, would take each other's
+//! VolumeAttachments. The helpers also prefix the names of the cluster-scoped objects they create
+//! or read with the test namespace ([`Env::n`]), so that `TestCluster` cleans them up. In-process
+//! names and the driver stay as written.
 
 // Each test crate uses its own subset of these helpers.
 #![allow(dead_code)]
@@ -20,14 +21,14 @@ use external_attacher::controller::{self, Config};
 use external_attacher::flags::Cli;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::flags::{FlagSyntax, parse_from};
 use sidecar_kit::metrics::CsiMetrics;
 use sidecar_kit::workqueue::Backoff;
-use testkit::apiserver::{Options, RequestCounters, TestCluster};
+use testkit::apiserver::{Gate, Options, RequestCounters, TestCluster};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +37,45 @@ pub const DRIVER: &str = "hostpath.csi.k8s.io";
 pub const FINALIZER: &str = "external-attacher/hostpath-csi-k8s-io";
 pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
 pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The driver name a test's attacher and mock use: `base` in-process; on a real cluster, for the
+/// shared default [`DRIVER`], `<test namespace>.<DRIVER>`, unique per test and distinct from the
+/// cluster's own driver of that name. Other names (the in-tree migration targets) stay: the
+/// attacher recognises them by name, and their tests skip on real clusters.
+pub fn test_driver_name(cluster: &TestCluster, base: &str) -> String {
+    if !cluster.is_real() || base != DRIVER {
+        return base.to_string();
+    }
+    let name = format!("{}.{DRIVER}", cluster.namespace());
+    // A CSI driver name is at most 63 characters (CSINode and VolumeAttachment validation).
+    assert!(name.len() <= 63, "driver name {name} is too long");
+    name
+}
+
+/// Upstream's `SanitizeDriverName`: characters outside `[a-zA-Z0-9-]` become `-`, and a
+/// trailing `-` gets an `X`.
+pub fn sanitize(name: &str) -> String {
+    let mut sanitized: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if sanitized.ends_with('-') {
+        sanitized.push('X');
+    }
+    sanitized
+}
+
+/// Server options of the in-process API server that keep `errorCode` in VolumeAttachment
+/// errors (feature gate `MutableCSINodeAllocatableCount`, off by default in Kubernetes 1.34).
+pub fn error_code_options() -> Options {
+    Options::default().feature_gate(Gate::MutableCSINodeAllocatableCount, true)
+}
 
 /// Polls `check` until it yields a value, failing the test after [`WAIT`].
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
@@ -156,7 +196,16 @@ pub struct Env {
 impl Env {
     /// Starts everything with the default flags; `adjust` may change the configuration.
     pub async fn start(driver: MockDriver, adjust: impl FnOnce(&mut Config)) -> Self {
-        let env = Self::without_controller(driver).await;
+        Self::start_with(Options::default(), driver, adjust).await
+    }
+
+    /// [`Env::start`] with `options` for the in-process API server.
+    pub async fn start_with(
+        options: Options,
+        driver: MockDriver,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
+        let env = Self::without_controller_with(options, driver).await;
         let mut config = test_config_for(&env.csi, &default_cli(), &env.driver).await;
         adjust(&mut config);
         env.with_controller(config)
@@ -164,14 +213,13 @@ impl Env {
 
     pub async fn without_controller(driver: MockDriver) -> Self {
         // No PV controller in-process: its writes would change the attacher's write counts.
-        let cluster = TestCluster::start_with(Options::default()).await.unwrap();
-        let name = driver.config().driver_name.clone();
-        let (driver, name) = if cluster.is_real() && name == DRIVER {
-            let unique = format!("{}.{DRIVER}", cluster.namespace());
-            (driver.driver_name(unique.clone()), unique)
-        } else {
-            (driver, name)
-        };
+        Self::without_controller_with(Options::default(), driver).await
+    }
+
+    pub async fn without_controller_with(options: Options, driver: MockDriver) -> Self {
+        let cluster = TestCluster::start_with(options).await.unwrap();
+        let name = test_driver_name(&cluster, &driver.config().driver_name);
+        let driver = driver.driver_name(name.clone());
         let dir = tempfile::tempdir().unwrap();
         let mock = driver
             .serve_unix(dir.path().join("csi.sock"))
@@ -197,14 +245,49 @@ impl Env {
         }
     }
 
-    /// The attacher's finalizer for this test's driver.
+    /// The attacher's finalizer for this test's driver, as upstream derives it.
     pub fn finalizer(&self) -> String {
-        format!("external-attacher/{}", self.driver.replace(['/', '.'], "-"))
+        format!("external-attacher/{}", sanitize(&self.driver))
     }
 
-    /// The Lease the attacher elects its leader with.
+    /// The Lease the attacher elects its leader with, as upstream derives it.
     pub fn lease_name(&self) -> String {
-        external_attacher::model::lease_name(&self.driver)
+        sanitize(&format!("external-attacher-leader-{}", self.driver))
+    }
+
+    /// Another mock driver of this test's driver name.
+    pub fn mock(&self) -> MockDriver {
+        mock().driver_name(self.driver.clone())
+    }
+
+    /// Whether the API server keeps `status.attachError.errorCode` / `detachError.errorCode`,
+    /// found out by writing one to a VolumeAttachment no attacher handles. A server whose
+    /// `MutableCSINodeAllocatableCount` gate is off (the default of Kubernetes 1.34) drops the
+    /// field from a status that did not have it; the attacher must work either way.
+    pub async fn keeps_error_codes(&self) -> bool {
+        let name = self.n("error-code-probe");
+        let va: VolumeAttachment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"attacher": format!("probe.{}", self.driver), "nodeName": self.n("probe-node"),
+                     "source": {"persistentVolumeName": self.n("probe-pv")}},
+        }))
+        .unwrap();
+        self.vas()
+            .create(&PostParams::default(), &va)
+            .await
+            .unwrap();
+        let patch = json!({"status": {"attached": false,
+            "attachError": {"message": "probe", "errorCode": 2}}});
+        let written = self
+            .vas()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        self.vas()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        attach_error(&written).expect("the probe's error").1 == Some(2)
     }
 
     /// Request counters (in-process only; see [`skip_on_real_cluster`]).
