@@ -89,8 +89,8 @@ pub struct Config {
     /// Client of the Events: one that only uses the rate-limit tokens the PV writes leave free
     /// (`None`: the main client).
     pub event_client: Option<kube::Client>,
-    /// Client of the journal: one whose writes go ahead of the PV writes waiting for tokens,
-    /// since each gates CreateVolume calls whose PVs then wait (`None`: the main client).
+    /// Client of the journal: one with a budget of its own, since each write gates CreateVolume
+    /// calls whose PV writes then wait for the main budget (`None`: the main client).
     pub journal_client: Option<kube::Client>,
 }
 
@@ -511,7 +511,8 @@ impl Controller {
             );
             return self.flight_failed(&flight, failure).await;
         }
-        let claim_gone = self.index().claim(uid).is_none();
+        // A claim being deleted only waits for its pvc-protection finalizer to go.
+        let claim_gone = self.index().claim(uid).is_none_or(|c| c.deleting);
         if claim_gone {
             // Nobody will use the volume: delete it instead of writing a PV for the PV
             // controller to release and delete later.

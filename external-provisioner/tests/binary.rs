@@ -7,10 +7,12 @@ mod common;
 use std::process::Stdio;
 
 use common::{Env, WAIT, eventually, mock};
+use external_provisioner::model::lease_name;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use serde_json::json;
 use testkit::measure::{free_port, http_get};
+use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
@@ -22,6 +24,7 @@ async fn run_to_exit(args: &[&str]) -> (i32, String, String) {
 fn spawn(env: &Env, extra: &[String]) -> Child {
     let mut command = Command::new(BIN);
     command
+        .clean_env()
         .arg(format!(
             "--kubeconfig={}",
             env.cluster.kubeconfig_path().display()
@@ -32,7 +35,6 @@ fn spawn(env: &Env, extra: &[String]) -> Child {
         ))
         .arg(format!("--leader-election-namespace={}", env.namespace()))
         .args(extra)
-        .env_remove("KUBECONFIG")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
@@ -151,7 +153,13 @@ async fn provisions_and_serves_metrics() {
             .then_some(body)
     })
     .await;
-    assert!(metrics.contains("csi_sidecar_operations_seconds_count{driver_name=\"hostpath.csi.k8s.io\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/CreateVolume\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "csi_sidecar_operations_seconds_count{{driver_name=\"{}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/CreateVolume\"}} 1",
+            env.driver
+        )),
+        "{metrics}"
+    );
     assert!(
         metrics.contains(&format!(
             "controller_persistentvolumeclaim_provision_total{{class=\"{class}\",source=\"\"}} 1"
@@ -180,7 +188,7 @@ async fn leads_under_its_lease_and_releases_it_on_sigterm() {
     let leases: Api<Lease> = Api::namespaced(env.client(), &env.namespace());
     eventually("the Lease named after the driver", || async {
         leases
-            .get_opt("hostpath-csi-k8s-io")
+            .get_opt(&lease_name(&env.driver))
             .await
             .unwrap()?
             .spec?
@@ -193,6 +201,7 @@ async fn leads_under_its_lease_and_releases_it_on_sigterm() {
     let pid = child.id().unwrap().to_string();
     assert!(
         std::process::Command::new("kill")
+            .clean_env()
             .args(["-TERM", &pid])
             .status()
             .unwrap()
@@ -200,7 +209,7 @@ async fn leads_under_its_lease_and_releases_it_on_sigterm() {
     );
     let status = tokio::time::timeout(WAIT, wait(child)).await.unwrap();
     assert_eq!(status, Some(0), "a graceful stop");
-    let lease = leases.get("hostpath-csi-k8s-io").await.unwrap();
+    let lease = leases.get(&lease_name(&env.driver)).await.unwrap();
     assert_eq!(
         lease
             .spec

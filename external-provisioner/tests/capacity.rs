@@ -53,7 +53,7 @@ async fn add_node(env: &Env, zone: &str) -> String {
         .await
         .unwrap();
     let csinode: CSINode = serde_json::from_value(json!({"metadata": {"name": name},
-        "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "topologyKeys": [KEY]}]}}))
+        "spec": {"drivers": [{"name": env.driver, "nodeID": name, "topologyKeys": [KEY]}]}}))
     .unwrap();
     Api::<CSINode>::all(env.client())
         .create(&PostParams::default(), &csinode)
@@ -121,7 +121,7 @@ async fn start_with(
     environment: Environment,
     adjust: impl FnOnce(Settings) -> Settings,
 ) -> Result<Running, CapacityError> {
-    let mut settings = adjust(Settings::from_cli(&cli(args), DRIVER));
+    let mut settings = adjust(Settings::from_cli(&cli(args), &env.driver));
     settings.backoff = Backoff {
         start: Duration::from_millis(50),
         max: Duration::from_millis(500),
@@ -282,10 +282,7 @@ async fn objects_follow_classes_nodes_and_capacity() {
         assert!(name.starts_with("csisc-"), "{name}");
         assert_eq!(o.metadata.generate_name.as_deref(), Some("csisc-"));
         let labels = o.metadata.labels.as_ref().unwrap();
-        assert_eq!(
-            labels.get(DRIVER_NAME_LABEL).map(String::as_str),
-            Some(DRIVER)
-        );
+        assert_eq!(labels.get(DRIVER_NAME_LABEL), Some(&env.driver));
         assert_eq!(
             labels.get(MANAGED_BY_LABEL).map(String::as_str),
             Some(MANAGED_BY)

@@ -105,7 +105,7 @@ async fn deletion_waits_for_detach() {
     let va_name = unique("va");
     let va: VolumeAttachment = serde_json::from_value(json!({
         "metadata": {"name": va_name},
-        "spec": {"attacher": common::DRIVER, "nodeName": "node-1", "source": {"persistentVolumeName": pv}}
+        "spec": {"attacher": env.driver, "nodeName": "node-1", "source": {"persistentVolumeName": pv}}
     }))
     .unwrap();
     let vas: Api<VolumeAttachment> = Api::all(env.client());
@@ -156,7 +156,7 @@ async fn a_missing_storage_class_is_waited_for() {
     // The claim waits: the class is created afterwards and the claim is provisioned.
     env.classes.push(name.clone());
     let sc: k8s_openapi::api::storage::v1::StorageClass =
-        serde_json::from_value(json!({"metadata": {"name": name}, "provisioner": common::DRIVER}))
+        serde_json::from_value(json!({"metadata": {"name": name}, "provisioner": env.driver}))
             .unwrap();
     Api::<k8s_openapi::api::storage::v1::StorageClass>::all(env.client())
         .create(&PostParams::default(), &sc)
@@ -176,12 +176,34 @@ async fn a_huge_request_gets_a_clear_event() {
         json!({"spec": {"resources": {"requests": {"storage": "100Ei"}}}}),
     )
     .await;
+    // kube-apiserver stores a request beyond int64 as the largest int64: the driver is asked
+    // for that much, and its refusal reaches the claim.
+    let requested = env
+        .pvcs()
+        .get("huge")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .resources
+        .unwrap();
+    assert_eq!(
+        requested.requests.unwrap()["storage"].0,
+        i64::MAX.to_string()
+    );
     env.wait_event(
         "huge",
         "ProvisioningFailed",
-        "is larger than a volume can be",
+        &format!(
+            "rpc error: code = OutOfRange desc = {} bytes exceed the maximum volume size",
+            i64::MAX
+        ),
     )
     .await;
-    assert!(requests(&env.mock, CREATE_VOLUME).is_empty());
+    let creates = requests(&env.mock, CREATE_VOLUME);
+    assert_eq!(
+        creates[0]["capacity_range"]["required_bytes"],
+        json!(i64::MAX)
+    );
     env.stop().await;
 }

@@ -18,6 +18,7 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use std::process::Stdio;
 use testkit::mockdriver::MockHandle;
+use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
 const NODE_KEY: &str = "topology.hostpath.csi/node";
@@ -34,6 +35,7 @@ struct Node {
 
 async fn start_node(env: &Env, name: &str, capacity: i64) -> Node {
     let mock = mock()
+        .driver_name(env.driver.clone())
         .node_id(format!("id-{name}"))
         .topology_segment([(NODE_KEY, name)])
         .total_capacity(capacity)
@@ -42,11 +44,13 @@ async fn start_node(env: &Env, name: &str, capacity: i64) -> Node {
         .unwrap();
     let mut command = Command::new(BIN);
     command
+        .clean_env()
         .arg(format!(
             "--kubeconfig={}",
             env.cluster.kubeconfig_path().display()
         ))
         .arg(format!("--csi-address={}", mock.socket_path().display()))
+        .arg(format!("--leader-election-namespace={}", env.namespace()))
         .args([
             "--node-deployment",
             "--node-deployment-base-delay=50ms",
@@ -55,7 +59,6 @@ async fn start_node(env: &Env, name: &str, capacity: i64) -> Node {
             "--kube-api-qps=-1",
         ])
         .env("NODE_NAME", name)
-        .env_remove("KUBECONFIG")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
@@ -178,9 +181,9 @@ async fn nodes_race_for_immediate_claims_and_keep_to_their_own() {
     );
     // Each node records its intents in a journal of its own: a node's provisioner must never
     // take up what another node's began, with the wrong driver.
-    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(env.client(), "default");
+    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(env.client(), &env.namespace());
     for node in nodes.iter().filter(|n| per_node.contains_key(&n.name)) {
-        let name = journal_name(&lease_name(common::DRIVER), Some(&node.name));
+        let name = journal_name(&lease_name(&env.driver), Some(&node.name));
         assert!(
             config_maps.get_opt(&name).await.unwrap().is_some(),
             "{name} is missing"

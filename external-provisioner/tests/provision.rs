@@ -5,11 +5,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{DRIVER, Env, eventually, mock, requests};
+use common::{Env, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use serde_json::json;
+use testkit::apiserver::counters::Verb;
 use tonic::Code;
 
 #[tokio::test]
@@ -24,7 +25,7 @@ async fn provisions_binds_and_deletes() {
     let name = format!("pvc-{uid}");
     assert_eq!(pv.metadata.name.as_deref(), Some(name.as_str()));
     let ann = pv.metadata.annotations.clone().unwrap();
-    assert_eq!(ann["pv.kubernetes.io/provisioned-by"], DRIVER);
+    assert_eq!(ann["pv.kubernetes.io/provisioned-by"], env.driver.as_str());
     assert_eq!(
         ann["volume.kubernetes.io/provisioner-deletion-secret-name"],
         ""
@@ -38,11 +39,11 @@ async fn provisions_binds_and_deletes() {
     );
     let spec = pv.spec.clone().unwrap();
     let csi = spec.csi.clone().unwrap();
-    assert_eq!(csi.driver, DRIVER);
+    assert_eq!(csi.driver, env.driver);
     assert_eq!(csi.fs_type.as_deref(), Some("xfs"));
     assert_eq!(
         csi.volume_attributes.unwrap()["storage.kubernetes.io/csiProvisionerIdentity"],
-        "1700000000000-42-hostpath.csi.k8s.io"
+        env.identity()
     );
     assert_eq!(spec.mount_options, Some(vec!["noatime".to_string()]));
     assert_eq!(spec.capacity.unwrap()["storage"].0, "1Gi");
@@ -299,9 +300,14 @@ async fn a_claim_deleted_during_an_unanswered_create_leaves_no_volume() {
         "identical requests"
     );
     assert!(env.driver_volumes().is_empty(), "no leaked volume");
+    // No PV was written for it: a real cluster keeps the claim (deletionTimestamp set) until its
+    // pvc-protection finalizer is removed, and such a claim counts as gone.
     assert!(
         env.pvs().get_opt(&name).await.unwrap().is_none(),
         "no PV for a deleted claim"
     );
+    if let Some(counters) = env.cluster.counters() {
+        assert_eq!(counters.total(Verb::Create, "persistentvolumes"), 0);
+    }
     env.stop().await;
 }

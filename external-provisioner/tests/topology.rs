@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{DRIVER, Env, eventually, mock, requests, unique};
+use common::{Env, eventually, mock, requests, unique};
 use csi_proto::methods::controller::CREATE_VOLUME;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::CSINode;
@@ -30,7 +30,7 @@ async fn make_zones(env: &Env, key: &str) -> Zones {
             .await
             .unwrap();
         let drivers = if i < 3 {
-            json!([{"name": DRIVER, "nodeID": name, "topologyKeys": [key]}])
+            json!([{"name": env.driver, "nodeID": name, "topologyKeys": [key]}])
         } else {
             json!([])
         };

@@ -79,16 +79,13 @@ pub fn client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client
     Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
 }
 
-/// Three clients sharing one rate limit: `main` for the work (it waits for its turn, first come
+/// Two clients sharing one rate limit: `main` for the work (it waits for its turn, first come
 /// first served), `background` for best-effort writes such as Events, which only use tokens the
-/// work leaves unused, so that they never delay it, and `urgent` for the rare writes that gate
-/// the work itself (the provisioner's intent journal): they take the next token ahead of the
-/// waiting work, which pays the debt, so the long-run rate stays `qps`.
+/// work leaves unused, so that they never delay it.
 #[derive(Clone)]
 pub struct Clients {
     pub main: kube::Client,
     pub background: kube::Client,
-    pub urgent: kube::Client,
 }
 
 /// See [`Clients`].
@@ -99,19 +96,10 @@ pub fn clients(config: kube::Config, qps: f64, burst: u32) -> Result<Clients, Ku
             bucket: bucket.clone(),
         })
         .build();
-    let background = kube::client::ClientBuilder::try_from(config.clone())?
-        .with_layer(&BackgroundLayer {
-            bucket: bucket.clone(),
-        })
+    let background = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&BackgroundLayer { bucket })
         .build();
-    let urgent = kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&UrgentLayer { bucket })
-        .build();
-    Ok(Clients {
-        main,
-        background,
-        urgent,
-    })
+    Ok(Clients { main, background })
 }
 
 /// A token bucket: `burst` requests at once, then `qps` per second. Waiting callers are served
@@ -182,63 +170,6 @@ impl TokenBucket {
         } else {
             Err(Duration::from_secs_f64((1.0 - state.tokens) / self.qps))
         }
-    }
-}
-
-impl TokenBucket {
-    /// Takes a token without waiting, ahead of the callers waiting in
-    /// [`reserve`](Self::reserve): the debt it leaves delays the next reservations instead.
-    pub fn take_ahead(&self) {
-        let Ok(mut state) = self.state.lock() else {
-            return;
-        };
-        let now = Instant::now();
-        let refill = now.duration_since(state.updated).as_secs_f64() * self.qps;
-        state.tokens = (state.tokens + refill).min(self.burst) - 1.0;
-        state.updated = now;
-    }
-}
-
-/// Tower layer sending each request at once, paid for by the work waiting for tokens.
-#[derive(Clone, Debug)]
-pub struct UrgentLayer {
-    bucket: Option<Arc<TokenBucket>>,
-}
-
-impl<S> Layer<S> for UrgentLayer {
-    type Service = Urgent<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Urgent {
-            inner,
-            bucket: self.bucket.clone(),
-        }
-    }
-}
-
-/// The service made by [`UrgentLayer`].
-pub struct Urgent<S> {
-    inner: S,
-    bucket: Option<Arc<TokenBucket>>,
-}
-
-impl<S, R> Service<R> for Urgent<S>
-where
-    S: Service<R>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: R) -> Self::Future {
-        if let Some(bucket) = &self.bucket {
-            bucket.take_ahead();
-        }
-        self.inner.call(request)
     }
 }
 
@@ -418,27 +349,6 @@ mod tests {
         let start = Instant::now();
         let at = service.oneshot(()).await.unwrap();
         assert_eq!(at.duration_since(start), Duration::from_millis(200));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn urgent_goes_first_and_the_waiting_work_pays() {
-        use tower::ServiceExt;
-        let bucket = Arc::new(TokenBucket::new(10.0, 1).unwrap());
-        // Work holds reservations 100 ms and 200 ms ahead.
-        assert_eq!(bucket.reserve(), Duration::ZERO);
-        assert_eq!(bucket.reserve(), Duration::from_millis(100));
-        assert_eq!(bucket.reserve(), Duration::from_millis(200));
-        let service = UrgentLayer {
-            bucket: Some(bucket.clone()),
-        }
-        .layer(tower::service_fn(|_: ()| async {
-            Ok::<_, std::convert::Infallible>(Instant::now())
-        }));
-        let start = Instant::now();
-        let at = service.oneshot(()).await.unwrap();
-        assert_eq!(at, start, "an urgent request does not wait");
-        // The next work request waits one token longer than it would have.
-        assert_eq!(bucket.reserve(), Duration::from_millis(400));
     }
 
     #[test]

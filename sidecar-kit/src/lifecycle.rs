@@ -110,7 +110,53 @@ pub fn runtime(flags: &ProcessFlags) -> std::io::Result<tokio::runtime::Runtime>
     {
         builder.worker_threads(cpus);
     }
-    builder.build()
+    let runtime = builder.build()?;
+    runtime.spawn(return_memory_after_bursts());
+    Ok(runtime)
+}
+
+/// How often the resident set is looked at for memory to return.
+const TRIM_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+/// Growth of the resident set since the last trim that makes the next check trim.
+const TRIM_GROWTH: u64 = 1 << 20;
+
+/// glibc's malloc returns freed memory to the system only from the top of its heap, so after a
+/// burst (a few hundred claims at once) most of the burst's peak stays resident behind a few
+/// live allocations. Once the resident set has grown since the last trim and then stopped
+/// growing (the burst is over), `malloc_trim` hands the free pages in the middle back as well;
+/// a quiet sidecar is never woken for more than reading its own `statm`.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+async fn return_memory_after_bursts() {
+    let mut after_trim: u64 = 0;
+    let mut last = u64::MAX;
+    loop {
+        tokio::time::sleep(TRIM_CHECK).await;
+        let Some(resident) = resident_bytes() else {
+            return;
+        };
+        if resident > after_trim.saturating_add(TRIM_GROWTH) && resident <= last {
+            // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+            unsafe { libc::malloc_trim(0) };
+            after_trim = resident_bytes().unwrap_or(resident);
+            last = after_trim;
+        } else {
+            after_trim = after_trim.min(resident);
+            last = resident;
+        }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+async fn return_memory_after_bursts() {}
+
+/// The resident set from `/proc/self/statm` (pages, second field).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
 }
 
 /// glibc gives every thread that meets a locked arena an arena of its own, each holding on to
@@ -154,6 +200,33 @@ fn read_number(path: &Path) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn trimming_returns_a_freed_burst() {
+        // A burst of small allocations, most freed, a few kept: the heap cannot shrink from its
+        // top, only malloc_trim gives the pages in between back.
+        let mut kept = Vec::new();
+        let burst: Vec<Vec<u8>> = (0..20_000)
+            .map(|i| {
+                let block = vec![1u8; 1000];
+                if i % 1000 == 999 {
+                    kept.push(block.clone());
+                }
+                block
+            })
+            .collect();
+        let peak = resident_bytes().unwrap();
+        drop(burst);
+        // SAFETY: as in return_memory_after_bursts.
+        unsafe { libc::malloc_trim(0) };
+        let after = resident_bytes().unwrap();
+        assert!(
+            after + 10_000_000 < peak,
+            "peak {peak} B, after trimming {after} B"
+        );
+        assert_eq!(kept.len(), 20);
+    }
 
     #[test]
     fn cgroup_v2_limits() {

@@ -27,6 +27,8 @@ use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// The name a mock given to [`Env`] is built with; the Env serves it under a name of the test's
+/// own (see [`Env::driver`]).
 pub const DRIVER: &str = "hostpath.csi.k8s.io";
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -89,6 +91,10 @@ pub fn unique(prefix: &str) -> String {
 /// Cluster, mock driver and one in-process provisioner.
 pub struct Env {
     pub cluster: TestCluster,
+    /// The driver's name in this test: one of its own, since on a shared real cluster the
+    /// provisioners of concurrent tests (and the cluster's own CSI sidecars) would otherwise
+    /// all act on every test's claims.
+    pub driver: String,
     pub mock: MockHandle,
     pub csi: CsiClient,
     pub shutdown: CancellationToken,
@@ -112,6 +118,13 @@ impl Env {
 
     pub async fn without_controller(driver: MockDriver) -> Self {
         let cluster = TestCluster::start().await.unwrap();
+        let (driver, name) = if driver.config().driver_name == DRIVER {
+            let name = format!("{}.csi.test", cluster.namespace());
+            (driver.driver_name(name.clone()), name)
+        } else {
+            let name = driver.config().driver_name.clone();
+            (driver, name)
+        };
         let dir = tempfile::tempdir().unwrap();
         let mock = driver
             .serve_unix(dir.path().join("csi.sock"))
@@ -120,6 +133,7 @@ impl Env {
         let csi = csi_client(&mock).await;
         Self {
             cluster,
+            driver: name,
             mock,
             csi,
             shutdown: CancellationToken::new(),
@@ -140,13 +154,7 @@ impl Env {
         let caps = app::capabilities(csi, Duration::from_secs(5))
             .await
             .unwrap();
-        let mut config = app::config(
-            &cli,
-            DRIVER,
-            caps,
-            "1700000000000-42-hostpath.csi.k8s.io",
-            "test-replica",
-        );
+        let mut config = app::config(&cli, &self.driver, caps, &self.identity(), "test-replica");
         config.backoff = Backoff {
             start: Duration::from_millis(50),
             max: Duration::from_secs(2),
@@ -154,6 +162,11 @@ impl Env {
         config.workers = 4;
         app::discover(&cli, &self.client(), &mut config).await;
         config
+    }
+
+    /// The provisioner identity the tests' controllers write.
+    pub fn identity(&self) -> String {
+        format!("1700000000000-42-{}", self.driver)
     }
 
     /// The journal location of the tests: in the test's namespace.
@@ -202,7 +215,7 @@ impl Env {
     /// A StorageClass of the driver; returns its (unique) name.
     pub async fn create_class(&mut self, extra: Value) -> String {
         let name = unique("sc");
-        let mut sc = json!({"metadata": {"name": name}, "provisioner": DRIVER});
+        let mut sc = json!({"metadata": {"name": name}, "provisioner": self.driver});
         merge(&mut sc, extra);
         let sc: StorageClass = serde_json::from_value(sc).unwrap();
         Api::<StorageClass>::all(self.client())
@@ -219,6 +232,16 @@ impl Env {
         class: &str,
         extra: Value,
     ) -> PersistentVolumeClaim {
+        self.try_create_claim(name, class, extra).await.unwrap()
+    }
+
+    /// Like [`Env::create_claim`], with the API server's refusal returned.
+    pub async fn try_create_claim(
+        &self,
+        name: &str,
+        class: &str,
+        extra: Value,
+    ) -> Result<PersistentVolumeClaim, kube::Error> {
         let mut pvc = json!({
             "metadata": {"name": name},
             "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
@@ -226,10 +249,7 @@ impl Env {
         });
         merge(&mut pvc, extra);
         let pvc: PersistentVolumeClaim = serde_json::from_value(pvc).unwrap();
-        self.pvcs()
-            .create(&PostParams::default(), &pvc)
-            .await
-            .unwrap()
+        self.pvcs().create(&PostParams::default(), &pvc).await
     }
 
     pub async fn delete_claim(&self, name: &str) {
