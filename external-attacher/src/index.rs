@@ -167,9 +167,9 @@ impl Index {
             if stale(&va.resource_version, &old.resource_version) {
                 return;
             }
-            // Only error fields changed: most likely our own error report, which must not cut
-            // the backoff short.
-            if old.same_except_errors(&va) {
+            // Only error fields changed, or our own finalizer and node-id annotation added:
+            // most likely our own writes, which must not cut the backoff short.
+            if old.same_but_our_additions(&va, &self.finalizer) {
                 self.vas.insert(name, va);
                 return;
             }

@@ -163,6 +163,22 @@ impl Va {
         mask(self) == mask(other)
     }
 
+    /// Whether `newer` differs from this only by what the attacher itself writes before each
+    /// attach: our finalizer and the node-id annotation added (besides the error flags). Its
+    /// watch event may arrive before the write's answer is stored, and must not start another
+    /// attempt ahead of the backoff either. A removal of either is a change.
+    pub fn same_but_our_additions(&self, newer: &Va, finalizer: &str) -> bool {
+        let mut masked = newer.clone();
+        let ours = |va: &Va| va.finalizers.iter().any(|f| f == finalizer);
+        if ours(newer) && !ours(self) {
+            masked.finalizers.retain(|f| f != finalizer);
+        }
+        if self.node_id_annotation.is_none() {
+            masked.node_id_annotation = None;
+        }
+        self.same_except_errors(&masked)
+    }
+
     pub fn object_ref(&self) -> ObjectReference {
         ObjectReference {
             api_version: Some("storage.k8s.io/v1".into()),
@@ -348,6 +364,21 @@ mod tests {
         let c = Va::from_api(&va_json(json!({"metadata": {"resourceVersion": "9"},
             "status": {"attached": true}})));
         assert!(!a.same_except_errors(&c));
+    }
+
+    #[test]
+    fn our_own_additions_are_recognised() {
+        let fin = "external-attacher/d";
+        let a = Va::from_api(&va_json(json!({"metadata": {"finalizers": ["other"]}})));
+        let ours = Va::from_api(&va_json(json!({"metadata": {"resourceVersion": "8",
+            "finalizers": ["other", fin],
+            "annotations": {"csi.alpha.kubernetes.io/node-id": "n1"}}})));
+        assert!(a.same_but_our_additions(&ours, fin));
+        // Our finalizer or the annotation taken away, or anything else, is a change.
+        assert!(!ours.same_but_our_additions(&a, fin));
+        let theirs = Va::from_api(&va_json(json!({"metadata": {"resourceVersion": "9",
+            "finalizers": ["other", "example.com/x"]}})));
+        assert!(!a.same_but_our_additions(&theirs, fin));
     }
 
     #[test]

@@ -25,6 +25,17 @@ async fn entries(env: &Env) -> journal::Entries {
         .unwrap_or_default()
 }
 
+/// Waits until the claim is gone for good, not merely being deleted (a real cluster holds it
+/// until its pvc-protection finalizer goes): a provisioner that met it would finish its volume.
+async fn wait_claim_gone(env: &Env, name: &str) {
+    let pvcs = env.pvcs();
+    eventually(&format!("claim {name} gone"), || {
+        let pvcs = pvcs.clone();
+        async move { pvcs.get_opt(name).await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+}
+
 /// Provisioner A gets a lost answer for a CreateVolume that did create the volume, and crashes
 /// before it repeats the call. Returns the claim's UID.
 async fn crash_after_a_lost_answer(env: &mut Env, journal_on: bool) -> String {
@@ -76,6 +87,7 @@ async fn a_crash_with_an_unanswered_create_and_a_deleted_claim_leaks_nothing() {
     assert_eq!(intents[0].1.prepared.request.name, format!("pvc-{uid}"));
 
     env.delete_claim("data").await;
+    wait_claim_gone(&env, "data").await;
     restart_with_journal(&mut env).await;
     let calls = env.mock.calls().clone();
     eventually("the volume deleted by the next provisioner", || {
@@ -103,6 +115,7 @@ async fn without_the_journal_the_same_crash_leaks_the_volume() {
     let mut env = Env::without_controller(mock()).await;
     crash_after_a_lost_answer(&mut env, false).await;
     env.delete_claim("data").await;
+    wait_claim_gone(&env, "data").await;
     let mut config = env.config(&[]).await;
     config.journal = None;
     env.launch(config);
