@@ -45,7 +45,7 @@ fn driver() -> MockDriver {
 
 /// A Node in `zone` with the driver registered on it (topology key [`KEY`]).
 async fn add_node(env: &Env, zone: &str) -> String {
-    let name = unique(&format!("node-{zone}"));
+    let name = env.unique(&format!("node-{zone}"));
     let node: Node =
         serde_json::from_value(json!({"metadata": {"name": name, "labels": {KEY: zone}}})).unwrap();
     Api::<Node>::all(env.client())

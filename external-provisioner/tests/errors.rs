@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Env, eventually, mock, requests, unique};
+use common::{Env, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -102,7 +102,7 @@ async fn deletion_waits_for_detach() {
     let class = env.create_class(json!({})).await;
     env.create_claim("data", &class, json!({})).await;
     let pv = env.wait_bound("data").await.metadata.name.unwrap();
-    let va_name = unique("va");
+    let va_name = env.unique("va");
     let va: VolumeAttachment = serde_json::from_value(json!({
         "metadata": {"name": va_name},
         "spec": {"attacher": env.driver, "nodeName": "node-1", "source": {"persistentVolumeName": pv}}
@@ -151,7 +151,7 @@ async fn a_pv_deleted_by_hand_keeps_its_volume_until_released() {
 #[tokio::test]
 async fn a_missing_storage_class_is_waited_for() {
     let mut env = Env::start(mock(), &[], |_| {}).await;
-    let name = unique("sc-later");
+    let name = env.unique("sc-later");
     env.create_claim("early", &name, json!({})).await;
     // The claim waits: the class is created afterwards and the claim is provisioned.
     env.classes.push(name.clone());

@@ -73,7 +73,7 @@ async fn snapshot(env: &Env, name: &str, bytes: i64, ready: bool, content_extra:
         )
         .await
         .unwrap();
-    let content_name = unique("content");
+    let content_name = env.unique("content");
     let mut content = json!({
         "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
         "metadata": {"name": content_name},
@@ -429,8 +429,8 @@ async fn attributes_classes_become_mutable_parameters() {
     let class = env
         .create_class(json!({"parameters": {"kind": "fast"}}))
         .await;
-    let gold = unique("gold");
-    let other = unique("other");
+    let gold = env.unique("gold");
+    let other = env.unique("other");
     let vacs: Api<k8s_openapi::api::storage::v1::VolumeAttributesClass> = Api::all(env.client());
     for (name, driver) in [
         (&gold, env.driver.as_str()),

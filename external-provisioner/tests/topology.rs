@@ -21,7 +21,7 @@ struct Zones {
 async fn make_zones(env: &Env, key: &str) -> Zones {
     let mut nodes = Vec::new();
     for (i, zone) in ["a", "b", "c", "a"].iter().enumerate() {
-        let name = unique(&format!("node-{zone}"));
+        let name = env.unique(&format!("node-{zone}"));
         let node: Node =
             serde_json::from_value(json!({"metadata": {"name": name, "labels": {key: zone}}}))
                 .unwrap();

@@ -160,7 +160,10 @@ impl Workload {
             return;
         };
         self.next += 1;
-        let name = format!("va-{}-{}", self.claims[index].name, self.next);
+        let name = format!(
+            "{}-va-{}-{}",
+            self.namespace, self.claims[index].name, self.next
+        );
         let va: VolumeAttachment = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {

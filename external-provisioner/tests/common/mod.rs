@@ -164,6 +164,14 @@ impl Env {
         config
     }
 
+    /// A name for a cluster-scoped object of this test: unique, and under the test namespace's
+    /// prefix, so that the cluster's cleanup finds it even when the test fails half-way.
+    pub fn unique(&self, base: &str) -> String {
+        static N: AtomicU64 = AtomicU64::new(0);
+        self.cluster
+            .cluster_name(&format!("{base}-{}", N.fetch_add(1, Ordering::Relaxed)))
+    }
+
     /// The provisioner identity the tests' controllers write.
     pub fn identity(&self) -> String {
         format!("1700000000000-42-{}", self.driver)
@@ -214,7 +222,7 @@ impl Env {
 
     /// A StorageClass of the driver; returns its (unique) name.
     pub async fn create_class(&mut self, extra: Value) -> String {
-        let name = unique("sc");
+        let name = self.unique("sc");
         let mut sc = json!({"metadata": {"name": name}, "provisioner": self.driver});
         merge(&mut sc, extra);
         let sc: StorageClass = serde_json::from_value(sc).unwrap();

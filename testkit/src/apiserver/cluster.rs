@@ -133,7 +133,7 @@ impl TestCluster {
     /// namespace's name, `-`, `base`. On a real cluster, `cleanup()` (or drop)
     /// deletes the cluster-scoped objects of the kinds in
     /// [`CLUSTER_SCOPED_CLEANUP`] whose names start with this prefix, and the
-    /// PersistentVolumes whose claimRef points into the test namespace,
+    /// PersistentVolumes and VolumeSnapshotContents that point into the test namespace,
     /// removing their finalizers first; then it removes the finalizers of the
     /// pods, claims, ConfigMaps and VolumeSnapshots left in the namespace and
     /// deletes it.
@@ -190,6 +190,12 @@ pub const CLUSTER_SCOPED_CLEANUP: &[(&str, &str, &str, &str)] = &[
         "volumeattributesclasses",
     ),
     ("", "v1", "Node", "nodes"),
+    (
+        "snapshot.storage.k8s.io",
+        "v1",
+        "VolumeSnapshotContent",
+        "volumesnapshotcontents",
+    ),
 ];
 
 /// `(group, version, kind, plural)` of the kinds whose objects in the test
@@ -271,13 +277,19 @@ async fn delete_cluster_scoped(client: &Client, namespace: &str) -> Result<(), k
             let Some(name) = o.metadata.name.as_deref() else {
                 continue;
             };
-            let claimed_here = o
-                .data
-                .pointer("/spec/claimRef/namespace")
-                .and_then(serde_json::Value::as_str)
-                == Some(namespace);
-            let ours =
-                name.starts_with(&prefix) || (*plural == "persistentvolumes" && claimed_here);
+            // PVs and snapshot contents also belong to the test when they point into its
+            // namespace, whoever named them.
+            let reference = match *plural {
+                "persistentvolumes" => "/spec/claimRef/namespace",
+                "volumesnapshotcontents" => "/spec/volumeSnapshotRef/namespace",
+                _ => "",
+            };
+            let referenced_here = !reference.is_empty()
+                && o.data
+                    .pointer(reference)
+                    .and_then(serde_json::Value::as_str)
+                    == Some(namespace);
+            let ours = name.starts_with(&prefix) || referenced_here;
             if !ours {
                 continue;
             }
