@@ -250,10 +250,26 @@ async fn patches_in_each_format() {
             .unwrap(),
         )
     };
-    let p = pvs
-        .patch(&name, &PatchParams::default(), &ops(&rv))
-        .await
-        .unwrap();
+    // On a real cluster the binder and pv-protection write the PV too: a version read before
+    // one of their writes fails the guard, so take a fresh one until the patch applies.
+    let mut rv = rv;
+    let mut tries = 0;
+    let p = loop {
+        match pvs.patch(&name, &PatchParams::default(), &ops(&rv)).await {
+            Ok(p) => break p,
+            Err(kube::Error::Api(s)) if s.code == 422 && tries < 10 => {
+                tries += 1;
+                rv = pvs
+                    .get(&name)
+                    .await
+                    .unwrap()
+                    .metadata
+                    .resource_version
+                    .unwrap();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
     assert!(has(&finalizers_of(&p.metadata), "example.com/c"));
     let e = pvs
         .patch(&name, &PatchParams::default(), &ops(&rv))
