@@ -25,10 +25,11 @@ declare -A package=(
     [livenessprobe]=livenessprobe
     [csi-node-driver-registrar]=node-driver-registrar
     [csi-attacher]=external-attacher
+    [csi-resizer]=external-resizer
     [csi-provisioner]=external-provisioner
     [csi-sidecars]=csi-sidecars
 )
-images=(livenessprobe csi-node-driver-registrar csi-attacher csi-provisioner csi-sidecars)
+images=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-provisioner csi-sidecars)
 
 platforms=("${linux_platforms[@]}" windows)
 select_platforms "$@"
@@ -117,7 +118,7 @@ for image in "${images[@]}"; do
     done
     aliases=()
     if [ "$image" = csi-sidecars ]; then
-        for sidecar in livenessprobe csi-node-driver-registrar csi-attacher csi-provisioner; do
+        for sidecar in livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-provisioner; do
             aliases+=(--alias "$sidecar")
         done
     fi

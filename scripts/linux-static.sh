@@ -44,7 +44,8 @@ if [ "${STATIC_QUICK:-}" = 1 ]; then
         --config profile.release.codegen-units=16
         --config 'profile.release.package."*".opt-level=0'
         --config profile.release.package.node-driver-registrar.opt-level=0
-        --config profile.release.package.external-attacher.opt-level=0)
+        --config profile.release.package.external-attacher.opt-level=0
+        --config profile.release.package.external-provisioner.opt-level=0)
 fi
 # Pinned: zig's clang and musl end up in the binaries, and the images are to be reproducible.
 zig_version=0.17.1
@@ -66,8 +67,8 @@ export CARGO_TARGET_DIR="$work"
 # zig supplies the C runtime objects and musl: rustc must not add the self-contained ones it
 # would look for next to a prebuilt std.
 export RUSTFLAGS="-C link-self-contained=no -C target-feature=+crt-static"
-crates=(-p livenessprobe -p node-driver-registrar -p external-attacher -p external-provisioner -p csi-sidecars)
-binaries=(livenessprobe csi-node-driver-registrar csi-attacher csi-provisioner csi-sidecars)
+crates=(-p livenessprobe -p node-driver-registrar -p external-attacher -p external-resizer -p external-provisioner -p csi-sidecars)
+binaries=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-provisioner csi-sidecars)
 
 for platform in "${platforms[@]}"; do
     target="${rust_target[$platform]}"

@@ -21,6 +21,7 @@ from kubernetes_validate import utils as kv
 SIDECARS = {
     "csi-provisioner": "csi-provisioner",
     "csi-attacher": "csi-attacher",
+    "csi-resizer": "csi-resizer",
     "csi-node-driver-registrar": "csi-node-driver-registrar",
     "livenessprobe": "livenessprobe",
 }
@@ -41,6 +42,13 @@ UPSTREAM_RBAC = {
         "external-attacher-cfg",
         "csi-attacher-role-cfg",
         "csi-attacher",
+    ),
+    "external-resizer": (
+        "external-resizer-runner",
+        "csi-resizer-role",
+        "external-resizer-cfg",
+        "csi-resizer-role-cfg",
+        "csi-resizer",
     ),
 }
 

@@ -75,6 +75,7 @@ echo "kubectl: $kubectl ($("$kubectl" version --client 2>/dev/null | tr '\n' ' '
 declare -A crates=(
     [csi-provisioner]=external-provisioner
     [csi-attacher]=external-attacher
+    [csi-resizer]=external-resizer
     [csi-node-driver-registrar]=node-driver-registrar
     [livenessprobe]=livenessprobe
 )

@@ -11,14 +11,16 @@ use std::ffi::{OsStr, OsString};
 pub enum Sidecar {
     Provisioner,
     Attacher,
+    Resizer,
     Registrar,
     Livenessprobe,
 }
 
 impl Sidecar {
-    pub const ALL: [Sidecar; 4] = [
+    pub const ALL: [Sidecar; 5] = [
         Sidecar::Provisioner,
         Sidecar::Attacher,
+        Sidecar::Resizer,
         Sidecar::Registrar,
         Sidecar::Livenessprobe,
     ];
@@ -28,6 +30,7 @@ impl Sidecar {
         match self {
             Sidecar::Provisioner => "csi-provisioner",
             Sidecar::Attacher => "csi-attacher",
+            Sidecar::Resizer => "csi-resizer",
             Sidecar::Registrar => "csi-node-driver-registrar",
             Sidecar::Livenessprobe => "livenessprobe",
         }
@@ -38,6 +41,7 @@ impl Sidecar {
         match self {
             Sidecar::Provisioner => &["csi-provisioner", "provisioner", "external-provisioner"],
             Sidecar::Attacher => &["csi-attacher", "attacher", "external-attacher"],
+            Sidecar::Resizer => &["csi-resizer", "resizer", "external-resizer"],
             Sidecar::Registrar => &[
                 "csi-node-driver-registrar",
                 "node-driver-registrar",
@@ -56,6 +60,7 @@ impl Sidecar {
         match self {
             Sidecar::Provisioner => external_provisioner::entry::main(args),
             Sidecar::Attacher => external_attacher::entry::main(args),
+            Sidecar::Resizer => external_resizer::entry::main(args),
             Sidecar::Registrar => node_driver_registrar::entry::main(args),
             Sidecar::Livenessprobe => livenessprobe::entry::main(args),
         }
@@ -174,8 +179,8 @@ mod tests {
         assert_eq!(dispatch(args(&["csi-sidecars"])), Call::Usage);
         assert_eq!(dispatch(args(&["csi-sidecars", "--help"])), Call::Usage);
         assert_eq!(
-            dispatch(args(&["csi-sidecars", "resizer"])),
-            Call::Unknown("resizer".into())
+            dispatch(args(&["csi-sidecars", "snapshotter"])),
+            Call::Unknown("snapshotter".into())
         );
         for sidecar in Sidecar::ALL {
             assert!(usage().contains(sidecar.binary()));

@@ -25,6 +25,7 @@ fn each_sidecar_answers_with_its_own_flags() {
     for (name, flag) in [
         ("provisioner", "--volume-name-prefix"),
         ("csi-attacher", "--worker-threads"),
+        ("resizer", "--handle-volume-inuse-error"),
         ("registrar", "--kubelet-registration-path"),
         ("livenessprobe", "--probe-timeout"),
     ] {
@@ -51,9 +52,12 @@ fn usage_and_unknown_sidecars() {
     let (code, stdout, _) = run(&[]);
     assert_eq!(code, 0);
     assert!(stdout.contains("csi-provisioner") && stdout.contains("livenessprobe"));
-    let (code, _, stderr) = run(&["resizer"]);
+    let (code, _, stderr) = run(&["snapshotter"]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("unknown sidecar \"resizer\""), "{stderr}");
+    assert!(
+        stderr.contains("unknown sidecar \"snapshotter\""),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -8,7 +8,10 @@
 //! restores of one snapshot at the default QPS, `BENCH_SEGMENTS` (default 2000),
 //! `BENCH_CAPACITY_POLL` (seconds, default 60) and `BENCH_CYCLES` (default 10) the capacity
 //! tracking run; `BENCH_ONLY=unlimited|default|idle|sources|capacity` runs one scenario and
-//! `BENCH_BIN` measures another build of the binary.
+//! `BENCH_BIN` measures another build of the binary. `BENCH_ONLY=burst` (run only when asked)
+//! follows the resident memory through a burst at the default QPS: `BENCH_CLAIMS_DEFAULT_QPS`
+//! claims created, bound and deleted, then every 10 s for `BENCH_SETTLE` seconds (default 60);
+//! `BENCH_HOLD` (seconds) keeps the process running afterwards, for a look at its `/proc`.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -358,6 +361,52 @@ async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
         "RSS: idle {} KiB, peak {} KiB, end {} KiB",
         idle.rss_kib, end.peak_rss_kib, end.rss_kib
     );
+    drop(child);
+}
+
+/// Resident memory through a burst at the default QPS: `count` claims created, bound, deleted,
+/// then the process left alone for `settle`.
+async fn burst_run(count: usize, settle: Duration) {
+    let bench = Bench::start().await;
+    let port = free_port().unwrap();
+    let child = bench.spawn(port, &[]);
+    let pid = child.id().unwrap();
+    ready(port).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let show = |label: &str, u: testkit::measure::Usage| {
+        println!(
+            "{label}: RSS {} KiB (anon {} KiB, file {} KiB), peak {} KiB",
+            u.rss_kib, u.anon_kib, u.file_kib, u.peak_rss_kib
+        )
+    };
+    let idle = usage(pid, bench.ticks);
+    println!("## burst: {count} claims created and deleted at the default QPS, pid {pid}");
+    show("idle", idle);
+    let start = Instant::now();
+    let created = bench.create_claims("c", count).await;
+    bench.wait_bound(&created).await;
+    show(
+        &format!("bound after {:.1} s", start.elapsed().as_secs_f64()),
+        usage(pid, bench.ticks),
+    );
+    bench.delete_claims("c", count).await;
+    bench.wait_pvs_gone().await;
+    show(
+        &format!("deleted after {:.1} s", start.elapsed().as_secs_f64()),
+        usage(pid, bench.ticks),
+    );
+    let done = Instant::now();
+    while done.elapsed() < settle {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        show(
+            &format!("{:.0} s after", done.elapsed().as_secs_f64()),
+            usage(pid, bench.ticks),
+        );
+    }
+    if let Ok(secs) = std::env::var("BENCH_HOLD") {
+        println!("holding for {secs} s");
+        tokio::time::sleep(Duration::from_secs(secs.parse().unwrap())).await;
+    }
     drop(child);
 }
 
@@ -719,6 +768,13 @@ fn main() {
                 "default QPS 5, burst 10",
                 env_usize("BENCH_CLAIMS_DEFAULT_QPS", 200),
                 &[],
+            )
+            .await;
+        }
+        if only == "burst" {
+            burst_run(
+                env_usize("BENCH_CLAIMS_DEFAULT_QPS", 200),
+                Duration::from_secs(env_usize("BENCH_SETTLE", 60) as u64),
             )
             .await;
         }

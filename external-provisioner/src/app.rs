@@ -47,8 +47,6 @@ pub enum AppError {
     Http(#[from] sidecar_kit::http::HttpError),
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
-    #[error("invalid --master {url:?}: {message}")]
-    Master { url: String, message: String },
     #[error(transparent)]
     Metrics(#[from] sidecar_kit::metrics::MetricsError),
     #[error("cannot register metrics: {0}")]
@@ -272,15 +270,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         kube_flags.kubeconfig = path.to_string_lossy().into_owned();
     }
     let mut kube_config = sidecar_kit::kube::load_config(&kube_flags).await?;
-    if !cli.master.is_empty() {
-        kube_config.cluster_url =
-            cli.master
-                .parse()
-                .map_err(|e: http::uri::InvalidUri| AppError::Master {
-                    url: cli.master.clone(),
-                    message: e.to_string(),
-                })?;
-    }
+    sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
     let clients = sidecar_kit::kube::clients(
         kube_config.clone(),
         kube_flags.kube_api_qps,

@@ -12,6 +12,7 @@ use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sidecar_kit::atom::Atom;
 use sidecar_kit::pipeline::{Change, Relist};
+use sidecar_kit::shrink::ShrinkWhenSparse;
 
 use crate::model::{self, Claim, Class, SourceKey, SourceKind, Volume};
 use crate::sources::{Grant, ReferenceGrant, Snapshot, VolumeSnapshot};
@@ -215,6 +216,8 @@ impl Index {
                 }
             }
         }
+        // Claims created and deleted in a burst leave their table behind.
+        self.claims.shrink_when_sparse();
         work
     }
 
@@ -333,6 +336,7 @@ impl Index {
                 }
             }
         }
+        self.volumes.shrink_when_sparse();
         work
     }
 

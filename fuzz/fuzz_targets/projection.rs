@@ -1,5 +1,6 @@
 //! The projection of Kubernetes objects, as JSON, into the sidecars' models: claims, classes,
-//! volumes (with the CSI translation of in-tree volumes), VolumeAttachments, CSINodes and Nodes.
+//! volumes (with the CSI translation of in-tree volumes), VolumeAttachments, CSINodes, Nodes and
+//! pods.
 //!
 //! The first byte picks the kind; the rest is JSON. When it parses, it is merged into a valid
 //! object of that kind (so that most inputs get past the required fields); when it does not,
@@ -13,6 +14,9 @@
 //!   (after translating an in-tree volume), the same in-tree verdict and translation error;
 //! - a VolumeAttachment names the same PV and node for both sidecars, and equals itself but
 //!   for errors;
+//! - the resizer reads a PV as the provisioner does (driver, volume handle, in-tree verdict),
+//!   a claim's sizes parse as the quantities they came from, and only pods that mount claims
+//!   are kept;
 //! - projecting an object and projecting its JSON round trip give the same model.
 #![no_main]
 
@@ -20,7 +24,7 @@ use external_attacher::model::{Pv, Va, csinode_node_id};
 use external_provisioner::model::{
     Claim, Class, Volume, attachment_of, csinode_topology_keys, node_labels,
 };
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use libfuzzer_sys::fuzz_target;
 use serde::Serialize;
@@ -130,6 +134,55 @@ fn volume(input: &[u8]) {
     }
 }
 
+fn resizer_claim(input: &[u8]) {
+    let base = json!({"metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {"volumeName": "pv", "resources": {"requests": {"storage": "2Gi"}}},
+        "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}}});
+    let Some(pvc) = object::<PersistentVolumeClaim>(base, input) else {
+        return;
+    };
+    let claim = external_resizer::model::Claim::from_api(&pvc);
+    assert_eq!(claim, external_resizer::model::Claim::from_api(&again(&pvc)));
+    let _ = external_resizer::decide::needs_resize(&claim);
+    let _ = claim.object_ref();
+}
+
+fn resizer_volume(input: &[u8]) {
+    let base = json!({"metadata": {"name": "pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": "d", "volumeHandle": "h"}}});
+    let Some(pv) = object::<PersistentVolume>(base, input) else {
+        return;
+    };
+    let provisioner = Volume::from_api(&pv);
+    for driver in ["d", "ebs.csi.aws.com", "pd.csi.storage.gke.io"] {
+        let Some(resizer) = external_resizer::model::Pv::from_api(&pv, driver) else {
+            continue;
+        };
+        assert_eq!(Some(resizer.clone()), external_resizer::model::Pv::from_api(&again(&pv), driver));
+        // (A PV with both a CSI and an in-tree source, which the API server refuses, is native
+        // to the resizer and migrated to the provisioner.)
+        assert!(!resizer.in_tree || provisioner.migrated);
+        if resizer.in_tree == provisioner.migrated && resizer.translation_error.is_none() {
+            assert_eq!(resizer.volume_handle, provisioner.volume_handle);
+        }
+    }
+}
+
+fn pod(input: &[u8]) {
+    let base = json!({"metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"containers": [], "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]}});
+    let Some(pod) = object::<Pod>(base, input) else {
+        return;
+    };
+    let mounts = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|v| v.iter().any(|v| v.persistent_volume_claim.is_some()));
+    assert_eq!(external_resizer::model::PodClaims::from_api(&pod).is_some(), mounts);
+}
+
 fn attachment(input: &[u8]) {
     let base = json!({"metadata": {"name": "va"},
         "spec": {"attacher": "d", "nodeName": "n", "source": {"persistentVolumeName": "pv"}}});
@@ -188,13 +241,16 @@ fuzz_target!(|data: &[u8]| {
     let [kind, input @ ..] = data else {
         return;
     };
-    match kind % 7 {
+    match kind % 10 {
         0 => claim(input),
         1 => class(input),
         2 => volume(input),
         3 => attachment(input),
         4 => csinode(input),
         5 => node(input),
+        6 => resizer_claim(input),
+        7 => resizer_volume(input),
+        8 => pod(input),
         _ => versions(input),
     }
 });

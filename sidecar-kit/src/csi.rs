@@ -278,6 +278,47 @@ impl CsiClient {
         .await
     }
 
+    pub async fn controller_expand_volume(
+        &self,
+        request: v1::ControllerExpandVolumeRequest,
+        options: CallOptions,
+    ) -> Result<v1::ControllerExpandVolumeResponse, Status> {
+        self.unary(
+            methods::controller::CONTROLLER_EXPAND_VOLUME,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).controller_expand_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn controller_modify_volume(
+        &self,
+        request: v1::ControllerModifyVolumeRequest,
+        options: CallOptions,
+    ) -> Result<v1::ControllerModifyVolumeResponse, Status> {
+        self.unary(
+            methods::controller::CONTROLLER_MODIFY_VOLUME,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).controller_modify_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn node_get_capabilities(
+        &self,
+        options: CallOptions,
+    ) -> Result<v1::NodeGetCapabilitiesResponse, Status> {
+        self.unary(
+            methods::node::NODE_GET_CAPABILITIES,
+            v1::NodeGetCapabilitiesRequest {},
+            options,
+            |ch, r| async move { NodeClient::new(ch).node_get_capabilities(r).await },
+        )
+        .await
+    }
+
     pub async fn node_get_info(
         &self,
         options: CallOptions,

@@ -14,6 +14,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 
+use crate::shrink::ShrinkWhenSparse;
+
 /// Events waiting to be written; beyond this, new events are dropped (as client-go's broadcaster
 /// drops them when its channel is full).
 pub const QUEUE_CAPACITY: usize = 1000;
@@ -199,12 +201,32 @@ impl Correlator {
             self.order.retain(|k| k != &key);
         }
     }
+
+    /// Forgets every Event about the object with `uid`, which will have no more (it is gone, or
+    /// done with what its Events report). Without this, the Events of a burst of objects would
+    /// be remembered until [`CORRELATOR_CAPACITY`] newer ones pushed them out: about 3 MiB.
+    pub fn forget_object(&mut self, uid: &str) {
+        let about = |key: &Key| key.uid.as_deref() == Some(uid);
+        let before = self.seen.len();
+        self.seen.retain(|key, _| !about(key));
+        if self.seen.len() != before {
+            self.order.retain(|key| !about(key));
+            self.seen.shrink_when_sparse();
+            self.order.shrink_when_sparse();
+        }
+    }
+}
+
+/// What the writer task is asked to do.
+enum Message {
+    Record(Occurrence),
+    ForgetObject(String),
 }
 
 /// Records events in the background. Cheap to clone.
 #[derive(Clone)]
 pub struct Recorder {
-    tx: mpsc::Sender<Occurrence>,
+    tx: mpsc::Sender<Message>,
 }
 
 impl Recorder {
@@ -224,19 +246,29 @@ impl Recorder {
             reason: reason.to_string(),
             message: message.to_string(),
         };
-        if self.tx.try_send(occurrence).is_err() {
+        if self.tx.try_send(Message::Record(occurrence)).is_err() {
             tracing::debug!(reason, "event queue is full or closed; dropping the event");
         }
     }
+
+    /// The object with `uid` will have no more Events: its repeats need not be remembered
+    /// (see [`Correlator::forget_object`]). Queued behind the events already recorded; never
+    /// waits (when the queue is full the entries are left to age out).
+    pub fn forget_object(&self, uid: &str) {
+        let _ = self.tx.try_send(Message::ForgetObject(uid.to_string()));
+    }
 }
 
-async fn write_events(
-    client: kube::Client,
-    reporter: Reporter,
-    mut rx: mpsc::Receiver<Occurrence>,
-) {
+async fn write_events(client: kube::Client, reporter: Reporter, mut rx: mpsc::Receiver<Message>) {
     let mut correlator = Correlator::new(reporter, CORRELATOR_CAPACITY);
-    while let Some(occurrence) = rx.recv().await {
+    while let Some(message) = rx.recv().await {
+        let occurrence = match message {
+            Message::Record(occurrence) => occurrence,
+            Message::ForgetObject(uid) => {
+                correlator.forget_object(&uid);
+                continue;
+            }
+        };
         let write = correlator.next(&occurrence, Timestamp::now());
         if let Err(err) = apply(&client, write).await {
             // An Event that vanished (expired after its TTL) is created anew next time.
@@ -384,6 +416,39 @@ mod tests {
             c.next(&occurrence("b", "m"), at(5)),
             Write::Patch { .. }
         ));
+    }
+
+    #[test]
+    fn forgetting_an_object_forgets_all_its_events_and_their_room() {
+        let mut c = Correlator::new(reporter(), 4096);
+        for i in 0..500 {
+            c.next(&occurrence(&format!("va-{i}"), "boom"), at(1));
+            c.next(&occurrence(&format!("va-{i}"), "bang"), at(2));
+        }
+        c.next(&occurrence("va-0", "boom"), at(3));
+        c.forget_object("uid-va-0");
+        assert_eq!(c.seen.len(), 998);
+        assert!(matches!(
+            c.next(&occurrence("va-0", "boom"), at(4)),
+            Write::Create(_)
+        ));
+        assert!(matches!(
+            c.next(&occurrence("va-1", "bang"), at(4)),
+            Write::Patch { .. }
+        ));
+        let full = c.seen.capacity();
+        for i in 0..500 {
+            c.forget_object(&format!("uid-va-{i}"));
+        }
+        assert!(c.seen.is_empty());
+        assert!(c.order.is_empty());
+        assert!(
+            c.seen.capacity() < full / 4,
+            "{} of {full}",
+            c.seen.capacity()
+        );
+        assert!(c.order.capacity() < 100, "{}", c.order.capacity());
+        c.forget_object("unknown");
     }
 
     #[test]

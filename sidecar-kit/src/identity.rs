@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use csi_proto::v1::{controller_service_capability, plugin_capability};
+use csi_proto::v1::{controller_service_capability, node_service_capability, plugin_capability};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
@@ -33,6 +33,7 @@ fn call_error(call: &'static str) -> impl FnOnce(Status) -> IdentityError {
 pub type PluginCapabilities = BTreeSet<plugin_capability::service::Type>;
 /// Controller RPC capabilities, as a set.
 pub type ControllerCapabilities = BTreeSet<controller_service_capability::rpc::Type>;
+pub type NodeCapabilities = BTreeSet<node_service_capability::rpc::Type>;
 
 /// GetPluginInfo's driver name; an empty name is an error.
 pub async fn driver_name(
@@ -86,6 +87,27 @@ pub async fn controller_capabilities(
         .filter_map(|cap| match &cap.r#type {
             Some(controller_service_capability::Type::Rpc(rpc)) => {
                 controller_service_capability::rpc::Type::try_from(rpc.r#type).ok()
+            }
+            _ => None,
+        })
+        .collect())
+}
+
+/// NodeGetCapabilities: the node RPCs the driver implements.
+pub async fn node_capabilities(
+    client: &CsiClient,
+    timeout: Duration,
+) -> Result<NodeCapabilities, IdentityError> {
+    let response = client
+        .node_get_capabilities(CallOptions::timeout(timeout))
+        .await
+        .map_err(call_error("NodeGetCapabilities"))?;
+    Ok(response
+        .capabilities
+        .iter()
+        .filter_map(|cap| match &cap.r#type {
+            Some(node_service_capability::Type::Rpc(rpc)) => {
+                node_service_capability::rpc::Type::try_from(rpc.r#type).ok()
             }
             _ => None,
         })

@@ -32,6 +32,23 @@ pub enum KubeError {
     EnvKubeconfig(kube::config::KubeconfigError),
     #[error("cannot build the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
+    #[error("invalid --master {url:?}: {message}")]
+    Master { url: String, message: String },
+}
+
+/// Points the configuration at `--master` when given (upstream's out-of-cluster override of the
+/// kubeconfig's server).
+pub fn override_master(config: &mut kube::Config, master: &str) -> Result<(), KubeError> {
+    if !master.is_empty() {
+        config.cluster_url =
+            master
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| KubeError::Master {
+                    url: master.to_string(),
+                    message: e.to_string(),
+                })?;
+    }
+    Ok(())
 }
 
 /// Loads the client configuration: `--kubeconfig`, else `$KUBECONFIG`, else in-cluster.

@@ -19,6 +19,8 @@ pub mod metrics;
 pub mod migration;
 pub mod pipeline;
 pub mod quantity;
+pub mod shrink;
+pub mod startup;
 #[cfg(windows)]
 pub mod windows;
 pub mod workqueue;

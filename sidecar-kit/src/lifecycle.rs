@@ -115,48 +115,200 @@ pub fn runtime(flags: &ProcessFlags) -> std::io::Result<tokio::runtime::Runtime>
     Ok(runtime)
 }
 
-/// How often the resident set is looked at for memory to return.
-const TRIM_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
-/// Growth of the resident set since the last trim that makes the next check trim.
-const TRIM_GROWTH: u64 = 1 << 20;
-
-/// glibc's malloc returns freed memory to the system only from the top of its heap, so after a
-/// burst (a few hundred claims at once) most of the burst's peak stays resident behind a few
-/// live allocations. Once the resident set has grown since the last trim and then stopped
-/// growing (the burst is over), `malloc_trim` hands the free pages in the middle back as well;
-/// a quiet sidecar is never woken for more than reading its own `statm`.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-async fn return_memory_after_bursts() {
-    let mut after_trim: u64 = 0;
-    let mut last = u64::MAX;
-    loop {
-        tokio::time::sleep(TRIM_CHECK).await;
-        let Some(resident) = resident_bytes() else {
-            return;
-        };
-        if resident > after_trim.saturating_add(TRIM_GROWTH) && resident <= last {
-            // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
-            unsafe { libc::malloc_trim(0) };
-            after_trim = resident_bytes().unwrap_or(resident);
-            last = after_trim;
-        } else {
-            after_trim = after_trim.min(resident);
-            last = resident;
-        }
-    }
-}
+use trim::return_memory_after_bursts;
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 async fn return_memory_after_bursts() {}
 
-/// The resident set from `/proc/self/statm` (pages, second field).
+/// Handing the memory freed after a burst back to the system, which glibc's malloc does only
+/// when asked.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf only reads a system constant.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * u64::try_from(page).ok()?)
+mod trim {
+    use std::time::Duration;
+
+    /// How often the process is looked at for memory to return.
+    const CHECK: Duration = Duration::from_secs(10);
+    /// Memory freed while resident since the last trim that makes a check trim.
+    const SLACK: u64 = 256 << 10;
+    /// Growth of the resident set between checks that still counts as not growing: a quiet
+    /// process touches a few pages now and then (timers, watch bookmarks, Events still being
+    /// written after a burst), which must not put the trim off.
+    const NOISE: u64 = 64 << 10;
+
+    /// One look at the process: its anonymous resident memory and the bytes the allocator has
+    /// handed out.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) struct Sample {
+        pub anon_resident: u64,
+        pub in_use: u64,
+    }
+
+    impl Sample {
+        /// Resident memory not in use: what the allocator holds free, and a constant rest
+        /// (stacks, static data). Allocations whose pages were never touched can make the
+        /// difference negative, which counts as none.
+        pub fn slack(self) -> u64 {
+            self.anon_resident.saturating_sub(self.in_use)
+        }
+    }
+
+    /// When to trim: once at least [`SLACK`] has been freed while resident since the last
+    /// trim, and the resident set is not growing (by more than [`NOISE`]).
+    ///
+    /// The resident set alone does not tell: the end of a burst frees memory without the
+    /// resident set moving. What was freed shows as growth of the slack between two checks;
+    /// only growth counts, since the slack also falls when allocations reuse free room in pages
+    /// still partly in use, which no trim could have given back. Over-counting costs at most a
+    /// trim that gives little back.
+    #[derive(Debug, Default)]
+    pub(super) struct Trimmer {
+        last: Option<Sample>,
+        /// Slack growth summed over the checks since the last trim.
+        freed: u64,
+    }
+
+    impl Trimmer {
+        /// Whether to trim, given the process `now`.
+        pub fn due(&mut self, now: Sample) -> bool {
+            // Before the first look, all the slack counts: what start-up (the first lists of
+            // the caches) left free.
+            let (last_slack, quiet) = match self.last.replace(now) {
+                Some(last) => (
+                    last.slack(),
+                    now.anon_resident <= last.anon_resident.saturating_add(NOISE),
+                ),
+                None => (0, true),
+            };
+            self.freed = self
+                .freed
+                .saturating_add(now.slack().saturating_sub(last_slack));
+            quiet && self.freed >= SLACK
+        }
+
+        /// A trim happened; `after` is the process right after it.
+        pub fn trimmed(&mut self, after: Sample) {
+            self.last = Some(after);
+            self.freed = 0;
+        }
+    }
+
+    /// glibc's malloc returns freed memory to the system only from the top of its heap, so
+    /// after a burst (a few hundred claims at once) most of the burst's peak stays resident
+    /// behind a few live allocations; `malloc_trim` hands the free pages in the middle back as
+    /// well. A quiet sidecar is never woken for more than reading its own `statm` and the
+    /// allocator's totals.
+    pub(super) async fn return_memory_after_bursts() {
+        let mut trimmer = Trimmer::default();
+        loop {
+            tokio::time::sleep(CHECK).await;
+            let Some(now) = sample() else {
+                return;
+            };
+            if trimmer.due(now) {
+                // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+                unsafe { libc::malloc_trim(0) };
+                trimmer.trimmed(sample().unwrap_or(now));
+            }
+        }
+    }
+
+    pub(super) fn sample() -> Option<Sample> {
+        // `mallinfo`, not `mallinfo2`, which needs glibc 2.33 to link: its `int` fields read as
+        // unsigned are exact below 4 GiB, far beyond a sidecar's heap.
+        // SAFETY: mallinfo only reads the allocator's statistics.
+        let info = unsafe { libc::mallinfo() };
+        let in_use = u64::from(info.uordblks as u32) + u64::from(info.hblkhd as u32);
+        Some(Sample {
+            anon_resident: anon_resident_bytes()?,
+            in_use,
+        })
+    }
+
+    /// Resident memory not backed by files (the binary's text is), from `/proc/self/statm`:
+    /// resident minus shared pages.
+    pub(super) fn anon_resident_bytes() -> Option<u64> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let mut fields = statm.split_whitespace().skip(1);
+        let resident: u64 = fields.next()?.parse().ok()?;
+        let shared: u64 = fields.next()?.parse().ok()?;
+        // SAFETY: sysconf only reads a system constant.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Some(resident.saturating_sub(shared) * u64::try_from(page).ok()?)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn trims_when_a_burst_is_freed_not_while_it_grows() {
+            const KIB: u64 = 1 << 10;
+            let at = |anon_kib: u64, in_use_kib: u64| Sample {
+                anon_resident: anon_kib * KIB,
+                in_use: in_use_kib * KIB,
+            };
+            let mut trimmer = Trimmer::default();
+            assert!(trimmer.due(at(4000, 3000)), "what start-up left");
+            trimmer.trimmed(at(3500, 3000));
+            assert!(!trimmer.due(at(3500, 3000)), "idle");
+            assert!(!trimmer.due(at(4000, 3500)), "a burst begins");
+            assert!(!trimmer.due(at(4000, 3500)), "nothing freed");
+            assert!(!trimmer.due(at(10000, 6000)), "a burst is growing");
+            assert!(trimmer.due(at(10000, 6000)), "growth paused with slack");
+            trimmer.trimmed(at(9900, 6000));
+            assert!(
+                !trimmer.due(at(9900, 6000)),
+                "a trim that gave little back is not repeated"
+            );
+            // Room in pages still partly in use is taken, then a little is freed: both
+            // together leave the slack where it was, and what was freed is counted.
+            assert!(!trimmer.due(at(9900, 6200)));
+            assert!(!trimmer.due(at(9900, 6000)), "200 KiB freed");
+            // The burst ends: its memory is freed, the resident set does not move; a few
+            // pages touched meanwhile are no growth.
+            assert!(trimmer.due(at(9940, 4000)));
+            trimmer.trimmed(at(5000, 4000));
+            assert!(!trimmer.due(at(5000, 4000)));
+            assert!(!trimmer.due(at(5000, 4600)), "freed memory taken again");
+            assert!(!trimmer.due(at(8000, 4000)), "growing");
+            assert!(trimmer.due(at(8000, 4000)));
+            // Allocations larger than the resident set (pages never touched) are no slack.
+            assert_eq!(at(2, 5).slack(), 0);
+        }
+
+        #[test]
+        fn trimming_returns_a_freed_burst() {
+            // A burst of small allocations, most freed, a few kept: the heap cannot shrink from
+            // its top, only malloc_trim gives the pages in between back.
+            let mut kept = Vec::new();
+            let burst: Vec<Vec<u8>> = (0..20_000)
+                .map(|i| {
+                    let block = vec![1u8; 1000];
+                    if i % 1000 == 999 {
+                        kept.push(block.clone());
+                    }
+                    block
+                })
+                .collect();
+            let peak = anon_resident_bytes().unwrap();
+            let before = sample().unwrap();
+            drop(burst);
+            let freed = sample().unwrap();
+            assert!(
+                freed.slack() > before.slack() + 10_000_000,
+                "freeing shows as slack: {before:?}, then {freed:?}"
+            );
+            // SAFETY: as in return_memory_after_bursts.
+            unsafe { libc::malloc_trim(0) };
+            let after = anon_resident_bytes().unwrap();
+            assert!(
+                after + 10_000_000 < peak,
+                "peak {peak} B, after trimming {after} B"
+            );
+            assert_eq!(kept.len(), 20);
+        }
+    }
 }
 
 /// glibc gives every thread that meets a locked arena an arena of its own, each holding on to
@@ -200,33 +352,6 @@ fn read_number(path: &Path) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    #[test]
-    fn trimming_returns_a_freed_burst() {
-        // A burst of small allocations, most freed, a few kept: the heap cannot shrink from its
-        // top, only malloc_trim gives the pages in between back.
-        let mut kept = Vec::new();
-        let burst: Vec<Vec<u8>> = (0..20_000)
-            .map(|i| {
-                let block = vec![1u8; 1000];
-                if i % 1000 == 999 {
-                    kept.push(block.clone());
-                }
-                block
-            })
-            .collect();
-        let peak = resident_bytes().unwrap();
-        drop(burst);
-        // SAFETY: as in return_memory_after_bursts.
-        unsafe { libc::malloc_trim(0) };
-        let after = resident_bytes().unwrap();
-        assert!(
-            after + 10_000_000 < peak,
-            "peak {peak} B, after trimming {after} B"
-        );
-        assert_eq!(kept.len(), 20);
-    }
 
     #[test]
     fn cgroup_v2_limits() {

@@ -28,6 +28,8 @@ use prometheus::{
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::shrink::ShrinkWhenSparse;
+
 /// Per-key exponential backoff: `start`, doubled on every failure, capped at `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
@@ -280,6 +282,18 @@ impl<K: Clone + Eq + Hash> State<K> {
     fn has_queued(&self) -> bool {
         self.queued.iter().any(|&n| n > 0)
     }
+
+    /// Gives back the room a burst of keys left (cheap when there is none to give).
+    fn shrink_when_sparse(&mut self) {
+        for lane in &mut self.lanes {
+            lane.shrink_when_sparse();
+        }
+        self.dirty.shrink_when_sparse();
+        self.processing.shrink_when_sparse();
+        self.delayed.shrink_when_sparse();
+        self.timer_keys.shrink_when_sparse();
+        self.failures.shrink_when_sparse();
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -433,6 +447,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         let (requeued, started) = {
             let mut state = self.state();
             let started = state.processing.remove(key);
+            state.shrink_when_sparse();
             let mut requeued = false;
             let ticket = state.ticket();
             let state = &mut *state;

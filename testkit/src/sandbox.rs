@@ -274,6 +274,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     let probe = spawn_livenessprobe(&mut sandbox, binary("livenessprobe"), &endpoint)?;
     let registrar = spawn_registrar(&mut sandbox, binary("csi-node-driver-registrar"), &endpoint)?;
     let attacher = spawn_attacher(&mut sandbox, binary("csi-attacher"), &endpoint)?;
+    let resizer = spawn_resizer(&mut sandbox, binary("csi-resizer"), &endpoint)?;
     let provisioner = spawn_provisioner(
         &mut sandbox,
         binary("csi-provisioner"),
@@ -283,7 +284,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
 
     check_livenessprobe(&mut sandbox, probe).await;
     check_registrar(&mut sandbox, registrar).await;
-    volumes(&mut sandbox, attacher, provisioner).await?;
+    volumes(&mut sandbox, attacher, resizer, provisioner).await?;
     if options.capacity && provisioner {
         let outcome = capacity(&sandbox).await?;
         sandbox.record("capacity", outcome);
@@ -442,6 +443,75 @@ fn spawn_attacher(
     Ok(Some(port))
 }
 
+/// Starts the resizer; its HTTP port, or `None` when it is not built.
+fn spawn_resizer(
+    sandbox: &mut Sandbox,
+    binary: Option<PathBuf>,
+    endpoint: &str,
+) -> Result<Option<u16>, SandboxError> {
+    let Some(binary) = binary else {
+        sandbox.record(
+            "external-resizer",
+            Outcome::Skipped("binary csi-resizer not built".into()),
+        );
+        return Ok(None);
+    };
+    let kubeconfig = sandbox.kubeconfig().display().to_string();
+    let port = crate::measure::free_port()?;
+    sandbox.spawn(
+        "external-resizer",
+        &binary,
+        &[
+            format!("--csi-address={endpoint}"),
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-election".into(),
+            format!("--leader-election-namespace={NAMESPACE}"),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+        ],
+    )?;
+    sandbox.metrics.push(("external-resizer", port));
+    Ok(Some(port))
+}
+
+/// Asks for 2Gi instead of 1Gi: the resizer grows the volume and its PV, and the claim waits
+/// for the node to grow the file system.
+async fn expand(
+    sandbox: &Sandbox,
+    pv_name: &str,
+    resizer_port: u16,
+) -> Result<Outcome, SandboxError> {
+    let client = sandbox.api.client();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE);
+    let patch = json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}});
+    claims
+        .patch(
+            "sandbox-pvc",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    let pvs = Api::<PersistentVolume>::all(client);
+    let grown = wait_for(|| {
+        let (claims, pvs) = (claims.clone(), pvs.clone());
+        async move {
+            let pv = pvs.get(pv_name).await.ok()?;
+            let capacity = pv.spec?.capacity?.get("storage")?.0.clone();
+            let status = claims.get("sandbox-pvc").await.ok()?.status?;
+            let state = status.allocated_resource_statuses?.get("storage")?.clone();
+            (capacity == "2Gi").then_some(state)
+        }
+    })
+    .await;
+    Ok(match grown {
+        Some(state) => Outcome::Ok(format!(
+            "PVC sandbox-pvc asked for 2Gi: PV {pv_name} grown to 2Gi, the claim is {state} (the node grows the file system); metrics at http://127.0.0.1:{resizer_port}/metrics"
+        )),
+        None => Outcome::Failed(format!(
+            "PV {pv_name} not grown to 2Gi within {STEP_TIMEOUT:?}"
+        )),
+    })
+}
+
 /// Starts the provisioner if it is built; whether it runs.
 fn spawn_provisioner(
     sandbox: &mut Sandbox,
@@ -482,6 +552,7 @@ fn spawn_provisioner(
 async fn volumes(
     sandbox: &mut Sandbox,
     attacher_port: Option<u16>,
+    resizer_port: Option<u16>,
     provisioner: bool,
 ) -> Result<(), SandboxError> {
     let client = sandbox.api.client();
@@ -489,7 +560,8 @@ async fn volumes(
         "metadata": {"name": "sandbox"},
         "provisioner": DRIVER,
         "reclaimPolicy": "Delete",
-        "volumeBindingMode": "Immediate"
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": true
     }))?;
     Api::<StorageClass>::all(client.clone())
         .create(&PostParams::default(), &class)
@@ -538,6 +610,13 @@ async fn volumes(
             Err(err) => Outcome::Failed(err.to_string()),
         };
         sandbox.record("restore", outcome);
+    }
+    if let Some(resizer_port) = resizer_port {
+        let outcome = match expand(sandbox, &pv_name, resizer_port).await {
+            Ok(outcome) => outcome,
+            Err(err) => Outcome::Failed(err.to_string()),
+        };
+        sandbox.record("external-resizer", outcome);
     }
 
     let Some(attacher_port) = attacher_port else {

@@ -23,14 +23,19 @@ use tokio::time::Instant;
 
 /// The sidecars with a `/metrics` endpoint (the node-driver-registrar has none, as upstream):
 /// step name in the sandbox and binary.
-const SCRAPED: [(&str, &str); 3] = [
+const SCRAPED: [(&str, &str); 4] = [
     ("livenessprobe", "livenessprobe"),
     ("external-attacher", "csi-attacher"),
+    ("external-resizer", "csi-resizer"),
     ("external-provisioner", "csi-provisioner"),
 ];
 
 /// The sidecars that run workqueues (`workqueue_*{name=...}`).
-const WITH_WORKQUEUES: [&str; 2] = ["external-attacher", "external-provisioner"];
+const WITH_WORKQUEUES: [&str; 3] = [
+    "external-attacher",
+    "external-resizer",
+    "external-provisioner",
+];
 
 /// `promtool check metrics` complaints that upstream's metric names or HELP texts force on us,
 /// as (metric name, text of the complaint). Metric names, label names and HELP texts are part
@@ -300,6 +305,7 @@ async fn prometheus_scrapes_every_sidecar() {
         "volume",
         "livenessprobe",
         "external-attacher",
+        "external-resizer",
     ] {
         assert!(
             matches!(running.outcome(step), Some(Outcome::Ok(_))),

@@ -25,6 +25,8 @@ fn assert_end_state(bin_dir: &Path, outcome: impl Fn(&str) -> Option<Outcome>) {
         ("livenessprobe", "livenessprobe"),
         ("node-driver-registrar", "csi-node-driver-registrar"),
         ("external-attacher", "csi-attacher"),
+        // The resizer grows the claim's volume.
+        ("external-resizer", "csi-resizer"),
         // The provisioner restores a claim from a snapshot.
         ("restore", "csi-provisioner"),
         // With capacity tracking: the CSIStorageCapacity of a late-binding class.

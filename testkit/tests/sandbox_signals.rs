@@ -11,10 +11,11 @@ use testkit::process::{CleanEnv, die_with_parent, has_ended, wait_until};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const SIDECARS: [&str; 4] = [
+const SIDECARS: [&str; 5] = [
     "livenessprobe",
     "csi-node-driver-registrar",
     "csi-attacher",
+    "csi-resizer",
     "csi-provisioner",
 ];
 

@@ -84,11 +84,17 @@ fn bound_claim_status(claim: &Value, volume: &Value) -> Option<Value> {
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
+    // The capacity is the volume's only when the claim becomes bound: later the two differ on
+    // purpose while an expansion waits for the node (kube's `updateClaimStatus`).
+    let becoming_bound = status.get("phase").and_then(Value::as_str) != Some("Bound");
     status.insert("phase".into(), json!("Bound"));
     for (field, from) in [
         ("capacity", "/spec/capacity"),
         ("accessModes", "/spec/accessModes"),
     ] {
+        if field == "capacity" && !becoming_bound {
+            continue;
+        }
         match volume.pointer(from) {
             Some(v) => status.insert(field.into(), v.clone()),
             None => status.remove(field),
@@ -303,7 +309,12 @@ fn sync_volume(s: &mut Store, k: Kinds, name: &str) {
         &key_of(&volume),
         plan_volume(&volume, claim.as_deref()),
     );
-    if let Some(c) = claim.filter(|c| str_at(c, "/spec/volumeName").is_empty()) {
+    // A claim waiting for this volume: unbound, or naming it before it existed (the real
+    // controller queues such a claim from the volume's sync as well).
+    if let Some(c) = claim.filter(|c| {
+        let named = str_at(c, "/spec/volumeName");
+        named.is_empty() || (named == name && str_at(c, "/status/phase") != "Bound")
+    }) {
         sync_claim(s, k, ns, str_at(&c, "/metadata/name"));
     }
 }

@@ -580,6 +580,40 @@ pub fn canonicalize_quantities(k: &Kind, obj: &mut Value) -> Result<(), ApiError
     Ok(())
 }
 
+/// Maps and lists the typed API drops when they are empty (`omitempty`): the real server keeps
+/// no `{}` or `[]` there, so a patch that removes the last entry removes the field.
+fn omitempty_collections(k: &Kind) -> &'static [&'static str] {
+    match (k.group, k.kind) {
+        ("", "PersistentVolumeClaim") => &[
+            "/metadata/annotations",
+            "/metadata/labels",
+            "/metadata/finalizers",
+            "/status/conditions",
+            "/status/capacity",
+            "/status/allocatedResources",
+            "/status/allocatedResourceStatuses",
+            "/status/accessModes",
+        ],
+        _ => &[],
+    }
+}
+
+/// Removes the empty `omitempty` collections of a typed object (see [`omitempty_collections`]).
+pub fn drop_empty_collections(k: &Kind, obj: &mut Value) {
+    for pointer in omitempty_collections(k) {
+        let Some((parent, field)) = pointer.rsplit_once('/') else {
+            continue;
+        };
+        let empty = obj.pointer(pointer).is_some_and(|v| {
+            v.as_object().is_some_and(|m| m.is_empty())
+                || v.as_array().is_some_and(|a| a.is_empty())
+        });
+        if empty && let Some(Value::Object(m)) = obj.pointer_mut(parent) {
+            m.remove(field);
+        }
+    }
+}
+
 fn quantity_at(v: &Value, pointer: &str) -> Option<Quantity> {
     v.pointer(pointer)
         .and_then(quantity::from_json)

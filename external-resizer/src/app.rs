@@ -1,0 +1,228 @@
+//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
+//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+
+use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
+use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
+use csi_proto::v1::plugin_capability::service::Type as Service;
+use sidecar_kit::csi::CsiClient;
+use sidecar_kit::events::Reporter;
+use sidecar_kit::http::HttpPlan;
+use sidecar_kit::identity::{self, IdentityError};
+use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
+use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::startup::{self, Greeting, StartupError};
+use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::{self, COMPONENT, Config};
+use crate::decide::Policy;
+use crate::flags::Cli;
+use crate::model;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Http(#[from] sidecar_kit::http::HttpError),
+    #[error(transparent)]
+    Kube(#[from] sidecar_kit::kube::KubeError),
+    #[error(transparent)]
+    Metrics(#[from] sidecar_kit::metrics::MetricsError),
+    #[error("cannot register metrics: {0}")]
+    Registry(#[from] prometheus::Error),
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+    #[error("the CSI driver does not provide the controller service")]
+    NoControllerService,
+    #[error("CSI driver neither supports controller resize nor modify volume")]
+    NothingToDo,
+}
+
+/// What the driver can do for the resizer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// ControllerExpandVolume.
+    pub controller_expansion: bool,
+    /// No controller expansion but NodeExpandVolume: expansions are handed to the nodes.
+    pub node_expansion: bool,
+    pub modify: bool,
+    pub single_node_multi_writer: bool,
+}
+
+impl Capabilities {
+    pub fn resizes(&self) -> bool {
+        self.controller_expansion || self.node_expansion
+    }
+}
+
+/// Asks the driver for its capabilities as upstream does: the controller service is required;
+/// NodeGetCapabilities is asked (on the same endpoint) only without controller expansion.
+pub async fn capabilities(
+    csi: &CsiClient,
+    timeout: std::time::Duration,
+) -> Result<Capabilities, AppError> {
+    let plugin = identity::plugin_capabilities(csi, timeout).await?;
+    if !plugin.contains(&Service::ControllerService) {
+        return Err(AppError::NoControllerService);
+    }
+    let rpcs = identity::controller_capabilities(csi, timeout).await?;
+    let controller_expansion = rpcs.contains(&Rpc::ExpandVolume);
+    let node_expansion = !controller_expansion
+        && identity::node_capabilities(csi, timeout)
+            .await
+            .is_ok_and(|node| node.contains(&NodeRpc::ExpandVolume));
+    Ok(Capabilities {
+        controller_expansion,
+        node_expansion,
+        modify: rpcs.contains(&Rpc::ModifyVolume),
+        single_node_multi_writer: rpcs.contains(&Rpc::SingleNodeMultiWriter),
+    })
+}
+
+/// Whether the API server serves `storage.k8s.io/v1` VolumeAttributesClasses; a failed lookup
+/// counts as yes, as upstream's.
+async fn serves_classes(client: &kube::Client) -> bool {
+    match client.list_api_group_resources("storage.k8s.io/v1").await {
+        Ok(list) => list
+            .resources
+            .iter()
+            .any(|r| r.kind == "VolumeAttributesClass"),
+        Err(err) => {
+            tracing::error!(error = %err, "Failed to check VolumeAttributesClass V1 API availability");
+            true
+        }
+    }
+}
+
+/// The controller configuration for `driver` with `caps`, from the flags.
+pub fn config(
+    cli: &Cli,
+    driver: &str,
+    caps: Capabilities,
+    classes: bool,
+    instance: &str,
+) -> Config {
+    Config {
+        policy: Policy {
+            driver: driver.to_string(),
+            recover: cli.feature_gates.recover_volume_expansion_failure,
+            annotate_fs_resize: cli.feature_gates.annotate_fs_resize,
+            controller_expansion: caps.controller_expansion,
+        },
+        timeout: cli.timeout,
+        backoff: Backoff {
+            start: cli.retry_interval_start,
+            max: cli.retry_interval_max,
+        },
+        workers: cli.workers,
+        resync: cli.resync_period,
+        handle_in_use: cli.handle_volume_inuse_error && caps.resizes(),
+        modify: caps.modify && classes,
+        extra_modify_metadata: cli.extra_modify_metadata,
+        single_node_multi_writer: caps.single_node_multi_writer,
+        queue_metrics: None,
+        reporter: Reporter {
+            component: format!("{COMPONENT} {driver}"),
+            instance: instance.to_string(),
+        },
+    }
+}
+
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let kube_flags = &cli.common.kube;
+    let mut kube_config = sidecar_kit::kube::load_config(kube_flags).await?;
+    sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
+    let client = sidecar_kit::kube::client(
+        kube_config.clone(),
+        kube_flags.kube_api_qps,
+        kube_flags.kube_api_burst,
+    )?;
+    let classes = match cli.feature_gates.volume_attributes_class {
+        Some(on) => on,
+        None => {
+            let served = serves_classes(&client).await;
+            if !served {
+                tracing::info!(
+                    "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available"
+                );
+            }
+            served
+        }
+    };
+
+    let metrics = CsiMetrics::new()?;
+    let greeting = Greeting {
+        csi_address: &cli.common.csi.csi_address,
+        probe_timeout: cli.timeout,
+        identity_timeout: cli.timeout,
+        max_log_length: -1,
+    };
+    let Some(driver) = startup::greet_driver(greeting, &metrics, &shutdown).await? else {
+        return Ok(());
+    };
+    let caps = capabilities(&driver.csi, cli.timeout).await?;
+    if !caps.resizes() {
+        tracing::info!("the CSI driver does not support volume expansion");
+    }
+    if !caps.modify {
+        tracing::info!("the CSI driver does not support ControllerModifyVolume");
+    }
+    if !(caps.resizes() || caps.modify && classes) {
+        return Err(AppError::NothingToDo);
+    }
+    if caps.node_expansion {
+        tracing::info!(
+            "the driver expands volumes on nodes only: expansions are handed to kubelet without a driver call"
+        );
+    }
+    let identity_name = leader::default_identity();
+    let mut config = config(&cli, &driver.name, caps, classes, &identity_name);
+    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
+
+    let election = if cli.common.leader_election.leader_election {
+        let le_client = sidecar_kit::kube::client(
+            kube_config,
+            kube_flags.kube_api_qps,
+            kube_flags.kube_api_burst,
+        )?;
+        let mut settings = ElectionConfig::from_flags(
+            &model::lease_name(&driver.name),
+            &cli.common.leader_election,
+        )?;
+        settings.release_on_exit = cli.release_lease_on_exit();
+        Some(
+            LeaderElector::new(le_client, settings)
+                .with_metrics(LeaderMetrics::register(metrics.registry())?),
+        )
+    } else {
+        None
+    };
+
+    http_plan
+        .serve(
+            &cli.common.http.metrics_path,
+            &metrics,
+            election.as_ref().map(LeaderElector::health),
+            |routes| routes,
+            &shutdown,
+        )
+        .await?;
+
+    let csi = driver.csi;
+    match election {
+        Some(elector) => {
+            elector
+                .run(shutdown, |leading| {
+                    controller::run(config, client, csi, leading)
+                })
+                .await?
+        }
+        None => controller::run(config, client, csi, shutdown).await,
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! The start-up every controller sidecar shares: the process entry (runtime, signals, crash-only
+//! exit) and the driver hand-shake (connect, exit on loss, Probe until ready, the driver's name,
+//! the `migrated` metrics label).
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::connection::{self, ConnectOptions, LossPolicy};
+use crate::csi::CsiClient;
+use crate::flags::ProcessFlags;
+use crate::identity::{self, IdentityError};
+use crate::lifecycle;
+use crate::metrics::CsiMetrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Connect(#[from] connection::ConnectError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+}
+
+/// Runs `serve` until it returns, on the runtime the process flags ask for, with a token that
+/// SIGTERM and SIGINT cancel. An error ends the process through [`lifecycle::fatal`].
+pub fn run<F, Fut, E>(flags: &ProcessFlags, serve: F)
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: Display,
+{
+    let runtime = match lifecycle::runtime(flags) {
+        Ok(runtime) => runtime,
+        Err(err) => lifecycle::fatal(&format!("cannot start the runtime: {err}")),
+    };
+    let result = runtime.block_on(async { serve(lifecycle::shutdown_token()).await });
+    if let Err(err) = result {
+        lifecycle::fatal(&err.to_string());
+    }
+}
+
+/// How the driver is greeted.
+#[derive(Clone, Copy, Debug)]
+pub struct Greeting<'a> {
+    pub csi_address: &'a str,
+    /// Timeout of each Probe attempt.
+    pub probe_timeout: Duration,
+    /// Timeout of GetPluginInfo.
+    pub identity_timeout: Duration,
+    /// Longest gRPC response logged (-1: no limit).
+    pub max_log_length: i64,
+}
+
+/// A driver that answered: its client and its name.
+pub struct Driver {
+    pub csi: CsiClient,
+    pub name: String,
+}
+
+/// Connects to the driver (the process exits when the connection is lost, as upstream's does),
+/// waits until it is ready, learns its name and labels the CSI metrics with it. `None` when
+/// `shutdown` came first.
+pub async fn greet_driver(
+    greeting: Greeting<'_>,
+    metrics: &CsiMetrics,
+    shutdown: &CancellationToken,
+) -> Result<Option<Driver>, StartupError> {
+    let connection = connection::connect(
+        greeting.csi_address,
+        ConnectOptions {
+            dial_timeout: Some(connection::DEFAULT_DIAL_TIMEOUT),
+            policy: LossPolicy::Exit,
+        },
+    )
+    .await?;
+    connection.exit_on_loss();
+    let csi =
+        CsiClient::new(connection, metrics.clone()).with_max_log_length(greeting.max_log_length);
+    match identity::probe_forever(&csi, greeting.probe_timeout, shutdown).await {
+        Err(IdentityError::Cancelled) => return Ok(None),
+        other => other?,
+    }
+    let name = identity::driver_name(&csi, Some(greeting.identity_timeout)).await?;
+    metrics.set_driver_name(&name);
+    tracing::info!(driver = %name, "CSI driver name");
+    match identity::label_migration_metrics(&csi, &name, greeting.probe_timeout, shutdown).await {
+        Err(IdentityError::Cancelled) => return Ok(None),
+        other => other?,
+    };
+    Ok(Some(Driver { csi, name }))
+}
