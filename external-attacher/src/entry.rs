@@ -4,7 +4,7 @@ use std::ffi::OsString;
 
 use crate::{app, flags::Cli};
 use sidecar_kit::flags::{FlagSyntax, parse_args};
-use sidecar_kit::lifecycle;
+use sidecar_kit::{lifecycle, startup};
 
 /// Runs the sidecar with the command line `args` (the first item names the program) until it
 /// ends; exits the process on errors, as the binary does.
@@ -15,15 +15,6 @@ pub fn main(args: impl IntoIterator<Item = OsString>) {
     if let Err(err) = cli.validate() {
         lifecycle::fatal(&err.to_string());
     }
-    let runtime = match lifecycle::runtime(&cli.common.process) {
-        Ok(runtime) => runtime,
-        Err(err) => lifecycle::fatal(&format!("cannot start the runtime: {err}")),
-    };
-    let result = runtime.block_on(async {
-        let shutdown = lifecycle::shutdown_token();
-        app::serve(cli, shutdown).await
-    });
-    if let Err(err) = result {
-        lifecycle::fatal(&err.to_string());
-    }
+    let process = cli.common.process.clone();
+    startup::run(&process, |shutdown| app::serve(cli, shutdown));
 }

@@ -6,13 +6,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
-use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::Reporter;
 use sidecar_kit::http::{HttpPlan, Reply};
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::startup::{self, Driver, Greeting, StartupError};
 use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 
@@ -52,7 +52,7 @@ pub enum AppError {
     #[error("cannot register metrics: {0}")]
     Registry(#[from] prometheus::Error),
     #[error(transparent)]
-    Connect(#[from] connection::ConnectError),
+    Startup(#[from] StartupError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error(transparent)]
@@ -279,27 +279,16 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     let client = clients.main.clone();
 
     let metrics = CsiMetrics::new()?;
-    let connection = connection::connect(
-        &cli.common.csi.csi_address,
-        ConnectOptions {
-            dial_timeout: Some(connection::DEFAULT_DIAL_TIMEOUT),
-            policy: LossPolicy::Exit,
-        },
-    )
-    .await?;
-    connection.exit_on_loss();
-    let csi = CsiClient::new(connection, metrics.clone());
-
-    match identity::probe_forever(&csi, cli.timeout, &shutdown).await {
-        Err(IdentityError::Cancelled) => return Ok(()),
-        other => other?,
-    }
-    let driver = identity::driver_name(&csi, Some(cli.timeout)).await?;
-    metrics.set_driver_name(&driver);
-    tracing::info!(%driver, "CSI driver name");
-    match identity::label_migration_metrics(&csi, &driver, cli.timeout, &shutdown).await {
-        Err(IdentityError::Cancelled) => return Ok(()),
-        other => other?,
+    let greeting = Greeting {
+        csi_address: &cli.common.csi.csi_address,
+        probe_timeout: cli.timeout,
+        identity_timeout: cli.timeout,
+        max_log_length: -1,
+    };
+    let Some(Driver { csi, name: driver }) =
+        startup::greet_driver(greeting, &metrics, &shutdown).await?
+    else {
+        return Ok(());
     };
     let caps = capabilities(&csi, cli.timeout).await?;
     let identity_string = identity_string(&driver);
