@@ -285,14 +285,21 @@ impl Env {
         .await
     }
 
-    /// `(type, reason, message)` of the Events about the claim, oldest first.
+    /// `(type, reason, message)` of the resizer's Events about the claim, oldest first (on a
+    /// real cluster kube-controller-manager's expand controller reports on the claim too).
     pub async fn events(&self, name: &str) -> Vec<(String, String, String)> {
         let api: Api<Event> = Api::namespaced(self.client(), self.ns());
+        let component = format!("external-resizer {}", self.driver);
         let mut events: Vec<Event> = api
             .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
             .await
             .unwrap()
-            .items;
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(component.as_str())
+            })
+            .collect();
         events.sort_by_key(|e| e.first_timestamp.clone().map(|t| t.0));
         events
             .into_iter()
