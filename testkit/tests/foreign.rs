@@ -67,6 +67,7 @@ async fn every_binary_answers_help() {
         ("livenessprobe", "--probe-timeout"),
         ("csi-node-driver-registrar", "--kubelet-registration-path"),
         ("csi-attacher", "--worker-threads"),
+        ("csi-resizer", "--handle-volume-inuse-error"),
         ("csi-provisioner", "--volume-name-prefix"),
         ("csi-sidecars", "livenessprobe"),
     ] {

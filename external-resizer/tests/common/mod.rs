@@ -177,6 +177,19 @@ impl Env {
     /// A volume of `bytes` in the driver, a PV of it and a claim bound to it. `block` volumes
     /// need no node step after an expansion; file systems do.
     pub async fn bound_claim(&self, name: &str, bytes: i64, block: bool, extra: Value) -> String {
+        self.bound_claim_with(name, bytes, block, extra, json!({}))
+            .await
+    }
+
+    /// [`Env::bound_claim`] with `pv_extra` merged into the PV.
+    pub async fn bound_claim_with(
+        &self,
+        name: &str,
+        bytes: i64,
+        block: bool,
+        extra: Value,
+        pv_extra: Value,
+    ) -> String {
         let access_type = if block {
             AccessType::Block(BlockVolume {})
         } else {
@@ -221,7 +234,7 @@ impl Env {
             .create(&PostParams::default(), &claim)
             .await
             .unwrap();
-        let pv = json!({
+        let mut pv = json!({
             "metadata": {"name": pv_name},
             "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode,
                      "capacity": {"storage": size},
@@ -231,6 +244,7 @@ impl Env {
                      "claimRef": {"namespace": self.ns(), "name": name,
                                   "uid": claim.metadata.uid}},
         });
+        merge(&mut pv, &pv_extra);
         self.pvs()
             .create(&PostParams::default(), &serde_json::from_value(pv).unwrap())
             .await
