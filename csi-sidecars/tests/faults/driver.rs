@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use csi_proto::methods::controller::{
-    CONTROLLER_PUBLISH_VOLUME, CONTROLLER_UNPUBLISH_VOLUME, CREATE_VOLUME, DELETE_VOLUME,
+    CONTROLLER_EXPAND_VOLUME, CONTROLLER_MODIFY_VOLUME, CONTROLLER_PUBLISH_VOLUME,
+    CONTROLLER_UNPUBLISH_VOLUME, CREATE_VOLUME, DELETE_VOLUME,
 };
 use serde_json::Value;
 use testkit::mockdriver::{Faults, MockDriver, MockHandle, State};
@@ -28,16 +29,26 @@ fn identity(method: &str, request: &Value) -> String {
         field("name").to_string()
     } else if method == DELETE_VOLUME {
         field("volume_id").to_string()
+    } else if method == CONTROLLER_EXPAND_VOLUME || method == CONTROLLER_MODIFY_VOLUME {
+        // One volume grown to one size, or given one set of parameters.
+        let target = request
+            .get("capacity_range")
+            .or_else(|| request.get("mutable_parameters"))
+            .map(Value::to_string)
+            .unwrap_or_default();
+        format!("{} to {target}", field("volume_id"))
     } else {
         format!("{} on {}", field("volume_id"), field("node_id"))
     }
 }
 
-const COUNTED: [&str; 4] = [
+const COUNTED: [&str; 6] = [
     CREATE_VOLUME,
     DELETE_VOLUME,
     CONTROLLER_PUBLISH_VOLUME,
     CONTROLLER_UNPUBLISH_VOLUME,
+    CONTROLLER_EXPAND_VOLUME,
+    CONTROLLER_MODIFY_VOLUME,
 ];
 
 impl Driver {

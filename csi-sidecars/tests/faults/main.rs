@@ -1,6 +1,7 @@
-//! The fault suite. Two replicas each of the provisioner and the attacher (the real binary,
-//! with leader election) run against the test kit's API server and the mock driver while a
-//! seeded workload creates, attaches, detaches and deletes claims and faults are injected at
+//! The fault suite. Two replicas each of the provisioner, the attacher and the resizer (the real
+//! binary, with leader election) run against the test kit's API server and the mock driver while
+//! a seeded workload creates, attaches, detaches, grows, re-classes and deletes claims and faults
+//! are injected at
 //! random moments: kill -9 of any replica (the suite restarts it, as the kubelet would), the
 //! current leader killed in the middle of a batch, driver latency beyond `--timeout`, hung
 //! calls, transient gRPC codes, volumes created but answered DeadlineExceeded, driver restarts
@@ -9,8 +10,10 @@
 //!
 //! Then, with faults off, everything must converge within a bounded time: the driver's volumes
 //! and the PVs name each other one to one, every claim the workload keeps is Bound, nothing is
-//! stuck with a finalizer, and every VolumeAttachment's attached state is the driver's publish
-//! state. Each run prints its seed and a one-line verdict.
+//! stuck with a finalizer, every VolumeAttachment's attached state is the driver's publish
+//! state, every claim's requested size is the PV's and the driver's with no expansion left in
+//! the controller, and every claim's VolumeAttributesClass is its PV's and current. Each run
+//! prints its seed and a one-line verdict.
 //!
 //!   FAULT_SEED=N      replays a run
 //!   FAULT_ROUNDS=N    rounds of operations and faults (default 40; a long run: 400)
@@ -27,11 +30,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use csi_proto::methods::controller::{
-    CONTROLLER_PUBLISH_VOLUME, CONTROLLER_UNPUBLISH_VOLUME, CREATE_VOLUME, DELETE_VOLUME,
+    CONTROLLER_EXPAND_VOLUME, CONTROLLER_MODIFY_VOLUME, CONTROLLER_PUBLISH_VOLUME,
+    CONTROLLER_UNPUBLISH_VOLUME, CREATE_VOLUME, DELETE_VOLUME,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{
+    CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
+};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testkit::apiserver::{ApiError, Faults as ApiFaults, RequestMatch, TestCluster, Verb};
@@ -69,11 +75,13 @@ enum Restore {
     DriverRelease(&'static str),
 }
 
-const METHODS: [&str; 4] = [
+const METHODS: [&str; 6] = [
     CREATE_VOLUME,
     DELETE_VOLUME,
     CONTROLLER_PUBLISH_VOLUME,
     CONTROLLER_UNPUBLISH_VOLUME,
+    CONTROLLER_EXPAND_VOLUME,
+    CONTROLLER_MODIFY_VOLUME,
 ];
 
 /// The codes upstream's sidecars treat as "may still be in progress".
@@ -131,12 +139,28 @@ impl Suite {
             "provisioner": driver_name,
             "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
+            "allowVolumeExpansion": true,
         }))
         .expect("a valid StorageClass");
         Api::<StorageClass>::all(client.clone())
             .create(&PostParams::default(), &sc)
             .await
             .expect("the StorageClass is created");
+        let mut classes = Vec::new();
+        for (base, iops) in [("faults-gold", "3000"), ("faults-silver", "1000")] {
+            let name = cluster.cluster_name(base);
+            let vac: VolumeAttributesClass = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "driverName": driver_name,
+                "parameters": {"iops": iops},
+            }))
+            .expect("a valid VolumeAttributesClass");
+            Api::<VolumeAttributesClass>::all(client.clone())
+                .create(&PostParams::default(), &vac)
+                .await
+                .expect("the VolumeAttributesClass is created");
+            classes.push(name);
+        }
         let mut nodes = BTreeMap::new();
         for i in 0..NODES {
             let node = cluster.cluster_name(&format!("node-{i}"));
@@ -162,11 +186,13 @@ impl Suite {
             Replica::new(Sidecar::Provisioner, "csi-provisioner-b", &launch),
             Replica::new(Sidecar::Attacher, "csi-attacher-a", &launch),
             Replica::new(Sidecar::Attacher, "csi-attacher-b", &launch),
+            Replica::new(Sidecar::Resizer, "csi-resizer-a", &launch),
+            Replica::new(Sidecar::Resizer, "csi-resizer-b", &launch),
         ];
         for replica in &mut replicas {
             replica.start(&launch).expect("the sidecar starts");
         }
-        let workload = Workload::new(client, &namespace, &class, &driver_name, nodes);
+        let workload = Workload::new(client, &namespace, &class, &driver_name, nodes, classes);
         if cluster.is_real() {
             println!("on a real cluster: API faults are not injected");
         }
@@ -222,10 +248,10 @@ impl Suite {
                 true
             }
             Fault::LeaderFailover => {
-                let sidecar = if self.rng.chance(50) {
-                    Sidecar::Provisioner
-                } else {
-                    Sidecar::Attacher
+                let sidecar = match self.rng.below(3) {
+                    0 => Sidecar::Provisioner,
+                    1 => Sidecar::Attacher,
+                    _ => Sidecar::Resizer,
                 };
                 match self.leader(sidecar).await {
                     Some(index) => {
@@ -264,10 +290,11 @@ impl Suite {
                 }
             }
             Fault::DriverLostAnswer => {
-                let method = if self.rng.chance(50) {
-                    CREATE_VOLUME
-                } else {
-                    CONTROLLER_PUBLISH_VOLUME
+                let method = match self.rng.below(4) {
+                    0 => CREATE_VOLUME,
+                    1 => CONTROLLER_PUBLISH_VOLUME,
+                    2 => CONTROLLER_EXPAND_VOLUME,
+                    _ => CONTROLLER_MODIFY_VOLUME,
                 };
                 let times = self.rng.between(1, 3);
                 match self.driver.faults() {
@@ -411,6 +438,7 @@ impl Suite {
             .map(|v| DriverVolume {
                 id: v.id,
                 published: v.published.into_keys().collect(),
+                capacity_bytes: v.capacity_bytes,
             })
             .collect();
         let pvs = Api::<PersistentVolume>::all(client.clone())
@@ -440,6 +468,12 @@ impl Suite {
                     }),
                     deleting: pv.metadata.deletion_timestamp.is_some(),
                     finalizers: pv.metadata.finalizers.unwrap_or_default(),
+                    capacity_bytes: spec
+                        .capacity
+                        .as_ref()
+                        .and_then(|c| c.get("storage"))
+                        .and_then(|q| bytes(&q.0)),
+                    class: spec.volume_attributes_class_name,
                 }
             })
             .collect();
@@ -450,16 +484,7 @@ impl Suite {
                 .ok()?
                 .items
                 .into_iter()
-                .map(|c| PvcView {
-                    key: format!(
-                        "{}/{}",
-                        c.metadata.namespace.unwrap_or_default(),
-                        c.metadata.name.unwrap_or_default()
-                    ),
-                    phase: c.status.and_then(|s| s.phase).unwrap_or_default(),
-                    volume: c.spec.and_then(|s| s.volume_name),
-                    deleting: c.metadata.deletion_timestamp.is_some(),
-                })
+                .map(pvc_view)
                 .collect();
         let vas = Api::<VolumeAttachment>::all(client)
             .list(&ListParams::default())
@@ -486,6 +511,65 @@ impl Suite {
 
     fn launch_driver(&self) -> &str {
         self.workload.driver()
+    }
+}
+
+/// A quantity in bytes (the API server stores canonical forms such as `3Mi`).
+fn bytes(quantity: &str) -> Option<i128> {
+    let (number, unit) = quantity
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((quantity, ""), |at| quantity.split_at(at));
+    let scale: i128 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return None,
+    };
+    Some(number.parse::<i128>().ok()? * scale)
+}
+
+fn pvc_view(c: PersistentVolumeClaim) -> PvcView {
+    let spec = c.spec.unwrap_or_default();
+    let status = c.status.unwrap_or_default();
+    let resize_status = status
+        .allocated_resource_statuses
+        .as_ref()
+        .and_then(|s| s.get("storage"))
+        .cloned();
+    // Once the node's step is due (`NodeResizePending`), the controller's `Resizing` condition
+    // stays until kubelet finishes, as upstream leaves it.
+    let node_turn = resize_status
+        .as_ref()
+        .is_some_and(|s| s.starts_with("Node"));
+    let in_controller = resize_status.filter(|s| s.starts_with("Controller"));
+    let condition = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Resizing" || c.type_ == "ControllerResizeError")
+        .filter(|_| !node_turn)
+        .map(|c| format!("condition {}", c.type_));
+    PvcView {
+        key: format!(
+            "{}/{}",
+            c.metadata.namespace.unwrap_or_default(),
+            c.metadata.name.unwrap_or_default()
+        ),
+        phase: status.phase.unwrap_or_default(),
+        volume: spec.volume_name,
+        deleting: c.metadata.deletion_timestamp.is_some(),
+        request_bytes: spec
+            .resources
+            .and_then(|r| r.requests)
+            .and_then(|r| r.get("storage").and_then(|q| bytes(&q.0))),
+        resizing: in_controller.or(condition),
+        class: spec.volume_attributes_class_name,
+        current_class: status.current_volume_attributes_class_name,
+        modifying: status.modify_volume_status.map(|m| m.status),
     }
 }
 
@@ -553,13 +637,15 @@ async fn faults_lose_nothing_and_everything_converges() {
     let exits: usize = suite.replicas.iter().map(|r| r.exits.len()).sum();
     let fault_total: u64 = suite.faults.values().sum();
     println!(
-        "fault verdict: seed {seed}: {} operations ({} claims created, {} deleted while creating, {} deleted, {} attached, {} detached) in {:.1} s; {fault_total} faults {:?}, {} kills, {exits} exits by the sidecars themselves; {} in {:.1} s: leaked {}, orphaned {}, duplicated {}, pending {}, stuck {}, unexpected {}, attach mismatches {}; {} claims and {} volumes held; CSI calls {} CreateVolume, {} ControllerPublishVolume, repeated {:?}",
+        "fault verdict: seed {seed}: {} operations ({} claims created, {} deleted while creating, {} deleted, {} attached, {} detached, {} grown, {} re-classed) in {:.1} s; {fault_total} faults {:?}, {} kills, {exits} exits by the sidecars themselves; {} in {:.1} s: leaked {}, orphaned {}, duplicated {}, pending {}, stuck {}, unexpected {}, attach mismatches {}, size or class mismatches {}; {} claims and {} volumes held; CSI calls {} CreateVolume, {} ControllerPublishVolume, {} ControllerExpandVolume, {} ControllerModifyVolume, repeated {:?}",
         ops.total(),
         ops.created,
         ops.deleted_while_creating,
         ops.deleted,
         ops.attached,
         ops.detached,
+        ops.resized,
+        ops.modified,
         workload_time.as_secs_f64(),
         suite.faults,
         suite.kills,
@@ -576,10 +662,13 @@ async fn faults_lose_nothing_and_everything_converges() {
         verdict.stuck.len(),
         verdict.unexpected.len(),
         verdict.attach_mismatch.len(),
+        verdict.resize_mismatch.len(),
         suite.workload.claims(),
         suite.driver.state().volumes.len(),
         suite.driver.total_calls(CREATE_VOLUME),
         suite.driver.total_calls(CONTROLLER_PUBLISH_VOLUME),
+        suite.driver.total_calls(CONTROLLER_EXPAND_VOLUME),
+        suite.driver.total_calls(CONTROLLER_MODIFY_VOLUME),
         repeated,
     );
     for replica in &suite.replicas {

@@ -1,4 +1,4 @@
-//! The sidecar processes: two replicas of the provisioner and two of the attacher, each in a
+//! The sidecar processes: two replicas each of the provisioner, the attacher and the resizer, each in a
 //! UTS namespace of its own so that its host name, which is its leader-election identity as in
 //! a pod, differs from its twin's. The suite plays the kubelet: a replica that is killed or
 //! exits is started again.
@@ -17,6 +17,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
 pub enum Sidecar {
     Provisioner,
     Attacher,
+    Resizer,
 }
 
 impl Sidecar {
@@ -24,6 +25,7 @@ impl Sidecar {
         match self {
             Sidecar::Provisioner => "csi-provisioner",
             Sidecar::Attacher => "csi-attacher",
+            Sidecar::Resizer => "csi-resizer",
         }
     }
 }

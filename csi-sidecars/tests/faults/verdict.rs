@@ -9,6 +9,7 @@ pub struct DriverVolume {
     pub id: String,
     /// Node ids it is controller-published to.
     pub published: BTreeSet<String>,
+    pub capacity_bytes: i64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -20,6 +21,9 @@ pub struct PvView {
     pub claim: Option<String>,
     pub deleting: bool,
     pub finalizers: Vec<String>,
+    pub capacity_bytes: Option<i128>,
+    /// `spec.volumeAttributesClassName`.
+    pub class: Option<String>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -29,6 +33,16 @@ pub struct PvcView {
     pub phase: String,
     pub volume: Option<String>,
     pub deleting: bool,
+    pub request_bytes: Option<i128>,
+    /// What the claim's status says of an expansion in the controller: a resize condition
+    /// (`Resizing`, `ControllerResizeError`) or `allocatedResourceStatuses[storage]` of the
+    /// controller; `None` when the controller is done (the node may still have its step).
+    pub resizing: Option<String>,
+    /// `spec.volumeAttributesClassName` and `status.currentVolumeAttributesClassName`.
+    pub class: Option<String>,
+    pub current_class: Option<String>,
+    /// `status.modifyVolumeStatus.status`, while a class change is not done.
+    pub modifying: Option<String>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -78,6 +92,9 @@ pub struct Verdict {
     /// VolumeAttachments whose attached state is not the driver's publish state, and
     /// publications no VolumeAttachment asks for.
     pub attach_mismatch: Vec<String>,
+    /// Bound claims whose requested size is not the PV's and the driver's, that still show an
+    /// expansion in the controller, or whose class is not the one asked for.
+    pub resize_mismatch: Vec<String>,
 }
 
 impl Verdict {
@@ -185,6 +202,46 @@ pub fn judge(snapshot: &Snapshot, expected: &Expectation) -> Verdict {
                 .push(format!("VolumeAttachment {name} is missing"));
         }
     }
+    let pvs: BTreeMap<&str, &PvView> = snapshot
+        .pvs
+        .iter()
+        .map(|pv| (pv.name.as_str(), pv))
+        .collect();
+    for claim in &expected.claims {
+        let Some(pvc) = pvcs.get(claim.as_str()) else {
+            continue;
+        };
+        let Some(pv) = pvc.volume.as_deref().and_then(|name| pvs.get(name)) else {
+            continue;
+        };
+        let request = pvc.request_bytes.unwrap_or(0);
+        let driver_bytes = pv
+            .handle
+            .as_deref()
+            .and_then(|h| driver.get(h))
+            .map(|v| i128::from(v.capacity_bytes));
+        if pv.capacity_bytes.unwrap_or(0) < request || driver_bytes.is_some_and(|b| b < request) {
+            verdict.resize_mismatch.push(format!(
+                "claim {claim} asks for {request} bytes: PV {} has {:?}, the driver {driver_bytes:?}",
+                pv.name, pv.capacity_bytes
+            ));
+        }
+        if let Some(state) = &pvc.resizing {
+            verdict
+                .resize_mismatch
+                .push(format!("claim {claim} still shows {state}"));
+        }
+        if pvc.class.is_some() && (pvc.current_class != pvc.class || pv.class != pvc.class) {
+            verdict.resize_mismatch.push(format!(
+                "claim {claim} asks for class {:?}: current {:?}, PV {:?}, modify status {:?}",
+                pvc.class, pvc.current_class, pv.class, pvc.modifying
+            ));
+        } else if let Some(modifying) = &pvc.modifying {
+            verdict
+                .resize_mismatch
+                .push(format!("claim {claim} still {modifying}"));
+        }
+    }
     for volume in &snapshot.driver {
         for node_id in &volume.published {
             if !asked.contains(&(volume.id.as_str(), node_id.as_str())) {
@@ -208,10 +265,12 @@ mod tests {
                 DriverVolume {
                     id: "v1".into(),
                     published: ["n-1".to_string()].into(),
+                    capacity_bytes: 1 << 20,
                 },
                 DriverVolume {
                     id: "v2".into(),
                     published: BTreeSet::new(),
+                    capacity_bytes: 1 << 20,
                 },
             ],
             pvs: vec![
@@ -219,12 +278,14 @@ mod tests {
                     name: "pv1".into(),
                     handle: Some("v1".into()),
                     claim: Some("ns/c1".into()),
+                    capacity_bytes: Some(1 << 20),
                     ..PvView::default()
                 },
                 PvView {
                     name: "pv2".into(),
                     handle: Some("v2".into()),
                     claim: Some("ns/c2".into()),
+                    capacity_bytes: Some(1 << 20),
                     ..PvView::default()
                 },
             ],
@@ -235,7 +296,8 @@ mod tests {
                     key: format!("ns/{c}"),
                     phase: "Bound".into(),
                     volume: Some(pv.into()),
-                    deleting: false,
+                    request_bytes: Some(1 << 20),
+                    ..PvcView::default()
                 })
                 .collect(),
             vas: vec![VaView {
@@ -274,6 +336,7 @@ mod tests {
             claim: Some("ns/gone".into()),
             deleting: true,
             finalizers: vec!["external-provisioner.volume.kubernetes.io/finalizer".into()],
+            ..PvView::default()
         });
         snapshot.pvcs[1].phase = "Pending".into();
         snapshot.vas[0].attached = false;
@@ -317,5 +380,32 @@ mod tests {
                 .iter()
                 .any(|m| m.contains("without a VolumeAttachment"))
         );
+    }
+
+    #[test]
+    fn a_claim_whose_size_or_class_is_not_reached_is_named() {
+        let (mut snapshot, expected) = settled();
+        // Asked for 2 MiB: the PV has grown, the driver's volume has not.
+        snapshot.pvcs[0].request_bytes = Some(2 << 20);
+        snapshot.pvs[0].capacity_bytes = Some(2 << 20);
+        snapshot.pvcs[1].resizing = Some("ControllerResizeInProgress".into());
+        let verdict = judge(&snapshot, &expected);
+        assert_eq!(
+            verdict.resize_mismatch.len(),
+            2,
+            "{:?}",
+            verdict.resize_mismatch
+        );
+        assert!(verdict.resize_mismatch[0].contains("ns/c1"));
+        let (mut snapshot, expected) = settled();
+        snapshot.pvcs[0].class = Some("gold".into());
+        snapshot.pvcs[0].current_class = Some("gold".into());
+        snapshot.pvs[0].class = Some("gold".into());
+        assert!(
+            judge(&snapshot, &expected).converged(),
+            "the class is reached"
+        );
+        snapshot.pvs[0].class = None;
+        assert_eq!(judge(&snapshot, &expected).resize_mismatch.len(), 1);
     }
 }

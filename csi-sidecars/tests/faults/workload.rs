@@ -1,5 +1,6 @@
-//! The seeded workload: claims created, attached, detached and deleted, some deleted while
-//! still being provisioned, with a model of what should exist once everything settles.
+//! The seeded workload: claims created, attached, detached, grown, moved to another
+//! VolumeAttributesClass and deleted, some deleted while still being provisioned, with a model
+//! of what should exist once everything settles.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -7,16 +8,17 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::rng::Rng;
 
 use crate::verdict::Expectation;
 
-/// One claim of the workload and its attachment, if any.
+/// One claim of the workload: its attachment, if any, and its requested size in MiB.
 struct Claim {
     name: String,
     attachment: Option<(String, String)>,
+    mebibytes: u64,
 }
 
 /// Counts of what the workload did.
@@ -27,11 +29,19 @@ pub struct Operations {
     pub deleted: u64,
     pub attached: u64,
     pub detached: u64,
+    pub resized: u64,
+    pub modified: u64,
 }
 
 impl Operations {
     pub fn total(&self) -> u64 {
-        self.created + self.deleted_while_creating + self.deleted + self.attached + self.detached
+        self.created
+            + self.deleted_while_creating
+            + self.deleted
+            + self.attached
+            + self.detached
+            + self.resized
+            + self.modified
     }
 }
 
@@ -43,6 +53,8 @@ pub struct Workload {
     driver: String,
     /// Node names the attachments go to, with the driver's node ids.
     nodes: BTreeMap<String, String>,
+    /// The VolumeAttributesClasses claims are moved between.
+    classes: Vec<String>,
     claims: Vec<Claim>,
     next: u64,
     pub ops: Operations,
@@ -84,6 +96,7 @@ impl Workload {
         class: &str,
         driver: &str,
         nodes: BTreeMap<String, String>,
+        classes: Vec<String>,
     ) -> Self {
         Self {
             pvcs: Api::namespaced(client.clone(), namespace),
@@ -92,6 +105,7 @@ impl Workload {
             class: class.to_string(),
             driver: driver.to_string(),
             nodes,
+            classes,
             claims: Vec::new(),
             next: 0,
             ops: Operations::default(),
@@ -101,9 +115,11 @@ impl Workload {
     /// One random operation.
     pub async fn step(&mut self, rng: &mut Rng) {
         match rng.below(100) {
-            0..40 => self.create(rng).await,
-            40..65 => self.attach(rng).await,
-            65..82 => self.detach(rng).await,
+            0..35 => self.create(rng).await,
+            35..55 => self.attach(rng).await,
+            55..69 => self.detach(rng).await,
+            69..79 => self.resize(rng).await,
+            79..86 => self.modify(rng).await,
             _ => self.delete(rng).await,
         }
     }
@@ -136,6 +152,7 @@ impl Workload {
             self.claims.push(Claim {
                 name,
                 attachment: None,
+                mebibytes: 1,
             });
             self.ops.created += 1;
         }
@@ -182,6 +199,71 @@ impl Workload {
         .await;
         self.claims[index].attachment = Some((name, node));
         self.ops.attached += 1;
+    }
+
+    /// A random claim that is bound (of a few picks): the API server refuses to grow or
+    /// re-class others.
+    async fn bound_claim(&self, rng: &mut Rng) -> Option<usize> {
+        for _ in 0..4 {
+            if self.claims.is_empty() {
+                return None;
+            }
+            let index = rng.below(self.claims.len() as u64) as usize;
+            let Ok(pvc) = self.pvcs.get(&self.claims[index].name).await else {
+                continue;
+            };
+            if pvc.status.and_then(|s| s.phase).as_deref() == Some("Bound") {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    /// Asks for 1 to 3 MiB more for a random bound claim.
+    async fn resize(&mut self, rng: &mut Rng) {
+        let Some(index) = self.bound_claim(rng).await else {
+            return;
+        };
+        let mebibytes = self.claims[index].mebibytes + rng.between(1, 3);
+        let patch = Patch::Merge(
+            json!({"spec": {"resources": {"requests": {"storage": format!("{mebibytes}Mi")}}}}),
+        );
+        let (pvcs, params, name) = (
+            self.pvcs.clone(),
+            PatchParams::default(),
+            self.claims[index].name.clone(),
+        );
+        persist(
+            "grow a claim",
+            |_| false,
+            || pvcs.patch(&name, &params, &patch),
+        )
+        .await;
+        self.claims[index].mebibytes = mebibytes;
+        self.ops.resized += 1;
+    }
+
+    /// Moves a random bound claim to one of the VolumeAttributesClasses.
+    async fn modify(&mut self, rng: &mut Rng) {
+        let Some(index) = self.bound_claim(rng).await else {
+            return;
+        };
+        let Some(class) = rng.pick(&self.classes).cloned() else {
+            return;
+        };
+        let patch = Patch::Merge(json!({"spec": {"volumeAttributesClassName": class}}));
+        let (pvcs, params, name) = (
+            self.pvcs.clone(),
+            PatchParams::default(),
+            self.claims[index].name.clone(),
+        );
+        persist(
+            "change a claim's class",
+            |_| false,
+            || pvcs.patch(&name, &params, &patch),
+        )
+        .await;
+        self.ops.modified += 1;
     }
 
     async fn detach(&mut self, rng: &mut Rng) {

@@ -114,7 +114,7 @@ pub struct Staging {
 }
 
 /// A volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Volume {
     pub id: String,
     pub name: String,
