@@ -366,6 +366,63 @@ async fn finalizers_keep_a_deleted_object_until_removed() {
 /// Which metadata a status write may change is the kind's: the PVC and PV
 /// status strategies only reset the spec (labels, annotations, finalizers of
 /// the request are stored), the VolumeAttachment one resets the metadata too.
+/// Times are decoded as Go's `time.Parse` does: an empty or malformed time is refused and
+/// nothing is stored; the claim's conditions merge by type and an emptied map disappears.
+#[tokio::test]
+async fn claim_status_times_and_emptied_maps_are_as_the_typed_api_keeps_them() {
+    let c = TestCluster::start().await.unwrap();
+    let class = c.cluster_name("none");
+    let pvcs: Api<PersistentVolumeClaim> = Api::default_namespaced(c.client());
+    let claim: PersistentVolumeClaim = obj(json!({
+        "metadata": {"name": "timed"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }));
+    pvcs.create(&PostParams::default(), &claim).await.unwrap();
+    for bad in ["", "yesterday", "2026-13-01T00:00:00Z"] {
+        let patch = json!({"status": {"conditions": [
+            {"type": "Resizing", "status": "True", "lastTransitionTime": bad}]}});
+        let refused = pvcs
+            .patch_status("timed", &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .expect_err("a time that does not parse");
+        let (code, _) = api_error(refused);
+        assert!(code == 400 || code == 422, "{bad:?}: {code}");
+    }
+    let stored = pvcs.get("timed").await.unwrap();
+    assert!(
+        stored.status.unwrap().conditions.is_none(),
+        "nothing stored"
+    );
+    let set = json!({"status": {
+        "conditions": [
+            {"type": "Resizing", "status": "True", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+            {"type": "FileSystemResizePending", "status": "True", "lastTransitionTime": "2026-11-25T10:00:01Z"}],
+        "allocatedResourceStatuses": {"storage": "NodeResizePending"}}});
+    pvcs.patch_status("timed", &PatchParams::default(), &Patch::Strategic(set))
+        .await
+        .unwrap();
+    let clear = json!({"status": {
+        "conditions": [{"type": "Resizing", "$patch": "delete"}],
+        "allocatedResourceStatuses": {"storage": null}}});
+    let written = pvcs
+        .patch_status("timed", &PatchParams::default(), &Patch::Strategic(clear))
+        .await
+        .unwrap();
+    let value = serde_json::to_value(&written).unwrap();
+    let conditions: Vec<&str> = value["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(conditions, ["FileSystemResizePending"], "merged by type");
+    assert!(
+        value["status"].get("allocatedResourceStatuses").is_none(),
+        "an emptied map is dropped: {value:#}"
+    );
+}
+
 #[tokio::test]
 async fn status_subresource_separates_spec_and_status() {
     let c = TestCluster::start().await.unwrap();

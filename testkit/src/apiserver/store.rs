@@ -657,6 +657,7 @@ fn prepare_update(
         normalize_secret(k, &mut new)?;
     }
     validation::canonicalize_quantities(k, &mut new)?;
+    validation::check_times(k, &new)?;
     validation::drop_empty_collections(k, &mut new);
     if target == Target::Main {
         apply_defaults(k, &mut new);
@@ -1018,6 +1019,7 @@ impl Store {
             normalize_secret(&k, &mut obj)?;
         }
         validation::canonicalize_quantities(&k, &mut obj)?;
+        validation::check_times(&k, &obj)?;
         validation::drop_empty_collections(&k, &mut obj);
         apply_defaults(&k, &mut obj);
         let body_ns = meta_str(&obj, "namespace").to_string();

@@ -614,6 +614,69 @@ pub fn drop_empty_collections(k: &Kind, obj: &mut Value) {
     }
 }
 
+/// Keys whose values are `metav1.Time` or `metav1.MicroTime` in the typed API (wherever they
+/// appear in an object: metadata, conditions, statuses, events, leases).
+const TIME_KEYS: [&str; 16] = [
+    "creationTimestamp",
+    "deletionTimestamp",
+    "lastTransitionTime",
+    "lastProbeTime",
+    "lastHeartbeatTime",
+    "lastUpdateTime",
+    "lastPhaseTransitionTime",
+    "firstTimestamp",
+    "lastTimestamp",
+    "eventTime",
+    "lastObservedTime",
+    "acquireTime",
+    "renewTime",
+    "startTime",
+    "startedAt",
+    "finishedAt",
+];
+
+/// Refuses a time that kube-apiserver cannot decode (Go's `time.Parse` with RFC 3339): an empty
+/// string included, which the typed API never stores.
+pub fn check_times(k: &Kind, obj: &Value) -> Result<(), ApiError> {
+    fn walk(v: &Value, path: &str, bad: &mut Option<(String, String)>) {
+        match v {
+            Value::Object(m) => {
+                for (key, value) in m {
+                    let here = format!("{path}.{key}");
+                    if TIME_KEYS.contains(&key.as_str())
+                        && let Value::String(text) = value
+                        && text.parse::<k8s_openapi::jiff::Timestamp>().is_err()
+                    {
+                        bad.get_or_insert((here.clone(), text.clone()));
+                    }
+                    walk(value, &here, bad);
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, &format!("{path}[{i}]"), bad);
+                }
+            }
+            _ => {}
+        }
+    }
+    if !k.group.is_empty() && !k.group.ends_with(".k8s.io") {
+        // Custom resources keep what their schema allows.
+        return Ok(());
+    }
+    let mut bad = None;
+    walk(obj, "", &mut bad);
+    match bad {
+        Some((field, text)) => Err(ApiError::bad_request(format!(
+            "{kind} in version \"{version}\" cannot be handled as a {kind}: {field}: parsing time {text:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {text:?} as \"2006\"",
+            kind = k.kind,
+            version = k.version,
+            field = field.trim_start_matches('.'),
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn quantity_at(v: &Value, pointer: &str) -> Option<Quantity> {
     v.pointer(pointer)
         .and_then(quantity::from_json)
