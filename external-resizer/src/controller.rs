@@ -478,16 +478,17 @@ impl Controller {
             m.final_error = false;
             m.slow_until = None;
         });
-        let patch = decide::pv_capacity_patch(policy, pv, claim, &reported, node_step);
-        self.patch_pv(&pv.name, &patch).await.map_err(|err| {
-            Failure::Status(format!(
-                "error updating pv {:?} by resizer: updating capacity of PV {:?} to {} failed: {}",
-                pv.name,
-                pv.name,
-                reported.text,
-                api_message(&err)
-            ))
-        })?;
+        if let Some(patch) = decide::pv_capacity_patch(policy, pv, claim, &reported, node_step) {
+            self.patch_pv(&pv.name, &patch).await.map_err(|err| {
+                Failure::Status(format!(
+                    "error updating pv {:?} by resizer: updating capacity of PV {:?} to {} failed: {}",
+                    pv.name,
+                    pv.name,
+                    reported.text,
+                    api_message(&err)
+                ))
+            })?;
+        }
         if node_step {
             let patch = decide::mark_node_pending(policy, claim, &now());
             self.patch_claim(claim, &patch)

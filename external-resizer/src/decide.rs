@@ -208,10 +208,42 @@ fn claim_patch(
     if !metadata.is_empty() {
         patch.insert("metadata".into(), Value::Object(metadata));
     }
-    if let Some(status) = status {
+    if let Some(mut status) = status {
+        if let Some(Value::Array(entries)) = status.get("conditions") {
+            let order = element_order(claim, entries);
+            if !order.is_empty() {
+                status.insert("$setElementOrder/conditions".into(), Value::Array(order));
+            }
+        }
         patch.insert("status".into(), Value::Object(status));
     }
     Value::Object(patch)
+}
+
+/// The conditions' order after a patch of `entries`, as a two-way merge patch of the whole
+/// list states it (upstream's `CreateTwoWayMergePatch`): the claim's conditions where they are,
+/// deleted ones left out, new ones appended. Without it the API server would put the patched
+/// conditions first.
+fn element_order(claim: &Claim, entries: &[Value]) -> Vec<Value> {
+    let deleted = |t: &str| {
+        entries
+            .iter()
+            .any(|e| e["type"] == t && e["$patch"] == "delete")
+    };
+    let mut order: Vec<&str> = claim
+        .condition_order
+        .iter()
+        .map(String::as_str)
+        .filter(|t| !deleted(t))
+        .collect();
+    for entry in entries.iter().filter(|e| e.get("$patch").is_none()) {
+        if let Some(t) = entry["type"].as_str()
+            && !order.contains(&t)
+        {
+            order.push(t);
+        }
+    }
+    order.into_iter().map(|t| json!({ "type": t })).collect()
 }
 
 fn without_not_required(claim: &Claim) -> Option<Value> {
@@ -370,16 +402,21 @@ pub fn mark_finished(policy: &Policy, claim: &Claim, size: &Size) -> Value {
 }
 
 /// The PV's new capacity, and with `AnnotateFsResize` the claim's capacity before it while the
-/// node step is pending. Carries no resourceVersion, as upstream's.
+/// node step is pending. Carries no resourceVersion, as upstream's. `None` when the PV shows it
+/// all already (a retry after the claim's last write was lost), which upstream writes again.
 pub fn pv_capacity_patch(
     policy: &Policy,
     pv: &Pv,
     claim: &Claim,
     size: &Size,
     node_step: bool,
-) -> Value {
+) -> Option<Value> {
+    let annotate = policy.annotate_fs_resize && node_step && !pv.pre_resize_capacity;
+    if !annotate && pv.capacity.as_ref().is_some_and(|c| c.bytes == size.bytes) {
+        return None;
+    }
     let mut patch = json!({"spec": {"capacity": {"storage": size.text.as_str()}}});
-    if policy.annotate_fs_resize && node_step && !pv.pre_resize_capacity {
+    if annotate {
         let before = claim
             .capacity
             .as_ref()
@@ -387,7 +424,7 @@ pub fn pv_capacity_patch(
             .to_string();
         patch["metadata"] = json!({"annotations": {PRE_RESIZE_CAPACITY_ANNOTATION: before}});
     }
-    patch
+    Some(patch)
 }
 
 /// With `AnnotateFsResize`, the pre-resize annotation goes once the claim has caught up with

@@ -170,6 +170,8 @@ pub struct Claim {
     pub resize_status: Option<ResizeStatus>,
     /// Conditions of the types the resizer writes (others are left alone).
     pub conditions: Vec<Condition>,
+    /// The types of all the claim's conditions, in their order: patches keep it.
+    pub condition_order: Vec<String>,
     pub resizer: Option<String>,
     pub node_expansion_not_required: bool,
     pub class: Option<String>,
@@ -208,6 +210,12 @@ impl Claim {
                 .flatten()
                 .filter(|c| Condition::is_ours(&c.type_))
                 .map(Condition::from_api)
+                .collect(),
+            condition_order: status
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|c| c.type_.clone())
                 .collect(),
             resizer: annotation(STORAGE_RESIZER_ANNOTATION),
             node_expansion_not_required: annotation(NODE_EXPANSION_NOT_REQUIRED_ANNOTATION)

@@ -75,6 +75,7 @@ fn a_grown_request_is_expanded_and_recorded_first() {
             "metadata": {"resourceVersion": "5"},
             "status": {
                 "conditions": [{"type": "Resizing", "status": "True", "lastTransitionTime": NOW}],
+                "$setElementOrder/conditions": [{"type": "Resizing"}],
                 "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
                 "allocatedResources": {"storage": "2Gi"}
             }
@@ -257,7 +258,8 @@ fn failures_are_recorded_without_a_resource_version() {
         final_,
         json!({"status": {"conditions": [{
             "type": "ControllerResizeError", "status": "True", "lastTransitionTime": NOW,
-            "message": "failed to expand pvc with rpc error: code = Internal desc = boom"}]}})
+            "message": "failed to expand pvc with rpc error: code = Internal desc = boom"}],
+            "$setElementOrder/conditions": [{"type": "ControllerResizeError"}]}})
     );
     let infeasible = mark_failed(&c, ErrorClass::Infeasible, "x", NOW).unwrap();
     assert_eq!(
@@ -304,13 +306,18 @@ fn pv_capacity_and_the_pre_resize_annotation() {
     let p = pv("1Gi");
     assert_eq!(
         pv_capacity_patch(&policy(), &p, &c, &size("2Gi"), true),
-        json!({"spec": {"capacity": {"storage": "2Gi"}}})
+        Some(json!({"spec": {"capacity": {"storage": "2Gi"}}}))
+    );
+    assert_eq!(
+        pv_capacity_patch(&policy(), &pv("2Gi"), &c, &size("2Gi"), true),
+        None,
+        "a PV with the size already is not written again"
     );
     let annotating = Policy {
         annotate_fs_resize: true,
         ..policy()
     };
-    let patch = pv_capacity_patch(&annotating, &p, &c, &size("2Gi"), true);
+    let patch = pv_capacity_patch(&annotating, &p, &c, &size("2Gi"), true).unwrap();
     assert_eq!(
         patch["metadata"]["annotations"]["volume.alpha.kubernetes.io/pre-resize-capacity"],
         "1Gi"
@@ -474,5 +481,32 @@ fn modify_failures_and_success_in_the_claim() {
             "conditions": [{"type": "ModifyingVolume", "$patch": "delete"}, {"type": "ModifyVolumeError", "$patch": "delete"}],
             "modifyVolumeStatus": null,
             "currentVolumeAttributesClassName": "b"}})
+    );
+}
+
+#[test]
+fn patches_keep_the_order_of_the_claims_conditions() {
+    let mut c = claim("2Gi", "1Gi");
+    c.conditions.push(condition(RESIZING));
+    c.condition_order = vec!["SomethingElse".into(), RESIZING.into()];
+    c.resize_status = Some(ResizeStatus::ControllerResizeInProgress);
+    let pending = mark_node_pending(&policy(), &c, NOW);
+    assert_eq!(
+        pending["status"]["$setElementOrder/conditions"],
+        json!([{"type": "SomethingElse"}, {"type": "Resizing"}, {"type": "FileSystemResizePending"}])
+    );
+    let finished = mark_finished(&policy(), &c, &size("2Gi"));
+    assert_eq!(
+        finished["status"]["$setElementOrder/conditions"],
+        json!([{"type": "SomethingElse"}]),
+        "deleted conditions leave the order"
+    );
+    let mut alone = c.clone();
+    alone.condition_order = vec![RESIZING.into()];
+    let finished = mark_finished(&policy(), &alone, &size("2Gi"));
+    assert!(
+        finished["status"]
+            .get("$setElementOrder/conditions")
+            .is_none()
     );
 }
