@@ -290,25 +290,58 @@ async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
     drop(child);
 }
 
-/// Anonymous resident memory of a resizer started on the current objects, once synced.
-async fn resident(bench: &Bench) -> (testkit::measure::Usage, Duration) {
+/// How many claims the resizer's queue has taken in: every claim is queued once its cache has
+/// listed it.
+async fn queued(port: u16) -> u64 {
+    let Some((_, body)) = testkit::measure::http_get(port, "/metrics").await else {
+        return 0;
+    };
+    let series = format!("workqueue_adds_total{{name=\"{DRIVER}-pvc\"}}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Resident memory of a resizer started on the current objects (`claims` of them), once its
+/// caches have synced.
+async fn resident(bench: &Bench, claims: usize) -> (testkit::measure::Usage, Duration) {
     let port = free_port().unwrap();
     let child = bench.spawn(port, &[]);
     let pid = child.id().unwrap();
     let started = Instant::now();
     ready(port).await;
+    while queued(port).await < claims as u64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "caches not synced"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The pods' list ends after the claims': the resident set is steady once it has.
+    let mut last = usage(pid, bench.ticks).rss_kib;
+    let mut steady = 0;
+    while steady < 5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = usage(pid, bench.ticks).rss_kib;
+        steady = if now.abs_diff(last) < 256 {
+            steady + 1
+        } else {
+            0
+        };
+        last = now;
+    }
     let synced = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(10)).await;
     (usage(pid, bench.ticks), synced)
 }
 
 async fn idle_run(claims: usize, pods: usize) {
     let bench = Bench::start().await;
-    let (empty, _) = resident(&bench).await;
+    let (empty, _) = resident(&bench, 0).await;
     bench.bound_claims(claims).await;
-    let (with_claims, claims_synced) = resident(&bench).await;
+    let (with_claims, claims_synced) = resident(&bench, claims).await;
     bench.pods(pods).await;
-    let (with_pods, pods_synced) = resident(&bench).await;
+    let (with_pods, pods_synced) = resident(&bench, claims).await;
     let per = |more: u64, less: u64, n: usize| {
         (more.saturating_sub(less) * 1024) as f64 / n.max(1) as f64
     };
@@ -317,7 +350,7 @@ async fn idle_run(claims: usize, pods: usize) {
         pods.div_ceil(2)
     );
     println!(
-        "RSS empty {:.1} MiB; with the claims {:.1} MiB (synced in {:.1} s): {:.0} bytes per claim+PV pair; with the pods too {:.1} MiB (synced in {:.1} s): {:.0} bytes per pod; peak {:.1} MiB",
+        "RSS empty {:.1} MiB; with the claims {:.1} MiB (steady after {:.1} s): {:.0} bytes per claim+PV pair; with the pods too {:.1} MiB (steady after {:.1} s): {:.0} bytes per pod; peak {:.1} MiB",
         mib(empty.rss_kib),
         mib(with_claims.rss_kib),
         claims_synced.as_secs_f64(),

@@ -260,11 +260,23 @@ fn on_event(s: &mut Store, k: Kinds, ev: &WatchEvent) {
         }
         process_deleting_classes(s, k);
     } else if ev.kind == k.pod {
-        // A pod going away or stopping may release the claims of its namespace.
-        let claims: Vec<String> = s
-            .all(k.pvc)
-            .filter(|c| being_deleted(c) && str_at(c, "/metadata/namespace") == ns)
-            .map(|c| key_of(c).1)
+        // A pod going away or stopping may release the claims it mounts (only those: a scan
+        // of every claim per pod event would make a cluster of many pods crawl).
+        let mounted: Vec<String> = ev
+            .object
+            .pointer("/spec/volumes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.pointer("/persistentVolumeClaim/claimName")?.as_str())
+            .map(str::to_string)
+            .collect();
+        let claims: Vec<String> = mounted
+            .into_iter()
+            .filter(|c| {
+                s.get(k.pvc, &ns, c)
+                    .is_ok_and(|claim| being_deleted(&claim))
+            })
             .collect();
         for c in claims {
             process_claim(s, k, &ns, &c);
