@@ -69,16 +69,26 @@ pub struct Env {
 impl Env {
     /// Starts everything; `adjust` may change the controller's configuration.
     pub async fn start(mock: MockDriver, adjust: impl FnOnce(&mut Config)) -> Self {
+        Self::start_as(None, mock, adjust).await
+    }
+
+    /// [`Env::start`] for a driver of a fixed name (`Some`), such as a CSI migration target,
+    /// which concurrent tests on a real cluster would share.
+    pub async fn start_as(
+        fixed: Option<&str>,
+        mock: MockDriver,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
         let cluster = TestCluster::start_with(Options {
             pv_controller: true,
             ..Options::default()
         })
         .await
         .unwrap();
-        let driver = if cluster.is_real() {
-            format!("{}.{DRIVER}", cluster.namespace())
-        } else {
-            DRIVER.to_string()
+        let driver = match fixed {
+            Some(name) => name.to_string(),
+            None if cluster.is_real() => format!("{}.{DRIVER}", cluster.namespace()),
+            None => DRIVER.to_string(),
         };
         let dir = tempfile::tempdir().unwrap();
         let mock = mock
