@@ -566,6 +566,12 @@ fn pvc_view(c: PersistentVolumeClaim) -> PvcView {
             .resources
             .and_then(|r| r.requests)
             .and_then(|r| r.get("storage").and_then(|q| bytes(&q.0))),
+        node_step_bytes: status
+            .allocated_resources
+            .as_ref()
+            .and_then(|a| a.get("storage"))
+            .and_then(|q| bytes(&q.0))
+            .filter(|_| node_turn),
         resizing: in_controller.or(condition),
         class: spec.volume_attributes_class_name,
         current_class: status.current_volume_attributes_class_name,

@@ -34,6 +34,10 @@ pub struct PvcView {
     pub volume: Option<String>,
     pub deleting: bool,
     pub request_bytes: Option<i128>,
+    /// While the node's step of an expansion is due (`NodeResizePending`): the size the
+    /// controller expanded to (`allocatedResources`). A larger request waits for the node, as
+    /// upstream's resizer has it; there is no kubelet here.
+    pub node_step_bytes: Option<i128>,
     /// What the claim's status says of an expansion in the controller: a resize condition
     /// (`Resizing`, `ControllerResizeError`) or `allocatedResourceStatuses[storage]` of the
     /// controller; `None` when the controller is done (the node may still have its step).
@@ -214,7 +218,7 @@ pub fn judge(snapshot: &Snapshot, expected: &Expectation) -> Verdict {
         let Some(pv) = pvc.volume.as_deref().and_then(|name| pvs.get(name)) else {
             continue;
         };
-        let request = pvc.request_bytes.unwrap_or(0);
+        let request = pvc.node_step_bytes.or(pvc.request_bytes).unwrap_or(0);
         let driver_bytes = pv
             .handle
             .as_deref()

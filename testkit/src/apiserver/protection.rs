@@ -262,14 +262,21 @@ fn on_event(s: &mut Store, k: Kinds, ev: &WatchEvent) {
     } else if ev.kind == k.pod {
         // A pod going away or stopping may release the claims it mounts (only those: a scan
         // of every claim per pod event would make a cluster of many pods crawl).
+        let pod_name = str_at(&ev.object, "/metadata/name");
         let mounted: Vec<String> = ev
             .object
             .pointer("/spec/volumes")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter_map(|v| v.pointer("/persistentVolumeClaim/claimName")?.as_str())
-            .map(str::to_string)
+            .filter_map(|v| match v.pointer("/persistentVolumeClaim/claimName") {
+                Some(claim) => claim.as_str().map(str::to_string),
+                // An ephemeral volume's claim is named after the pod and the volume.
+                None => v
+                    .get("ephemeral")
+                    .filter(|e| !e.is_null())
+                    .map(|_| format!("{pod_name}-{}", str_at(v, "/name"))),
+            })
             .collect();
         let claims: Vec<String> = mounted
             .into_iter()
