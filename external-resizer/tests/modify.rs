@@ -105,12 +105,14 @@ async fn a_missing_class_leaves_the_change_pending_until_it_exists() {
         c["status"]["modifyVolumeStatus"]["status"] == "Pending"
     })
     .await;
-    let missing = env
-        .events("later")
-        .await
-        .into_iter()
-        .find(|(_, reason, _)| reason == "VolumeModifyFailed")
-        .expect("a VolumeModifyFailed Event");
+    // Events are written in the background: the status may be there first.
+    let missing = eventually("a VolumeModifyFailed Event", || async {
+        env.events("later")
+            .await
+            .into_iter()
+            .find(|(_, reason, _)| reason == "VolumeModifyFailed")
+    })
+    .await;
     assert_eq!(
         missing.2,
         format!("VAC {:?} does not exist.", env.n("gold"))
