@@ -118,12 +118,13 @@ async fn an_infeasible_size_is_marked_and_a_smaller_request_recovers() {
     assert_eq!(claim["status"]["allocatedResources"]["storage"], "3Gi");
     assert_eq!(env.driver_size(&handle), 3 * GI);
     assert_eq!(env.mock.calls().count(EXPAND), calls + 1);
-    let failed = env
-        .events("big")
-        .await
-        .into_iter()
-        .find(|(_, reason, _)| reason == "VolumeResizeFailed")
-        .expect("a VolumeResizeFailed Event");
+    let failed = eventually("a VolumeResizeFailed Event", || async {
+        env.events("big")
+            .await
+            .into_iter()
+            .find(|(_, reason, _)| reason == "VolumeResizeFailed")
+    })
+    .await;
     assert_eq!(failed.0, "Warning");
     assert!(
         failed.2.starts_with(&format!(
