@@ -23,13 +23,6 @@ use crate::journal::{Location, journal_name};
 use crate::metrics::ProvisionMetrics;
 use crate::model;
 
-/// The intent journal's own request budget. Its writes gate CreateVolume calls, so they must not
-/// wait behind the PV writes of `--kube-api-qps`, nor take tokens from them: that would slow
-/// provisioning below upstream's, which has no journal. A single claim is recorded at once
-/// (burst); in a burst the records that arrive while a write waits share the next one, so a
-/// burst of claims costs about one ConfigMap write a second.
-pub const JOURNAL_QPS: f64 = 1.0;
-pub const JOURNAL_BURST: u32 = 2;
 /// Upstream's pprof handlers, answered 404 with `--enable-pprof`.
 const PPROF_PATHS: [&str; 5] = [
     "/debug/pprof/",
@@ -300,8 +293,8 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     config.event_client = Some(clients.background);
     config.journal_client = Some(sidecar_kit::kube::client(
         kube_config.clone(),
-        JOURNAL_QPS,
-        JOURNAL_BURST,
+        sidecar_kit::journal::QPS,
+        sidecar_kit::journal::BURST,
     )?);
     if cli.node_deployment {
         node_deployment(&cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
+use sidecar_kit::names::fnv32a;
 
 pub const DRIVER_NAME_LABEL: &str = "csi.storage.k8s.io/drivername";
 pub const MANAGED_BY_LABEL: &str = "csi.storage.k8s.io/managed-by";
@@ -182,16 +183,6 @@ pub fn name_with_max_length(base: &str, suffix: &str, max: usize) -> String {
     }
     let prefix = base.get(..base_len as usize).unwrap_or(base);
     format!("{prefix}-{}-{suffix}", fnv32a(base))
-}
-
-/// FNV-1a (32 bit) as eight hex digits.
-pub(crate) fn fnv32a(s: &str) -> String {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in s.bytes() {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    format!("{hash:08x}")
 }
 
 /// A StorageClass as capacity tracking sees it.

@@ -113,15 +113,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A gRPC error as grpc-go renders it, which upstream's Events and logs show.
-fn rpc_message(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {} desc = {}",
-        sidecar_kit::metrics::code_label(status.code()),
-        status.message()
-    )
-}
-
 struct Controller {
     config: Config,
     client: kube::Client,
@@ -203,8 +194,9 @@ pub async fn run(
                     .clone()
                     .unwrap_or_else(|| client.clone()),
                 location.clone(),
+                crate::journal::OWNER,
             ),
-            None => Journal::off(),
+            None => Journal::off(crate::journal::OWNER),
         },
         client,
         config,
@@ -311,7 +303,7 @@ impl Controller {
     async fn replay_journal(&self, shutdown: &CancellationToken) {
         let mut delay = Duration::from_millis(200);
         let intents = loop {
-            match self.journal.load().await {
+            match self.journal.load::<Intent>().await {
                 Ok(intents) => break intents,
                 Err(err) => {
                     tracing::warn!(error = %err, retry_in = ?delay, "cannot read the intent journal; unfinished provisionings wait for it");
@@ -494,7 +486,7 @@ impl Controller {
                 }
                 let failure = Failure {
                     state,
-                    message: rpc_message(&status),
+                    message: sidecar_kit::csi::go_error(&status),
                     infeasible: status.code() == tonic::Code::InvalidArgument,
                 };
                 return self.flight_failed(&flight, failure).await;
@@ -533,7 +525,7 @@ impl Controller {
                         State::InBackground,
                         format!(
                             "deleting the volume of a deleted claim failed: {}",
-                            rpc_message(&status)
+                            sidecar_kit::csi::go_error(&status)
                         ),
                     );
                     self.flight_failed(&flight, failure).await;
@@ -566,7 +558,7 @@ impl Controller {
                         reason.orphaned(
                             &message,
                             &flight.prepared.request.name,
-                            &rpc_message(&status),
+                            &sidecar_kit::csi::go_error(&status),
                         ),
                     ),
                 };
@@ -799,7 +791,7 @@ impl Controller {
                 Ok(answer) if answer.available_capacity >= requested => return Fit::Yes,
                 Ok(_) => {}
                 Err(status) => {
-                    tracing::debug!(claim = %claim.key(), error = %rpc_message(&status), "GetCapacity failed; claiming it anyway");
+                    tracing::debug!(claim = %claim.key(), error = %sidecar_kit::csi::go_error(&status), "GetCapacity failed; claiming it anyway");
                     return Fit::Yes;
                 }
             }
@@ -1149,7 +1141,7 @@ impl Controller {
                             State::InBackground,
                             format!(
                                 "deleting duplicate volume {volume_id} failed: {}",
-                                rpc_message(&status)
+                                sidecar_kit::csi::go_error(&status)
                             ),
                         );
                         return self.flight_failed(&flight, failure).await;
@@ -1551,7 +1543,7 @@ impl Controller {
             ..CallOptions::timeout(self.config.timeout)
         };
         if let Err(status) = self.csi.delete_volume(request, options).await {
-            let message = rpc_message(&status);
+            let message = sidecar_kit::csi::go_error(&status);
             self.record_delete_failure(volume, &message);
             return Err(message);
         }

@@ -151,12 +151,7 @@ pub fn volume_name(prefix: &str, uid: &str, length: i32) -> Result<String, Strin
     if uid.is_empty() {
         return Err("corrupted PVC object, it is missing UID".into());
     }
-    if length < 0 {
-        return Ok(format!("{prefix}-{uid}"));
-    }
-    let compact: String = uid.chars().filter(|c| *c != '-').collect();
-    let cut: String = compact.chars().take(length as usize).collect();
-    Ok(format!("{prefix}-{cut}"))
+    Ok(sidecar_kit::names::uid_name(prefix, uid, length))
 }
 
 /// Whether the claim is one to provision now (upstream's `shouldProvision` and the checks that

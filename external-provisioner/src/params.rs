@@ -1,7 +1,9 @@
 //! StorageClass parameters as upstream reads them: the reserved `csi.storage.k8s.io/` keys, the
 //! filesystem type, and the secret references with their templates.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+use sidecar_kit::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
 
 use crate::model::SecretRef;
 
@@ -242,119 +244,6 @@ pub fn secret_ref(
     Ok(Some(SecretRef { namespace, name }))
 }
 
-/// Expands `${var}` and `$var` as Go's `os.Expand` does; every unknown variable is an error
-/// listing them all, sorted, as upstream's `invalid tokens: ["a" "b"]`.
-pub fn resolve_template(
-    template: &str,
-    params: &BTreeMap<String, String>,
-) -> Result<String, String> {
-    let mut out = String::new();
-    let mut missing = BTreeSet::new();
-    let mut lookup = |name: &str, out: &mut String| match params.get(name) {
-        Some(value) => out.push_str(value),
-        None => {
-            missing.insert(name.to_string());
-        }
-    };
-    let bytes = template.as_bytes();
-    let mut i = 0;
-    let mut start = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'$' || i + 1 >= bytes.len() {
-            i += 1;
-            continue;
-        }
-        out.push_str(&template[start..i]);
-        let rest = &template[i + 1..];
-        let (name, consumed) = shell_name(rest);
-        match name {
-            // A bad `${...}` is dropped, as os.Expand drops it.
-            ShellName::Bad => {}
-            ShellName::Empty => out.push('$'),
-            ShellName::Name(name) => lookup(name, &mut out),
-        }
-        i += 1 + consumed;
-        start = i;
-    }
-    out.push_str(&template[start..]);
-    if missing.is_empty() {
-        Ok(out)
-    } else {
-        let list: Vec<String> = missing.iter().map(|m| format!("{m:?}")).collect();
-        Err(format!("invalid tokens: [{}]", list.join(" ")))
-    }
-}
-
-enum ShellName<'a> {
-    Name(&'a str),
-    /// `$` followed by nothing usable: kept as `$` when it consumed nothing.
-    Empty,
-    Bad,
-}
-
-/// The variable name after a `$` and how many bytes it takes, following os.Expand's
-/// `getShellName`.
-fn shell_name(s: &str) -> (ShellName<'_>, usize) {
-    let bytes = s.as_bytes();
-    if bytes[0] == b'{' {
-        if bytes.len() > 2 && is_special(bytes[1]) && bytes[2] == b'}' {
-            return (ShellName::Name(&s[1..2]), 3);
-        }
-        for (i, &b) in bytes.iter().enumerate().skip(1) {
-            if b == b'}' {
-                if i == 1 {
-                    return (ShellName::Bad, 2);
-                }
-                return (ShellName::Name(&s[1..i]), i + 1);
-            }
-        }
-        return (ShellName::Bad, 1);
-    }
-    if is_special(bytes[0]) {
-        return (ShellName::Name(&s[0..1]), 1);
-    }
-    let len = bytes
-        .iter()
-        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
-        .count();
-    if len == 0 {
-        (ShellName::Empty, 0)
-    } else {
-        (ShellName::Name(&s[..len]), len)
-    }
-}
-
-fn is_special(b: u8) -> bool {
-    matches!(
-        b,
-        b'*' | b'#' | b'$' | b'@' | b'!' | b'?' | b'-' | b'0'..=b'9'
-    )
-}
-
-/// RFC 1123 label: at most 63 lowercase alphanumerics or `-`, alphanumeric at both ends.
-pub fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// RFC 1123 subdomain: at most 253 characters of dot-separated labels.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,34 +392,5 @@ mod tests {
             secret_ref(&PROVISIONER_SECRET, &bad_name, &inputs(&annotations)).unwrap_err(),
             "\"Bad_Name\" is not a valid secret name"
         );
-    }
-
-    #[test]
-    fn templates_expand_as_os_expand() {
-        let p = params(&[("a", "1"), ("pv.name", "v")]);
-        assert_eq!(resolve_template("x-${a}-$a", &p), Ok("x-1-1".into()));
-        assert_eq!(resolve_template("${pv.name}", &p), Ok("v".into()));
-        assert_eq!(resolve_template("cost$", &p), Ok("cost$".into()));
-        assert_eq!(
-            resolve_template("a$-b", &p).unwrap_err(),
-            "invalid tokens: [\"-\"]"
-        );
-        assert_eq!(
-            resolve_template("${z}${y}", &p).unwrap_err(),
-            "invalid tokens: [\"y\" \"z\"]"
-        );
-        assert_eq!(resolve_template("x${}y", &p), Ok("xy".into()));
-        assert_eq!(resolve_template("$ x", &p), Ok("$ x".into()));
-    }
-
-    #[test]
-    fn dns_names() {
-        assert!(is_dns1123_label("kube-system"));
-        assert!(!is_dns1123_label("Kube"));
-        assert!(!is_dns1123_label("-a"));
-        assert!(!is_dns1123_label(&"a".repeat(64)));
-        assert!(is_dns1123_subdomain("my.secret-1"));
-        assert!(!is_dns1123_subdomain("a..b"));
-        assert!(!is_dns1123_subdomain(""));
     }
 }

@@ -3,7 +3,6 @@
 //! namespace, and VolumeAttributesClasses. Projections and the checks upstream makes before a
 //! CreateVolume names a source, with its messages. No I/O.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use csi_proto::v1::VolumeContentSource;
@@ -19,35 +18,6 @@ use crate::model::{self, Claim, Class, DataSource, Volume};
 pub const ALLOW_VOLUME_MODE_CHANGE: &str =
     "snapshot.storage.kubernetes.io/allow-volume-mode-change";
 pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
-
-/// Implements [`kube::Resource`] for a custom resource type of ours that holds `metadata`.
-macro_rules! custom_resource {
-    ($ty:ty, $scope:ty, $group:expr, $version:expr, $kind:expr, $plural:expr) => {
-        impl kube::Resource for $ty {
-            type DynamicType = ();
-            type Scope = $scope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($kind)
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($group)
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($version)
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($plural)
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
 
 /// A `snapshot.storage.k8s.io/v1` VolumeSnapshot, as read: only the fields restores use.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -66,7 +36,7 @@ pub struct SnapshotStatus {
     pub restore_size: Option<Quantity>,
 }
 
-custom_resource!(
+sidecar_kit::custom_resource!(
     VolumeSnapshot,
     k8s_openapi::NamespaceResourceScope,
     model::SNAPSHOT_GROUP,
@@ -109,7 +79,7 @@ pub struct ContentStatus {
     pub snapshot_handle: Option<String>,
 }
 
-custom_resource!(
+sidecar_kit::custom_resource!(
     VolumeSnapshotContent,
     k8s_openapi::ClusterResourceScope,
     model::SNAPSHOT_GROUP,
@@ -154,7 +124,7 @@ pub struct GrantTo {
     pub name: Option<String>,
 }
 
-custom_resource!(
+sidecar_kit::custom_resource!(
     ReferenceGrant,
     k8s_openapi::NamespaceResourceScope,
     GATEWAY_GROUP,

@@ -80,7 +80,7 @@ async fn a_crash_with_an_unanswered_create_and_a_deleted_claim_leaks_nothing() {
     let mut env = Env::without_controller(mock()).await;
     let uid = crash_after_a_lost_answer(&mut env, true).await;
     let recorded = entries(&env).await;
-    let (intents, bad) = journal::decode(&recorded);
+    let (intents, bad) = journal::decode::<journal::Intent>(&recorded);
     assert!(bad.is_empty());
     assert_eq!(intents.len(), 1, "the intent was recorded before the call");
     assert_eq!(intents[0].0, uid);

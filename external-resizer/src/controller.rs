@@ -13,7 +13,7 @@ use csi_proto::v1::{
     ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, VolumeCapability,
     volume_capability,
 };
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
@@ -341,21 +341,7 @@ impl Controller {
         let Some(reference) = reference else {
             return Ok(BTreeMap::new());
         };
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
-        let secret = api.get(&reference.name).await.map_err(|err| {
-            format!(
-                "error getting secret {} in namespace {}: {}",
-                reference.name,
-                reference.namespace,
-                api_message(&err)
-            )
-        })?;
-        Ok(secret
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-            .collect())
+        sidecar_kit::kube::fetch_secret(&self.client, &reference.namespace, &reference.name).await
     }
 
     // --- expansion ---
@@ -461,7 +447,7 @@ impl Controller {
             match self.call_expand(pv, size).await {
                 Ok(answer) => answer,
                 Err(Ok(status)) => {
-                    let message = rpc_error(&status);
+                    let message = sidecar_kit::csi::go_error(&status);
                     self.expansion_failed(key, claim, status.code(), &message)
                         .await
                         .map_err(|e| {
@@ -784,7 +770,7 @@ impl Controller {
             }
             Err(status) => {
                 let code = status.code();
-                let mut message = rpc_error(&status);
+                let mut message = sidecar_kit::csi::go_error(&status);
                 let state = if decide::classify(code) == ErrorClass::InProgress {
                     message.push_str(&format!(". Still modifying to VAC {target}"));
                     self.memo(key, |m| m.modify_uncertain = true);
@@ -816,15 +802,6 @@ impl Controller {
             }
         }
     }
-}
-
-/// A gRPC error as Go's status prints it.
-fn rpc_error(status: &Status) -> String {
-    format!(
-        "rpc error: code = {} desc = {}",
-        decide::code_name(status.code()),
-        status.message()
-    )
 }
 
 /// The capability of an expansion request: block or mount (file system type, mount options)

@@ -607,7 +607,7 @@ pub fn modify_status_patch(
             entries.push(modify_condition(
                 claim,
                 MODIFY_VOLUME_ERROR,
-                code_name(code),
+                sidecar_kit::metrics::code_label(code),
                 text,
                 now,
             ));
@@ -642,29 +642,6 @@ pub fn modify_done_patch(claim: &Claim, target: &str) -> Value {
     status.insert("modifyVolumeStatus".into(), Value::Null);
     status.insert("currentVolumeAttributesClassName".into(), json!(target));
     claim_patch(claim, Some(status), None, false)
-}
-
-/// Go's `codes.Code.String()`: the names upstream writes as condition reasons.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
 }
 
 #[cfg(test)]

@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
 use external_provisioner::params::{
-    NODE_STAGE_SECRET, PROVISIONER_SECRET, TemplateInputs, resolve_template, secret_ref,
+    NODE_STAGE_SECRET, PROVISIONER_SECRET, TemplateInputs, secret_ref,
 };
 use libfuzzer_sys::fuzz_target;
+use sidecar_kit::names::resolve_template;
 
 #[path = "../common/names.rs"]
 mod names;

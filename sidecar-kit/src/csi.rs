@@ -264,6 +264,48 @@ impl CsiClient {
         .await
     }
 
+    pub async fn create_snapshot(
+        &self,
+        request: v1::CreateSnapshotRequest,
+        options: CallOptions,
+    ) -> Result<v1::CreateSnapshotResponse, Status> {
+        self.unary(
+            methods::controller::CREATE_SNAPSHOT,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).create_snapshot(r).await },
+        )
+        .await
+    }
+
+    pub async fn delete_snapshot(
+        &self,
+        request: v1::DeleteSnapshotRequest,
+        options: CallOptions,
+    ) -> Result<v1::DeleteSnapshotResponse, Status> {
+        self.unary(
+            methods::controller::DELETE_SNAPSHOT,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).delete_snapshot(r).await },
+        )
+        .await
+    }
+
+    pub async fn list_snapshots(
+        &self,
+        request: v1::ListSnapshotsRequest,
+        options: CallOptions,
+    ) -> Result<v1::ListSnapshotsResponse, Status> {
+        self.unary(
+            methods::controller::LIST_SNAPSHOTS,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).list_snapshots(r).await },
+        )
+        .await
+    }
+
     pub async fn get_capacity(
         &self,
         request: v1::GetCapacityRequest,
@@ -342,6 +384,16 @@ fn truncate(text: String, max: i64) -> String {
         Some((cut, _)) => format!("{}[response body too large, log truncated]", &text[..cut]),
         None => text,
     }
+}
+
+/// A gRPC error as grpc-go renders it (`rpc error: code = Internal desc = ...`), which
+/// upstream's Events, status messages and logs show.
+pub fn go_error(status: &tonic::Status) -> String {
+    format!(
+        "rpc error: code = {} desc = {}",
+        crate::metrics::code_label(status.code()),
+        status.message()
+    )
 }
 
 #[cfg(test)]

@@ -313,6 +313,62 @@ where
     }
 }
 
+/// The data of a secret as the strings CSI requests carry, read with a direct GET (secrets are
+/// never cached); the error is upstream's text.
+pub async fn fetch_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let secret = api.get(name).await.map_err(|err| {
+        format!(
+            "error getting secret {name} in namespace {namespace}: {}",
+            api_message(&err)
+        )
+    })?;
+    Ok(secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+        .collect())
+}
+
+/// Implements [`kube::Resource`] for a type of ours that holds `metadata` and projects a custom
+/// resource (or any kind without a k8s-openapi type): group, version, kind and plural given.
+#[macro_export]
+macro_rules! custom_resource {
+    ($ty:ty, $scope:ty, $group:expr, $version:expr, $kind:expr, $plural:expr) => {
+        impl ::kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($kind)
+            }
+            fn group(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($group)
+            }
+            fn version(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($version)
+            }
+            fn plural(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($plural)
+            }
+            fn meta(&self) -> &::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut ::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 //! What every CSI sidecar shares: flags in upstream syntax, logging, lifecycle, metrics, the
 //! HTTP endpoint, the Kubernetes client with its rate limit, leader election, the connection to
-//! the CSI driver with its identity calls, and the CSI migration of in-tree volumes.
+//! the CSI driver with its identity calls, the intent journal, and the CSI migration of in-tree
+//! volumes.
 
 pub mod accessmodes;
 pub mod atom;
@@ -11,12 +12,14 @@ pub mod events;
 pub mod flags;
 pub mod http;
 pub mod identity;
+pub mod journal;
 pub mod kube;
 pub mod leader;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
 pub mod migration;
+pub mod names;
 pub mod pipeline;
 pub mod quantity;
 pub mod shrink;

@@ -1,0 +1,171 @@
+//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
+//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+
+use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
+use sidecar_kit::events::Reporter;
+use sidecar_kit::http::HttpPlan;
+use sidecar_kit::identity::{self, IdentityError};
+use sidecar_kit::journal::{Location, journal_name};
+use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
+use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::startup::{self, Greeting, StartupError};
+use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::{self, COMPONENT, Config, Naming, SnapshotMetrics};
+use crate::flags::Cli;
+use crate::model;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Http(#[from] sidecar_kit::http::HttpError),
+    #[error(transparent)]
+    Kube(#[from] sidecar_kit::kube::KubeError),
+    #[error(transparent)]
+    Metrics(#[from] sidecar_kit::metrics::MetricsError),
+    #[error("cannot register metrics: {0}")]
+    Registry(#[from] prometheus::Error),
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+    #[error("CSI driver {0} does not support ControllerCreateSnapshot")]
+    NoSnapshots(String),
+    #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
+    NoNodeName,
+}
+
+/// The controller configuration for `driver`, from the flags.
+pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> Config {
+    Config {
+        driver: driver.to_string(),
+        naming: Naming {
+            prefix: cli.snapshot_name_prefix.clone(),
+            uuid_length: cli.snapshot_name_uuid_length,
+            extra_create_metadata: cli.extra_create_metadata,
+        },
+        timeout: cli.timeout,
+        backoff: Backoff {
+            start: cli.retry_interval_start,
+            max: cli.retry_interval_max,
+        },
+        workers: cli.worker_threads,
+        resync: cli.resync_period,
+        list_snapshots,
+        node: None,
+        journal: None,
+        queue_metrics: None,
+        snapshot_metrics: None,
+        reporter: Reporter {
+            component: format!("{COMPONENT} {driver}"),
+            instance: instance.to_string(),
+        },
+    }
+}
+
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let kube_flags = &cli.common.kube;
+    let kube_config = sidecar_kit::kube::load_config(kube_flags).await?;
+    let client = sidecar_kit::kube::client(
+        kube_config.clone(),
+        kube_flags.kube_api_qps,
+        kube_flags.kube_api_burst,
+    )?;
+    let node = if cli.node_deployment {
+        Some(
+            std::env::var("NODE_NAME")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .ok_or(AppError::NoNodeName)?,
+        )
+    } else {
+        None
+    };
+
+    let metrics = CsiMetrics::new()?;
+    let greeting = Greeting {
+        csi_address: &cli.common.csi.csi_address,
+        probe_timeout: cli.timeout,
+        identity_timeout: cli.timeout,
+        max_log_length: -1,
+    };
+    let Some(driver) = startup::greet_driver(greeting, &metrics, &shutdown).await? else {
+        return Ok(());
+    };
+    let rpcs = identity::controller_capabilities(&driver.csi, cli.timeout).await?;
+    if !rpcs.contains(&Rpc::CreateDeleteSnapshot) {
+        return Err(AppError::NoSnapshots(driver.name));
+    }
+    let list_snapshots = rpcs.contains(&Rpc::ListSnapshots);
+    if !list_snapshots {
+        tracing::info!(
+            "the driver has no ListSnapshots: pre-provisioned snapshots count as ready, as upstream counts them"
+        );
+    }
+    if cli.feature_gates.volume_group_snapshot {
+        tracing::warn!(
+            "volume group snapshots are not supported yet: VolumeGroupSnapshotContents are left alone"
+        );
+    }
+    let instance = leader::default_identity();
+    let mut config = config(&cli, &driver.name, list_snapshots, &instance);
+    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
+    config.snapshot_metrics = Some(SnapshotMetrics::register(metrics.registry())?);
+    config.journal = Some(Location {
+        namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
+        name: journal_name(&model::lease_name(&driver.name), node.as_deref()),
+    });
+    config.node = node;
+    let journal_client = sidecar_kit::kube::client(
+        kube_config.clone(),
+        sidecar_kit::journal::QPS,
+        sidecar_kit::journal::BURST,
+    )?;
+
+    let election = if cli.common.leader_election.leader_election {
+        let le_client = sidecar_kit::kube::client(
+            kube_config,
+            kube_flags.kube_api_qps,
+            kube_flags.kube_api_burst,
+        )?;
+        let mut settings = ElectionConfig::from_flags(
+            &model::lease_name(&driver.name),
+            &cli.common.leader_election,
+        )?;
+        settings.release_on_exit = cli.release_lease_on_exit();
+        Some(
+            LeaderElector::new(le_client, settings)
+                .with_metrics(LeaderMetrics::register(metrics.registry())?),
+        )
+    } else {
+        None
+    };
+
+    http_plan
+        .serve(
+            &cli.common.http.metrics_path,
+            &metrics,
+            election.as_ref().map(LeaderElector::health),
+            |routes| routes,
+            &shutdown,
+        )
+        .await?;
+
+    let csi = driver.csi;
+    match election {
+        Some(elector) => {
+            elector
+                .run(shutdown, |leading| {
+                    controller::run(config, client, journal_client, csi, leading)
+                })
+                .await?
+        }
+        None => controller::run(config, client, journal_client, csi, shutdown).await,
+    }
+    Ok(())
+}

@@ -1,0 +1,900 @@
+//! The I/O edges: watches feeding the index, workers carrying out the plans of
+//! [`decide`](crate::decide) against the API server and the driver, the intent journal, and the
+//! periodic resync.
+//!
+//! Readiness is asked of the driver with a per-content backoff (the queue's, from
+//! `--retry-interval-start` doubling to `--retry-interval-max`, reset once the snapshot is
+//! ready), and at most half the workers ask at once, so creations and deletions always find a
+//! worker while many snapshots are being cut.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use csi_proto::v1::{CreateSnapshotRequest, DeleteSnapshotRequest, ListSnapshotsRequest};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher;
+use serde::{Deserialize, Serialize};
+use sidecar_kit::csi::{CallOptions, CsiClient, go_error};
+use sidecar_kit::events::{EventType, Recorder, Reporter};
+use sidecar_kit::journal::{Journal, Location, Owner};
+use sidecar_kit::kube::{api_code, api_message};
+use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::decide::{self, Answer, Plan};
+use crate::index::Index;
+use crate::model::{self, Class, Content, SecretRef, VolumeSnapshotClass, VolumeSnapshotContent};
+
+/// Reporting component of the Events, followed by the driver name (upstream's
+/// `csi-snapshotter <driver>`).
+pub const COMPONENT: &str = "csi-snapshotter";
+/// The queue's name in the workqueue metrics, as upstream's.
+pub const QUEUE: &str = "csi-snapshotter-content";
+
+/// How the snapshotter's journal speaks of itself.
+pub const OWNER: Owner = Owner {
+    sidecar: "the snapshotter",
+    risk: "a restart during a CreateSnapshot whose content is deleted meanwhile may then leak a snapshot",
+};
+
+/// How snapshots are named and what CreateSnapshot is given.
+#[derive(Clone, Debug)]
+pub struct Naming {
+    pub prefix: String,
+    pub uuid_length: i32,
+    pub extra_create_metadata: bool,
+}
+
+/// Everything the controller needs besides its clients.
+#[derive(Clone)]
+pub struct Config {
+    pub driver: String,
+    pub naming: Naming,
+    /// Timeout of every driver call.
+    pub timeout: Duration,
+    pub backoff: Backoff,
+    pub workers: usize,
+    /// Period of the full resync (zero: none).
+    pub resync: Duration,
+    /// The driver has LIST_SNAPSHOTS; without it a pre-provisioned snapshot counts as ready, as
+    /// upstream counts it.
+    pub list_snapshots: bool,
+    /// `--node-deployment`: only the contents labelled for this node.
+    pub node: Option<String>,
+    /// Where the intent journal lives (`None`: no journal, upstream's behaviour).
+    pub journal: Option<Location>,
+    pub queue_metrics: Option<WorkQueueMetrics>,
+    pub snapshot_metrics: Option<SnapshotMetrics>,
+    pub reporter: Reporter,
+}
+
+/// How many driver calls each snapshot took until it was ready.
+#[derive(Clone)]
+pub struct SnapshotMetrics {
+    calls: prometheus::Histogram,
+}
+
+impl SnapshotMetrics {
+    pub fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let calls = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "csi_snapshotter_driver_calls_per_snapshot",
+                "CreateSnapshot and ListSnapshots calls this process made for a snapshot until the driver said it was ready",
+            )
+            .buckets(vec![1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0]),
+        )?;
+        registry.register(Box::new(calls.clone()))?;
+        Ok(Self { calls })
+    }
+}
+
+/// A CreateSnapshot this process asked before its answer was written to the content: what it
+/// takes to ask again, or to delete the snapshot if the content is gone meanwhile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub content_uid: String,
+    pub name: String,
+    pub source_volume: String,
+    pub parameters: BTreeMap<String, String>,
+    pub secret: Option<SecretRef>,
+    /// The content's deletion policy is `Delete`.
+    pub delete: bool,
+}
+
+/// Why a step failed; the text is what status, Events and logs say.
+#[derive(Debug)]
+struct Failure {
+    message: String,
+    /// Event reason and text, when the failure gets one of its own.
+    event: Option<(&'static str, String)>,
+    /// Written to the content's `status.error` as well.
+    status: bool,
+}
+
+impl Failure {
+    fn quiet(message: String) -> Self {
+        Self {
+            message,
+            event: None,
+            status: false,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The current time as the API server stores times (RFC 3339, whole seconds).
+fn now() -> String {
+    Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn now_ns() -> i64 {
+    i64::try_from(Timestamp::now().as_nanosecond()).unwrap_or(i64::MAX)
+}
+
+struct Controller {
+    config: Config,
+    client: kube::Client,
+    contents: Api<VolumeSnapshotContent>,
+    csi: CsiClient,
+    index: Mutex<Index>,
+    queue: WorkQueue<String>,
+    journal: Journal,
+    /// The recorded intents by content name.
+    intents: Mutex<HashMap<String, Intent>>,
+    /// Driver calls per content until ready.
+    calls: Mutex<HashMap<String, u32>>,
+    polls: Semaphore,
+    events: Recorder,
+}
+
+/// Runs the snapshotter until `shutdown` is cancelled; then stops taking work, lets the running
+/// operations finish, and returns.
+pub async fn run(
+    config: Config,
+    client: kube::Client,
+    journal_client: kube::Client,
+    csi: CsiClient,
+    shutdown: CancellationToken,
+) {
+    let queue = WorkQueue::new(
+        QueueConfig {
+            name: QUEUE.to_string(),
+            lanes: vec!["default".to_string()],
+            backoff: config.backoff,
+        },
+        config.queue_metrics.as_ref(),
+    );
+    let journal = match &config.journal {
+        Some(location) => Journal::start(journal_client, location.clone(), OWNER),
+        None => Journal::off(OWNER),
+    };
+    let controller = Arc::new(Controller {
+        contents: Api::all(client.clone()),
+        csi,
+        index: Mutex::new(Index::new(&config.driver)),
+        queue,
+        journal,
+        intents: Mutex::new(HashMap::new()),
+        calls: Mutex::new(HashMap::new()),
+        polls: Semaphore::new(config.workers.div_ceil(2)),
+        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        client,
+        config,
+    });
+    controller.run(shutdown).await;
+}
+
+impl Controller {
+    fn index(&self) -> MutexGuard<'_, Index> {
+        lock(&self.index)
+    }
+
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        tracing::info!(driver = %self.config.driver, "starting CSI snapshotter");
+        let mut pipeline = Pipeline::new();
+        let mut contents = watcher::Config::default().page_size(500);
+        if let Some(node) = &self.config.node {
+            contents = contents.labels(&format!("{}={node}", model::MANAGED_BY));
+        }
+        let me = self.clone();
+        pipeline.watch(
+            self.contents.clone(),
+            contents,
+            move |change: Change<&VolumeSnapshotContent>| {
+                let work = me.index().content_event(change);
+                for name in work {
+                    me.queue.add(name, 0);
+                }
+            },
+        );
+        let me = self.clone();
+        pipeline.watch(
+            Api::<VolumeSnapshotClass>::all(self.client.clone()),
+            watcher::Config::default(),
+            move |change: Change<&VolumeSnapshotClass>| {
+                me.index().class_event(change);
+            },
+        );
+        if !pipeline.wait_synced(&shutdown).await {
+            return self.stop(pipeline).await;
+        }
+        tracing::info!(contents = self.index().content_count(), "caches synced");
+        self.take_up_journal(&shutdown).await;
+        let me = self.clone();
+        pipeline.workers(&self.queue, self.config.workers, move |item| {
+            let me = me.clone();
+            async move { me.sync(&item.key).await }
+        });
+        if !self.config.resync.is_zero() {
+            pipeline.spawn(self.clone().resyncer(shutdown.clone()));
+        }
+        shutdown.cancelled().await;
+        self.stop(pipeline).await;
+    }
+
+    async fn stop(&self, pipeline: Pipeline) {
+        pipeline.stop().await;
+        tracing::info!("CSI snapshotter stopped");
+    }
+
+    async fn resyncer(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.config.resync) => {}
+            }
+            let names = self.index().content_names();
+            for name in names {
+                self.queue.add(name, 0);
+            }
+        }
+    }
+
+    /// Takes up the CreateSnapshot calls a previous leader (or this process before a restart)
+    /// left unanswered: a content that still exists carries on as usual; for one that is gone,
+    /// the snapshot is found and deleted by the worker.
+    async fn take_up_journal(&self, shutdown: &CancellationToken) {
+        let mut delay = Duration::from_millis(200);
+        let intents = loop {
+            match self.journal.load::<Intent>().await {
+                Ok(intents) => break intents,
+                Err(err) => {
+                    tracing::warn!(error = %err, retry_in = ?delay, "cannot read the intent journal; unfinished snapshots wait for it");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(self.config.backoff.max);
+                }
+            }
+        };
+        if !intents.is_empty() {
+            tracing::info!(
+                count = intents.len(),
+                "taking up unfinished snapshots from the intent journal"
+            );
+        }
+        for (name, intent) in intents {
+            lock(&self.intents).insert(name.clone(), intent);
+            self.queue.add(name, 0);
+        }
+    }
+
+    /// One content: what it needs next; retried with backoff until done.
+    async fn sync(&self, name: &str) {
+        let view = self.index().view(name);
+        let result = match view {
+            Some((content, class)) => self.step(&content, class.as_ref()).await,
+            None => self.settle_gone(name).await.map(|()| true),
+        };
+        let key = name.to_string();
+        match result {
+            Ok(true) => self.queue.forget(&key),
+            Ok(false) => {
+                let delay = self.queue.add_rate_limited(key, 0);
+                tracing::debug!(content = name, retry_in = ?delay, "snapshot not ready yet");
+            }
+            Err(failure) => {
+                let delay = self.queue.add_rate_limited(key, 0);
+                tracing::info!(content = name, error = %failure.message, retry_in = ?delay, "content not done");
+            }
+        }
+    }
+
+    /// Carries out the plan; `Ok(true)` when the content needs nothing more for now.
+    async fn step(&self, content: &Content, class: Option<&Class>) -> Result<bool, Failure> {
+        let plan = decide::plan(content);
+        tracing::debug!(content = %content.name, ?plan, "syncing content");
+        let outcome = match plan {
+            Plan::Delete { handle } => self.delete(content, handle).await.map(|()| true),
+            Plan::Create => self.create(content, class).await,
+            Plan::Check { handle } => self.check(content, class, &handle).await,
+            Plan::Ready => self.remove_being_created(content).await.map(|_| true),
+            Plan::Nothing => Ok(true),
+        };
+        match outcome {
+            Err(failure) => {
+                self.report(content, &failure).await;
+                Err(failure)
+            }
+            ok => ok,
+        }
+    }
+
+    /// The failure's Event, and its status error when it has one (each message written once).
+    async fn report(&self, content: &Content, failure: &Failure) {
+        let Some((reason, message)) = &failure.event else {
+            return;
+        };
+        self.events
+            .record(content.object_ref(), EventType::Warning, reason, message);
+        if !failure.status {
+            return;
+        }
+        let current = self.index().view(&content.name).map(|(c, _)| c);
+        let status = current.as_ref().unwrap_or(content).status.as_ref();
+        if let Some(patch) = decide::error_patch(status, message, &now())
+            && let Err(err) = self.patch_status(&content.name, &patch).await
+        {
+            tracing::info!(content = %content.name, error = %api_message(&err), "cannot write the error status");
+        }
+    }
+
+    // --- writes ---
+
+    async fn patch_status(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<Content, kube::Error> {
+        let written = self
+            .contents
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        self.index().store(&written);
+        Ok(Content::from_api(&written))
+    }
+
+    async fn patch_metadata<P: Serialize + std::fmt::Debug>(
+        &self,
+        name: &str,
+        patch: &Patch<P>,
+    ) -> Result<Content, kube::Error> {
+        let written = self
+            .contents
+            .patch(name, &PatchParams::default(), patch)
+            .await?;
+        self.index().store(&written);
+        Ok(Content::from_api(&written))
+    }
+
+    async fn remove_being_created(&self, content: &Content) -> Result<Content, Failure> {
+        if !content.being_created {
+            return Ok(content.clone());
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": {model::BEING_CREATED: null}}});
+        self.patch_metadata(&content.name, &Patch::Merge(&patch))
+            .await
+            .map_err(|err| {
+                Failure::quiet(format!(
+                    "failed to remove VolumeSnapshotBeingCreated annotation on the content {}: {}",
+                    content.name,
+                    api_message(&err)
+                ))
+            })
+    }
+
+    async fn secret(
+        &self,
+        reference: Option<&SecretRef>,
+    ) -> Result<BTreeMap<String, String>, String> {
+        match reference {
+            None => Ok(BTreeMap::new()),
+            Some(r) => sidecar_kit::kube::fetch_secret(&self.client, &r.namespace, &r.name).await,
+        }
+    }
+
+    fn options(&self) -> CallOptions {
+        CallOptions::timeout(self.config.timeout)
+    }
+
+    fn count_call(&self, name: &str) {
+        *lock(&self.calls).entry(name.to_string()).or_default() += 1;
+    }
+
+    fn ready_after_calls(&self, name: &str) {
+        if let Some(calls) = lock(&self.calls).remove(name)
+            && let Some(metrics) = &self.config.snapshot_metrics
+        {
+            metrics.calls.observe(f64::from(calls));
+        }
+    }
+
+    // --- creation and readiness ---
+
+    /// CreateSnapshot, for a new content or to learn whether its snapshot is ready.
+    async fn create(&self, content: &Content, class: Option<&Class>) -> Result<bool, Failure> {
+        let first = content.status.is_none();
+        let (reason, prefix) = if first {
+            (decide::CREATION_FAILED, "Failed to create snapshot")
+        } else {
+            (
+                decide::CHECK_FAILED,
+                "Failed to check and update snapshot content",
+            )
+        };
+        let fail = |message: String| Failure {
+            event: Some((reason, format!("{prefix}: {message}"))),
+            message,
+            status: true,
+        };
+        let _slot = if first {
+            None
+        } else {
+            Some(self.poll_slot().await)
+        };
+        let input = self.create_input(content, class).map_err(|e| {
+            fail(format!(
+                "failed to get input parameters to create snapshot for content {}: {e:?}",
+                content.name
+            ))
+        })?;
+        let (intent, secret_ref) = input;
+        let secrets = self.secret(secret_ref.as_ref()).await.map_err(|err| {
+            tracing::error!(content = %content.name, error = %err, "Failed to get credentials for snapshot");
+            fail(format!(
+                "failed to get input parameters to create snapshot for content {}: \"cannot get credentials for snapshot content {:?}\"",
+                content.name, content.name
+            ))
+        })?;
+        let content = if content.being_created {
+            content.clone()
+        } else {
+            let patch =
+                serde_json::json!({"metadata": {"annotations": {model::BEING_CREATED: "yes"}}});
+            self.patch_metadata(&content.name, &Patch::Merge(&patch))
+                .await
+                .map_err(|err| {
+                    fail(format!(
+                        "failed to add VolumeSnapshotBeingCreated annotation on the content {}: \"snapshot controller failed to update {} on API server: {}\"",
+                        content.name,
+                        content.name,
+                        api_message(&err)
+                    ))
+                })?
+        };
+        self.record(&content.name, &intent).await.map_err(fail)?;
+        let request = CreateSnapshotRequest {
+            source_volume_id: intent.source_volume.clone(),
+            name: intent.name.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: intent.parameters.clone().into_iter().collect(),
+        };
+        self.count_call(&content.name);
+        let answer = match self.csi.create_snapshot(request, self.options()).await {
+            Ok(response) => response
+                .snapshot
+                .map(answer_of)
+                .ok_or_else(|| Status::internal("CreateSnapshot answered without a snapshot")),
+            Err(status) => Err(status),
+        };
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(status) => {
+                tracing::info!(content = %content.name, error = %go_error(&status), "CreateSnapshot failed");
+                if decide::is_final(Some(status.code())) {
+                    // Nothing is being cut: the content may be deleted, the intent is done.
+                    self.remove_being_created(&content).await?;
+                    self.forget(&content.name);
+                }
+                return Err(fail(format!(
+                    "failed to take snapshot of the volume {}: {:?}",
+                    intent.source_volume,
+                    go_error(&status)
+                )));
+            }
+        };
+        tracing::debug!(content = %content.name, handle = %answer.handle, ready = answer.ready, "CreateSnapshot answered");
+        let updated = match decide::status_patch(content.status.as_ref(), &answer, now_ns()) {
+            None => content.clone(),
+            Some(patch) => match self.patch_status(&content.name, &patch).await {
+                Ok(updated) => updated,
+                Err(err) if api_code(&err) == Some(404) => {
+                    // The content went away while the driver cut the snapshot: nothing will
+                    // ever name it.
+                    self.discard(&content.name, &intent, &answer.handle).await?;
+                    return Ok(true);
+                }
+                Err(err) => {
+                    return Err(fail(format!(
+                        "error updating status for volume snapshot content {}: snapshot controller failed to update {} on API server: {}",
+                        content.name,
+                        content.name,
+                        api_message(&err)
+                    )));
+                }
+            },
+        };
+        self.forget(&content.name);
+        self.remove_being_created(&updated).await?;
+        if answer.ready {
+            self.ready_after_calls(&content.name);
+        }
+        Ok(answer.ready)
+    }
+
+    /// The request of a CreateSnapshot for `content`, and where its secret is.
+    fn create_input(
+        &self,
+        content: &Content,
+        class: Option<&Class>,
+    ) -> Result<(Intent, Option<SecretRef>), String> {
+        let class = match (&content.class, class) {
+            (None, _) => {
+                return Err(format!(
+                    "failed to take snapshot {} without a snapshot class",
+                    content.name
+                ));
+            }
+            (Some(name), None) => {
+                return Err(format!(
+                    "volumesnapshotclass.snapshot.storage.k8s.io {name:?} not found"
+                ));
+            }
+            (Some(_), Some(class)) => class,
+        };
+        let secret = decide::content_secret(content)?;
+        let mut parameters = decide::driver_parameters(&class.parameters)
+            .map_err(|e| format!("failed to remove CSI Parameters of prefixed keys: {e}"))?;
+        let naming = &self.config.naming;
+        if naming.extra_create_metadata {
+            parameters.insert(
+                decide::SNAPSHOT_NAME_KEY.into(),
+                content.snapshot_ref.name.clone(),
+            );
+            parameters.insert(
+                decide::SNAPSHOT_NAMESPACE_KEY.into(),
+                content.snapshot_ref.namespace.clone(),
+            );
+            parameters.insert(decide::CONTENT_NAME_KEY.into(), content.name.clone());
+        }
+        if content.snapshot_ref.uid.is_empty() {
+            return Err(format!(
+                "cannot create snapshot. Snapshot content {} not bound to a snapshot",
+                content.name
+            ));
+        }
+        let Some(source_volume) = content.volume_handle.clone() else {
+            return Err(format!(
+                "cannot create snapshot. Volume handle not found in snapshot content {}",
+                content.name
+            ));
+        };
+        let name = decide::snapshot_name(
+            &naming.prefix,
+            &content.snapshot_ref.uid,
+            naming.uuid_length,
+        )?;
+        Ok((
+            Intent {
+                content_uid: content.uid.clone(),
+                name,
+                source_volume,
+                parameters,
+                secret: secret.clone(),
+                delete: content.deletion_policy == "Delete",
+            },
+            secret,
+        ))
+    }
+
+    /// ListSnapshots of a pre-provisioned snapshot or a group member's.
+    async fn check(
+        &self,
+        content: &Content,
+        class: Option<&Class>,
+        handle: &str,
+    ) -> Result<bool, Failure> {
+        let fail = |message: String| Failure {
+            event: Some((
+                decide::CHECK_FAILED,
+                format!("Failed to check and update snapshot content: {message}"),
+            )),
+            message,
+            status: true,
+        };
+        let _slot = self.poll_slot().await;
+        let member = content
+            .status
+            .as_ref()
+            .is_some_and(|s| s.volume_group_snapshot_handle.is_some());
+        let mut secret_ref = None;
+        if let Some(class_name) = &content.class {
+            let Some(class) = class else {
+                return Err(fail(format!(
+                    "failed to get snapshot class {class_name} for snapshot content {}: volumesnapshotclass.snapshot.storage.k8s.io {class_name:?} not found",
+                    content.name
+                )));
+            };
+            secret_ref = decide::list_secret(&class.parameters, &content.name).map_err(|e| {
+                fail(format!(
+                    "failed to get secret reference for snapshot content {}: {e}",
+                    content.name
+                ))
+            })?;
+        }
+        if member {
+            secret_ref = decide::content_secret(content).map_err(|e| {
+                fail(format!(
+                    "failed to get credentials from annotation for snapshot content {}: {e}",
+                    content.name
+                ))
+            })?;
+        }
+        let secrets = self.secret(secret_ref.as_ref()).await.map_err(|e| {
+            fail(format!(
+                "failed to get credentials for snapshot content {}: {e}",
+                content.name
+            ))
+        })?;
+        let answer = if self.config.list_snapshots {
+            self.count_call(&content.name);
+            let request = ListSnapshotsRequest {
+                snapshot_id: handle.to_string(),
+                secrets: secrets.into_iter().collect(),
+                ..Default::default()
+            };
+            let listed = self
+                .csi
+                .list_snapshots(request, self.options())
+                .await
+                .map_err(|status| {
+                    fail(format!(
+                        "failed to list snapshot for content {}: {:?}",
+                        content.name,
+                        go_error(&status)
+                    ))
+                })?;
+            listed
+                .entries
+                .into_iter()
+                .find_map(|e| e.snapshot)
+                .map(answer_of)
+                .ok_or_else(|| {
+                    fail(format!(
+                        "failed to list snapshot for content {}: \"can not find snapshot for snapshotID {handle}\"",
+                        content.name
+                    ))
+                })?
+        } else {
+            Answer {
+                handle: handle.to_string(),
+                ready: true,
+                creation_ns: 0,
+                size: 0,
+                group_handle: String::new(),
+            }
+        };
+        let answer = Answer {
+            handle: handle.to_string(),
+            ..answer
+        };
+        if let Some(patch) = decide::status_patch(content.status.as_ref(), &answer, now_ns()) {
+            self.patch_status(&content.name, &patch)
+                .await
+                .map_err(|err| {
+                    fail(format!(
+                        "snapshot controller failed to update {} on API server: {}",
+                        content.name,
+                        api_message(&err)
+                    ))
+                })?;
+        }
+        if answer.ready {
+            self.ready_after_calls(&content.name);
+        }
+        Ok(answer.ready)
+    }
+
+    async fn poll_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        // The semaphore is never closed: a failure to acquire only means no limit.
+        self.polls.acquire().await.ok()
+    }
+
+    // --- deletion ---
+
+    async fn delete(&self, content: &Content, handle: Option<String>) -> Result<(), Failure> {
+        let error = |message: String, event: &str| Failure {
+            message,
+            event: Some((decide::DELETE_ERROR, event.to_string())),
+            status: false,
+        };
+        let mut content = content.clone();
+        if let Some(handle) = handle {
+            let secret_ref = decide::content_secret(&content)
+                .map_err(|e| error(e, "Failed to get snapshot credentials"))?;
+            let secrets = self.secret(secret_ref.as_ref()).await.map_err(|e| {
+                error(
+                    format!(
+                        "failed to get input parameters to delete snapshot for content {}: \"{e}\"",
+                        content.name
+                    ),
+                    "Failed to get snapshot credentials",
+                )
+            })?;
+            let request = DeleteSnapshotRequest {
+                snapshot_id: handle.clone(),
+                secrets: secrets.into_iter().collect(),
+            };
+            self.csi
+                .delete_snapshot(request, self.options())
+                .await
+                .map_err(|status| {
+                    error(
+                        format!(
+                            "failed to delete snapshot {:?}, err: failed to delete snapshot content {}: {:?}",
+                            content.name,
+                            content.name,
+                            go_error(&status)
+                        ),
+                        "Failed to delete snapshot",
+                    )
+                })?;
+            tracing::info!(content = %content.name, %handle, "snapshot deleted");
+            content = self
+                .patch_status(&content.name, &decide::cleared_status_patch())
+                .await
+                .map_err(|err| {
+                    error(
+                        format!(
+                            "snapshot controller failed to update {} on API server: {}",
+                            content.name,
+                            api_message(&err)
+                        ),
+                        "Failed to clear content status",
+                    )
+                })?;
+        }
+        if let Some(patch) = decide::finalizer_removal(&content) {
+            self.patch_metadata(
+                &content.name,
+                &Patch::<()>::Json(
+                    serde_json::from_value(patch).map_err(|e| Failure::quiet(e.to_string()))?,
+                ),
+            )
+            .await
+            .map_err(|err| {
+                Failure::quiet(format!(
+                    "snapshot controller failed to update {} on API server: {}",
+                    content.name,
+                    api_message(&err)
+                ))
+            })?;
+            tracing::debug!(content = %content.name, "removed the protection finalizer");
+        }
+        self.events.forget_object(&content.uid);
+        lock(&self.calls).remove(&content.name);
+        Ok(())
+    }
+
+    // --- the journal ---
+
+    async fn record(&self, name: &str, intent: &Intent) -> Result<(), String> {
+        if lock(&self.intents).get(name) == Some(intent) {
+            return Ok(());
+        }
+        self.journal
+            .record(name, intent)
+            .await
+            .map_err(|e| format!("cannot record the snapshot intent: {e}"))?;
+        lock(&self.intents).insert(name.to_string(), intent.clone());
+        Ok(())
+    }
+
+    fn forget(&self, name: &str) {
+        if lock(&self.intents).remove(name).is_some() {
+            self.journal.forget(name);
+        }
+    }
+
+    /// A content that is gone (or was replaced by another of the same name): if a CreateSnapshot
+    /// for it may have cut a snapshot, the snapshot is found (CreateSnapshot is idempotent by
+    /// name) and deleted unless the content's policy kept it.
+    async fn settle_gone(&self, name: &str) -> Result<(), Failure> {
+        let Some(intent) = lock(&self.intents).get(name).cloned() else {
+            lock(&self.calls).remove(name);
+            return Ok(());
+        };
+        if let Some((content, _)) = self.index().view(name)
+            && content.uid == intent.content_uid
+        {
+            return Ok(());
+        }
+        if !intent.delete {
+            tracing::warn!(content = name, snapshot = %intent.name, "the content of an unanswered CreateSnapshot is gone and its policy retains the snapshot: the driver may keep a snapshot no content names");
+            self.forget(name);
+            return Ok(());
+        }
+        let secrets = self
+            .secret(intent.secret.as_ref())
+            .await
+            .map_err(Failure::quiet)?;
+        let request = CreateSnapshotRequest {
+            source_volume_id: intent.source_volume.clone(),
+            name: intent.name.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: intent.parameters.clone().into_iter().collect(),
+        };
+        let handle = match self.csi.create_snapshot(request, self.options()).await {
+            Ok(response) => response.snapshot.map(|s| s.snapshot_id),
+            Err(status) if decide::is_final(Some(status.code())) => {
+                // The driver refuses the request for sure: it has no snapshot of that name.
+                tracing::info!(content = name, error = %go_error(&status), "the snapshot of a gone content does not exist");
+                None
+            }
+            Err(status) => {
+                return Err(Failure::quiet(format!(
+                    "cannot find the snapshot of gone content {name}: {}",
+                    go_error(&status)
+                )));
+            }
+        };
+        match handle {
+            Some(handle) => self.discard(name, &intent, &handle).await,
+            None => {
+                self.forget(name);
+                Ok(())
+            }
+        }
+    }
+
+    /// Deletes the snapshot of a content that is gone, then forgets the intent.
+    async fn discard(&self, name: &str, intent: &Intent, handle: &str) -> Result<(), Failure> {
+        if intent.delete {
+            let secrets = self
+                .secret(intent.secret.as_ref())
+                .await
+                .map_err(Failure::quiet)?;
+            let request = DeleteSnapshotRequest {
+                snapshot_id: handle.to_string(),
+                secrets: secrets.into_iter().collect(),
+            };
+            self.csi
+                .delete_snapshot(request, self.options())
+                .await
+                .map_err(|status| {
+                    Failure::quiet(format!(
+                        "cannot delete snapshot {handle} of gone content {name}: {}",
+                        go_error(&status)
+                    ))
+                })?;
+            tracing::info!(content = name, %handle, "deleted the snapshot of a content that went away during its CreateSnapshot");
+        }
+        self.forget(name);
+        lock(&self.calls).remove(name);
+        Ok(())
+    }
+}
+
+fn answer_of(snapshot: csi_proto::v1::Snapshot) -> Answer {
+    let creation_ns = snapshot.creation_time.map_or(0, |t| {
+        t.seconds
+            .saturating_mul(1_000_000_000)
+            .saturating_add(i64::from(t.nanos))
+    });
+    Answer {
+        handle: snapshot.snapshot_id,
+        ready: snapshot.ready_to_use,
+        creation_ns,
+        size: snapshot.size_bytes,
+        group_handle: snapshot.group_snapshot_id,
+    }
+}

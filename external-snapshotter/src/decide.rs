@@ -1,0 +1,331 @@
+//! Pure decisions: which contents are this driver's, what a content needs next, the names,
+//! parameters and secrets of the driver calls, the status a driver answer leads to, and which
+//! driver errors are final. No I/O; the controller carries the plans out.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use sidecar_kit::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
+use tonic::Code;
+
+use crate::model::{self, Class, Content, ContentStatus, SecretAnnotations, SecretRef};
+
+const PREFIX: &str = "csi.storage.k8s.io/";
+pub const LIST_SECRET_NAME: &str = "csi.storage.k8s.io/snapshotter-list-secret-name";
+pub const LIST_SECRET_NAMESPACE: &str = "csi.storage.k8s.io/snapshotter-list-secret-namespace";
+/// The class keys the snapshotter (or the snapshot-controller) reads; never passed to the driver.
+const RESERVED: [&str; 8] = [
+    "csi.storage.k8s.io/snapshotter-secret-name",
+    "csi.storage.k8s.io/snapshotter-secret-namespace",
+    LIST_SECRET_NAME,
+    LIST_SECRET_NAMESPACE,
+    "csi.storage.k8s.io/group-snapshotter-get-secret-name",
+    "csi.storage.k8s.io/group-snapshotter-get-secret-namespace",
+    "csi.storage.k8s.io/group-snapshotter-secret-name",
+    "csi.storage.k8s.io/group-snapshotter-secret-namespace",
+];
+pub const SNAPSHOT_NAME_KEY: &str = "csi.storage.k8s.io/volumesnapshot/name";
+pub const SNAPSHOT_NAMESPACE_KEY: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
+pub const CONTENT_NAME_KEY: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
+
+/// Event reasons, as upstream's.
+pub const CREATION_FAILED: &str = "SnapshotCreationFailed";
+pub const CHECK_FAILED: &str = "SnapshotContentCheckandUpdateFailed";
+pub const DELETE_ERROR: &str = "SnapshotDeleteError";
+
+/// Whether the content is this driver's (upstream's `isDriverMatch`): it names a source, this
+/// driver, and a class of this driver if its class exists.
+pub fn driver_match(content: &Content, class: Option<&Class>, driver: &str) -> bool {
+    (content.volume_handle.is_some() || content.snapshot_handle_source.is_some())
+        && content.driver == driver
+        && class.is_none_or(|c| c.driver == driver)
+}
+
+/// Whether a change of a content is one to act on (upstream's `ShouldEnqueueContentChange`):
+/// not when only its status, its finalizers or the snapshotter's own annotation changed, except
+/// that becoming ready is (a deletion requested while the snapshot was cut waits for it).
+pub fn should_enqueue(old: &Content, new: &Content) -> bool {
+    if old.resource_version == new.resource_version || (!old.ready() && new.ready()) {
+        return true;
+    }
+    let strip = |c: &Content| Content {
+        resource_version: String::new(),
+        status: None,
+        finalizers: Vec::new(),
+        being_created: false,
+        ..c.clone()
+    };
+    strip(old) != strip(new)
+}
+
+/// Whether the content is to be deleted now (upstream's `shouldDelete`): it is being deleted,
+/// and it is an unbound pre-provisioned content, or its VolumeSnapshot is being deleted and no
+/// CreateSnapshot is unanswered.
+pub fn should_delete(content: &Content) -> bool {
+    if !content.deleting {
+        return false;
+    }
+    if content.snapshot_handle_source.is_some() && content.snapshot_ref.uid.is_empty() {
+        return true;
+    }
+    !content.being_created && content.being_deleted
+}
+
+/// What a content needs next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// DeleteSnapshot of `handle` when given (deletion policy `Delete`, not a group member),
+    /// then the finalizer goes.
+    Delete { handle: Option<String> },
+    /// CreateSnapshot: first for a dynamic content, and again to learn whether it is ready
+    /// (CreateSnapshot is idempotent; ListSnapshots is optional in CSI).
+    Create,
+    /// ListSnapshots of a pre-provisioned snapshot or of a group member's.
+    Check { handle: String },
+    /// Ready: at most a leftover being-created annotation to remove.
+    Ready,
+    /// A group member the group's controller has not filled yet.
+    Nothing,
+}
+
+pub fn plan(content: &Content) -> Plan {
+    if should_delete(content) {
+        let member = content
+            .status
+            .as_ref()
+            .is_some_and(|s| s.volume_group_snapshot_handle.is_some());
+        let handle = content
+            .status
+            .as_ref()
+            .and_then(|s| s.snapshot_handle.clone())
+            .filter(|_| content.deletion_policy == "Delete" && !member);
+        return Plan::Delete { handle };
+    }
+    if content.volume_handle.is_some() && content.status.is_none() && !content.group_member {
+        return Plan::Create;
+    }
+    if content.ready() {
+        return Plan::Ready;
+    }
+    let status_handle = content.status.as_ref().and_then(|s| {
+        s.volume_group_snapshot_handle
+            .as_ref()
+            .and(s.snapshot_handle.clone())
+    });
+    if let Some(handle) = content.snapshot_handle_source.clone().or(status_handle) {
+        return Plan::Check { handle };
+    }
+    if content.group_member {
+        Plan::Nothing
+    } else {
+        Plan::Create
+    }
+}
+
+/// The name of the snapshot asked of the driver: `<prefix>-<VolumeSnapshot UID>`.
+pub fn snapshot_name(prefix: &str, snapshot_uid: &str, length: i32) -> Result<String, String> {
+    if snapshot_uid.is_empty() {
+        return Err("Corrupted snapshot object, it is missing UID".into());
+    }
+    Ok(sidecar_kit::names::uid_name(prefix, snapshot_uid, length))
+}
+
+/// The class parameters passed to CreateSnapshot: all but the reserved `csi.storage.k8s.io/`
+/// keys; any other key of that prefix is refused, as upstream refuses it.
+pub fn driver_parameters(
+    params: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for (key, value) in params {
+        if key.starts_with(PREFIX) {
+            if !RESERVED.contains(&key.as_str()) {
+                return Err(format!(
+                    "found unknown parameter key \"{key}\" with reserved namespace {PREFIX}"
+                ));
+            }
+        } else {
+            out.insert(key.clone(), value.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The secret of CreateSnapshot and DeleteSnapshot, from the content's annotations.
+pub fn content_secret(content: &Content) -> Result<Option<SecretRef>, String> {
+    match &content.secret {
+        SecretAnnotations::None => Ok(None),
+        SecretAnnotations::Given { name, namespace } if name.is_empty() || namespace.is_empty() => {
+            Err(format!(
+                "cannot retrieve secrets for snapshot content {:?}, err: secret name or namespace not specified",
+                content.name
+            ))
+        }
+        SecretAnnotations::Given { name, namespace } => Ok(Some(SecretRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        })),
+    }
+}
+
+/// The secret of ListSnapshots, from the class's `snapshotter-list-secret-*` keys: templates
+/// that may name only `${volumesnapshotcontent.name}`.
+pub fn list_secret(
+    params: &BTreeMap<String, String>,
+    content_name: &str,
+) -> Result<Option<SecretRef>, String> {
+    let name_template = params.get(LIST_SECRET_NAME);
+    let namespace_template = params.get(LIST_SECRET_NAMESPACE);
+    let (name_template, namespace_template) = match (name_template, namespace_template) {
+        (None, None) => return Ok(None),
+        (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
+        (Some(_), Some(_)) => {
+            return Err("failed to get name and namespace template from params: SnapshotterList secrets specified in parameters but value of either namespace or name is empty".into());
+        }
+        _ => {
+            return Err("failed to get name and namespace template from params: either name and namespace for SnapshotterList secrets specified, Both must be specified".into());
+        }
+    };
+    let vars = BTreeMap::from([(
+        "volumesnapshotcontent.name".to_string(),
+        content_name.to_string(),
+    )]);
+    let namespace = resolve_template(namespace_template, &vars)
+        .map_err(|e| format!("error resolving value {namespace_template:?}: {e}"))?;
+    if !is_dns1123_label(&namespace) {
+        return Err(if &namespace != namespace_template {
+            format!(
+                "{namespace_template:?} resolved to {namespace:?} which is not a valid namespace name"
+            )
+        } else {
+            format!("{namespace_template:?} is not a valid namespace name")
+        });
+    }
+    let name = resolve_template(name_template, &vars)
+        .map_err(|e| format!("error resolving value {name_template:?}: {e}"))?;
+    if !is_dns1123_subdomain(&name) {
+        return Err(if &name != name_template {
+            format!("{name_template:?} resolved to {name:?} which is not a valid secret name")
+        } else {
+            format!("{name_template:?} is not a valid secret name")
+        });
+    }
+    Ok(Some(SecretRef { namespace, name }))
+}
+
+/// What the driver said of a snapshot (CreateSnapshot or ListSnapshots).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub handle: String,
+    pub ready: bool,
+    /// Unix nanoseconds; 0 when the driver gave none (then the time of the answer is used).
+    pub creation_ns: i64,
+    pub size: i64,
+    pub group_handle: String,
+}
+
+/// The status patch (JSON merge, status subresource) an answer leads to, or `None` when the
+/// status already says it: upstream's `updateSnapshotContentStatus`, which fills what is
+/// missing, follows `readyToUse`, and clears the error once ready.
+pub fn status_patch(
+    current: Option<&ContentStatus>,
+    answer: &Answer,
+    now_ns: i64,
+) -> Option<Value> {
+    let created = if answer.creation_ns == 0 {
+        now_ns
+    } else {
+        answer.creation_ns
+    };
+    let mut status = serde_json::Map::new();
+    match current {
+        None => {
+            status.insert("snapshotHandle".into(), json!(answer.handle));
+            status.insert("readyToUse".into(), json!(answer.ready));
+            status.insert("creationTime".into(), json!(created));
+            if !answer.group_handle.is_empty() {
+                status.insert(
+                    "volumeGroupSnapshotHandle".into(),
+                    json!(answer.group_handle),
+                );
+            }
+            if answer.size > 0 {
+                status.insert("restoreSize".into(), json!(answer.size));
+            }
+        }
+        Some(current) => {
+            if current.snapshot_handle.is_none() {
+                status.insert("snapshotHandle".into(), json!(answer.handle));
+            }
+            if current.ready_to_use != Some(answer.ready) {
+                status.insert("readyToUse".into(), json!(answer.ready));
+                if answer.ready && current.error.is_some() {
+                    status.insert("error".into(), Value::Null);
+                }
+            }
+            if current.creation_time.is_none() {
+                status.insert("creationTime".into(), json!(created));
+            }
+            if current.restore_size.is_none() && answer.size > 0 {
+                status.insert("restoreSize".into(), json!(answer.size));
+            }
+            if current.volume_group_snapshot_handle.is_none() && !answer.group_handle.is_empty() {
+                status.insert(
+                    "volumeGroupSnapshotHandle".into(),
+                    json!(answer.group_handle),
+                );
+            }
+        }
+    }
+    (!status.is_empty()).then(|| json!({ "status": status }))
+}
+
+/// The error status patch, or `None` when the status already carries this message (upstream
+/// writes each message once; the Event is emitted every time).
+pub fn error_patch(current: Option<&ContentStatus>, message: &str, now: &str) -> Option<Value> {
+    let same = current
+        .and_then(|s| s.error.as_ref())
+        .and_then(|e| e.message.as_deref())
+        == Some(message);
+    (!same).then(
+        || json!({"status": {"readyToUse": false, "error": {"time": now, "message": message}}}),
+    )
+}
+
+/// The patch that forgets the snapshot once the driver deleted it.
+pub fn cleared_status_patch() -> Value {
+    json!({"status": {"snapshotHandle": null, "readyToUse": null, "creationTime": null, "restoreSize": null}})
+}
+
+/// The JSON patch that removes the snapshotter's finalizer, tested in place so that a list
+/// another writer changed meanwhile is not overwritten.
+pub fn finalizer_removal(content: &Content) -> Option<Value> {
+    let at = content
+        .finalizers
+        .iter()
+        .position(|f| f == model::FINALIZER)?;
+    let path = format!("/metadata/finalizers/{at}");
+    Some(json!([
+        {"op": "test", "path": path, "value": model::FINALIZER},
+        {"op": "remove", "path": path}
+    ]))
+}
+
+/// Whether a CreateSnapshot error says for sure that no snapshot is being cut (upstream's
+/// `isCSIFinalError`); the others keep the being-created annotation, which holds the content's
+/// deletion until the driver answers.
+pub fn is_final(code: Option<Code>) -> bool {
+    match code {
+        None => false,
+        Some(code) => !matches!(
+            code,
+            Code::Cancelled
+                | Code::DeadlineExceeded
+                | Code::Unavailable
+                | Code::ResourceExhausted
+                | Code::Aborted
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,322 @@
+use super::*;
+use crate::model::{ObjectRef, SnapshotError};
+
+fn dynamic() -> Content {
+    Content {
+        name: "snapcontent-1".into(),
+        uid: "c-uid".into(),
+        resource_version: "1".into(),
+        driver: "d".into(),
+        deletion_policy: "Delete".into(),
+        volume_handle: Some("vol-1".into()),
+        class: Some("class".into()),
+        snapshot_ref: ObjectRef {
+            name: "snap".into(),
+            namespace: "ns".into(),
+            uid: "vs-uid".into(),
+        },
+        finalizers: vec![model::FINALIZER.into()],
+        ..Default::default()
+    }
+}
+
+fn status(handle: &str, ready: bool) -> ContentStatus {
+    ContentStatus {
+        snapshot_handle: Some(handle.into()),
+        ready_to_use: Some(ready),
+        creation_time: Some(5),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn contents_of_this_driver_only() {
+    let content = dynamic();
+    let class = |driver: &str| Class {
+        name: "class".into(),
+        driver: driver.into(),
+        parameters: BTreeMap::new(),
+    };
+    assert!(driver_match(&content, None, "d"));
+    assert!(driver_match(&content, Some(&class("d")), "d"));
+    assert!(!driver_match(&content, Some(&class("other")), "d"));
+    assert!(!driver_match(&content, None, "other"));
+    let sourceless = Content {
+        volume_handle: None,
+        ..dynamic()
+    };
+    assert!(!driver_match(&sourceless, None, "d"));
+}
+
+#[test]
+fn what_each_content_needs() {
+    assert_eq!(plan(&dynamic()), Plan::Create);
+    let cut = Content {
+        status: Some(status("h", false)),
+        ..dynamic()
+    };
+    assert_eq!(plan(&cut), Plan::Create, "polled by CreateSnapshot");
+    let ready = Content {
+        status: Some(status("h", true)),
+        ..dynamic()
+    };
+    assert_eq!(plan(&ready), Plan::Ready);
+    let pre = Content {
+        volume_handle: None,
+        snapshot_handle_source: Some("pre".into()),
+        ..dynamic()
+    };
+    assert_eq!(
+        plan(&pre),
+        Plan::Check {
+            handle: "pre".into()
+        }
+    );
+    let member = Content {
+        group_member: true,
+        ..dynamic()
+    };
+    assert_eq!(plan(&member), Plan::Nothing);
+    let filled_member = Content {
+        status: Some(ContentStatus {
+            volume_group_snapshot_handle: Some("g".into()),
+            ..status("m", false)
+        }),
+        ..member.clone()
+    };
+    assert_eq!(plan(&filled_member), Plan::Check { handle: "m".into() });
+}
+
+#[test]
+fn deletion_waits_for_the_snapshot_controller_and_an_unanswered_create() {
+    let deleting = Content {
+        deleting: true,
+        status: Some(status("h", true)),
+        ..dynamic()
+    };
+    assert_eq!(
+        plan(&deleting),
+        Plan::Ready,
+        "no being-deleted annotation yet"
+    );
+    let asked = Content {
+        being_deleted: true,
+        ..deleting.clone()
+    };
+    assert_eq!(
+        plan(&asked),
+        Plan::Delete {
+            handle: Some("h".into())
+        }
+    );
+    let creating = Content {
+        being_created: true,
+        ..asked.clone()
+    };
+    assert!(!should_delete(&creating));
+    let retained = Content {
+        deletion_policy: "Retain".into(),
+        ..asked.clone()
+    };
+    assert_eq!(plan(&retained), Plan::Delete { handle: None });
+    let member = Content {
+        status: Some(ContentStatus {
+            volume_group_snapshot_handle: Some("g".into()),
+            ..status("h", true)
+        }),
+        ..asked.clone()
+    };
+    assert_eq!(
+        plan(&member),
+        Plan::Delete { handle: None },
+        "the group deletes it"
+    );
+    let unbound_pre = Content {
+        deleting: true,
+        volume_handle: None,
+        snapshot_handle_source: Some("pre".into()),
+        snapshot_ref: ObjectRef::default(),
+        ..dynamic()
+    };
+    assert!(should_delete(&unbound_pre));
+}
+
+#[test]
+fn changes_to_act_on() {
+    let old = dynamic();
+    let same_version = old.clone();
+    assert!(should_enqueue(&old, &same_version), "resync");
+    let status_only = Content {
+        resource_version: "2".into(),
+        status: Some(status("h", false)),
+        being_created: true,
+        finalizers: vec![],
+        ..old.clone()
+    };
+    assert!(!should_enqueue(&old, &status_only));
+    let ready = Content {
+        resource_version: "3".into(),
+        status: Some(status("h", true)),
+        ..status_only.clone()
+    };
+    assert!(should_enqueue(&status_only, &ready));
+    let deleted = Content {
+        resource_version: "4".into(),
+        deleting: true,
+        ..old.clone()
+    };
+    assert!(should_enqueue(&old, &deleted));
+    let mut annotated = old.clone();
+    annotated.resource_version = "5".into();
+    annotated
+        .other_metadata
+        .insert(format!("a:{}", model::BEING_DELETED), "yes".into());
+    assert!(should_enqueue(&old, &annotated));
+}
+
+#[test]
+fn names_parameters_and_secrets_as_upstream() {
+    assert_eq!(
+        snapshot_name("snapshot", "0d6c2b8e-9f1a", -1).unwrap(),
+        "snapshot-0d6c2b8e-9f1a"
+    );
+    assert_eq!(
+        snapshot_name("s", "0d6c2b8e-9f1a", 10).unwrap(),
+        "s-0d6c2b8e9f"
+    );
+    assert!(snapshot_name("s", "", -1).is_err());
+
+    let params = BTreeMap::from([
+        ("a".to_string(), "1".to_string()),
+        (
+            "csi.storage.k8s.io/snapshotter-secret-name".to_string(),
+            "s".to_string(),
+        ),
+        (LIST_SECRET_NAME.to_string(), "l".to_string()),
+    ]);
+    assert_eq!(
+        driver_parameters(&params).unwrap(),
+        BTreeMap::from([("a".to_string(), "1".to_string())])
+    );
+    let unknown = BTreeMap::from([("csi.storage.k8s.io/fstype".to_string(), "x".to_string())]);
+    assert_eq!(
+        driver_parameters(&unknown).unwrap_err(),
+        "found unknown parameter key \"csi.storage.k8s.io/fstype\" with reserved namespace csi.storage.k8s.io/"
+    );
+
+    let list = BTreeMap::from([
+        (
+            LIST_SECRET_NAME.to_string(),
+            "${volumesnapshotcontent.name}-list".to_string(),
+        ),
+        (LIST_SECRET_NAMESPACE.to_string(), "secrets".to_string()),
+    ]);
+    assert_eq!(
+        list_secret(&list, "snapcontent-1").unwrap(),
+        Some(SecretRef {
+            namespace: "secrets".into(),
+            name: "snapcontent-1-list".into()
+        })
+    );
+    let bad = BTreeMap::from([
+        (
+            LIST_SECRET_NAME.to_string(),
+            "${volumesnapshot.name}".to_string(),
+        ),
+        (LIST_SECRET_NAMESPACE.to_string(), "secrets".to_string()),
+    ]);
+    assert_eq!(
+        list_secret(&bad, "c").unwrap_err(),
+        "error resolving value \"${volumesnapshot.name}\": invalid tokens: [\"volumesnapshot.name\"]"
+    );
+    let half = BTreeMap::from([(LIST_SECRET_NAME.to_string(), "s".to_string())]);
+    assert!(
+        list_secret(&half, "c")
+            .unwrap_err()
+            .contains("Both must be specified")
+    );
+
+    let mut content = dynamic();
+    assert_eq!(content_secret(&content), Ok(None));
+    content.secret = SecretAnnotations::Given {
+        name: String::new(),
+        namespace: "ns".into(),
+    };
+    assert!(
+        content_secret(&content)
+            .unwrap_err()
+            .contains("secret name or namespace not specified")
+    );
+}
+
+#[test]
+fn status_follows_the_driver_as_upstream_writes_it() {
+    let answer = Answer {
+        handle: "h".into(),
+        ready: false,
+        creation_ns: 0,
+        size: 0,
+        group_handle: String::new(),
+    };
+    assert_eq!(
+        status_patch(None, &answer, 42),
+        Some(json!({"status": {"snapshotHandle": "h", "readyToUse": false, "creationTime": 42}}))
+    );
+    let written = status("h", false);
+    assert_eq!(
+        status_patch(Some(&written), &answer, 43),
+        None,
+        "nothing new"
+    );
+    let ready = Answer {
+        ready: true,
+        size: 1024,
+        creation_ns: 7,
+        ..answer.clone()
+    };
+    let failed = ContentStatus {
+        error: Some(SnapshotError {
+            message: Some("boom".into()),
+            time: None,
+        }),
+        ..written.clone()
+    };
+    assert_eq!(
+        status_patch(Some(&failed), &ready, 44),
+        Some(json!({"status": {"readyToUse": true, "error": null, "restoreSize": 1024}})),
+        "creation time kept, error cleared"
+    );
+    assert_eq!(
+        error_patch(Some(&failed), "boom", "t"),
+        None,
+        "the same message is written once"
+    );
+    assert_eq!(
+        error_patch(None, "other", "t"),
+        Some(json!({"status": {"readyToUse": false, "error": {"time": "t", "message": "other"}}}))
+    );
+}
+
+#[test]
+fn the_finalizer_is_removed_in_place() {
+    let mut content = dynamic();
+    content.finalizers = vec!["a".into(), model::FINALIZER.into()];
+    assert_eq!(
+        finalizer_removal(&content),
+        Some(json!([
+            {"op": "test", "path": "/metadata/finalizers/1", "value": model::FINALIZER},
+            {"op": "remove", "path": "/metadata/finalizers/1"}
+        ]))
+    );
+    content.finalizers.pop();
+    assert_eq!(finalizer_removal(&content), None);
+}
+
+#[test]
+fn final_errors_are_upstreams() {
+    assert!(is_final(Some(Code::InvalidArgument)));
+    assert!(is_final(Some(Code::Internal)));
+    assert!(!is_final(Some(Code::DeadlineExceeded)));
+    assert!(!is_final(Some(Code::Aborted)));
+    assert!(!is_final(None), "no answer at all");
+}

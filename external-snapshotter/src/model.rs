@@ -1,0 +1,304 @@
+//! The objects the snapshotter reads, as read (only the fields it uses), and their projections:
+//! what the index keeps of each VolumeSnapshotContent and VolumeSnapshotClass. No I/O.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "snapshot.storage.k8s.io";
+
+/// Set by the snapshotter before CreateSnapshot; removed once the driver answered for sure.
+pub const BEING_CREATED: &str = "snapshot.storage.kubernetes.io/volumesnapshot-being-created";
+/// Set by the snapshot-controller once the VolumeSnapshot is being deleted.
+pub const BEING_DELETED: &str = "snapshot.storage.kubernetes.io/volumesnapshot-being-deleted";
+/// Where the secret of CreateSnapshot and DeleteSnapshot is (set by the snapshot-controller).
+pub const SECRET_NAME: &str = "snapshot.storage.kubernetes.io/deletion-secret-name";
+pub const SECRET_NAMESPACE: &str = "snapshot.storage.kubernetes.io/deletion-secret-namespace";
+/// On the members of a group snapshot: their snapshot is the group's, never created alone.
+pub const GROUP_HANDLE: &str = "groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle";
+/// The finalizer that keeps a content until its snapshot is deleted.
+pub const FINALIZER: &str = "snapshot.storage.kubernetes.io/volumesnapshotcontent-bound-protection";
+/// With `--node-deployment`: the node whose snapshotter owns the content.
+pub const MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";
+
+/// The name of the leader Lease, as upstream's: `external-snapshotter-leader-<driver>`.
+pub fn lease_name(driver: &str) -> String {
+    format!(
+        "external-snapshotter-leader-{}",
+        sidecar_kit::leader::sanitize_name(driver)
+    )
+}
+
+/// A `snapshot.storage.k8s.io/v1` VolumeSnapshotContent, as read.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct VolumeSnapshotContent {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ContentSpec,
+    #[serde(default)]
+    pub status: Option<ContentStatus>,
+}
+
+sidecar_kit::custom_resource!(
+    VolumeSnapshotContent,
+    k8s_openapi::ClusterResourceScope,
+    GROUP,
+    "v1",
+    "VolumeSnapshotContent",
+    "volumesnapshotcontents"
+);
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContentSpec {
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub deletion_policy: String,
+    #[serde(default)]
+    pub source: ContentSource,
+    pub volume_snapshot_class_name: Option<String>,
+    #[serde(default)]
+    pub volume_snapshot_ref: ObjectRef,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContentSource {
+    pub volume_handle: Option<String>,
+    pub snapshot_handle: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ObjectRef {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// The status the snapshotter writes (and the controller copies to the VolumeSnapshot).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContentStatus {
+    pub snapshot_handle: Option<String>,
+    pub ready_to_use: Option<bool>,
+    /// Unix nanoseconds.
+    pub creation_time: Option<i64>,
+    /// Bytes.
+    pub restore_size: Option<i64>,
+    pub error: Option<SnapshotError>,
+    pub volume_group_snapshot_handle: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct SnapshotError {
+    pub message: Option<String>,
+    pub time: Option<String>,
+}
+
+/// A `snapshot.storage.k8s.io/v1` VolumeSnapshotClass, as read.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotClass {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+}
+
+sidecar_kit::custom_resource!(
+    VolumeSnapshotClass,
+    k8s_openapi::ClusterResourceScope,
+    GROUP,
+    "v1",
+    "VolumeSnapshotClass",
+    "volumesnapshotclasses"
+);
+
+/// Where a secret is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The deletion-secret annotations of a content: absent, or both present (possibly empty).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum SecretAnnotations {
+    #[default]
+    None,
+    Given {
+        name: String,
+        namespace: String,
+    },
+}
+
+/// What the snapshotter keeps of a VolumeSnapshotContent.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Content {
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+    pub being_created: bool,
+    pub being_deleted: bool,
+    pub group_member: bool,
+    pub secret: SecretAnnotations,
+    /// The annotations and labels besides those the snapshotter writes itself: a change to them
+    /// is a change to act on (the snapshot-controller's being-deleted annotation, a secret).
+    pub other_metadata: BTreeMap<String, String>,
+    pub driver: String,
+    /// `Delete` or `Retain`.
+    pub deletion_policy: String,
+    pub volume_handle: Option<String>,
+    pub snapshot_handle_source: Option<String>,
+    pub class: Option<String>,
+    pub snapshot_ref: ObjectRef,
+    pub status: Option<ContentStatus>,
+}
+
+impl Content {
+    pub fn from_api(object: &VolumeSnapshotContent) -> Self {
+        let meta = &object.metadata;
+        let annotations = meta.annotations.as_ref();
+        let annotation = |key: &str| annotations.and_then(|a| a.get(key));
+        let secret = match (annotation(SECRET_NAME), annotation(SECRET_NAMESPACE)) {
+            (Some(name), Some(namespace)) => SecretAnnotations::Given {
+                name: name.clone(),
+                namespace: namespace.clone(),
+            },
+            _ => SecretAnnotations::None,
+        };
+        let mut other_metadata = BTreeMap::new();
+        for (key, value) in annotations.into_iter().flatten() {
+            if key != BEING_CREATED {
+                other_metadata.insert(format!("a:{key}"), value.clone());
+            }
+        }
+        for (key, value) in meta.labels.iter().flatten() {
+            other_metadata.insert(format!("l:{key}"), value.clone());
+        }
+        let spec = &object.spec;
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            being_created: annotation(BEING_CREATED).is_some(),
+            being_deleted: annotation(BEING_DELETED).is_some(),
+            group_member: annotation(GROUP_HANDLE).is_some(),
+            secret,
+            other_metadata,
+            driver: spec.driver.clone(),
+            deletion_policy: spec.deletion_policy.clone(),
+            volume_handle: spec.source.volume_handle.clone(),
+            snapshot_handle_source: spec.source.snapshot_handle.clone(),
+            class: spec.volume_snapshot_class_name.clone(),
+            snapshot_ref: spec.volume_snapshot_ref.clone(),
+            status: object.status.clone(),
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.ready_to_use)
+            .unwrap_or(false)
+    }
+
+    /// The handle of the snapshot in the driver: the status's, else a pre-provisioned source's.
+    pub fn handle(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.snapshot_handle.as_deref())
+            .or(self.snapshot_handle_source.as_deref())
+    }
+
+    pub fn has_finalizer(&self) -> bool {
+        self.finalizers.iter().any(|f| f == FINALIZER)
+    }
+
+    /// The reference an Event about this content names.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(format!("{GROUP}/v1")),
+            kind: Some("VolumeSnapshotContent".into()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            resource_version: Some(self.resource_version.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// What the snapshotter keeps of a VolumeSnapshotClass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Class {
+    pub name: String,
+    pub driver: String,
+    pub parameters: BTreeMap<String, String>,
+}
+
+impl Class {
+    pub fn from_api(object: &VolumeSnapshotClass) -> Self {
+        Self {
+            name: object.metadata.name.clone().unwrap_or_default(),
+            driver: object.driver.clone(),
+            parameters: object.parameters.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_content_is_projected_with_what_the_snapshotter_uses() {
+        let object: VolumeSnapshotContent = serde_json::from_value(json!({
+            "metadata": {"name": "snapcontent-1", "uid": "u1", "resourceVersion": "7",
+                "deletionTimestamp": "2026-11-26T10:00:00Z",
+                "finalizers": ["other", FINALIZER],
+                "annotations": {BEING_CREATED: "yes", BEING_DELETED: "yes",
+                    SECRET_NAME: "s", SECRET_NAMESPACE: "ns"},
+                "labels": {MANAGED_BY: "node-1"}},
+            "spec": {"driver": "d", "deletionPolicy": "Delete",
+                "source": {"volumeHandle": "vol-1"}, "volumeSnapshotClassName": "c",
+                "volumeSnapshotRef": {"name": "snap", "namespace": "ns", "uid": "vs-uid"}},
+            "status": {"snapshotHandle": "h", "readyToUse": true, "creationTime": 5, "restoreSize": 1024}
+        }))
+        .unwrap();
+        let content = Content::from_api(&object);
+        assert!(content.deleting && content.being_created && content.being_deleted);
+        assert!(content.has_finalizer() && content.ready());
+        assert_eq!(content.handle(), Some("h"));
+        assert_eq!(
+            content.secret,
+            SecretAnnotations::Given {
+                name: "s".into(),
+                namespace: "ns".into()
+            }
+        );
+        assert_eq!(content.snapshot_ref.uid, "vs-uid");
+        assert!(
+            !content
+                .other_metadata
+                .contains_key(&format!("a:{BEING_CREATED}"))
+        );
+        assert_eq!(content.other_metadata[&format!("l:{MANAGED_BY}")], "node-1");
+        assert_eq!(
+            lease_name("hostpath.csi.k8s.io"),
+            "external-snapshotter-leader-hostpath-csi-k8s-io"
+        );
+    }
+}
