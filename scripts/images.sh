@@ -26,10 +26,11 @@ declare -A package=(
     [csi-node-driver-registrar]=node-driver-registrar
     [csi-attacher]=external-attacher
     [csi-resizer]=external-resizer
+    [csi-snapshotter]=external-snapshotter
     [csi-provisioner]=external-provisioner
     [csi-sidecars]=csi-sidecars
 )
-images=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-provisioner csi-sidecars)
+images=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner csi-sidecars)
 
 platforms=("${linux_platforms[@]}" windows)
 select_platforms "$@"
@@ -118,7 +119,7 @@ for image in "${images[@]}"; do
     done
     aliases=()
     if [ "$image" = csi-sidecars ]; then
-        for sidecar in livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-provisioner; do
+        for sidecar in livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner; do
             aliases+=(--alias "$sidecar")
         done
     fi

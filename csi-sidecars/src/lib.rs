@@ -12,15 +12,17 @@ pub enum Sidecar {
     Provisioner,
     Attacher,
     Resizer,
+    Snapshotter,
     Registrar,
     Livenessprobe,
 }
 
 impl Sidecar {
-    pub const ALL: [Sidecar; 5] = [
+    pub const ALL: [Sidecar; 6] = [
         Sidecar::Provisioner,
         Sidecar::Attacher,
         Sidecar::Resizer,
+        Sidecar::Snapshotter,
         Sidecar::Registrar,
         Sidecar::Livenessprobe,
     ];
@@ -31,6 +33,7 @@ impl Sidecar {
             Sidecar::Provisioner => "csi-provisioner",
             Sidecar::Attacher => "csi-attacher",
             Sidecar::Resizer => "csi-resizer",
+            Sidecar::Snapshotter => "csi-snapshotter",
             Sidecar::Registrar => "csi-node-driver-registrar",
             Sidecar::Livenessprobe => "livenessprobe",
         }
@@ -42,6 +45,7 @@ impl Sidecar {
             Sidecar::Provisioner => &["csi-provisioner", "provisioner", "external-provisioner"],
             Sidecar::Attacher => &["csi-attacher", "attacher", "external-attacher"],
             Sidecar::Resizer => &["csi-resizer", "resizer", "external-resizer"],
+            Sidecar::Snapshotter => &["csi-snapshotter", "snapshotter", "external-snapshotter"],
             Sidecar::Registrar => &[
                 "csi-node-driver-registrar",
                 "node-driver-registrar",
@@ -61,6 +65,7 @@ impl Sidecar {
             Sidecar::Provisioner => external_provisioner::entry::main(args),
             Sidecar::Attacher => external_attacher::entry::main(args),
             Sidecar::Resizer => external_resizer::entry::main(args),
+            Sidecar::Snapshotter => external_snapshotter::entry::main(args),
             Sidecar::Registrar => node_driver_registrar::entry::main(args),
             Sidecar::Livenessprobe => livenessprobe::entry::main(args),
         }

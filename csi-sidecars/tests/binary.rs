@@ -26,6 +26,7 @@ fn each_sidecar_answers_with_its_own_flags() {
         ("provisioner", "--volume-name-prefix"),
         ("csi-attacher", "--worker-threads"),
         ("resizer", "--handle-volume-inuse-error"),
+        ("snapshotter", "--snapshot-name-prefix"),
         ("registrar", "--kubelet-registration-path"),
         ("livenessprobe", "--probe-timeout"),
     ] {

@@ -503,6 +503,7 @@ async fn ready_snapshot(bench: &Bench, name: &str) {
                     size_bytes: 1 << 30,
                     creation_seconds: 1,
                     creation_nanos: 0,
+                    answers: 0,
                 },
             );
         })

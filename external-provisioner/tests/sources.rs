@@ -58,6 +58,7 @@ async fn snapshot(env: &Env, name: &str, bytes: i64, ready: bool, content_extra:
                     size_bytes: bytes,
                     creation_seconds: 1,
                     creation_nanos: 0,
+                    answers: 0,
                 },
             );
         })

@@ -450,9 +450,10 @@ impl Controller {
         let (intent, secret_ref) = input;
         let secrets = self.secret(secret_ref.as_ref()).await.map_err(|err| {
             tracing::error!(content = %content.name, error = %err, "Failed to get credentials for snapshot");
+            let cause = format!("cannot get credentials for snapshot content {:?}", content.name);
             fail(format!(
-                "failed to get input parameters to create snapshot for content {}: \"cannot get credentials for snapshot content {:?}\"",
-                content.name, content.name
+                "failed to get input parameters to create snapshot for content {}: {cause:?}",
+                content.name
             ))
         })?;
         let content = if content.being_created {
@@ -463,11 +464,14 @@ impl Controller {
             self.patch_metadata(&content.name, &Patch::Merge(&patch))
                 .await
                 .map_err(|err| {
-                    fail(format!(
-                        "failed to add VolumeSnapshotBeingCreated annotation on the content {}: \"snapshot controller failed to update {} on API server: {}\"",
-                        content.name,
+                    let cause = format!(
+                        "snapshot controller failed to update {} on API server: {}",
                         content.name,
                         api_message(&err)
+                    );
+                    fail(format!(
+                        "failed to add VolumeSnapshotBeingCreated annotation on the content {}: {cause:?}",
+                        content.name
                     ))
                 })?
         };
@@ -669,8 +673,9 @@ impl Controller {
                 .find_map(|e| e.snapshot)
                 .map(answer_of)
                 .ok_or_else(|| {
+                    let cause = format!("can not find snapshot for snapshotID {handle}");
                     fail(format!(
-                        "failed to list snapshot for content {}: \"can not find snapshot for snapshotID {handle}\"",
+                        "failed to list snapshot for content {}: {cause:?}",
                         content.name
                     ))
                 })?
@@ -724,7 +729,7 @@ impl Controller {
             let secrets = self.secret(secret_ref.as_ref()).await.map_err(|e| {
                 error(
                     format!(
-                        "failed to get input parameters to delete snapshot for content {}: \"{e}\"",
+                        "failed to get input parameters to delete snapshot for content {}: {e:?}",
                         content.name
                     ),
                     "Failed to get snapshot credentials",

@@ -44,8 +44,9 @@ pub fn driver_match(content: &Content, class: Option<&Class>, driver: &str) -> b
 /// Whether a change of a content is one to act on (upstream's `ShouldEnqueueContentChange`):
 /// not when only its status, its finalizers or the snapshotter's own annotation changed, except
 /// that becoming ready is (a deletion requested while the snapshot was cut waits for it).
+/// Upstream also acts on every informer resync; ours come from the controller's resync timer.
 pub fn should_enqueue(old: &Content, new: &Content) -> bool {
-    if old.resource_version == new.resource_version || (!old.ready() && new.ready()) {
+    if !old.ready() && new.ready() {
         return true;
     }
     let strip = |c: &Content| Content {

@@ -95,8 +95,9 @@ impl Index {
                 let act = match self.contents.get(&name) {
                     None => true,
                     Some(old) => {
-                        if version(&old.resource_version) > version(&content.resource_version) {
-                            // An older version than one the snapshotter wrote itself.
+                        if version(&old.resource_version) >= version(&content.resource_version) {
+                            // The echo of the snapshotter's own write, or an older version
+                            // than that write: nothing new.
                             return Vec::new();
                         }
                         decide::should_enqueue(old, &content)

@@ -196,6 +196,12 @@ pub const CLUSTER_SCOPED_CLEANUP: &[(&str, &str, &str, &str)] = &[
         "VolumeSnapshotContent",
         "volumesnapshotcontents",
     ),
+    (
+        "snapshot.storage.k8s.io",
+        "v1",
+        "VolumeSnapshotClass",
+        "volumesnapshotclasses",
+    ),
 ];
 
 /// `(group, version, kind, plural)` of the kinds whose objects in the test

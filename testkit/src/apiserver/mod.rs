@@ -17,6 +17,7 @@ pub mod pv_controller;
 pub mod quantity;
 pub mod registry;
 pub mod selector;
+pub mod snapshot_controller;
 pub mod store;
 pub mod validation;
 
@@ -65,6 +66,9 @@ pub enum ApiServerError {
 pub struct Options {
     /// Run the built-in PV controller (binding, phases, provisioner annotations).
     pub pv_controller: bool,
+    /// Run the stand-in of external-snapshotter's snapshot-controller (contents for
+    /// VolumeSnapshots, their finalizers, status copies, deletion); see [`snapshot_controller`].
+    pub snapshot_controller: bool,
     /// Run the pv-protection, pvc-protection and vac-protection controllers of
     /// kube-controller-manager (on by default): without them the protection
     /// finalizers the API server adds keep deleted PVs and PVCs forever, as on
@@ -84,6 +88,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             pv_controller: false,
+            snapshot_controller: false,
             protection_controllers: true,
             feature_gates: FeatureGates::default(),
             history_limit: 100_000,
@@ -156,6 +161,12 @@ impl ApiServer {
         tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
         if opts.pv_controller {
             tracker.spawn(pv_controller::run(
+                shared.store.clone(),
+                shared.shutdown.clone(),
+            ));
+        }
+        if opts.snapshot_controller {
+            tracker.spawn(snapshot_controller::run(
                 shared.store.clone(),
                 shared.shutdown.clone(),
             ));

@@ -146,6 +146,14 @@ fn pow10(e: u32) -> i128 {
 }
 
 impl Quantity {
+    /// `bytes` in binary SI, as Go's `resource.NewQuantity(bytes, resource.BinarySI)`.
+    pub fn binary(bytes: i64) -> Self {
+        Self {
+            nanos: i128::from(bytes) * NANOS_PER_UNIT,
+            format: Format::BinarySI,
+        }
+    }
+
     /// Parses a quantity as the API server decodes one.
     pub fn parse(s: &str) -> Result<Self, QuantityError> {
         if s.is_empty() {

@@ -152,6 +152,11 @@ struct Args {
     #[arg(long, value_name = "PREFIX", default_value = "")]
     volume_id_prefix: String,
 
+    /// Snapshots say they are not ready for their first N answers (CreateSnapshot of their
+    /// name, ListSnapshots of their id), as a driver that uploads them.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    snapshot_ready_after: u32,
+
     /// More logging: -v logs every call (secrets stripped), -vv everything.
     /// RUST_LOG overrides.
     #[arg(short, long, action = ArgAction::Count)]
@@ -191,6 +196,7 @@ impl Args {
             // Nobody reads the log of a process; -v logs calls instead.
             call_log_limit: 0,
             volume_id_prefix: self.volume_id_prefix.clone(),
+            snapshot_ready_after: self.snapshot_ready_after,
             volume_context: Default::default(),
         }
     }

@@ -54,6 +54,9 @@ pub struct MockConfig {
     /// Put before every volume id, for drivers whose ids have a shape of their own (e.g.
     /// `projects/p/zones/z/disks/` for a GCE PD stand-in).
     pub volume_id_prefix: String,
+    /// How many answers about a snapshot (CreateSnapshot of its name, ListSnapshots of its id)
+    /// say it is not ready yet before it is: a driver that uploads its snapshots.
+    pub snapshot_ready_after: u32,
     /// The `volume_context` of every created volume; `{id}` in a value stands for the
     /// volume's id (e.g. vSphere's `initialvolumefilepath`).
     pub volume_context: BTreeMap<String, String>,
@@ -75,6 +78,7 @@ impl Default for MockConfig {
             state_file: None,
             call_log_limit: DEFAULT_CALL_LOG_LIMIT,
             volume_id_prefix: String::new(),
+            snapshot_ready_after: 0,
             volume_context: BTreeMap::new(),
         }
     }

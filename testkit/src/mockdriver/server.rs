@@ -183,6 +183,13 @@ impl MockDriver {
         self
     }
 
+    /// Snapshots say they are not ready for their first `answers` answers (CreateSnapshot of
+    /// their name, ListSnapshots of their id).
+    pub fn snapshot_ready_after(mut self, answers: u32) -> Self {
+        self.config.snapshot_ready_after = answers;
+        self
+    }
+
     pub fn default_volume_size(mut self, bytes: i64) -> Self {
         self.config.default_volume_size = bytes;
         self

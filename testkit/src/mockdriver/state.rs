@@ -164,6 +164,9 @@ pub struct Snapshot {
     /// Creation time since the Unix epoch.
     pub creation_seconds: i64,
     pub creation_nanos: i32,
+    /// Answers about this snapshot so far (see `MockConfig::snapshot_ready_after`).
+    #[serde(default)]
+    pub answers: u32,
 }
 
 /// Everything the mock stores, keyed by id (ids sort in creation order up
@@ -679,7 +682,7 @@ impl State {
     ) -> Result<Snapshot, Rejection> {
         require(name, "name")?;
         require(source_volume_id, "source_volume_id")?;
-        if let Some(existing) = self.snapshots.values().find(|s| s.name == name) {
+        if let Some(existing) = self.snapshots.values_mut().find(|s| s.name == name) {
             if existing.source_volume_id != source_volume_id {
                 return reject(
                     Code::AlreadyExists,
@@ -689,6 +692,7 @@ impl State {
                     ),
                 );
             }
+            existing.answers = existing.answers.saturating_add(1);
             return Ok(existing.clone());
         }
         let size_bytes = self.volume(source_volume_id)?.capacity_bytes;
@@ -699,9 +703,17 @@ impl State {
             size_bytes,
             creation_seconds: now.0,
             creation_nanos: now.1,
+            answers: 1,
         };
         self.snapshots.insert(snapshot.id.clone(), snapshot.clone());
         Ok(snapshot)
+    }
+
+    /// Counts one more answer about the snapshot `id`, if it exists.
+    pub fn answered(&mut self, id: &str) {
+        if let Some(snapshot) = self.snapshots.get_mut(id) {
+            snapshot.answers = snapshot.answers.saturating_add(1);
+        }
     }
 
     /// DeleteSnapshot: a missing snapshot is already deleted.

@@ -142,6 +142,7 @@ mod tests {
                 size_bytes: 1,
                 creation_seconds: 0,
                 creation_nanos: 0,
+                answers: 0,
             },
         );
         Ok(())

@@ -233,7 +233,10 @@ impl Driver {
             Ok::<_, Status>(s.create_snapshot(&req.name, &req.source_volume_id, now())?)
         })?;
         Ok(v1::CreateSnapshotResponse {
-            snapshot: Some(convert::snapshot(&snapshot)),
+            snapshot: Some(convert::snapshot(
+                &snapshot,
+                self.config.snapshot_ready_after,
+            )),
         })
     }
 
@@ -252,7 +255,12 @@ impl Driver {
         req: v1::ListSnapshotsRequest,
     ) -> Result<v1::ListSnapshotsResponse, Status> {
         self.controller(self.config.capabilities.snapshots, "ListSnapshots")?;
-        self.store.read(|s| {
+        let ready_after = self.config.snapshot_ready_after;
+        self.store.update(|s| {
+            // Asking for one snapshot is asking whether it is ready yet.
+            if !req.snapshot_id.is_empty() {
+                s.answered(&req.snapshot_id);
+            }
             let (snapshots, next_token) = s.list_snapshots(
                 req.max_entries,
                 &req.starting_token,
@@ -263,7 +271,7 @@ impl Driver {
                 entries: snapshots
                     .into_iter()
                     .map(|snap| list_snapshots_response::Entry {
-                        snapshot: Some(convert::snapshot(snap)),
+                        snapshot: Some(convert::snapshot(snap, ready_after)),
                     })
                     .collect(),
                 next_token,
@@ -273,9 +281,10 @@ impl Driver {
 
     fn get_snapshot(&self, req: v1::GetSnapshotRequest) -> Result<v1::GetSnapshotResponse, Status> {
         self.controller(self.config.capabilities.snapshots, "GetSnapshot")?;
-        let snapshot = self
-            .store
-            .read(|s| s.get_snapshot(&req.snapshot_id).map(convert::snapshot))?;
+        let snapshot = self.store.read(|s| {
+            s.get_snapshot(&req.snapshot_id)
+                .map(|snap| convert::snapshot(snap, self.config.snapshot_ready_after))
+        })?;
         Ok(v1::GetSnapshotResponse {
             snapshot: Some(snapshot),
         })

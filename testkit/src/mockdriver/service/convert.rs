@@ -122,7 +122,9 @@ pub(super) fn volume(volume: &Volume) -> v1::Volume {
     }
 }
 
-pub(super) fn snapshot(snapshot: &Snapshot) -> v1::Snapshot {
+/// The snapshot as CSI describes it; ready once it has been answered about more than
+/// `ready_after` times.
+pub(super) fn snapshot(snapshot: &Snapshot, ready_after: u32) -> v1::Snapshot {
     v1::Snapshot {
         size_bytes: snapshot.size_bytes,
         snapshot_id: snapshot.id.clone(),
@@ -131,7 +133,7 @@ pub(super) fn snapshot(snapshot: &Snapshot) -> v1::Snapshot {
             seconds: snapshot.creation_seconds,
             nanos: snapshot.creation_nanos,
         }),
-        ready_to_use: true,
+        ready_to_use: snapshot.answers > ready_after,
         group_snapshot_id: String::new(),
     }
 }
