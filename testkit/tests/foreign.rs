@@ -68,6 +68,7 @@ async fn every_binary_answers_help() {
         ("csi-node-driver-registrar", "--kubelet-registration-path"),
         ("csi-attacher", "--worker-threads"),
         ("csi-resizer", "--handle-volume-inuse-error"),
+        ("csi-snapshotter", "--snapshot-name-prefix"),
         ("csi-provisioner", "--volume-name-prefix"),
         ("csi-sidecars", "livenessprobe"),
     ] {
