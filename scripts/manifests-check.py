@@ -22,6 +22,7 @@ SIDECARS = {
     "csi-provisioner": "csi-provisioner",
     "csi-attacher": "csi-attacher",
     "csi-resizer": "csi-resizer",
+    "csi-snapshotter": "csi-snapshotter",
     "csi-node-driver-registrar": "csi-node-driver-registrar",
     "livenessprobe": "livenessprobe",
 }
@@ -49,6 +50,13 @@ UPSTREAM_RBAC = {
         "external-resizer-cfg",
         "csi-resizer-role-cfg",
         "csi-resizer",
+    ),
+    "external-snapshotter": (
+        "external-snapshotter-runner",
+        "csi-snapshotter-role",
+        "external-snapshotter-leaderelection",
+        "external-snapshotter-leaderelection",
+        "csi-snapshotter",
     ),
 }
 

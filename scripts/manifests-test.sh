@@ -76,6 +76,7 @@ declare -A crates=(
     [csi-provisioner]=external-provisioner
     [csi-attacher]=external-attacher
     [csi-resizer]=external-resizer
+    [csi-snapshotter]=external-snapshotter
     [csi-node-driver-registrar]=node-driver-registrar
     [livenessprobe]=livenessprobe
 )
