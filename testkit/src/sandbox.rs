@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::controller_client::ControllerClient;
-use csi_proto::v1::{
-    CapacityRange, CreateSnapshotRequest, CreateVolumeRequest, VolumeCapability, volume_capability,
-};
+use csi_proto::v1::{CapacityRange, CreateVolumeRequest, VolumeCapability, volume_capability};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass, VolumeAttachment};
 use kube::Api;
@@ -233,6 +231,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     std::fs::create_dir_all(&options.work_dir)?;
     let api = ApiServer::start_with(apiserver::Options {
         pv_controller: true,
+        snapshot_controller: true,
         ..Default::default()
     })
     .await?;
@@ -275,6 +274,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     let registrar = spawn_registrar(&mut sandbox, binary("csi-node-driver-registrar"), &endpoint)?;
     let attacher = spawn_attacher(&mut sandbox, binary("csi-attacher"), &endpoint)?;
     let resizer = spawn_resizer(&mut sandbox, binary("csi-resizer"), &endpoint)?;
+    let snapshotter = spawn_snapshotter(&mut sandbox, binary("csi-snapshotter"), &endpoint)?;
     let provisioner = spawn_provisioner(
         &mut sandbox,
         binary("csi-provisioner"),
@@ -284,7 +284,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
 
     check_livenessprobe(&mut sandbox, probe).await;
     check_registrar(&mut sandbox, registrar).await;
-    volumes(&mut sandbox, attacher, resizer, provisioner).await?;
+    volumes(&mut sandbox, attacher, resizer, snapshotter, provisioner).await?;
     if options.capacity && provisioner {
         let outcome = capacity(&sandbox).await?;
         sandbox.record("capacity", outcome);
@@ -553,6 +553,7 @@ async fn volumes(
     sandbox: &mut Sandbox,
     attacher_port: Option<u16>,
     resizer_port: Option<u16>,
+    snapshotter_port: Option<u16>,
     provisioner: bool,
 ) -> Result<(), SandboxError> {
     let client = sandbox.api.client();
@@ -604,12 +605,20 @@ async fn volumes(
         "volume",
         Outcome::Ok(format!("PVC {NAMESPACE}/sandbox-pvc bound to PV {pv_name}")),
     );
-    if provisioner {
-        let outcome = match restore(sandbox, &pv_name).await {
+    if let Some(snapshotter_port) = snapshotter_port {
+        let snapshot = match snapshot(sandbox, snapshotter_port).await {
             Ok(outcome) => outcome,
             Err(err) => Outcome::Failed(err.to_string()),
         };
-        sandbox.record("restore", outcome);
+        let ready = matches!(snapshot, Outcome::Ok(_));
+        sandbox.record("external-snapshotter", snapshot);
+        if ready && provisioner {
+            let outcome = match restore(sandbox).await {
+                Ok(outcome) => outcome,
+                Err(err) => Outcome::Failed(err.to_string()),
+            };
+            sandbox.record("restore", outcome);
+        }
     }
     if let Some(resizer_port) = resizer_port {
         let outcome = match expand(sandbox, &pv_name, resizer_port).await {
@@ -687,91 +696,104 @@ async fn capacity(sandbox: &Sandbox) -> Result<Outcome, SandboxError> {
     })
 }
 
-/// Snapshots the volume of PV `pv_name` as a snapshot controller would (CreateSnapshot, then a
-/// bound and ready VolumeSnapshot and content), and has the provisioner restore it into a new
-/// claim.
-async fn restore(sandbox: &Sandbox, pv_name: &str) -> Result<Outcome, SandboxError> {
-    let client = sandbox.api.client();
-    let pv = Api::<PersistentVolume>::all(client.clone())
-        .get(pv_name)
-        .await?;
-    let handle = pv
-        .spec
-        .and_then(|s| s.csi)
-        .map(|c| c.volume_handle)
-        .ok_or_else(|| SandboxError::Setup(format!("PV {pv_name} has no CSI volume")))?;
-    let channel = crate::kubelet::dial_unix(sandbox.driver.socket_path())
-        .await
-        .map_err(|e| SandboxError::Setup(e.to_string()))?;
-    let snapshot = ControllerClient::new(channel)
-        .create_snapshot(CreateSnapshotRequest {
-            source_volume_id: handle,
-            name: "sandbox-snapshot".into(),
-            ..Default::default()
-        })
-        .await
-        .map_err(|status| SandboxError::Setup(format!("CreateSnapshot: {status}")))?
-        .into_inner()
-        .snapshot
-        .ok_or_else(|| SandboxError::Setup("CreateSnapshot returned no snapshot".into()))?;
-
-    let resource = |kind: &str, plural: &str| {
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
-            plural,
-        )
+/// Starts the snapshotter; its HTTP port, or `None` when it is not built.
+fn spawn_snapshotter(
+    sandbox: &mut Sandbox,
+    binary: Option<PathBuf>,
+    endpoint: &str,
+) -> Result<Option<u16>, SandboxError> {
+    let Some(binary) = binary else {
+        sandbox.record(
+            "external-snapshotter",
+            Outcome::Skipped("binary csi-snapshotter not built".into()),
+        );
+        return Ok(None);
     };
+    let kubeconfig = sandbox.kubeconfig().display().to_string();
+    let port = crate::measure::free_port()?;
+    sandbox.spawn(
+        "external-snapshotter",
+        &binary,
+        &[
+            format!("--csi-address={endpoint}"),
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-election".into(),
+            format!("--leader-election-namespace={NAMESPACE}"),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+        ],
+    )?;
+    sandbox.metrics.push(("external-snapshotter", port));
+    Ok(Some(port))
+}
+
+fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+/// A VolumeSnapshot of sandbox-pvc: the test kit's snapshot-controller makes its content, the
+/// snapshotter has the driver cut it, and the snapshot becomes ready to use.
+async fn snapshot(sandbox: &Sandbox, snapshotter_port: u16) -> Result<Outcome, SandboxError> {
+    let client = sandbox.api.client();
+    let classes: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses"),
+    );
+    classes
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+                "metadata": {"name": "sandbox"}, "driver": DRIVER, "deletionPolicy": "Delete"
+            }))?,
+        )
+        .await?;
     let snapshots: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
+        client,
         NAMESPACE,
-        &resource("VolumeSnapshot", "volumesnapshots"),
+        &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
     );
-    let contents: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &resource("VolumeSnapshotContent", "volumesnapshotcontents"),
-    );
-    let created = snapshots
+    snapshots
         .create(
             &PostParams::default(),
             &object(json!({
                 "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
                 "metadata": {"name": "sandbox-snapshot"},
-                "spec": {"source": {"persistentVolumeClaimName": "sandbox-pvc"}}
+                "spec": {"volumeSnapshotClassName": "sandbox",
+                    "source": {"persistentVolumeClaimName": "sandbox-pvc"}}
             }))?,
         )
         .await?;
-    let content = "sandbox-snapshot-content";
-    contents
-        .create(
-            &PostParams::default(),
-            &object(json!({
-                "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
-                "metadata": {"name": content},
-                "spec": {"driver": DRIVER, "deletionPolicy": "Delete", "sourceVolumeMode": "Filesystem",
-                    "source": {"volumeHandle": snapshot.source_volume_id},
-                    "volumeSnapshotRef": {"namespace": NAMESPACE, "name": "sandbox-snapshot",
-                        "uid": created.metadata.uid}}
-            }))?,
-        )
-        .await?;
-    let size = snapshot.size_bytes;
-    contents
-        .patch_status(
-            content,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"snapshotHandle": snapshot.snapshot_id,
-                "readyToUse": true, "restoreSize": size}})),
-        )
-        .await?;
-    snapshots
-        .patch_status(
-            "sandbox-snapshot",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"boundVolumeSnapshotContentName": content,
-                "readyToUse": true, "restoreSize": size.to_string()}})),
-        )
-        .await?;
+    let ready = wait_for(|| {
+        let snapshots = snapshots.clone();
+        async move {
+            let snapshot = snapshots.get("sandbox-snapshot").await.ok()?;
+            let status = snapshot.data.get("status")?;
+            (status.get("readyToUse")? == true).then(|| {
+                status
+                    .get("boundVolumeSnapshotContentName")
+                    .and_then(|c| c.as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            })
+        }
+    })
+    .await;
+    Ok(match ready {
+        Some(content) => Outcome::Ok(format!(
+            "VolumeSnapshot {NAMESPACE}/sandbox-snapshot of sandbox-pvc ready, content {content}; metrics at http://127.0.0.1:{snapshotter_port}/metrics"
+        )),
+        None => Outcome::Failed(format!(
+            "VolumeSnapshot sandbox-snapshot not ready within {STEP_TIMEOUT:?}"
+        )),
+    })
+}
 
+/// Has the provisioner restore the ready snapshot into a new claim.
+async fn restore(sandbox: &Sandbox) -> Result<Outcome, SandboxError> {
+    let client = sandbox.api.client();
     let claims = Api::<PersistentVolumeClaim>::namespaced(client, NAMESPACE);
     let claim: PersistentVolumeClaim = object(json!({
         "metadata": {"name": "sandbox-restore"},
@@ -792,8 +814,7 @@ async fn restore(sandbox: &Sandbox, pv_name: &str) -> Result<Outcome, SandboxErr
     .await;
     Ok(match bound {
         Some(volume) => Outcome::Ok(format!(
-            "PVC {NAMESPACE}/sandbox-restore restored from VolumeSnapshot sandbox-snapshot ({}) into PV {volume}",
-            snapshot.snapshot_id
+            "PVC {NAMESPACE}/sandbox-restore restored from VolumeSnapshot sandbox-snapshot into PV {volume}"
         )),
         None => Outcome::Failed(format!(
             "PVC sandbox-restore not restored from its snapshot within {STEP_TIMEOUT:?}"

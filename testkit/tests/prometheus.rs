@@ -23,17 +23,19 @@ use tokio::time::Instant;
 
 /// The sidecars with a `/metrics` endpoint (the node-driver-registrar has none, as upstream):
 /// step name in the sandbox and binary.
-const SCRAPED: [(&str, &str); 4] = [
+const SCRAPED: [(&str, &str); 5] = [
     ("livenessprobe", "livenessprobe"),
     ("external-attacher", "csi-attacher"),
     ("external-resizer", "csi-resizer"),
+    ("external-snapshotter", "csi-snapshotter"),
     ("external-provisioner", "csi-provisioner"),
 ];
 
 /// The sidecars that run workqueues (`workqueue_*{name=...}`).
-const WITH_WORKQUEUES: [&str; 3] = [
+const WITH_WORKQUEUES: [&str; 4] = [
     "external-attacher",
     "external-resizer",
+    "external-snapshotter",
     "external-provisioner",
 ];
 

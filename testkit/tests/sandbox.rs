@@ -21,18 +21,21 @@ fn assert_end_state(bin_dir: &Path, outcome: impl Fn(&str) -> Option<Outcome>) {
     }
     // CI builds the whole workspace, so there every sidecar must run; a partial build skips some.
     let require_all = std::env::var_os("CI").is_some();
-    for (step, binary) in [
-        ("livenessprobe", "livenessprobe"),
-        ("node-driver-registrar", "csi-node-driver-registrar"),
-        ("external-attacher", "csi-attacher"),
+    for (step, binaries) in [
+        ("livenessprobe", &["livenessprobe"][..]),
+        ("node-driver-registrar", &["csi-node-driver-registrar"]),
+        ("external-attacher", &["csi-attacher"]),
         // The resizer grows the claim's volume.
-        ("external-resizer", "csi-resizer"),
-        // The provisioner restores a claim from a snapshot.
-        ("restore", "csi-provisioner"),
+        ("external-resizer", &["csi-resizer"]),
+        // The snapshotter cuts a snapshot of it...
+        ("external-snapshotter", &["csi-snapshotter"]),
+        // ...which the provisioner restores into a new claim.
+        ("restore", &["csi-provisioner", "csi-snapshotter"]),
         // With capacity tracking: the CSIStorageCapacity of a late-binding class.
-        ("capacity", "csi-provisioner"),
+        ("capacity", &["csi-provisioner"]),
     ] {
-        let built = bin_dir.join(binary).is_file();
+        let built = binaries.iter().all(|b| bin_dir.join(b).is_file());
+        let binary = binaries.join(" and ");
         match outcome(step) {
             Some(Outcome::Ok(_)) => {}
             Some(Outcome::Skipped(why)) if !built && !require_all => {

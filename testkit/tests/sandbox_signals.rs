@@ -11,11 +11,12 @@ use testkit::process::{CleanEnv, die_with_parent, has_ended, wait_until};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const SIDECARS: [&str; 5] = [
+const SIDECARS: [&str; 6] = [
     "livenessprobe",
     "csi-node-driver-registrar",
     "csi-attacher",
     "csi-resizer",
+    "csi-snapshotter",
     "csi-provisioner",
 ];
 
