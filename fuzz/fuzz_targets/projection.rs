@@ -17,6 +17,9 @@
 //! - the resizer reads a PV as the provisioner does (driver, volume handle, in-tree verdict),
 //!   a claim's sizes parse as the quantities they came from, and only pods that mount claims
 //!   are kept;
+//! - the snapshotter's plan for any VolumeSnapshotContent is total: a content to delete is
+//!   planned for deletion, its finalizer removal exists exactly when it has the finalizer, and
+//!   a content compared with itself is no change to act on;
 //! - projecting an object and projecting its JSON round trip give the same model.
 #![no_main]
 
@@ -226,6 +229,37 @@ fn node(input: &[u8]) {
     );
 }
 
+fn snapshot_content(input: &[u8]) {
+    use external_snapshotter::{decide, model};
+    let base = json!({"metadata": {"name": "snapcontent-1", "uid": "u", "resourceVersion": "1"},
+        "spec": {"driver": "d", "deletionPolicy": "Delete", "source": {"volumeHandle": "v"},
+            "volumeSnapshotRef": {"name": "s", "namespace": "ns", "uid": "vs"}}});
+    let merged = match serde_json::from_slice::<Value>(input) {
+        Ok(patch) => {
+            let mut merged = base;
+            merge(&mut merged, patch);
+            merged
+        }
+        Err(_) => return,
+    };
+    let Ok(object) = serde_json::from_value::<model::VolumeSnapshotContent>(merged) else {
+        return;
+    };
+    let content = model::Content::from_api(&object);
+    let plan = decide::plan(&content);
+    if decide::should_delete(&content) {
+        assert!(matches!(plan, decide::Plan::Delete { .. }), "{plan:?}");
+    }
+    assert_eq!(
+        decide::finalizer_removal(&content).is_some(),
+        content.has_finalizer()
+    );
+    assert!(!decide::should_enqueue(&content, &content.clone()));
+    if content.secret == model::SecretAnnotations::None {
+        assert_eq!(decide::content_secret(&content), Ok(None));
+    }
+}
+
 fn versions(input: &[u8]) {
     let text = String::from_utf8_lossy(input);
     let (a, b) = text.split_once(' ').unwrap_or((&text, ""));
@@ -241,7 +275,7 @@ fuzz_target!(|data: &[u8]| {
     let [kind, input @ ..] = data else {
         return;
     };
-    match kind % 10 {
+    match kind % 11 {
         0 => claim(input),
         1 => class(input),
         2 => volume(input),
@@ -251,6 +285,7 @@ fuzz_target!(|data: &[u8]| {
         6 => resizer_claim(input),
         7 => resizer_volume(input),
         8 => pod(input),
+        9 => snapshot_content(input),
         _ => versions(input),
     }
 });
