@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use csi_proto::methods::controller::{
     CONTROLLER_EXPAND_VOLUME, CONTROLLER_MODIFY_VOLUME, CONTROLLER_PUBLISH_VOLUME,
-    CONTROLLER_UNPUBLISH_VOLUME, CREATE_VOLUME, DELETE_VOLUME,
+    CONTROLLER_UNPUBLISH_VOLUME, CREATE_SNAPSHOT, CREATE_VOLUME, DELETE_SNAPSHOT, DELETE_VOLUME,
 };
 use serde_json::Value;
 use testkit::mockdriver::{Faults, MockDriver, MockHandle, State};
@@ -25,10 +25,12 @@ pub struct Driver {
 /// The identity of a request for counting repeats: what makes two calls the same call.
 fn identity(method: &str, request: &Value) -> String {
     let field = |key: &str| request.get(key).and_then(Value::as_str).unwrap_or("");
-    if method == CREATE_VOLUME {
+    if method == CREATE_VOLUME || method == CREATE_SNAPSHOT {
         field("name").to_string()
     } else if method == DELETE_VOLUME {
         field("volume_id").to_string()
+    } else if method == DELETE_SNAPSHOT {
+        field("snapshot_id").to_string()
     } else if method == CONTROLLER_EXPAND_VOLUME || method == CONTROLLER_MODIFY_VOLUME {
         // One volume grown to one size, or given one set of parameters.
         let target = request
@@ -42,13 +44,15 @@ fn identity(method: &str, request: &Value) -> String {
     }
 }
 
-const COUNTED: [&str; 6] = [
+const COUNTED: [&str; 8] = [
     CREATE_VOLUME,
     DELETE_VOLUME,
     CONTROLLER_PUBLISH_VOLUME,
     CONTROLLER_UNPUBLISH_VOLUME,
     CONTROLLER_EXPAND_VOLUME,
     CONTROLLER_MODIFY_VOLUME,
+    CREATE_SNAPSHOT,
+    DELETE_SNAPSHOT,
 ];
 
 impl Driver {
@@ -76,6 +80,8 @@ impl Driver {
         let handle = MockDriver::builder()
             .driver_name(self.name.clone())
             .state_file(self.state_file.clone())
+            // Snapshots take a few answers to be ready, as an uploading driver's.
+            .snapshot_ready_after(2)
             .call_log_limit(usize::MAX)
             .serve_unix(&self.socket)
             .await

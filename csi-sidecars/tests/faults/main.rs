@@ -1,7 +1,8 @@
-//! The fault suite. Two replicas each of the provisioner, the attacher and the resizer (the real
-//! binary, with leader election) run against the test kit's API server and the mock driver while
-//! a seeded workload creates, attaches, detaches, grows, re-classes and deletes claims and faults
-//! are injected at
+//! The fault suite. Two replicas each of the provisioner, the attacher, the resizer and the
+//! snapshotter (the real binary, with leader election) run against the test kit's API server
+//! (with its PV and snapshot controllers) and the mock driver while a seeded workload creates,
+//! attaches, detaches, grows, re-classes, snapshots and deletes claims and deletes snapshots, and
+//! faults are injected at
 //! random moments: kill -9 of any replica (the suite restarts it, as the kubelet would), the
 //! current leader killed in the middle of a batch, driver latency beyond `--timeout`, hung
 //! calls, transient gRPC codes, volumes created but answered DeadlineExceeded, driver restarts
@@ -12,8 +13,10 @@
 //! and the PVs name each other one to one, every claim the workload keeps is Bound, nothing is
 //! stuck with a finalizer, every VolumeAttachment's attached state is the driver's publish
 //! state, every claim's requested size is the PV's and the driver's with no expansion left in
-//! the controller, and every claim's VolumeAttributesClass is its PV's and current. Each run
-//! prints its seed and a one-line verdict.
+//! the controller, every claim's VolumeAttributesClass is its PV's and current, the driver's
+//! snapshots and the VolumeSnapshotContents name each other one to one (no leaked snapshot),
+//! every kept VolumeSnapshot is ready and every deleted one gone. Each run prints its seed and a
+//! one-line verdict.
 //!
 //!   FAULT_SEED=N      replays a run
 //!   FAULT_ROUNDS=N    rounds of operations and faults (default 40; a long run: 400)
@@ -31,22 +34,24 @@ use std::time::{Duration, Instant};
 
 use csi_proto::methods::controller::{
     CONTROLLER_EXPAND_VOLUME, CONTROLLER_MODIFY_VOLUME, CONTROLLER_PUBLISH_VOLUME,
-    CONTROLLER_UNPUBLISH_VOLUME, CREATE_VOLUME, DELETE_VOLUME,
+    CONTROLLER_UNPUBLISH_VOLUME, CREATE_SNAPSHOT, CREATE_VOLUME, DELETE_SNAPSHOT, DELETE_VOLUME,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{
     CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
 };
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
-use testkit::apiserver::{ApiError, Faults as ApiFaults, RequestMatch, TestCluster, Verb};
+use testkit::apiserver::{ApiError, Faults as ApiFaults, Options, RequestMatch, TestCluster, Verb};
 use testkit::rng::{Rng, count_from_env, seed_from_env};
 use tonic::Code;
 
 use driver::Driver;
 use replicas::{Launch, Replica, Sidecar};
-use verdict::{DriverVolume, PvView, PvcView, Snapshot, VaView, judge};
+use verdict::{
+    ContentView, DriverVolume, PvView, PvcView, Snapshot, VaView, VolumeSnapshotView, judge,
+};
 use workload::Workload;
 
 const DRIVER: &str = "faults.csi.example.com";
@@ -75,14 +80,23 @@ enum Restore {
     DriverRelease(&'static str),
 }
 
-const METHODS: [&str; 6] = [
+const METHODS: [&str; 8] = [
     CREATE_VOLUME,
     DELETE_VOLUME,
     CONTROLLER_PUBLISH_VOLUME,
     CONTROLLER_UNPUBLISH_VOLUME,
     CONTROLLER_EXPAND_VOLUME,
     CONTROLLER_MODIFY_VOLUME,
+    CREATE_SNAPSHOT,
+    DELETE_SNAPSHOT,
 ];
+
+fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+        plural,
+    )
+}
 
 /// The codes upstream's sidecars treat as "may still be in progress".
 const TRANSIENT: [Code; 5] = [
@@ -94,8 +108,10 @@ const TRANSIENT: [Code; 5] = [
 ];
 
 /// Writes the sidecars make (and the workload does not): where API failures are injected.
-fn sidecar_writes() -> [RequestMatch; 8] {
+fn sidecar_writes() -> [RequestMatch; 10] {
     [
+        RequestMatch::new(Verb::Patch, "volumesnapshotcontents"),
+        RequestMatch::new(Verb::Update, "configmaps"),
         RequestMatch::new(Verb::Create, "persistentvolumes"),
         RequestMatch::new(Verb::Delete, "persistentvolumes"),
         RequestMatch::new(Verb::Patch, "persistentvolumes"),
@@ -123,7 +139,13 @@ struct Suite {
 
 impl Suite {
     async fn start(seed: u64) -> Self {
-        let cluster = TestCluster::start().await.expect("a test cluster");
+        let cluster = TestCluster::start_with(Options {
+            pv_controller: true,
+            snapshot_controller: true,
+            ..Options::default()
+        })
+        .await
+        .expect("a test cluster");
         let client = cluster.client();
         let namespace = cluster.namespace().to_string();
         let driver_name = if cluster.is_real() {
@@ -161,6 +183,20 @@ impl Suite {
                 .expect("the VolumeAttributesClass is created");
             classes.push(name);
         }
+        let snapshot_class = cluster.cluster_name("faults-snap");
+        let class_object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+            "metadata": {"name": snapshot_class},
+            "driver": driver_name, "deletionPolicy": "Delete",
+        }))
+        .expect("a valid VolumeSnapshotClass");
+        Api::<DynamicObject>::all_with(
+            client.clone(),
+            &snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses"),
+        )
+        .create(&PostParams::default(), &class_object)
+        .await
+        .expect("the VolumeSnapshotClass is created");
         let mut nodes = BTreeMap::new();
         for i in 0..NODES {
             let node = cluster.cluster_name(&format!("node-{i}"));
@@ -188,11 +224,21 @@ impl Suite {
             Replica::new(Sidecar::Attacher, "csi-attacher-b", &launch),
             Replica::new(Sidecar::Resizer, "csi-resizer-a", &launch),
             Replica::new(Sidecar::Resizer, "csi-resizer-b", &launch),
+            Replica::new(Sidecar::Snapshotter, "csi-snapshotter-a", &launch),
+            Replica::new(Sidecar::Snapshotter, "csi-snapshotter-b", &launch),
         ];
         for replica in &mut replicas {
             replica.start(&launch).expect("the sidecar starts");
         }
-        let workload = Workload::new(client, &namespace, &class, &driver_name, nodes, classes);
+        let workload = Workload::new(
+            client,
+            &namespace,
+            &class,
+            &driver_name,
+            nodes,
+            classes,
+            &snapshot_class,
+        );
         if cluster.is_real() {
             println!("on a real cluster: API faults are not injected");
         }
@@ -248,10 +294,11 @@ impl Suite {
                 true
             }
             Fault::LeaderFailover => {
-                let sidecar = match self.rng.below(3) {
+                let sidecar = match self.rng.below(4) {
                     0 => Sidecar::Provisioner,
                     1 => Sidecar::Attacher,
-                    _ => Sidecar::Resizer,
+                    2 => Sidecar::Resizer,
+                    _ => Sidecar::Snapshotter,
                 };
                 match self.leader(sidecar).await {
                     Some(index) => {
@@ -290,11 +337,12 @@ impl Suite {
                 }
             }
             Fault::DriverLostAnswer => {
-                let method = match self.rng.below(4) {
+                let method = match self.rng.below(5) {
                     0 => CREATE_VOLUME,
                     1 => CONTROLLER_PUBLISH_VOLUME,
                     2 => CONTROLLER_EXPAND_VOLUME,
-                    _ => CONTROLLER_MODIFY_VOLUME,
+                    3 => CONTROLLER_MODIFY_VOLUME,
+                    _ => CREATE_SNAPSHOT,
                 };
                 let times = self.rng.between(1, 3);
                 match self.driver.faults() {
@@ -486,7 +534,7 @@ impl Suite {
                 .into_iter()
                 .map(pvc_view)
                 .collect();
-        let vas = Api::<VolumeAttachment>::all(client)
+        let vas = Api::<VolumeAttachment>::all(client.clone())
             .list(&ListParams::default())
             .await
             .ok()?
@@ -501,11 +549,60 @@ impl Suite {
                 deleting: va.metadata.deletion_timestamp.is_some(),
             })
             .collect();
+        let driver_snapshots = self.driver.state().snapshots.into_keys().collect();
+        let contents = Api::<DynamicObject>::all_with(
+            client.clone(),
+            &snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+        )
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .filter(|c| c.data["spec"]["driver"] == self.launch_driver())
+        .map(|c| {
+            let text = |pointer: &str| c.data.pointer(pointer).and_then(|v| v.as_str());
+            ContentView {
+                snapshot: format!(
+                    "{}/{}",
+                    text("/spec/volumeSnapshotRef/namespace").unwrap_or_default(),
+                    text("/spec/volumeSnapshotRef/name").unwrap_or_default()
+                ),
+                handle: text("/status/snapshotHandle").map(String::from),
+                deleting: c.metadata.deletion_timestamp.is_some(),
+                finalizers: c.metadata.finalizers.clone().unwrap_or_default(),
+                name: c.metadata.name.unwrap_or_default(),
+            }
+        })
+        .collect();
+        let volume_snapshots = Api::<DynamicObject>::namespaced_with(
+            client,
+            self.cluster.namespace(),
+            &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
+        )
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .map(|s| VolumeSnapshotView {
+            key: format!(
+                "{}/{}",
+                s.metadata.namespace.clone().unwrap_or_default(),
+                s.metadata.name.clone().unwrap_or_default()
+            ),
+            ready: s.data.pointer("/status/readyToUse") == Some(&json!(true)),
+            deleting: s.metadata.deletion_timestamp.is_some(),
+        })
+        .collect();
         Some(Snapshot {
             driver,
+            driver_snapshots,
             pvs,
             pvcs,
             vas,
+            contents,
+            volume_snapshots,
         })
     }
 
@@ -643,7 +740,7 @@ async fn faults_lose_nothing_and_everything_converges() {
     let exits: usize = suite.replicas.iter().map(|r| r.exits.len()).sum();
     let fault_total: u64 = suite.faults.values().sum();
     println!(
-        "fault verdict: seed {seed}: {} operations ({} claims created, {} deleted while creating, {} deleted, {} attached, {} detached, {} grown, {} re-classed) in {:.1} s; {fault_total} faults {:?}, {} kills, {exits} exits by the sidecars themselves; {} in {:.1} s: leaked {}, orphaned {}, duplicated {}, pending {}, stuck {}, unexpected {}, attach mismatches {}, size or class mismatches {}; {} claims and {} volumes held; CSI calls {} CreateVolume, {} ControllerPublishVolume, {} ControllerExpandVolume, {} ControllerModifyVolume, repeated {:?}",
+        "fault verdict: seed {seed}: {} operations ({} claims created, {} deleted while creating, {} deleted, {} attached, {} detached, {} grown, {} re-classed, {} snapshotted, {} snapshots deleted) in {:.1} s; {fault_total} faults {:?}, {} kills, {exits} exits by the sidecars themselves; {} in {:.1} s: leaked {}, orphaned {}, duplicated {}, pending {}, stuck {}, unexpected {}, attach mismatches {}, size or class mismatches {}, leaked snapshots {}, snapshot mismatches {}; {} claims, {} volumes and {} snapshots held; CSI calls {} CreateVolume, {} ControllerPublishVolume, {} ControllerExpandVolume, {} ControllerModifyVolume, {} CreateSnapshot, {} DeleteSnapshot, repeated {:?}",
         ops.total(),
         ops.created,
         ops.deleted_while_creating,
@@ -652,6 +749,8 @@ async fn faults_lose_nothing_and_everything_converges() {
         ops.detached,
         ops.resized,
         ops.modified,
+        ops.snapshotted,
+        ops.snapshots_deleted,
         workload_time.as_secs_f64(),
         suite.faults,
         suite.kills,
@@ -669,12 +768,17 @@ async fn faults_lose_nothing_and_everything_converges() {
         verdict.unexpected.len(),
         verdict.attach_mismatch.len(),
         verdict.resize_mismatch.len(),
+        verdict.leaked_snapshots.len(),
+        verdict.snapshot_mismatch.len(),
         suite.workload.claims(),
         suite.driver.state().volumes.len(),
+        suite.driver.state().snapshots.len(),
         suite.driver.total_calls(CREATE_VOLUME),
         suite.driver.total_calls(CONTROLLER_PUBLISH_VOLUME),
         suite.driver.total_calls(CONTROLLER_EXPAND_VOLUME),
         suite.driver.total_calls(CONTROLLER_MODIFY_VOLUME),
+        suite.driver.total_calls(CREATE_SNAPSHOT),
+        suite.driver.total_calls(DELETE_SNAPSHOT),
         repeated,
     );
     for replica in &suite.replicas {

@@ -1,5 +1,5 @@
-//! The sidecar processes: two replicas each of the provisioner, the attacher and the resizer, each in a
-//! UTS namespace of its own so that its host name, which is its leader-election identity as in
+//! The sidecar processes: two replicas each of the provisioner, the attacher, the resizer and the
+//! snapshotter, each in a UTS namespace of its own so that its host name, which is its leader-election identity as in
 //! a pod, differs from its twin's. The suite plays the kubelet: a replica that is killed or
 //! exits is started again.
 
@@ -18,6 +18,7 @@ pub enum Sidecar {
     Provisioner,
     Attacher,
     Resizer,
+    Snapshotter,
 }
 
 impl Sidecar {
@@ -26,6 +27,7 @@ impl Sidecar {
             Sidecar::Provisioner => "csi-provisioner",
             Sidecar::Attacher => "csi-attacher",
             Sidecar::Resizer => "csi-resizer",
+            Sidecar::Snapshotter => "csi-snapshotter",
         }
     }
 }

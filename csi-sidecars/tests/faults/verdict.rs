@@ -58,13 +58,38 @@ pub struct VaView {
     pub deleting: bool,
 }
 
+/// A VolumeSnapshotContent of the driver under test.
+#[derive(Clone, Debug, Default)]
+pub struct ContentView {
+    pub name: String,
+    /// `namespace/name` of its VolumeSnapshot.
+    pub snapshot: String,
+    /// `status.snapshotHandle`.
+    pub handle: Option<String>,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+}
+
+/// A VolumeSnapshot of the test namespace.
+#[derive(Clone, Debug, Default)]
+pub struct VolumeSnapshotView {
+    /// `namespace/name`.
+    pub key: String,
+    pub ready: bool,
+    pub deleting: bool,
+}
+
 /// What the cluster and the driver hold at one moment.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub driver: Vec<DriverVolume>,
+    /// The ids of the snapshots the driver holds.
+    pub driver_snapshots: Vec<String>,
     pub pvs: Vec<PvView>,
     pub pvcs: Vec<PvcView>,
     pub vas: Vec<VaView>,
+    pub contents: Vec<ContentView>,
+    pub volume_snapshots: Vec<VolumeSnapshotView>,
 }
 
 /// What the workload wants once everything has settled.
@@ -76,6 +101,8 @@ pub struct Expectation {
     pub attachments: BTreeMap<String, String>,
     /// Node name → the driver's node id.
     pub node_ids: BTreeMap<String, String>,
+    /// VolumeSnapshots (`namespace/name`) that exist and must be ready to use.
+    pub snapshots: BTreeSet<String>,
 }
 
 /// Everything that is not as it should be; all empty means converged.
@@ -99,6 +126,11 @@ pub struct Verdict {
     /// Bound claims whose requested size is not the PV's and the driver's, that still show an
     /// expansion in the controller, or whose class is not the one asked for.
     pub resize_mismatch: Vec<String>,
+    /// Snapshots in the driver that no VolumeSnapshotContent names.
+    pub leaked_snapshots: Vec<String>,
+    /// Kept VolumeSnapshots that are not ready, contents whose snapshot the driver does not
+    /// have, and handles named twice.
+    pub snapshot_mismatch: Vec<String>,
 }
 
 impl Verdict {
@@ -246,6 +278,7 @@ pub fn judge(snapshot: &Snapshot, expected: &Expectation) -> Verdict {
                 .push(format!("claim {claim} still {modifying}"));
         }
     }
+    judge_snapshots(snapshot, expected, &mut verdict);
     for volume in &snapshot.driver {
         for node_id in &volume.published {
             if !asked.contains(&(volume.id.as_str(), node_id.as_str())) {
@@ -257,6 +290,74 @@ pub fn judge(snapshot: &Snapshot, expected: &Expectation) -> Verdict {
         }
     }
     verdict
+}
+
+/// The snapshots: the driver's and the contents' name each other one to one, nothing deleted
+/// is held, every kept VolumeSnapshot is ready, and deleted ones are gone.
+fn judge_snapshots(snapshot: &Snapshot, expected: &Expectation, verdict: &mut Verdict) {
+    let mut named: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for content in &snapshot.contents {
+        if content.deleting {
+            verdict.stuck.push(format!(
+                "VolumeSnapshotContent {} (finalizers {:?})",
+                content.name, content.finalizers
+            ));
+        }
+        if let Some(handle) = &content.handle {
+            named.entry(handle).or_default().push(&content.name);
+        }
+        if !expected.snapshots.contains(&content.snapshot) && !content.deleting {
+            verdict.unexpected.push(format!(
+                "VolumeSnapshotContent {} of {}",
+                content.name, content.snapshot
+            ));
+        }
+    }
+    let held: BTreeSet<&str> = snapshot
+        .driver_snapshots
+        .iter()
+        .map(String::as_str)
+        .collect();
+    for id in &held {
+        if !named.contains_key(id) {
+            verdict.leaked_snapshots.push(id.to_string());
+        }
+    }
+    for (handle, contents) in &named {
+        if !held.contains(handle) {
+            verdict.snapshot_mismatch.push(format!(
+                "{contents:?} name {handle}, which the driver does not have"
+            ));
+        }
+        if contents.len() > 1 {
+            verdict
+                .snapshot_mismatch
+                .push(format!("{handle} named by {contents:?}"));
+        }
+    }
+    let snapshots: BTreeMap<&str, &VolumeSnapshotView> = snapshot
+        .volume_snapshots
+        .iter()
+        .map(|s| (s.key.as_str(), s))
+        .collect();
+    for key in &expected.snapshots {
+        match snapshots.get(key.as_str()) {
+            Some(s) if s.ready => {}
+            Some(_) => verdict
+                .snapshot_mismatch
+                .push(format!("VolumeSnapshot {key} is not ready")),
+            None => verdict
+                .snapshot_mismatch
+                .push(format!("VolumeSnapshot {key} is missing")),
+        }
+    }
+    for s in &snapshot.volume_snapshots {
+        if s.deleting {
+            verdict.stuck.push(format!("VolumeSnapshot {}", s.key));
+        } else if !expected.snapshots.contains(&s.key) {
+            verdict.unexpected.push(format!("VolumeSnapshot {}", s.key));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -311,11 +412,24 @@ mod tests {
                 attached: true,
                 deleting: false,
             }],
+            driver_snapshots: vec!["s1".into()],
+            contents: vec![ContentView {
+                name: "snapcontent-1".into(),
+                snapshot: "ns/snap1".into(),
+                handle: Some("s1".into()),
+                ..ContentView::default()
+            }],
+            volume_snapshots: vec![VolumeSnapshotView {
+                key: "ns/snap1".into(),
+                ready: true,
+                deleting: false,
+            }],
         };
         let expected = Expectation {
             claims: ["ns/c1".to_string(), "ns/c2".to_string()].into(),
             attachments: [("va1".to_string(), "node-1".to_string())].into(),
             node_ids: [("node-1".to_string(), "n-1".to_string())].into(),
+            snapshots: ["ns/snap1".to_string()].into(),
         };
         (snapshot, expected)
     }
@@ -411,5 +525,31 @@ mod tests {
         );
         snapshot.pvs[0].class = None;
         assert_eq!(judge(&snapshot, &expected).resize_mismatch.len(), 1);
+    }
+
+    #[test]
+    fn leaked_unready_and_stuck_snapshots_are_named() {
+        let (mut snapshot, mut expected) = settled();
+        snapshot.driver_snapshots.push("s-orphan".into());
+        snapshot.volume_snapshots[0].ready = false;
+        snapshot.contents.push(ContentView {
+            name: "snapcontent-2".into(),
+            snapshot: "ns/snap2".into(),
+            handle: Some("s-gone".into()),
+            deleting: true,
+            finalizers: vec![
+                "snapshot.storage.kubernetes.io/volumesnapshotcontent-bound-protection".into(),
+            ],
+        });
+        expected.snapshots.insert("ns/snap3".into());
+        let verdict = judge(&snapshot, &expected);
+        assert_eq!(verdict.leaked_snapshots, ["s-orphan"]);
+        assert_eq!(verdict.stuck.len(), 1, "{:?}", verdict.stuck);
+        assert_eq!(
+            verdict.snapshot_mismatch.len(),
+            3,
+            "not ready, missing, a handle the driver lacks: {:?}",
+            verdict.snapshot_mismatch
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The seeded workload: claims created, attached, detached, grown, moved to another
-//! VolumeAttributesClass and deleted, some deleted while still being provisioned, with a model
-//! of what should exist once everything settles.
+//! VolumeAttributesClass, snapshotted and deleted, some deleted while still being provisioned,
+//! snapshots deleted (some while being cut), with a model of what should exist once everything
+//! settles.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -8,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use serde_json::json;
 use testkit::rng::Rng;
 
@@ -31,6 +34,8 @@ pub struct Operations {
     pub detached: u64,
     pub resized: u64,
     pub modified: u64,
+    pub snapshotted: u64,
+    pub snapshots_deleted: u64,
 }
 
 impl Operations {
@@ -42,12 +47,19 @@ impl Operations {
             + self.detached
             + self.resized
             + self.modified
+            + self.snapshotted
+            + self.snapshots_deleted
     }
 }
 
 pub struct Workload {
     pvcs: Api<PersistentVolumeClaim>,
     vas: Api<VolumeAttachment>,
+    volume_snapshots: Api<DynamicObject>,
+    /// The VolumeSnapshotClass of the snapshots.
+    snapshot_class: String,
+    /// The VolumeSnapshots that are kept.
+    snapshots: Vec<String>,
     namespace: String,
     class: String,
     driver: String,
@@ -97,9 +109,17 @@ impl Workload {
         driver: &str,
         nodes: BTreeMap<String, String>,
         classes: Vec<String>,
+        snapshot_class: &str,
     ) -> Self {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot"),
+            "volumesnapshots",
+        );
         Self {
             pvcs: Api::namespaced(client.clone(), namespace),
+            volume_snapshots: Api::namespaced_with(client.clone(), namespace, &resource),
+            snapshot_class: snapshot_class.to_string(),
+            snapshots: Vec::new(),
             vas: Api::all(client),
             namespace: namespace.to_string(),
             class: class.to_string(),
@@ -115,11 +135,13 @@ impl Workload {
     /// One random operation.
     pub async fn step(&mut self, rng: &mut Rng) {
         match rng.below(100) {
-            0..35 => self.create(rng).await,
-            35..55 => self.attach(rng).await,
-            55..69 => self.detach(rng).await,
-            69..79 => self.resize(rng).await,
-            79..86 => self.modify(rng).await,
+            0..30 => self.create(rng).await,
+            30..47 => self.attach(rng).await,
+            47..59 => self.detach(rng).await,
+            59..68 => self.resize(rng).await,
+            68..74 => self.modify(rng).await,
+            74..82 => self.snapshot(rng).await,
+            82..87 => self.delete_snapshot(rng).await,
             _ => self.delete(rng).await,
         }
     }
@@ -266,6 +288,59 @@ impl Workload {
         self.ops.modified += 1;
     }
 
+    /// A VolumeSnapshot of a random bound claim; sometimes deleted again at once, while its
+    /// snapshot may be being cut.
+    async fn snapshot(&mut self, rng: &mut Rng) {
+        let Some(index) = self.bound_claim(rng).await else {
+            return;
+        };
+        self.next += 1;
+        let name = format!("snap-{}", self.next);
+        let snapshot: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": name},
+            "spec": {"volumeSnapshotClassName": self.snapshot_class,
+                     "source": {"persistentVolumeClaimName": self.claims[index].name}},
+        }))
+        .expect("a valid VolumeSnapshot");
+        let (api, post) = (self.volume_snapshots.clone(), PostParams::default());
+        persist(
+            "create a VolumeSnapshot",
+            |e| code_is(e, 409),
+            || api.create(&post, &snapshot),
+        )
+        .await;
+        self.ops.snapshotted += 1;
+        if rng.chance(15) {
+            tokio::time::sleep(Duration::from_millis(rng.below(100))).await;
+            self.delete_volume_snapshot(&name).await;
+            self.ops.snapshots_deleted += 1;
+        } else {
+            self.snapshots.push(name);
+        }
+    }
+
+    async fn delete_snapshot(&mut self, rng: &mut Rng) {
+        if self.snapshots.is_empty() {
+            return;
+        }
+        let name = self
+            .snapshots
+            .swap_remove(rng.below(self.snapshots.len() as u64) as usize);
+        self.delete_volume_snapshot(&name).await;
+        self.ops.snapshots_deleted += 1;
+    }
+
+    async fn delete_volume_snapshot(&self, name: &str) {
+        let (api, params) = (self.volume_snapshots.clone(), DeleteParams::default());
+        persist(
+            "delete a VolumeSnapshot",
+            |e| code_is(e, 404),
+            || api.delete(name, &params),
+        )
+        .await;
+    }
+
     async fn detach(&mut self, rng: &mut Rng) {
         let attached: Vec<usize> = (0..self.claims.len())
             .filter(|i| self.claims[*i].attachment.is_some())
@@ -329,6 +404,11 @@ impl Workload {
                 .filter_map(|c| c.attachment.clone())
                 .collect(),
             node_ids: self.nodes.clone(),
+            snapshots: self
+                .snapshots
+                .iter()
+                .map(|s| format!("{}/{s}", self.namespace))
+                .collect(),
         }
     }
 

@@ -1,14 +1,15 @@
 //! A minimal snapshot-controller (external-snapshotter's cluster-wide common controller, which
 //! stays upstream's in a real cluster), doing what it does around the sidecar in the flows the
-//! tests take: for a VolumeSnapshot of a bound claim it creates the VolumeSnapshotContent
-//! `snapcontent-<uid>` (source volume handle, class, deletion policy, driver, the deletion
-//! secret annotations resolved from the class), binds pre-provisioned contents, adds the
-//! content's and the snapshot's finalizers, copies the content's status to the snapshot, and on
-//! the snapshot's deletion marks the content `volumesnapshot-being-deleted`, deletes it when its
-//! policy is Delete, and lets the snapshot go once the content is gone.
+//! tests take: for a VolumeSnapshot of a bound claim it puts `pvc-as-source-protection` on the
+//! claim (kept while a snapshot of it is not ready, so the volume outlives its snapshots'
+//! cutting) and creates the VolumeSnapshotContent `snapcontent-<uid>` (source volume handle,
+//! class, deletion policy, driver, the deletion secret annotations resolved from the class),
+//! binds pre-provisioned contents, adds the content's and the snapshot's finalizers, copies the
+//! content's status to the snapshot, and on the snapshot's deletion marks the content
+//! `volumesnapshot-being-deleted`, deletes it when its policy is Delete, and lets the snapshot go
+//! once the content is gone.
 //!
-//! Left out: the source claim's `pvc-as-source-protection` finalizer, group snapshots, the
-//! default class by annotation, metrics and the snapshot's Events.
+//! Left out: group snapshots, the default class by annotation, metrics and the snapshot's Events.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -23,6 +24,7 @@ pub const CONTENT_FINALIZER: &str =
 pub const BOUND_FINALIZER: &str = "snapshot.storage.kubernetes.io/volumesnapshot-bound-protection";
 pub const AS_SOURCE_FINALIZER: &str =
     "snapshot.storage.kubernetes.io/volumesnapshot-as-source-protection";
+pub const PVC_FINALIZER: &str = "snapshot.storage.kubernetes.io/pvc-as-source-protection";
 pub const BEING_DELETED: &str = "snapshot.storage.kubernetes.io/volumesnapshot-being-deleted";
 pub const SECRET_NAME: &str = "snapshot.storage.kubernetes.io/deletion-secret-name";
 pub const SECRET_NAMESPACE: &str = "snapshot.storage.kubernetes.io/deletion-secret-namespace";
@@ -138,10 +140,32 @@ fn status_from(content: &Value, current: Option<&Value>) -> Value {
     Value::Object(status)
 }
 
+/// Removes the claim's `pvc-as-source-protection` once no snapshot of it is still unready.
+fn release_claim(s: &mut Store, k: Kinds, ns: &str, claim: &str) {
+    let Ok(pvc) = s.get(k.pvc, ns, claim) else {
+        return;
+    };
+    if !has_finalizer(&pvc, PVC_FINALIZER) {
+        return;
+    }
+    let in_use = s.all(k.snapshot).any(|snap| {
+        str_at(snap, "/metadata/namespace") == ns
+            && str_at(snap, "/spec/source/persistentVolumeClaimName") == claim
+            && snap.pointer("/status/readyToUse") != Some(&json!(true))
+    });
+    if !in_use && let Some(changed) = with_finalizers(&pvc, &[], &[PVC_FINALIZER]) {
+        update(s, k.pvc, changed, Target::Main);
+    }
+}
+
 fn sync_snapshot(s: &mut Store, k: Kinds, ns: &str, name: &str) {
     let Ok(snapshot) = s.get(k.snapshot, ns, name) else {
         return;
     };
+    let source_claim = str_at(&snapshot, "/spec/source/persistentVolumeClaimName").to_string();
+    if !source_claim.is_empty() {
+        release_claim(s, k, ns, &source_claim);
+    }
     let uid = str_at(&snapshot, "/metadata/uid").to_string();
     let pre_provisioned = str_at(&snapshot, "/spec/source/volumeSnapshotContentName").to_string();
     let content_name = if pre_provisioned.is_empty() {
@@ -247,6 +271,13 @@ fn create_content(s: &mut Store, k: Kinds, snapshot: &Value, name: &str) -> Opti
             str_at(snapshot, "/spec/source/persistentVolumeClaimName"),
         )
         .ok()?;
+    // The claim is held until the snapshot is cut; one being deleted is not snapshotted.
+    if being_deleted(&claim) {
+        return None;
+    }
+    if let Some(held) = with_finalizers(&claim, &[PVC_FINALIZER], &[]) {
+        update(s, k.pvc, held, Target::Main);
+    }
     let volume = s.get(k.pv, "", str_at(&claim, "/spec/volumeName")).ok()?;
     let handle = str_at(&volume, "/spec/csi/volumeHandle");
     if handle.is_empty() {
@@ -312,6 +343,14 @@ fn sync_content(s: &mut Store, k: Kinds, name: &str) {
 }
 
 fn sync_all(s: &mut Store, k: Kinds) {
+    let held: Vec<_> = s
+        .all(k.pvc)
+        .filter(|c| has_finalizer(c, PVC_FINALIZER))
+        .map(|c| key_of(c))
+        .collect();
+    for (ns, claim) in held {
+        release_claim(s, k, &ns, &claim);
+    }
     let snapshots: Vec<_> = s.all(k.snapshot).map(|v| key_of(v)).collect();
     for (ns, name) in snapshots {
         sync_snapshot(s, k, &ns, &name);
@@ -325,7 +364,10 @@ fn sync_all(s: &mut Store, k: Kinds) {
 fn on_event(s: &mut Store, k: Kinds, ev: &WatchEvent) {
     let (ns, name) = key_of(&ev.object);
     if ev.kind == k.snapshot {
-        if ev.etype != EventType::Deleted {
+        if ev.etype == EventType::Deleted {
+            let claim = str_at(&ev.object, "/spec/source/persistentVolumeClaimName").to_string();
+            release_claim(s, k, &ns, &claim);
+        } else {
             sync_snapshot(s, k, &ns, &name);
         }
     } else if ev.kind == k.content {
