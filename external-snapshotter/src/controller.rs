@@ -36,6 +36,10 @@ pub const COMPONENT: &str = "csi-snapshotter";
 /// The queue's name in the workqueue metrics, as upstream's.
 pub const QUEUE: &str = "csi-snapshotter-content";
 
+/// Longest wait for a journal write: it has a request budget of its own, so only an API server
+/// that does not answer holds it this long, and failing it only retries the content later.
+const JOURNAL_WAIT: Duration = Duration::from_secs(60);
+
 /// How the snapshotter's journal speaks of itself.
 pub const OWNER: Owner = Owner {
     sidecar: "the snapshotter",
@@ -311,7 +315,7 @@ impl Controller {
 
     /// Carries out the plan; `Ok(true)` when the content needs nothing more for now.
     async fn step(&self, content: &Content, class: Option<&Class>) -> Result<bool, Failure> {
-        let plan = decide::plan(content);
+        let plan = decide::plan(content, self.config.list_snapshots);
         tracing::debug!(content = %content.name, ?plan, "syncing content");
         let outcome = match plan {
             Plan::Delete { handle } => self.delete(content, handle).await.map(|()| true),
@@ -475,7 +479,11 @@ impl Controller {
                     ))
                 })?
         };
-        self.record(&content.name, &intent).await.map_err(fail)?;
+        // Until the content names the snapshot, only the journal knows it may exist. Once it
+        // does (a poll of a cut snapshot), the content's finalizer keeps it.
+        if content.handle().is_none() {
+            self.record(&content.name, &intent).await.map_err(fail)?;
+        }
         let request = CreateSnapshotRequest {
             source_volume_id: intent.source_volume.clone(),
             name: intent.name.clone(),
@@ -796,10 +804,20 @@ impl Controller {
         if lock(&self.intents).get(name) == Some(intent) {
             return Ok(());
         }
-        self.journal
-            .record(name, intent)
-            .await
-            .map_err(|e| format!("cannot record the snapshot intent: {e}"))?;
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout(JOURNAL_WAIT, self.journal.record(name, intent)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(format!("cannot record the snapshot intent: {err}")),
+            Err(_) => {
+                return Err(format!(
+                    "cannot record the snapshot intent: the journal write took longer than {JOURNAL_WAIT:?}"
+                ));
+            }
+        }
+        let took = started.elapsed();
+        if took > Duration::from_secs(1) {
+            tracing::info!(content = name, waited = ?took, "the journal write waited for its turn");
+        }
         lock(&self.intents).insert(name.to_string(), intent.clone());
         Ok(())
     }

@@ -78,10 +78,13 @@ pub enum Plan {
     /// DeleteSnapshot of `handle` when given (deletion policy `Delete`, not a group member),
     /// then the finalizer goes.
     Delete { handle: Option<String> },
-    /// CreateSnapshot: first for a dynamic content, and again to learn whether it is ready
-    /// (CreateSnapshot is idempotent; ListSnapshots is optional in CSI).
+    /// CreateSnapshot: first for a dynamic content, and again to learn whether it is ready when
+    /// the driver has no ListSnapshots (CreateSnapshot is idempotent), as upstream.
     Create,
-    /// ListSnapshots of a pre-provisioned snapshot or of a group member's.
+    /// ListSnapshots of a pre-provisioned snapshot, of a group member's, or of a cut snapshot
+    /// not ready yet when the driver lists snapshots: a read, where CreateSnapshot again would
+    /// need the being-created annotation written and removed around every poll (and upstream's
+    /// polls flood drivers with creation calls, external-snapshotter #223, #465, #624, #953).
     Check { handle: String },
     /// Ready: at most a leftover being-created annotation to remove.
     Ready,
@@ -89,7 +92,8 @@ pub enum Plan {
     Nothing,
 }
 
-pub fn plan(content: &Content) -> Plan {
+/// What `content` needs next; `list_snapshots`: the driver has LIST_SNAPSHOTS.
+pub fn plan(content: &Content, list_snapshots: bool) -> Plan {
     if should_delete(content) {
         let member = content
             .status
@@ -114,6 +118,13 @@ pub fn plan(content: &Content) -> Plan {
             .and(s.snapshot_handle.clone())
     });
     if let Some(handle) = content.snapshot_handle_source.clone().or(status_handle) {
+        return Plan::Check { handle };
+    }
+    let cut = content
+        .status
+        .as_ref()
+        .and_then(|s| s.snapshot_handle.clone());
+    if let Some(handle) = cut.filter(|_| list_snapshots && !content.group_member) {
         return Plan::Check { handle };
     }
     if content.group_member {

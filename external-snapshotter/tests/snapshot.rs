@@ -59,13 +59,15 @@ async fn a_snapshot_is_cut_once_and_its_content_says_so() {
     .await;
 }
 
-#[tokio::test]
-async fn a_snapshot_not_ready_at_once_is_asked_again_until_it_is() {
+/// Cuts a snapshot the driver says is ready at its fourth answer; the driver calls and the
+/// content writes it took.
+async fn cut_slowly(list_snapshots: bool) -> (Env, u64, u64) {
     let metrics = prometheus::Registry::new();
     let snapshot_metrics =
         external_snapshotter::controller::SnapshotMetrics::register(&metrics).unwrap();
     let env = Env::start(MockDriver::default().snapshot_ready_after(3), |c| {
-        c.snapshot_metrics = Some(snapshot_metrics)
+        c.snapshot_metrics = Some(snapshot_metrics);
+        c.list_snapshots = list_snapshots;
     })
     .await;
     env.class("class", "Delete", json!({})).await;
@@ -84,11 +86,6 @@ async fn a_snapshot_not_ready_at_once_is_asked_again_until_it_is() {
     })
     .await;
     assert_eq!(
-        env.mock.calls().count(CREATE),
-        4,
-        "three answers said not ready, the fourth ready"
-    );
-    assert_eq!(
         env.mock.state().snapshots.len(),
         1,
         "CreateSnapshot is idempotent"
@@ -103,7 +100,25 @@ async fn a_snapshot_not_ready_at_once_is_asked_again_until_it_is() {
         (histogram.get_sample_count() == 1).then_some(histogram)
     })
     .await;
-    assert_eq!(histogram.get_sample_sum(), 4.0);
+    assert_eq!(
+        histogram.get_sample_sum(),
+        4.0,
+        "three answers said not ready"
+    );
+    let (create, list) = (env.mock.calls().count(CREATE), env.mock.calls().count(LIST));
+    (env, create, list)
+}
+
+#[tokio::test]
+async fn a_snapshot_not_ready_at_once_is_listed_until_it_is() {
+    let (_env, create, list) = cut_slowly(true).await;
+    assert_eq!((create, list), (1, 3), "cut once, then read");
+}
+
+#[tokio::test]
+async fn without_list_snapshots_readiness_is_asked_by_create_snapshot_as_upstream() {
+    let (_env, create, list) = cut_slowly(false).await;
+    assert_eq!((create, list), (4, 0));
 }
 
 #[tokio::test]

@@ -246,7 +246,7 @@ fn snapshot_content(input: &[u8]) {
         return;
     };
     let content = model::Content::from_api(&object);
-    let plan = decide::plan(&content);
+    let plan = decide::plan(&content, input.len() % 2 == 0);
     if decide::should_delete(&content) {
         assert!(matches!(plan, decide::Plan::Delete { .. }), "{plan:?}");
     }

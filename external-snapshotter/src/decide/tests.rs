@@ -50,24 +50,29 @@ fn contents_of_this_driver_only() {
 
 #[test]
 fn what_each_content_needs() {
-    assert_eq!(plan(&dynamic()), Plan::Create);
+    assert_eq!(plan(&dynamic(), false), Plan::Create);
     let cut = Content {
         status: Some(status("h", false)),
         ..dynamic()
     };
-    assert_eq!(plan(&cut), Plan::Create, "polled by CreateSnapshot");
+    assert_eq!(
+        plan(&cut, false),
+        Plan::Create,
+        "polled by CreateSnapshot without ListSnapshots"
+    );
+    assert_eq!(plan(&cut, true), Plan::Check { handle: "h".into() });
     let ready = Content {
         status: Some(status("h", true)),
         ..dynamic()
     };
-    assert_eq!(plan(&ready), Plan::Ready);
+    assert_eq!(plan(&ready, false), Plan::Ready);
     let pre = Content {
         volume_handle: None,
         snapshot_handle_source: Some("pre".into()),
         ..dynamic()
     };
     assert_eq!(
-        plan(&pre),
+        plan(&pre, false),
         Plan::Check {
             handle: "pre".into()
         }
@@ -76,7 +81,7 @@ fn what_each_content_needs() {
         group_member: true,
         ..dynamic()
     };
-    assert_eq!(plan(&member), Plan::Nothing);
+    assert_eq!(plan(&member, false), Plan::Nothing);
     let filled_member = Content {
         status: Some(ContentStatus {
             volume_group_snapshot_handle: Some("g".into()),
@@ -84,7 +89,10 @@ fn what_each_content_needs() {
         }),
         ..member.clone()
     };
-    assert_eq!(plan(&filled_member), Plan::Check { handle: "m".into() });
+    assert_eq!(
+        plan(&filled_member, false),
+        Plan::Check { handle: "m".into() }
+    );
 }
 
 #[test]
@@ -95,7 +103,7 @@ fn deletion_waits_for_the_snapshot_controller_and_an_unanswered_create() {
         ..dynamic()
     };
     assert_eq!(
-        plan(&deleting),
+        plan(&deleting, false),
         Plan::Ready,
         "no being-deleted annotation yet"
     );
@@ -104,7 +112,7 @@ fn deletion_waits_for_the_snapshot_controller_and_an_unanswered_create() {
         ..deleting.clone()
     };
     assert_eq!(
-        plan(&asked),
+        plan(&asked, false),
         Plan::Delete {
             handle: Some("h".into())
         }
@@ -118,7 +126,7 @@ fn deletion_waits_for_the_snapshot_controller_and_an_unanswered_create() {
         deletion_policy: "Retain".into(),
         ..asked.clone()
     };
-    assert_eq!(plan(&retained), Plan::Delete { handle: None });
+    assert_eq!(plan(&retained, false), Plan::Delete { handle: None });
     let member = Content {
         status: Some(ContentStatus {
             volume_group_snapshot_handle: Some("g".into()),
@@ -127,7 +135,7 @@ fn deletion_waits_for_the_snapshot_controller_and_an_unanswered_create() {
         ..asked.clone()
     };
     assert_eq!(
-        plan(&member),
+        plan(&member, false),
         Plan::Delete { handle: None },
         "the group deletes it"
     );
