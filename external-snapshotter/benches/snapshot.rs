@@ -10,15 +10,16 @@
 //! The bench plays the snapshot-controller: it creates each VolumeSnapshotContent bound to a
 //! VolumeSnapshot (with the finalizer and a class), and deletes it as the controller does (the
 //! `volumesnapshot-being-deleted` annotation, then DELETE). The mock driver says a snapshot is
-//! not ready for its first `BENCH_NOT_READY` answers (default 3). Per snapshot the floor is 4
-//! content writes to cut it (the being-created annotation set and removed, the status when cut
-//! and when ready) and 2 to delete it (the status cleared, the finalizer removed).
+//! not ready for its first `BENCH_NOT_READY` answers (default 3). Per snapshot the floor is one
+//! CreateSnapshot and `BENCH_NOT_READY` ListSnapshots, 4 content writes to cut it (the
+//! being-created annotation set and removed, the status when cut and when ready) and 2 to
+//! delete it (the status cleared, the finalizer removed).
 //! `BENCH_BIN` measures another build (upstream's `csi-snapshotter`).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use csi_proto::methods::controller::{CREATE_SNAPSHOT, DELETE_SNAPSHOT};
+use csi_proto::methods::controller::{CREATE_SNAPSHOT, DELETE_SNAPSHOT, LIST_SNAPSHOTS};
 use futures::StreamExt;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
@@ -265,6 +266,7 @@ async fn throughput_run(label: &str, count: usize, not_ready: u32, extra: &[&str
     let status_patches =
         counters.get_subresource(Verb::Patch, "volumesnapshotcontents", Some("status"));
     let create_calls = bench.mock.calls().count(CREATE_SNAPSHOT);
+    let list_calls = bench.mock.calls().count(LIST_SNAPSHOTS);
     let journal_writes =
         counters.total(Verb::Update, "configmaps") + counters.total(Verb::Create, "configmaps");
     counters.reset();
@@ -288,9 +290,9 @@ async fn throughput_run(label: &str, count: usize, not_ready: u32, extra: &[&str
         done.cpu_seconds - after_cut.cpu_seconds,
     );
     println!(
-        "CreateSnapshot calls per snapshot {:.2} (floor {}); DeleteSnapshot {:.2}; content writes per snapshot: {:.2} to cut (floor 4: {:.2} metadata, {:.2} status), {:.2} to delete (floor 2); journal writes {journal_writes}",
+        "driver calls per snapshot: CreateSnapshot {:.2} (floor 1), ListSnapshots {:.2} (floor {not_ready}), DeleteSnapshot {:.2}; content writes per snapshot: {:.2} to cut (floor 4: {:.2} metadata, {:.2} status), {:.2} to delete (floor 2); journal writes {journal_writes}",
         per(create_calls),
-        not_ready + 1,
+        per(list_calls),
         per(bench.mock.calls().count(DELETE_SNAPSHOT)),
         per(content_patches + status_patches),
         per(content_patches),

@@ -300,11 +300,14 @@ async fn delete_cluster_scoped(client: &Client, namespace: &str) -> Result<(), k
                 continue;
             }
             let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+            // Deleted first, then unfinalized: a controller that adds its finalizer to live
+            // objects (the snapshot-controller to bound contents) no longer does once the
+            // deletion is requested.
             for result in [
-                api.patch(name, &PatchParams::default(), &unfinalize)
+                api.delete(name, &DeleteParams::background())
                     .await
                     .map(|_| ()),
-                api.delete(name, &DeleteParams::background())
+                api.patch(name, &PatchParams::default(), &unfinalize)
                     .await
                     .map(|_| ()),
             ] {
