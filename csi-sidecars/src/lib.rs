@@ -184,8 +184,8 @@ mod tests {
         assert_eq!(dispatch(args(&["csi-sidecars"])), Call::Usage);
         assert_eq!(dispatch(args(&["csi-sidecars", "--help"])), Call::Usage);
         assert_eq!(
-            dispatch(args(&["csi-sidecars", "snapshotter"])),
-            Call::Unknown("snapshotter".into())
+            dispatch(args(&["csi-sidecars", "health-monitor"])),
+            Call::Unknown("health-monitor".into())
         );
         for sidecar in Sidecar::ALL {
             assert!(usage().contains(sidecar.binary()));

@@ -295,10 +295,19 @@ impl Controller {
     /// One content: what it needs next; retried with backoff until done.
     async fn sync(&self, name: &str) {
         let view = self.index().view(name);
-        let result = match view {
+        let mut result = match view {
             Some((content, class)) => self.step(&content, class.as_ref()).await,
             None => self.settle_gone(name).await.map(|()| true),
         };
+        // The snapshotter's own writes do not come back as work: a content whose deletion
+        // waited for its CreateSnapshot to be answered is deleted now (upstream re-queues on
+        // the readiness it wrote itself, external-snapshotter #1388).
+        if matches!(result, Ok(true)) {
+            let now = self.index().view(name);
+            if let Some((content, class)) = now.filter(|(c, _)| decide::should_delete(c)) {
+                result = self.step(&content, class.as_ref()).await;
+            }
+        }
         let key = name.to_string();
         match result {
             Ok(true) => self.queue.forget(&key),
