@@ -1346,7 +1346,18 @@ mod tests {
         let a = state.create_volume(&cfg, request("a", 10)).unwrap();
         let b = state.create_volume(&cfg, request("b", 10)).unwrap();
         let s1 = state.create_snapshot("s1", &a.id, (5, 0)).unwrap();
-        assert_eq!(state.create_snapshot("s1", &a.id, (6, 0)).unwrap(), s1);
+        assert_eq!(s1.answers, 1);
+        let again = state.create_snapshot("s1", &a.id, (6, 0)).unwrap();
+        assert_eq!(again.answers, 2, "each answer about it is counted");
+        assert_eq!(
+            Snapshot {
+                answers: 1,
+                ..again.clone()
+            },
+            s1,
+            "the same snapshot, its time kept"
+        );
+        let s1 = again;
         assert_eq!(
             code(state.create_snapshot("s1", &b.id, (6, 0))),
             Code::AlreadyExists
