@@ -12,9 +12,12 @@ use sidecar_kit::startup::{self, Greeting, StartupError};
 use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{self, COMPONENT, Config, Naming, SnapshotMetrics};
+use crate::controller::{self, COMPONENT, Config, GroupNaming, Naming, SnapshotMetrics};
 use crate::flags::Cli;
 use crate::model;
+use csi_proto::v1::group_controller_service_capability::{
+    Type as GroupCapability, rpc::Type as GroupRpc,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -63,6 +66,42 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> 
             component: format!("{COMPONENT} {driver}"),
             instance: instance.to_string(),
         },
+        groups: cli
+            .feature_gates
+            .volume_group_snapshot
+            .then(|| GroupNaming {
+                prefix: cli.groupsnapshot_name_prefix.clone(),
+                uuid_length: cli.groupsnapshot_name_uuid_length,
+            }),
+    }
+}
+
+/// Whether the driver offers group snapshots; as upstream, a failed or missing answer is only
+/// logged (and the group contents are then left alone).
+async fn group_snapshots_offered(
+    csi: &sidecar_kit::csi::CsiClient,
+    timeout: std::time::Duration,
+) -> bool {
+    let answer = csi
+        .group_controller_get_capabilities(sidecar_kit::csi::CallOptions::timeout(timeout))
+        .await;
+    match answer {
+        Ok(response) => {
+            let offered = response.capabilities.iter().any(|cap| {
+                matches!(&cap.r#type, Some(GroupCapability::Rpc(rpc))
+                    if rpc.r#type == GroupRpc::CreateDeleteGetVolumeGroupSnapshot as i32)
+            });
+            if !offered {
+                tracing::warn!(
+                    "CSIVolumeGroupSnapshot is on, but the driver does not offer CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT: VolumeGroupSnapshotContents are left alone"
+                );
+            }
+            offered
+        }
+        Err(status) => {
+            tracing::error!(error = %sidecar_kit::csi::go_error(&status), "GroupControllerGetCapabilities failed: VolumeGroupSnapshotContents are left alone");
+            false
+        }
     }
 }
 
@@ -107,13 +146,11 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             "the driver has no ListSnapshots: pre-provisioned snapshots count as ready, as upstream counts them"
         );
     }
-    if cli.feature_gates.volume_group_snapshot {
-        tracing::warn!(
-            "volume group snapshots are not supported yet: VolumeGroupSnapshotContents are left alone"
-        );
-    }
     let instance = leader::default_identity();
     let mut config = config(&cli, &driver.name, list_snapshots, &instance);
+    if config.groups.is_some() && !group_snapshots_offered(&driver.csi, cli.timeout).await {
+        config.groups = None;
+    }
     config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
     config.snapshot_metrics = Some(SnapshotMetrics::register(metrics.registry())?);
     config.journal = Some(Location {

@@ -28,7 +28,14 @@ use tonic::Status;
 
 use crate::decide::{self, Answer, Plan};
 use crate::index::Index;
-use crate::model::{self, Class, Content, SecretRef, VolumeSnapshotClass, VolumeSnapshotContent};
+use crate::model::{
+    self, Class, Content, SecretRef, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
+    VolumeSnapshotClass, VolumeSnapshotContent,
+};
+
+mod groups;
+
+pub use groups::{GROUP_QUEUE, GroupIntent, GroupNaming};
 
 /// Reporting component of the Events, followed by the driver name (upstream's
 /// `csi-snapshotter <driver>`).
@@ -75,6 +82,9 @@ pub struct Config {
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub snapshot_metrics: Option<SnapshotMetrics>,
     pub reporter: Reporter,
+    /// VolumeGroupSnapshotContents are handled (gate `CSIVolumeGroupSnapshot` on and a driver
+    /// with the group controller service), named so.
+    pub groups: Option<GroupNaming>,
 }
 
 /// How many driver calls each snapshot took until it was ready.
@@ -108,6 +118,15 @@ pub struct Intent {
     pub secret: Option<SecretRef>,
     /// The content's deletion policy is `Delete`.
     pub delete: bool,
+}
+
+/// What the journal holds: a snapshot's intent under its content's name, or a group's under
+/// `G_<group content name>` (no object name has an underscore or a capital).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Recorded {
+    Group(GroupIntent),
+    Snapshot(Intent),
 }
 
 /// Why a step failed; the text is what status, Events and logs say.
@@ -147,12 +166,16 @@ struct Controller {
     config: Config,
     client: kube::Client,
     contents: Api<VolumeSnapshotContent>,
+    group_contents: Api<VolumeGroupSnapshotContent>,
     csi: CsiClient,
     index: Mutex<Index>,
     queue: WorkQueue<String>,
+    group_queue: WorkQueue<String>,
     journal: Journal,
     /// The recorded intents by content name.
     intents: Mutex<HashMap<String, Intent>>,
+    /// The recorded group intents by group content name.
+    group_intents: Mutex<HashMap<String, GroupIntent>>,
     /// Driver calls per content until ready.
     calls: Mutex<HashMap<String, u32>>,
     polls: Semaphore,
@@ -176,17 +199,28 @@ pub async fn run(
         },
         config.queue_metrics.as_ref(),
     );
+    let group_queue = WorkQueue::new(
+        QueueConfig {
+            name: GROUP_QUEUE.to_string(),
+            lanes: vec!["default".to_string()],
+            backoff: config.backoff,
+        },
+        config.queue_metrics.as_ref(),
+    );
     let journal = match &config.journal {
         Some(location) => Journal::start(journal_client, location.clone(), OWNER),
         None => Journal::off(OWNER),
     };
     let controller = Arc::new(Controller {
         contents: Api::all(client.clone()),
+        group_contents: Api::all(client.clone()),
         csi,
         index: Mutex::new(Index::new(&config.driver)),
         queue,
+        group_queue,
         journal,
         intents: Mutex::new(HashMap::new()),
+        group_intents: Mutex::new(HashMap::new()),
         calls: Mutex::new(HashMap::new()),
         polls: Semaphore::new(config.workers.div_ceil(2)),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
@@ -227,6 +261,31 @@ impl Controller {
                 me.index().class_event(change);
             },
         );
+        if self.config.groups.is_some() {
+            let mut group_contents = watcher::Config::default().page_size(500);
+            if let Some(node) = &self.config.node {
+                group_contents = group_contents.labels(&format!("{}={node}", model::MANAGED_BY));
+            }
+            let me = self.clone();
+            pipeline.watch(
+                self.group_contents.clone(),
+                group_contents,
+                move |change: Change<&VolumeGroupSnapshotContent>| {
+                    let work = me.index().group_content_event(change);
+                    for name in work {
+                        me.group_queue.add(name, 0);
+                    }
+                },
+            );
+            let me = self.clone();
+            pipeline.watch(
+                Api::<VolumeGroupSnapshotClass>::all(self.client.clone()),
+                watcher::Config::default(),
+                move |change: Change<&VolumeGroupSnapshotClass>| {
+                    me.index().group_class_event(change);
+                },
+            );
+        }
         if !pipeline.wait_synced(&shutdown).await {
             return self.stop(pipeline).await;
         }
@@ -237,6 +296,13 @@ impl Controller {
             let me = me.clone();
             async move { me.sync(&item.key).await }
         });
+        if self.config.groups.is_some() {
+            let me = self.clone();
+            pipeline.workers(&self.group_queue, self.config.workers, move |item| {
+                let me = me.clone();
+                async move { me.sync_group(&item.key).await }
+            });
+        }
         if !self.config.resync.is_zero() {
             pipeline.spawn(self.clone().resyncer(shutdown.clone()));
         }
@@ -255,9 +321,15 @@ impl Controller {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.config.resync) => {}
             }
-            let names = self.index().content_names();
+            let (names, groups) = {
+                let index = self.index();
+                (index.content_names(), index.group_content_names())
+            };
             for name in names {
                 self.queue.add(name, 0);
+            }
+            for name in groups {
+                self.group_queue.add(name, 0);
             }
         }
     }
@@ -268,7 +340,7 @@ impl Controller {
     async fn take_up_journal(&self, shutdown: &CancellationToken) {
         let mut delay = Duration::from_millis(200);
         let intents = loop {
-            match self.journal.load::<Intent>().await {
+            match self.journal.load::<Recorded>().await {
                 Ok(intents) => break intents,
                 Err(err) => {
                     tracing::warn!(error = %err, retry_in = ?delay, "cannot read the intent journal; unfinished snapshots wait for it");
@@ -286,9 +358,21 @@ impl Controller {
                 "taking up unfinished snapshots from the intent journal"
             );
         }
-        for (name, intent) in intents {
-            lock(&self.intents).insert(name.clone(), intent);
-            self.queue.add(name, 0);
+        for (key, recorded) in intents {
+            match (recorded, key.strip_prefix(groups::KEY_PREFIX)) {
+                (Recorded::Group(intent), Some(name)) => {
+                    lock(&self.group_intents).insert(name.to_string(), intent);
+                    self.group_queue.add(name.to_string(), 0);
+                }
+                (Recorded::Snapshot(intent), None) => {
+                    lock(&self.intents).insert(key.clone(), intent);
+                    self.queue.add(key, 0);
+                }
+                _ => {
+                    tracing::warn!(%key, "dropping an intent journal entry of the wrong kind");
+                    self.journal.forget(&key);
+                }
+            }
         }
     }
 
@@ -813,8 +897,15 @@ impl Controller {
         if lock(&self.intents).get(name) == Some(intent) {
             return Ok(());
         }
+        self.write_intent(name, intent).await?;
+        lock(&self.intents).insert(name.to_string(), intent.clone());
+        Ok(())
+    }
+
+    /// Writes an intent to the journal, waiting at most [`JOURNAL_WAIT`].
+    async fn write_intent<T: Serialize>(&self, key: &str, intent: &T) -> Result<(), String> {
         let started = tokio::time::Instant::now();
-        match tokio::time::timeout(JOURNAL_WAIT, self.journal.record(name, intent)).await {
+        match tokio::time::timeout(JOURNAL_WAIT, self.journal.record(key, intent)).await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => return Err(format!("cannot record the snapshot intent: {err}")),
             Err(_) => {
@@ -825,9 +916,8 @@ impl Controller {
         }
         let took = started.elapsed();
         if took > Duration::from_secs(1) {
-            tracing::info!(content = name, waited = ?took, "the journal write waited for its turn");
+            tracing::info!(key, waited = ?took, "the journal write waited for its turn");
         }
-        lock(&self.intents).insert(name.to_string(), intent.clone());
         Ok(())
     }
 

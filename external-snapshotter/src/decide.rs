@@ -8,7 +8,10 @@ use serde_json::{Value, json};
 use sidecar_kit::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
 use tonic::Code;
 
-use crate::model::{self, Class, Content, ContentStatus, SecretAnnotations, SecretRef};
+use crate::model::{
+    self, Class, Content, ContentStatus, GroupClass, GroupContent, GroupContentStatus,
+    SecretAnnotations, SecretRef, SnapshotInfo,
+};
 
 const PREFIX: &str = "csi.storage.k8s.io/";
 pub const LIST_SECRET_NAME: &str = "csi.storage.k8s.io/snapshotter-list-secret-name";
@@ -24,6 +27,12 @@ const RESERVED: [&str; 8] = [
     "csi.storage.k8s.io/group-snapshotter-secret-name",
     "csi.storage.k8s.io/group-snapshotter-secret-namespace",
 ];
+pub const GROUP_GET_SECRET_NAME: &str = "csi.storage.k8s.io/group-snapshotter-get-secret-name";
+pub const GROUP_GET_SECRET_NAMESPACE: &str =
+    "csi.storage.k8s.io/group-snapshotter-get-secret-namespace";
+pub const GROUP_NAME_KEY: &str = "csi.storage.k8s.io/volumegroupsnapshot/name";
+pub const GROUP_NAMESPACE_KEY: &str = "csi.storage.k8s.io/volumegroupsnapshot/namespace";
+pub const GROUP_CONTENT_NAME_KEY: &str = "csi.storage.k8s.io/volumegroupsnapshotcontent/name";
 pub const SNAPSHOT_NAME_KEY: &str = "csi.storage.k8s.io/volumesnapshot/name";
 pub const SNAPSHOT_NAMESPACE_KEY: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
 pub const CONTENT_NAME_KEY: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
@@ -32,6 +41,9 @@ pub const CONTENT_NAME_KEY: &str = "csi.storage.k8s.io/volumesnapshotcontent/nam
 pub const CREATION_FAILED: &str = "SnapshotCreationFailed";
 pub const CHECK_FAILED: &str = "SnapshotContentCheckandUpdateFailed";
 pub const DELETE_ERROR: &str = "SnapshotDeleteError";
+pub const GROUP_CREATION_FAILED: &str = "GroupSnapshotCreationFailed";
+pub const GROUP_CHECK_FAILED: &str = "GroupSnapshotContentCheckandUpdateFailed";
+pub const GROUP_DELETE_ERROR: &str = "GroupSnapshotDeleteError";
 
 /// Whether the content is this driver's (upstream's `isDriverMatch`): it names a source, this
 /// driver, and a class of this driver if its class exists.
@@ -43,10 +55,16 @@ pub fn driver_match(content: &Content, class: Option<&Class>, driver: &str) -> b
 
 /// Whether a change of a content is one to act on (upstream's `ShouldEnqueueContentChange`):
 /// not when only its status, its finalizers or the snapshotter's own annotation changed, except
-/// that becoming ready is (a deletion requested while the snapshot was cut waits for it).
+/// that becoming ready is (a deletion requested while the snapshot was cut waits for it), and
+/// so is a group member's first status.
 /// Upstream also acts on every informer resync; ours come from the controller's resync timer.
 pub fn should_enqueue(old: &Content, new: &Content) -> bool {
     if !old.ready() && new.ready() {
+        return true;
+    }
+    // A group member's status is written by the snapshot-controller, not by this sidecar: once
+    // it is there, a member not ready yet is to be read (upstream waits for the resync).
+    if new.group_member && old.status.is_none() && new.status.is_some() {
         return true;
     }
     let strip = |c: &Content| Content {
@@ -164,12 +182,24 @@ pub fn driver_parameters(
 
 /// The secret of CreateSnapshot and DeleteSnapshot, from the content's annotations.
 pub fn content_secret(content: &Content) -> Result<Option<SecretRef>, String> {
-    match &content.secret {
+    annotated_secret(&content.secret, "snapshot content", &content.name)
+}
+
+/// The secret of the group calls, from the group content's annotations.
+pub fn group_secret(content: &GroupContent) -> Result<Option<SecretRef>, String> {
+    annotated_secret(&content.secret, "group snapshot content", &content.name)
+}
+
+fn annotated_secret(
+    secret: &SecretAnnotations,
+    what: &str,
+    name: &str,
+) -> Result<Option<SecretRef>, String> {
+    match secret {
         SecretAnnotations::None => Ok(None),
-        SecretAnnotations::Given { name, namespace } if name.is_empty() || namespace.is_empty() => {
+        SecretAnnotations::Given { name: n, namespace } if n.is_empty() || namespace.is_empty() => {
             Err(format!(
-                "cannot retrieve secrets for snapshot content {:?}, err: secret name or namespace not specified",
-                content.name
+                "cannot retrieve secrets for {what} {name:?}, err: secret name or namespace not specified"
             ))
         }
         SecretAnnotations::Given { name, namespace } => Ok(Some(SecretRef {
@@ -185,22 +215,55 @@ pub fn list_secret(
     params: &BTreeMap<String, String>,
     content_name: &str,
 ) -> Result<Option<SecretRef>, String> {
-    let name_template = params.get(LIST_SECRET_NAME);
-    let namespace_template = params.get(LIST_SECRET_NAMESPACE);
+    class_secret(
+        params,
+        ("SnapshotterList", LIST_SECRET_NAME, LIST_SECRET_NAMESPACE),
+        ("volumesnapshotcontent.name", content_name),
+    )
+}
+
+/// The secret of GetVolumeGroupSnapshot, from the group class's
+/// `group-snapshotter-get-secret-*` keys: templates that may name only
+/// `${volumegroupsnapshotcontent.name}`.
+pub fn group_get_secret(
+    params: &BTreeMap<String, String>,
+    content_name: &str,
+) -> Result<Option<SecretRef>, String> {
+    class_secret(
+        params,
+        (
+            "GroupSnapshotterGet",
+            GROUP_GET_SECRET_NAME,
+            GROUP_GET_SECRET_NAMESPACE,
+        ),
+        ("volumegroupsnapshotcontent.name", content_name),
+    )
+}
+
+/// A secret named by a class's pair of template keys `(what, name key, namespace key)`,
+/// resolved with the one variable `(name, value)`.
+fn class_secret(
+    params: &BTreeMap<String, String>,
+    (what, name_key, namespace_key): (&str, &str, &str),
+    (variable, value): (&str, &str),
+) -> Result<Option<SecretRef>, String> {
+    let name_template = params.get(name_key);
+    let namespace_template = params.get(namespace_key);
     let (name_template, namespace_template) = match (name_template, namespace_template) {
         (None, None) => return Ok(None),
         (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
         (Some(_), Some(_)) => {
-            return Err("failed to get name and namespace template from params: SnapshotterList secrets specified in parameters but value of either namespace or name is empty".into());
+            return Err(format!(
+                "failed to get name and namespace template from params: {what} secrets specified in parameters but value of either namespace or name is empty"
+            ));
         }
         _ => {
-            return Err("failed to get name and namespace template from params: either name and namespace for SnapshotterList secrets specified, Both must be specified".into());
+            return Err(format!(
+                "failed to get name and namespace template from params: either name and namespace for {what} secrets specified, Both must be specified"
+            ));
         }
     };
-    let vars = BTreeMap::from([(
-        "volumesnapshotcontent.name".to_string(),
-        content_name.to_string(),
-    )]);
+    let vars = BTreeMap::from([(variable.to_string(), value.to_string())]);
     let namespace = resolve_template(namespace_template, &vars)
         .map_err(|e| format!("error resolving value {namespace_template:?}: {e}"))?;
     if !is_dns1123_label(&namespace) {
@@ -294,11 +357,26 @@ pub fn status_patch(
 /// The error status patch, or `None` when the status already carries this message (upstream
 /// writes each message once; the Event is emitted every time).
 pub fn error_patch(current: Option<&ContentStatus>, message: &str, now: &str) -> Option<Value> {
-    let same = current
+    let current = current
         .and_then(|s| s.error.as_ref())
-        .and_then(|e| e.message.as_deref())
-        == Some(message);
-    (!same).then(
+        .and_then(|e| e.message.as_deref());
+    error_patch_over(current, message, now)
+}
+
+/// The same for a group content.
+pub fn group_error_patch(
+    current: Option<&GroupContentStatus>,
+    message: &str,
+    now: &str,
+) -> Option<Value> {
+    let current = current
+        .and_then(|s| s.error.as_ref())
+        .and_then(|e| e.message.as_deref());
+    error_patch_over(current, message, now)
+}
+
+fn error_patch_over(current: Option<&str>, message: &str, now: &str) -> Option<Value> {
+    (current != Some(message)).then(
         || json!({"status": {"readyToUse": false, "error": {"time": now, "message": message}}}),
     )
 }
@@ -311,13 +389,19 @@ pub fn cleared_status_patch() -> Value {
 /// The JSON patch that removes the snapshotter's finalizer, tested in place so that a list
 /// another writer changed meanwhile is not overwritten.
 pub fn finalizer_removal(content: &Content) -> Option<Value> {
-    let at = content
-        .finalizers
-        .iter()
-        .position(|f| f == model::FINALIZER)?;
+    removal_of(&content.finalizers, model::FINALIZER)
+}
+
+/// The same for a group content's finalizer.
+pub fn group_finalizer_removal(content: &GroupContent) -> Option<Value> {
+    removal_of(&content.finalizers, model::GROUP_FINALIZER)
+}
+
+fn removal_of(finalizers: &[String], finalizer: &str) -> Option<Value> {
+    let at = finalizers.iter().position(|f| f == finalizer)?;
     let path = format!("/metadata/finalizers/{at}");
     Some(json!([
-        {"op": "test", "path": path, "value": model::FINALIZER},
+        {"op": "test", "path": path, "value": finalizer},
         {"op": "remove", "path": path}
     ]))
 }
@@ -337,6 +421,152 @@ pub fn is_final(code: Option<Code>) -> bool {
                 | Code::Aborted
         ),
     }
+}
+
+// --- group snapshots ---
+
+/// Whether the group content is this driver's (upstream's `isDriverMatch` for groups).
+pub fn group_driver_match(
+    content: &GroupContent,
+    class: Option<&GroupClass>,
+    driver: &str,
+) -> bool {
+    (!content.volume_handles.is_empty() || content.pre_provisioned.is_some())
+        && content.driver == driver
+        && class.is_none_or(|c| c.driver == driver)
+}
+
+/// Whether the group content is to be deleted now (upstream's
+/// `shouldDeleteGroupSnapshotContent`), by the same rules as a snapshot content's.
+pub fn should_delete_group(content: &GroupContent) -> bool {
+    if !content.deleting {
+        return false;
+    }
+    if content.pre_provisioned.is_some() && content.group_ref.uid.is_empty() {
+        return true;
+    }
+    !content.being_created && content.being_deleted
+}
+
+/// What a group content needs next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupPlan {
+    /// DeleteVolumeGroupSnapshot of `handle` when given (policy `Delete`), then the finalizer
+    /// goes. Its members are never deleted one by one.
+    Delete {
+        handle: Option<String>,
+        snapshot_ids: Vec<String>,
+    },
+    /// CreateVolumeGroupSnapshot (idempotent by name).
+    Create,
+    /// GetVolumeGroupSnapshot: a pre-provisioned group, or a cut group not ready yet (upstream
+    /// cuts it again, and in v8.6 stops asking until the next resync, external-snapshotter
+    /// #1457).
+    Check {
+        handle: String,
+        snapshot_ids: Vec<String>,
+    },
+    /// Ready: at most a leftover being-created annotation to remove.
+    Ready,
+}
+
+pub fn group_plan(content: &GroupContent) -> GroupPlan {
+    if should_delete_group(content) {
+        let handle = content
+            .status
+            .as_ref()
+            .and_then(|s| s.volume_group_snapshot_handle.clone())
+            .filter(|_| content.deletion_policy == "Delete");
+        return GroupPlan::Delete {
+            handle,
+            snapshot_ids: content.snapshot_ids(),
+        };
+    }
+    if !content.volume_handles.is_empty() && content.status.is_none() {
+        return GroupPlan::Create;
+    }
+    if content.ready() {
+        return GroupPlan::Ready;
+    }
+    if let Some(source) = &content.pre_provisioned {
+        return GroupPlan::Check {
+            handle: source.volume_group_snapshot_handle.clone(),
+            snapshot_ids: source.volume_snapshot_handles.clone(),
+        };
+    }
+    let snapshot_ids = content.snapshot_ids();
+    match content.handle() {
+        Some(handle) if !snapshot_ids.is_empty() => GroupPlan::Check {
+            handle,
+            snapshot_ids,
+        },
+        _ => GroupPlan::Create,
+    }
+}
+
+/// The name of the group snapshot asked of the driver: `<prefix>-<VolumeGroupSnapshot UID>`.
+pub fn group_snapshot_name(prefix: &str, group_uid: &str, length: i32) -> Result<String, String> {
+    if group_uid.is_empty() {
+        return Err("group snapshot object is missing UID".into());
+    }
+    Ok(sidecar_kit::names::uid_name(prefix, group_uid, length))
+}
+
+/// What the driver said of a group snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupAnswer {
+    pub handle: String,
+    pub ready: bool,
+    /// Unix nanoseconds; 0 when the driver gave none (then the time of the answer is used).
+    pub creation_ns: i64,
+    pub members: Vec<SnapshotInfo>,
+}
+
+/// A time as the API server writes a `metav1.Time`.
+pub fn rfc3339(ns: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(ns))
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
+
+/// The status patch a group answer leads to, or `None` when the status already says it
+/// (upstream's `updateGroupSnapshotContentStatus`: what is missing is filled, `readyToUse`
+/// follows the driver, the member list is written once).
+pub fn group_status_patch(
+    current: Option<&GroupContentStatus>,
+    answer: &GroupAnswer,
+    now_ns: i64,
+) -> Option<Value> {
+    let created = rfc3339(if answer.creation_ns == 0 {
+        now_ns
+    } else {
+        answer.creation_ns
+    });
+    let mut status = serde_json::Map::new();
+    let empty = GroupContentStatus::default();
+    let fresh = current.is_none();
+    let current = current.unwrap_or(&empty);
+    if current.volume_group_snapshot_handle.is_none() {
+        status.insert("volumeGroupSnapshotHandle".into(), json!(answer.handle));
+    }
+    if fresh || current.ready_to_use != Some(answer.ready) {
+        status.insert("readyToUse".into(), json!(answer.ready));
+        if answer.ready && current.error.is_some() {
+            status.insert("error".into(), Value::Null);
+        }
+    }
+    if current.creation_time.is_none() {
+        status.insert("creationTime".into(), json!(created));
+    }
+    if current.volume_snapshot_info_list.is_empty() && !answer.members.is_empty() {
+        status.insert("volumeSnapshotInfoList".into(), json!(answer.members));
+    }
+    (!status.is_empty()).then(|| json!({ "status": status }))
+}
+
+/// The patch that forgets the group snapshot once the driver deleted it.
+pub fn cleared_group_status_patch() -> Value {
+    json!({"status": {"volumeGroupSnapshotHandle": null, "readyToUse": null, "creationTime": null, "error": null}})
 }
 
 #[cfg(test)]

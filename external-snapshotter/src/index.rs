@@ -7,13 +7,27 @@ use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::shrink::ShrinkWhenSparse;
 
 use crate::decide;
-use crate::model::{Class, Content, VolumeSnapshotClass, VolumeSnapshotContent};
+use crate::model::{
+    Class, Content, GroupClass, GroupContent, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
+    VolumeSnapshotClass, VolumeSnapshotContent,
+};
 
 #[derive(Debug)]
 pub struct Index {
     driver: String,
     contents: HashMap<String, Content>,
     classes: HashMap<String, Class>,
+    content_relist: Relist,
+    class_relist: Relist,
+    groups: GroupIndex,
+}
+
+/// The group contents of this driver and the group classes (watched only with the
+/// `CSIVolumeGroupSnapshot` gate on).
+#[derive(Debug, Default)]
+struct GroupIndex {
+    contents: HashMap<String, GroupContent>,
+    classes: HashMap<String, GroupClass>,
     content_relist: Relist,
     class_relist: Relist,
 }
@@ -26,6 +40,7 @@ impl Index {
             classes: HashMap::new(),
             content_relist: Relist::default(),
             class_relist: Relist::default(),
+            groups: GroupIndex::default(),
         }
     }
 
@@ -152,6 +167,110 @@ impl Index {
             }
         }
         Vec::new()
+    }
+}
+
+impl Index {
+    /// The group content and its class, if the content is this driver's.
+    pub fn group_view(&self, name: &str) -> Option<(GroupContent, Option<GroupClass>)> {
+        let content = self.groups.contents.get(name)?;
+        let class = content
+            .class
+            .as_ref()
+            .and_then(|c| self.groups.classes.get(c))
+            .cloned();
+        decide::group_driver_match(content, class.as_ref(), &self.driver)
+            .then(|| (content.clone(), class))
+    }
+
+    /// The names of the group contents of this driver, for the periodic resync.
+    pub fn group_content_names(&self) -> Vec<String> {
+        self.groups.contents.keys().cloned().collect()
+    }
+
+    /// Stores a group content the snapshotter wrote, unless the cache has a newer version.
+    pub fn group_store(&mut self, object: &VolumeGroupSnapshotContent) {
+        let content = GroupContent::from_api(object);
+        let newer =
+            self.groups.contents.get(&content.name).is_none_or(|old| {
+                version(&old.resource_version) <= version(&content.resource_version)
+            });
+        if newer {
+            self.groups.contents.insert(content.name.clone(), content);
+        }
+    }
+
+    /// A group content event; every newer version is work, as upstream enqueues every update
+    /// of a group content (the snapshotter's own writes are stored first and so are not).
+    pub fn group_content_event(
+        &mut self,
+        change: Change<&VolumeGroupSnapshotContent>,
+    ) -> Vec<String> {
+        let groups = &mut self.groups;
+        match change {
+            Change::Apply(object) | Change::Listed(object) => {
+                let content = GroupContent::from_api(object);
+                if matches!(change, Change::Listed(_)) {
+                    groups.content_relist.saw(&content.name);
+                }
+                if content.driver != self.driver {
+                    return groups
+                        .contents
+                        .remove(&content.name)
+                        .map(|c| c.name)
+                        .into_iter()
+                        .collect();
+                }
+                let name = content.name.clone();
+                if groups.contents.get(&name).is_some_and(|old| {
+                    version(&old.resource_version) >= version(&content.resource_version)
+                }) {
+                    return Vec::new();
+                }
+                groups.contents.insert(name.clone(), content);
+                vec![name]
+            }
+            Change::Delete(object) => {
+                let name = object.metadata.name.clone().unwrap_or_default();
+                groups.contents.remove(&name);
+                vec![name]
+            }
+            Change::Relist => {
+                groups.content_relist.start();
+                Vec::new()
+            }
+            Change::Relisted => {
+                let gone = groups.content_relist.finish(groups.contents.keys());
+                for name in &gone {
+                    groups.contents.remove(name);
+                }
+                gone
+            }
+        }
+    }
+
+    pub fn group_class_event(&mut self, change: Change<&VolumeGroupSnapshotClass>) {
+        let groups = &mut self.groups;
+        match change {
+            Change::Apply(object) | Change::Listed(object) => {
+                let class = GroupClass::from_api(object);
+                if matches!(change, Change::Listed(_)) {
+                    groups.class_relist.saw(&class.name);
+                }
+                groups.classes.insert(class.name.clone(), class);
+            }
+            Change::Delete(object) => {
+                groups
+                    .classes
+                    .remove(object.metadata.name.as_deref().unwrap_or_default());
+            }
+            Change::Relist => groups.class_relist.start(),
+            Change::Relisted => {
+                for name in groups.class_relist.finish(groups.classes.keys()) {
+                    groups.classes.remove(&name);
+                }
+            }
+        }
     }
 }
 

@@ -22,6 +22,22 @@ pub const FINALIZER: &str = "snapshot.storage.kubernetes.io/volumesnapshotconten
 /// With `--node-deployment`: the node whose snapshotter owns the content.
 pub const MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";
 
+/// The API group of group snapshots (served as v1 since external-snapshotter v8.6).
+pub const GROUP_API: &str = "groupsnapshot.storage.k8s.io";
+/// Set by the snapshotter before CreateVolumeGroupSnapshot; removed once the driver answered.
+pub const GROUP_BEING_CREATED: &str =
+    "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-created";
+/// Set by the snapshot-controller once the VolumeGroupSnapshot is being deleted.
+pub const GROUP_BEING_DELETED: &str =
+    "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-deleted";
+/// Where the secret of the group calls is (set by the snapshot-controller).
+pub const GROUP_SECRET_NAME: &str = "groupsnapshot.storage.kubernetes.io/deletion-secret-name";
+pub const GROUP_SECRET_NAMESPACE: &str =
+    "groupsnapshot.storage.kubernetes.io/deletion-secret-namespace";
+/// The finalizer that keeps a group content until its group snapshot is deleted.
+pub const GROUP_FINALIZER: &str =
+    "groupsnapshot.storage.kubernetes.io/volumegroupsnapshotcontent-bound-protection";
+
 /// The name of the leader Lease, as upstream's: `external-snapshotter-leader-<driver>`.
 pub fn lease_name(driver: &str) -> String {
     format!(
@@ -170,13 +186,7 @@ impl Content {
         let meta = &object.metadata;
         let annotations = meta.annotations.as_ref();
         let annotation = |key: &str| annotations.and_then(|a| a.get(key));
-        let secret = match (annotation(SECRET_NAME), annotation(SECRET_NAMESPACE)) {
-            (Some(name), Some(namespace)) => SecretAnnotations::Given {
-                name: name.clone(),
-                namespace: namespace.clone(),
-            },
-            _ => SecretAnnotations::None,
-        };
+        let secret = secret_annotations(annotations, SECRET_NAME, SECRET_NAMESPACE);
         let mut other_metadata = BTreeMap::new();
         for (key, value) in annotations.into_iter().flatten() {
             if key != BEING_CREATED {
@@ -250,6 +260,241 @@ pub struct Class {
 
 impl Class {
     pub fn from_api(object: &VolumeSnapshotClass) -> Self {
+        Self {
+            name: object.metadata.name.clone().unwrap_or_default(),
+            driver: object.driver.clone(),
+            parameters: object.parameters.clone(),
+        }
+    }
+}
+
+fn secret_annotations(
+    annotations: Option<&BTreeMap<String, String>>,
+    name_key: &str,
+    namespace_key: &str,
+) -> SecretAnnotations {
+    let annotation = |key: &str| annotations.and_then(|a| a.get(key));
+    match (annotation(name_key), annotation(namespace_key)) {
+        (Some(name), Some(namespace)) => SecretAnnotations::Given {
+            name: name.clone(),
+            namespace: namespace.clone(),
+        },
+        _ => SecretAnnotations::None,
+    }
+}
+
+/// A `groupsnapshot.storage.k8s.io/v1` VolumeGroupSnapshotContent, as read.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct VolumeGroupSnapshotContent {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: GroupContentSpec,
+    #[serde(default)]
+    pub status: Option<GroupContentStatus>,
+}
+
+sidecar_kit::custom_resource!(
+    VolumeGroupSnapshotContent,
+    k8s_openapi::ClusterResourceScope,
+    GROUP_API,
+    "v1",
+    "VolumeGroupSnapshotContent",
+    "volumegroupsnapshotcontents"
+);
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupContentSpec {
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub deletion_policy: String,
+    #[serde(default)]
+    pub source: GroupContentSource,
+    pub volume_group_snapshot_class_name: Option<String>,
+    #[serde(default)]
+    pub volume_group_snapshot_ref: ObjectRef,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupContentSource {
+    #[serde(default)]
+    pub volume_handles: Vec<String>,
+    pub group_snapshot_handles: Option<GroupSnapshotHandles>,
+}
+
+/// A pre-provisioned group snapshot: its handle and its members' handles.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupSnapshotHandles {
+    #[serde(default)]
+    pub volume_group_snapshot_handle: String,
+    #[serde(default)]
+    pub volume_snapshot_handles: Vec<String>,
+}
+
+/// The status the snapshotter writes on a group content.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupContentStatus {
+    pub volume_group_snapshot_handle: Option<String>,
+    /// RFC 3339 (a `metav1.Time`, unlike the nanoseconds of a snapshot content).
+    pub creation_time: Option<String>,
+    pub ready_to_use: Option<bool>,
+    pub error: Option<SnapshotError>,
+    #[serde(default)]
+    pub volume_snapshot_info_list: Vec<SnapshotInfo>,
+}
+
+/// One member of a group snapshot, as the group content's status lists it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotInfo {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub volume_handle: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub snapshot_handle: String,
+    /// Unix nanoseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creation_time: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready_to_use: Option<bool>,
+    /// Bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore_size: Option<i64>,
+}
+
+/// A `groupsnapshot.storage.k8s.io/v1` VolumeGroupSnapshotClass, as read.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeGroupSnapshotClass {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+}
+
+sidecar_kit::custom_resource!(
+    VolumeGroupSnapshotClass,
+    k8s_openapi::ClusterResourceScope,
+    GROUP_API,
+    "v1",
+    "VolumeGroupSnapshotClass",
+    "volumegroupsnapshotclasses"
+);
+
+/// What the snapshotter keeps of a VolumeGroupSnapshotContent.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GroupContent {
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+    pub being_created: bool,
+    pub being_deleted: bool,
+    pub secret: SecretAnnotations,
+    pub driver: String,
+    pub deletion_policy: String,
+    pub volume_handles: Vec<String>,
+    pub pre_provisioned: Option<GroupSnapshotHandles>,
+    pub class: Option<String>,
+    pub group_ref: ObjectRef,
+    pub status: Option<GroupContentStatus>,
+}
+
+impl GroupContent {
+    pub fn from_api(object: &VolumeGroupSnapshotContent) -> Self {
+        let meta = &object.metadata;
+        let annotations = meta.annotations.as_ref();
+        let has = |key: &str| annotations.is_some_and(|a| a.contains_key(key));
+        let spec = &object.spec;
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            being_created: has(GROUP_BEING_CREATED),
+            being_deleted: has(GROUP_BEING_DELETED),
+            secret: secret_annotations(annotations, GROUP_SECRET_NAME, GROUP_SECRET_NAMESPACE),
+            driver: spec.driver.clone(),
+            deletion_policy: spec.deletion_policy.clone(),
+            volume_handles: spec.source.volume_handles.clone(),
+            pre_provisioned: spec.source.group_snapshot_handles.clone(),
+            class: spec.volume_group_snapshot_class_name.clone(),
+            group_ref: spec.volume_group_snapshot_ref.clone(),
+            status: object.status.clone(),
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.ready_to_use)
+            .unwrap_or(false)
+    }
+
+    /// The group's handle in the driver: the status's, else a pre-provisioned source's.
+    pub fn handle(&self) -> Option<String> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.volume_group_snapshot_handle.clone())
+            .or_else(|| {
+                self.pre_provisioned
+                    .as_ref()
+                    .map(|p| p.volume_group_snapshot_handle.clone())
+            })
+    }
+
+    /// The handles of the members: from the status, else a pre-provisioned source's.
+    pub fn snapshot_ids(&self) -> Vec<String> {
+        let listed: Vec<String> = self
+            .status
+            .iter()
+            .flat_map(|s| &s.volume_snapshot_info_list)
+            .map(|i| i.snapshot_handle.clone())
+            .collect();
+        if !listed.is_empty() {
+            return listed;
+        }
+        self.pre_provisioned
+            .as_ref()
+            .map(|p| p.volume_snapshot_handles.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn has_finalizer(&self) -> bool {
+        self.finalizers.iter().any(|f| f == GROUP_FINALIZER)
+    }
+
+    /// The reference an Event about this group content names.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(format!("{GROUP_API}/v1")),
+            kind: Some("VolumeGroupSnapshotContent".into()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            resource_version: Some(self.resource_version.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// What the snapshotter keeps of a VolumeGroupSnapshotClass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupClass {
+    pub name: String,
+    pub driver: String,
+    pub parameters: BTreeMap<String, String>,
+}
+
+impl GroupClass {
+    pub fn from_api(object: &VolumeGroupSnapshotClass) -> Self {
         Self {
             name: object.metadata.name.clone().unwrap_or_default(),
             driver: object.driver.clone(),

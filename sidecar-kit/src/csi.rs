@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use csi_proto::methods;
 use csi_proto::v1::{
-    self, controller_client::ControllerClient, identity_client::IdentityClient,
-    node_client::NodeClient,
+    self, controller_client::ControllerClient, group_controller_client::GroupControllerClient,
+    identity_client::IdentityClient, node_client::NodeClient,
 };
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -302,6 +302,77 @@ impl CsiClient {
             request,
             options,
             |ch, r| async move { ControllerClient::new(ch).list_snapshots(r).await },
+        )
+        .await
+    }
+
+    pub async fn group_controller_get_capabilities(
+        &self,
+        options: CallOptions,
+    ) -> Result<v1::GroupControllerGetCapabilitiesResponse, Status> {
+        self.unary(
+            methods::group_controller::GROUP_CONTROLLER_GET_CAPABILITIES,
+            v1::GroupControllerGetCapabilitiesRequest {},
+            options,
+            |ch, r| async move {
+                GroupControllerClient::new(ch)
+                    .group_controller_get_capabilities(r)
+                    .await
+            },
+        )
+        .await
+    }
+
+    pub async fn create_volume_group_snapshot(
+        &self,
+        request: v1::CreateVolumeGroupSnapshotRequest,
+        options: CallOptions,
+    ) -> Result<v1::CreateVolumeGroupSnapshotResponse, Status> {
+        self.unary(
+            methods::group_controller::CREATE_VOLUME_GROUP_SNAPSHOT,
+            request,
+            options,
+            |ch, r| async move {
+                GroupControllerClient::new(ch)
+                    .create_volume_group_snapshot(r)
+                    .await
+            },
+        )
+        .await
+    }
+
+    pub async fn delete_volume_group_snapshot(
+        &self,
+        request: v1::DeleteVolumeGroupSnapshotRequest,
+        options: CallOptions,
+    ) -> Result<v1::DeleteVolumeGroupSnapshotResponse, Status> {
+        self.unary(
+            methods::group_controller::DELETE_VOLUME_GROUP_SNAPSHOT,
+            request,
+            options,
+            |ch, r| async move {
+                GroupControllerClient::new(ch)
+                    .delete_volume_group_snapshot(r)
+                    .await
+            },
+        )
+        .await
+    }
+
+    pub async fn get_volume_group_snapshot(
+        &self,
+        request: v1::GetVolumeGroupSnapshotRequest,
+        options: CallOptions,
+    ) -> Result<v1::GetVolumeGroupSnapshotResponse, Status> {
+        self.unary(
+            methods::group_controller::GET_VOLUME_GROUP_SNAPSHOT,
+            request,
+            options,
+            |ch, r| async move {
+                GroupControllerClient::new(ch)
+                    .get_volume_group_snapshot(r)
+                    .await
+            },
         )
         .await
     }

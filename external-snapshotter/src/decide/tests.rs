@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::{ObjectRef, SnapshotError};
+use crate::model::{GroupContentStatus, ObjectRef, SnapshotError};
 
 fn dynamic() -> Content {
     Content {
@@ -179,6 +179,174 @@ fn changes_to_act_on() {
         .other_metadata
         .insert(format!("a:{}", model::BEING_DELETED), "yes".into());
     assert!(should_enqueue(&old, &annotated));
+    let member = Content {
+        group_member: true,
+        ..old.clone()
+    };
+    let filled = Content {
+        resource_version: "6".into(),
+        status: Some(status("h", false)),
+        ..member.clone()
+    };
+    assert!(
+        should_enqueue(&member, &filled),
+        "a member's status comes from the snapshot-controller"
+    );
+}
+
+fn group_content() -> GroupContent {
+    GroupContent {
+        name: "groupsnapcontent-1".into(),
+        uid: "gc-uid".into(),
+        driver: "d".into(),
+        deletion_policy: "Delete".into(),
+        volume_handles: vec!["v1".into(), "v2".into()],
+        class: Some("gclass".into()),
+        group_ref: ObjectRef {
+            name: "g".into(),
+            namespace: "ns".into(),
+            uid: "g-uid".into(),
+        },
+        ..GroupContent::default()
+    }
+}
+
+fn member(volume: &str, snapshot: &str, ready: bool) -> SnapshotInfo {
+    SnapshotInfo {
+        volume_handle: volume.into(),
+        snapshot_handle: snapshot.into(),
+        creation_time: Some(5),
+        ready_to_use: Some(ready),
+        restore_size: Some(1024),
+    }
+}
+
+#[test]
+fn what_each_group_content_needs() {
+    let fresh = group_content();
+    assert!(group_driver_match(&fresh, None, "d"));
+    assert!(!group_driver_match(&fresh, None, "other"));
+    let no_source = GroupContent {
+        volume_handles: vec![],
+        ..fresh.clone()
+    };
+    assert!(!group_driver_match(&no_source, None, "d"));
+    assert_eq!(group_plan(&fresh), GroupPlan::Create);
+    let cut = GroupContent {
+        status: Some(GroupContentStatus {
+            volume_group_snapshot_handle: Some("g1".into()),
+            ready_to_use: Some(false),
+            volume_snapshot_info_list: vec![member("v1", "s1", false), member("v2", "s2", false)],
+            ..GroupContentStatus::default()
+        }),
+        ..fresh.clone()
+    };
+    assert_eq!(
+        group_plan(&cut),
+        GroupPlan::Check {
+            handle: "g1".into(),
+            snapshot_ids: vec!["s1".into(), "s2".into()]
+        },
+        "read, not cut again"
+    );
+    let errored = GroupContent {
+        status: Some(GroupContentStatus {
+            ready_to_use: Some(false),
+            error: Some(SnapshotError::default()),
+            ..GroupContentStatus::default()
+        }),
+        ..fresh.clone()
+    };
+    assert_eq!(group_plan(&errored), GroupPlan::Create);
+    let waiting = GroupContent {
+        deleting: true,
+        being_deleted: true,
+        being_created: true,
+        ..cut.clone()
+    };
+    assert!(
+        !should_delete_group(&waiting),
+        "an unanswered call holds it"
+    );
+    let deleting = GroupContent {
+        being_created: false,
+        ..waiting
+    };
+    assert_eq!(
+        group_plan(&deleting),
+        GroupPlan::Delete {
+            handle: Some("g1".into()),
+            snapshot_ids: vec!["s1".into(), "s2".into()]
+        }
+    );
+    let retained = GroupContent {
+        deletion_policy: "Retain".into(),
+        ..deleting
+    };
+    assert!(matches!(
+        group_plan(&retained),
+        GroupPlan::Delete { handle: None, .. }
+    ));
+    let pre = GroupContent {
+        volume_handles: vec![],
+        pre_provisioned: Some(model::GroupSnapshotHandles {
+            volume_group_snapshot_handle: "g2".into(),
+            volume_snapshot_handles: vec!["s3".into()],
+        }),
+        ..fresh
+    };
+    assert_eq!(
+        group_plan(&pre),
+        GroupPlan::Check {
+            handle: "g2".into(),
+            snapshot_ids: vec!["s3".into()]
+        }
+    );
+}
+
+#[test]
+fn group_status_follows_the_driver_as_upstream_writes_it() {
+    let answer = GroupAnswer {
+        handle: "g1".into(),
+        ready: false,
+        creation_ns: 1_700_000_000_000_000_000,
+        members: vec![member("v1", "s1", false)],
+    };
+    let first = group_status_patch(None, &answer, 0).unwrap();
+    assert_eq!(
+        first,
+        json!({"status": {"volumeGroupSnapshotHandle": "g1", "readyToUse": false,
+            "creationTime": "2023-11-14T22:13:20Z",
+            "volumeSnapshotInfoList": [{"volumeHandle": "v1", "snapshotHandle": "s1",
+                "creationTime": 5, "readyToUse": false, "restoreSize": 1024}]}})
+    );
+    let written = GroupContentStatus {
+        volume_group_snapshot_handle: Some("g1".into()),
+        creation_time: Some("2023-11-14T22:13:20Z".into()),
+        ready_to_use: Some(false),
+        error: Some(SnapshotError::default()),
+        volume_snapshot_info_list: answer.members.clone(),
+    };
+    assert_eq!(group_status_patch(Some(&written), &answer, 0), None);
+    let ready = GroupAnswer {
+        ready: true,
+        members: vec![member("v1", "s1", true)],
+        ..answer
+    };
+    assert_eq!(
+        group_status_patch(Some(&written), &ready, 0),
+        Some(json!({"status": {"readyToUse": true, "error": null}})),
+        "the member list is written once"
+    );
+    assert_eq!(
+        group_error_patch(Some(&written), "boom", "t"),
+        Some(json!({"status": {"readyToUse": false, "error": {"time": "t", "message": "boom"}}}))
+    );
+    assert_eq!(
+        group_snapshot_name("groupsnapshot", "ab-cd", 3).unwrap(),
+        "groupsnapshot-abc"
+    );
+    assert!(group_snapshot_name("groupsnapshot", "", -1).is_err());
 }
 
 #[test]

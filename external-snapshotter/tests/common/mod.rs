@@ -19,7 +19,8 @@ use external_snapshotter::controller::{self, Config};
 use external_snapshotter::{app, flags::Cli};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use serde_json::{Value, json};
 use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
@@ -39,6 +40,9 @@ pub const GI: i64 = 1 << 30;
 pub const CREATE: &str = "/csi.v1.Controller/CreateSnapshot";
 pub const DELETE: &str = "/csi.v1.Controller/DeleteSnapshot";
 pub const LIST: &str = "/csi.v1.Controller/ListSnapshots";
+pub const CREATE_GROUP: &str = "/csi.v1.GroupController/CreateVolumeGroupSnapshot";
+pub const GET_GROUP: &str = "/csi.v1.GroupController/GetVolumeGroupSnapshot";
+pub const DELETE_GROUP: &str = "/csi.v1.GroupController/DeleteVolumeGroupSnapshot";
 
 /// Polls `check` until it yields a value, failing the test after [`WAIT`].
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
@@ -65,6 +69,21 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
         &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
         plural,
     )
+}
+
+fn group_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("groupsnapshot.storage.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+/// Group snapshots on, with upstream's naming.
+pub fn with_groups(config: &mut Config) {
+    config.groups = Some(external_snapshotter::controller::GroupNaming {
+        prefix: "groupsnapshot".into(),
+        uuid_length: -1,
+    });
 }
 
 /// API server, mock driver and one snapshotter.
@@ -303,6 +322,83 @@ impl Env {
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
+    }
+
+    pub fn groups(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client(),
+            self.ns(),
+            &group_resource("VolumeGroupSnapshot", "volumegroupsnapshots"),
+        )
+    }
+
+    pub fn group_contents(&self) -> Api<DynamicObject> {
+        Api::all_with(
+            self.client(),
+            &group_resource("VolumeGroupSnapshotContent", "volumegroupsnapshotcontents"),
+        )
+    }
+
+    /// A VolumeGroupSnapshotClass of this test's driver (named by [`Env::n`]).
+    pub async fn group_class(&self, name: &str, policy: &str, parameters: Value) {
+        let class = json!({
+            "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotClass",
+            "metadata": {"name": self.n(name)},
+            "driver": self.driver, "deletionPolicy": policy, "parameters": parameters,
+        });
+        Api::<DynamicObject>::all_with(
+            self.client(),
+            &group_resource("VolumeGroupSnapshotClass", "volumegroupsnapshotclasses"),
+        )
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(class).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Labels the claim `name` with `group=<group>`, for a group snapshot to select it.
+    pub async fn label_claim(&self, name: &str, group: &str) {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client(), self.ns());
+        let patch = Patch::Merge(json!({"metadata": {"labels": {"group": group}}}));
+        claims
+            .patch(name, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+    }
+
+    /// A VolumeGroupSnapshot of the claims labelled `group=<group>`; its UID.
+    pub async fn group_snapshot(&self, name: &str, group: &str, class: &str) -> String {
+        let snapshot = json!({
+            "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
+            "metadata": {"name": name},
+            "spec": {"volumeGroupSnapshotClassName": self.n(class),
+                     "source": {"selector": {"matchLabels": {"group": group}}}},
+        });
+        let created = self
+            .groups()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(snapshot).unwrap(),
+            )
+            .await
+            .unwrap();
+        created.metadata.uid.unwrap_or_default()
+    }
+
+    /// Waits until the group content satisfies `check`.
+    pub async fn group_content_until(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&Value) -> bool,
+    ) -> Value {
+        eventually(what, || async {
+            let content = serde_json::to_value(self.group_contents().get(name).await.ok()?).ok()?;
+            check(&content).then_some(content)
+        })
+        .await
     }
 
     /// The content of a dynamic snapshot, once the snapshot-controller made it.

@@ -202,6 +202,18 @@ pub const CLUSTER_SCOPED_CLEANUP: &[(&str, &str, &str, &str)] = &[
         "VolumeSnapshotClass",
         "volumesnapshotclasses",
     ),
+    (
+        "groupsnapshot.storage.k8s.io",
+        "v1",
+        "VolumeGroupSnapshotContent",
+        "volumegroupsnapshotcontents",
+    ),
+    (
+        "groupsnapshot.storage.k8s.io",
+        "v1",
+        "VolumeGroupSnapshotClass",
+        "volumegroupsnapshotclasses",
+    ),
 ];
 
 /// `(group, version, kind, plural)` of the kinds whose objects in the test
@@ -217,6 +229,12 @@ const NAMESPACED_CLEANUP: &[(&str, &str, &str, &str)] = &[
         "v1",
         "VolumeSnapshot",
         "volumesnapshots",
+    ),
+    (
+        "groupsnapshot.storage.k8s.io",
+        "v1",
+        "VolumeGroupSnapshot",
+        "volumegroupsnapshots",
     ),
 ];
 
@@ -288,6 +306,7 @@ async fn delete_cluster_scoped(client: &Client, namespace: &str) -> Result<(), k
             let reference = match *plural {
                 "persistentvolumes" => "/spec/claimRef/namespace",
                 "volumesnapshotcontents" => "/spec/volumeSnapshotRef/namespace",
+                "volumegroupsnapshotcontents" => "/spec/volumeGroupSnapshotRef/namespace",
                 _ => "",
             };
             let referenced_here = !reference.is_empty()

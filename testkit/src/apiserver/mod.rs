@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod error;
 pub mod faults;
 pub mod gates;
+pub mod group_snapshot_controller;
 mod http;
 pub mod patch;
 pub mod protection;

@@ -249,6 +249,7 @@ impl Registry {
     pub fn builtin() -> Self {
         let st = "storage.k8s.io";
         let snap = "snapshot.storage.k8s.io";
+        let group_snap = "groupsnapshot.storage.k8s.io";
         let kinds = vec![
             Kind {
                 name_rule: NameRule::Label,
@@ -470,6 +471,55 @@ impl Registry {
                     false,
                     false,
                     &["vsclass", "vsclasses"],
+                )
+            },
+            // Group snapshots (served as v1, as external-snapshotter v8.6's CRDs serve them).
+            Kind {
+                tracks_generation: true,
+                custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
+                ..k(
+                    group_snap,
+                    "v1",
+                    "volumegroupsnapshots",
+                    "volumegroupsnapshot",
+                    "VolumeGroupSnapshot",
+                    true,
+                    true,
+                    &["vgs"],
+                )
+            },
+            Kind {
+                tracks_generation: true,
+                custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
+                ..k(
+                    group_snap,
+                    "v1",
+                    "volumegroupsnapshotcontents",
+                    "volumegroupsnapshotcontent",
+                    "VolumeGroupSnapshotContent",
+                    false,
+                    true,
+                    &["vgsc", "vgscs"],
+                )
+            },
+            Kind {
+                tracks_generation: true,
+                custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
+                ..k(
+                    group_snap,
+                    "v1",
+                    "volumegroupsnapshotclasses",
+                    "volumegroupsnapshotclass",
+                    "VolumeGroupSnapshotClass",
+                    false,
+                    false,
+                    &["vgsclass", "vgsclasses"],
                 )
             },
             // The owners a pod is walked up through (the provisioner's capacity owner).

@@ -9,13 +9,15 @@
 //! `volumesnapshot-being-deleted`, deletes it when its policy is Delete, and lets the snapshot go
 //! once the content is gone.
 //!
-//! Left out: group snapshots, the default class by annotation, metrics and the snapshot's Events.
+//! Group snapshots are in [`group_snapshot_controller`](super::group_snapshot_controller).
+//! Left out: the default class by annotation, metrics and the snapshot's Events.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::group_snapshot_controller::{self as group, GroupKinds};
 use super::registry::KindId;
 use super::store::{EventType, Preconditions, Store, Target, WatchEvent, WatchFrom, key_of};
 
@@ -38,24 +40,25 @@ struct Kinds {
     class: KindId,
     pvc: KindId,
     pv: KindId,
+    groups: GroupKinds,
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+pub(super) fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
-fn has_finalizer(obj: &Value, f: &str) -> bool {
+pub(super) fn has_finalizer(obj: &Value, f: &str) -> bool {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
         .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(f)))
 }
 
-fn being_deleted(obj: &Value) -> bool {
+pub(super) fn being_deleted(obj: &Value) -> bool {
     obj.pointer("/metadata/deletionTimestamp")
         .is_some_and(|t| !t.is_null())
 }
 
-fn with_finalizers(obj: &Value, add: &[&str], remove: &[&str]) -> Option<Value> {
+pub(super) fn with_finalizers(obj: &Value, add: &[&str], remove: &[&str]) -> Option<Value> {
     let mut list: Vec<Value> = obj
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
@@ -92,7 +95,7 @@ fn resolve(template: &str, content: &str, snapshot: &Value) -> Option<String> {
     Some(out)
 }
 
-fn update(s: &mut Store, kind: KindId, obj: Value, target: Target) {
+pub(super) fn update(s: &mut Store, kind: KindId, obj: Value, target: Target) {
     let (ns, name) = key_of(&obj);
     if let Err(e) = s.update(kind, &ns, &name, obj, target, false) {
         tracing::debug!(error = %e, "snapshot controller write");
@@ -168,10 +171,15 @@ fn sync_snapshot(s: &mut Store, k: Kinds, ns: &str, name: &str) {
     }
     let uid = str_at(&snapshot, "/metadata/uid").to_string();
     let pre_provisioned = str_at(&snapshot, "/spec/source/volumeSnapshotContentName").to_string();
-    let content_name = if pre_provisioned.is_empty() {
-        format!("snapcontent-{uid}")
-    } else {
+    // A group's member is bound to its content when it is created.
+    let bound_to = str_at(&snapshot, "/status/boundVolumeSnapshotContentName").to_string();
+    let dynamic = pre_provisioned.is_empty() && bound_to.is_empty();
+    let content_name = if !pre_provisioned.is_empty() {
         pre_provisioned.clone()
+    } else if !bound_to.is_empty() {
+        bound_to
+    } else {
+        format!("snapcontent-{uid}")
     };
     let content = s.get(k.content, "", &content_name).ok();
     let bound_back = content.as_ref().is_some_and(|c| {
@@ -230,7 +238,7 @@ fn sync_snapshot(s: &mut Store, k: Kinds, ns: &str, name: &str) {
     let content = match content {
         Some(content) if bound_back => content,
         Some(_) => return,
-        None if !pre_provisioned.is_empty() => return,
+        None if !dynamic => return,
         None => match create_content(s, k, &snapshot, &content_name) {
             Some(content) => content,
             None => return,
@@ -343,6 +351,7 @@ fn sync_content(s: &mut Store, k: Kinds, name: &str) {
 }
 
 fn sync_all(s: &mut Store, k: Kinds) {
+    group::sync_all(s, k.groups);
     let held: Vec<_> = s
         .all(k.pvc)
         .filter(|c| has_finalizer(c, PVC_FINALIZER))
@@ -362,6 +371,9 @@ fn sync_all(s: &mut Store, k: Kinds) {
 }
 
 fn on_event(s: &mut Store, k: Kinds, ev: &WatchEvent) {
+    if group::on_event(s, k.groups, ev) {
+        return;
+    }
     let (ns, name) = key_of(&ev.object);
     if ev.kind == k.snapshot {
         if ev.etype == EventType::Deleted {
@@ -390,19 +402,41 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
     let kinds = {
         let s = lock();
         let r = s.registry();
+        let group = |plural| r.lookup("groupsnapshot.storage.k8s.io", "v1", plural);
         match (
             r.lookup("snapshot.storage.k8s.io", "v1", "volumesnapshots"),
             r.lookup("snapshot.storage.k8s.io", "v1", "volumesnapshotcontents"),
             r.lookup("snapshot.storage.k8s.io", "v1", "volumesnapshotclasses"),
             r.core("persistentvolumeclaims"),
             r.core("persistentvolumes"),
+            (
+                group("volumegroupsnapshots"),
+                group("volumegroupsnapshotcontents"),
+                group("volumegroupsnapshotclasses"),
+            ),
         ) {
-            (Some(snapshot), Some(content), Some(class), Some(pvc), Some(pv)) => Kinds {
+            (
+                Some(snapshot),
+                Some(content),
+                Some(class),
+                Some(pvc),
+                Some(pv),
+                (Some(group), Some(group_content), Some(group_class)),
+            ) => Kinds {
                 snapshot,
                 content,
                 class,
                 pvc,
                 pv,
+                groups: GroupKinds {
+                    group,
+                    content: group_content,
+                    class: group_class,
+                    snapshot,
+                    snapshot_content: content,
+                    pvc,
+                    pv,
+                },
             },
             _ => return,
         }
@@ -416,12 +450,23 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
                 s.watch(kinds.class, WatchFrom::Current),
                 s.watch(kinds.pvc, WatchFrom::Current),
                 s.watch(kinds.pv, WatchFrom::Current),
+                s.watch(kinds.groups.group, WatchFrom::Current),
+                s.watch(kinds.groups.content, WatchFrom::Current),
+                s.watch(kinds.groups.class, WatchFrom::Current),
             );
             sync_all(&mut s, kinds);
             subs
         };
-        let (Ok(mut snapshots), Ok(mut contents), Ok(mut classes), Ok(mut pvcs), Ok(mut pvs)) =
-            subscribed
+        let (
+            Ok(mut snapshots),
+            Ok(mut contents),
+            Ok(mut classes),
+            Ok(mut pvcs),
+            Ok(mut pvs),
+            Ok(mut groups),
+            Ok(mut group_contents),
+            Ok(mut group_classes),
+        ) = subscribed
         else {
             return;
         };
@@ -433,6 +478,9 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
                 ev = classes.events.recv() => ev,
                 ev = pvcs.events.recv() => ev,
                 ev = pvs.events.recv() => ev,
+                ev = groups.events.recv() => ev,
+                ev = group_contents.events.recv() => ev,
+                ev = group_classes.events.recv() => ev,
             };
             let Some(ev) = ev else { break };
             on_event(&mut lock(), kinds, &ev);

@@ -102,6 +102,10 @@ struct Args {
     #[arg(long, action = ArgAction::Set, default_value_t = Capabilities::default().snapshots)]
     snapshots: bool,
 
+    /// Offer group snapshots (the GroupController service).
+    #[arg(long, action = ArgAction::Set, default_value_t = Capabilities::default().group_snapshots)]
+    group_snapshots: bool,
+
     /// Offer controller and node volume expansion.
     #[arg(long, action = ArgAction::Set, default_value_t = Capabilities::default().expand)]
     expand: bool,
@@ -181,6 +185,7 @@ impl Args {
                 get_capacity: self.get_capacity,
                 clone: self.clone,
                 snapshots: self.snapshots,
+                group_snapshots: self.group_snapshots,
                 expand: self.expand,
                 modify: self.modify,
                 get_volume: self.get_volume,

@@ -117,6 +117,8 @@ pub struct Capabilities {
     pub clone: bool,
     /// `CREATE_DELETE_SNAPSHOT`, `LIST_SNAPSHOTS`, `GET_SNAPSHOT`.
     pub snapshots: bool,
+    /// Plugin `GROUP_CONTROLLER_SERVICE` with `CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT`.
+    pub group_snapshots: bool,
     /// Controller and node `EXPAND_VOLUME`, plugin `VolumeExpansion.ONLINE`.
     pub expand: bool,
     /// `MODIFY_VOLUME` (and `mutable_parameters` in CreateVolume).
@@ -144,6 +146,7 @@ impl Default for Capabilities {
             get_capacity: true,
             clone: true,
             snapshots: true,
+            group_snapshots: true,
             expand: true,
             modify: true,
             get_volume: true,
@@ -166,6 +169,7 @@ impl Capabilities {
             get_capacity: true,
             clone: true,
             snapshots: true,
+            group_snapshots: true,
             expand: true,
             modify: true,
             get_volume: true,
@@ -186,6 +190,7 @@ impl Capabilities {
             get_capacity: false,
             clone: false,
             snapshots: false,
+            group_snapshots: false,
             expand: false,
             modify: false,
             get_volume: false,

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use csi_proto::v1::controller_server::ControllerServer;
+use csi_proto::v1::group_controller_server::GroupControllerServer;
 use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::node_server::NodeServer;
 use h2_authority::AuthorityFix;
@@ -239,6 +240,7 @@ impl MockDriver {
         let router = Server::builder()
             .add_service(IdentityServer::new(service.clone()))
             .add_service(ControllerServer::new(service.clone()))
+            .add_service(GroupControllerServer::new(service.clone()))
             .add_service(NodeServer::new(service));
         Ok((driver, router))
     }

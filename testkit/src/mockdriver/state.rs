@@ -167,6 +167,23 @@ pub struct Snapshot {
     /// Answers about this snapshot so far (see `MockConfig::snapshot_ready_after`).
     #[serde(default)]
     pub answers: u32,
+    /// The group snapshot this snapshot was cut in (empty: cut alone).
+    #[serde(default)]
+    pub group_snapshot_id: String,
+}
+
+/// A group snapshot: one snapshot of each of its volumes, cut together.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSnapshot {
+    pub id: String,
+    pub name: String,
+    pub source_volume_ids: Vec<String>,
+    /// The member snapshots, in the order of `source_volume_ids`.
+    pub snapshot_ids: Vec<String>,
+    pub creation_seconds: i64,
+    pub creation_nanos: i32,
+    /// Answers about this group so far (see `MockConfig::snapshot_ready_after`).
+    pub answers: u32,
 }
 
 /// Everything the mock stores, keyed by id (ids sort in creation order up
@@ -177,6 +194,8 @@ pub struct State {
     pub volumes: BTreeMap<String, Volume>,
     #[serde(default)]
     pub snapshots: BTreeMap<String, Snapshot>,
+    #[serde(default)]
+    pub group_snapshots: BTreeMap<String, GroupSnapshot>,
     /// Sequence number of the last id handed out.
     #[serde(default)]
     pub last_id: u64,
@@ -704,9 +723,145 @@ impl State {
             creation_seconds: now.0,
             creation_nanos: now.1,
             answers: 1,
+            group_snapshot_id: String::new(),
         };
         self.snapshots.insert(snapshot.id.clone(), snapshot.clone());
         Ok(snapshot)
+    }
+
+    /// CreateVolumeGroupSnapshot: idempotent by name; one member snapshot per volume.
+    pub fn create_group_snapshot(
+        &mut self,
+        name: &str,
+        source_volume_ids: &[String],
+        now: (i64, i32),
+    ) -> Result<(GroupSnapshot, Vec<Snapshot>), Rejection> {
+        require(name, "name")?;
+        if source_volume_ids.is_empty() {
+            return reject(Code::InvalidArgument, "source_volume_ids is empty");
+        }
+        if let Some(existing) = self.group_snapshots.values_mut().find(|g| g.name == name) {
+            let mut asked = source_volume_ids.to_vec();
+            let mut held = existing.source_volume_ids.clone();
+            asked.sort();
+            held.sort();
+            if asked != held {
+                return reject(
+                    Code::AlreadyExists,
+                    format!("group snapshot {name:?} exists for other volumes"),
+                );
+            }
+            existing.answers = existing.answers.saturating_add(1);
+            let group = existing.clone();
+            return Ok(self.answer_group(group));
+        }
+        let mut sizes = Vec::with_capacity(source_volume_ids.len());
+        for volume in source_volume_ids {
+            sizes.push(self.volume(volume)?.capacity_bytes);
+        }
+        let id = self.next_id("group");
+        let mut snapshot_ids = Vec::with_capacity(sizes.len());
+        for (volume, size_bytes) in source_volume_ids.iter().zip(sizes) {
+            let snapshot = Snapshot {
+                id: self.next_id("snap"),
+                name: format!("{name}-{volume}"),
+                source_volume_id: volume.clone(),
+                size_bytes,
+                creation_seconds: now.0,
+                creation_nanos: now.1,
+                answers: 1,
+                group_snapshot_id: id.clone(),
+            };
+            snapshot_ids.push(snapshot.id.clone());
+            self.snapshots.insert(snapshot.id.clone(), snapshot);
+        }
+        let group = GroupSnapshot {
+            id,
+            name: name.to_owned(),
+            source_volume_ids: source_volume_ids.to_vec(),
+            snapshot_ids,
+            creation_seconds: now.0,
+            creation_nanos: now.1,
+            answers: 1,
+        };
+        self.group_snapshots.insert(group.id.clone(), group.clone());
+        let members = self.members(&group);
+        Ok((group, members))
+    }
+
+    fn members(&self, group: &GroupSnapshot) -> Vec<Snapshot> {
+        group
+            .snapshot_ids
+            .iter()
+            .filter_map(|id| self.snapshots.get(id).cloned())
+            .collect()
+    }
+
+    /// The group `id` whose members are exactly `snapshot_ids`, as the group calls require.
+    fn group_of(&self, id: &str, snapshot_ids: &[String]) -> Result<&GroupSnapshot, Rejection> {
+        require(id, "group_snapshot_id")?;
+        let group = self.group_snapshots.get(id).ok_or_else(|| {
+            Rejection::new(
+                Code::NotFound,
+                format!("group snapshot {id} does not exist"),
+            )
+        })?;
+        let mut asked = snapshot_ids.to_vec();
+        let mut held = group.snapshot_ids.clone();
+        asked.sort();
+        held.sort();
+        if asked != held {
+            return reject(
+                Code::InvalidArgument,
+                format!("snapshot_ids do not match the members of group snapshot {id}"),
+            );
+        }
+        Ok(group)
+    }
+
+    /// GetVolumeGroupSnapshot: counts an answer about the group.
+    pub fn get_group_snapshot(
+        &mut self,
+        id: &str,
+        snapshot_ids: &[String],
+    ) -> Result<(GroupSnapshot, Vec<Snapshot>), Rejection> {
+        self.group_of(id, snapshot_ids)?;
+        let group = self.group_snapshots.get_mut(id).ok_or_else(|| {
+            Rejection::new(
+                Code::NotFound,
+                format!("group snapshot {id} does not exist"),
+            )
+        })?;
+        group.answers = group.answers.saturating_add(1);
+        let group = group.clone();
+        Ok(self.answer_group(group))
+    }
+
+    /// An answer about a group is one about each member too.
+    fn answer_group(&mut self, group: GroupSnapshot) -> (GroupSnapshot, Vec<Snapshot>) {
+        for id in &group.snapshot_ids {
+            self.answered(id);
+        }
+        let members = self.members(&group);
+        (group, members)
+    }
+
+    /// DeleteVolumeGroupSnapshot: the group and its members; a missing group is already deleted.
+    pub fn delete_group_snapshot(
+        &mut self,
+        id: &str,
+        snapshot_ids: &[String],
+    ) -> Result<(), Rejection> {
+        require(id, "group_snapshot_id")?;
+        if !self.group_snapshots.contains_key(id) {
+            return Ok(());
+        }
+        let members = self.group_of(id, snapshot_ids)?.snapshot_ids.clone();
+        for member in members {
+            self.snapshots.remove(&member);
+        }
+        self.group_snapshots.remove(id);
+        Ok(())
     }
 
     /// Counts one more answer about the snapshot `id`, if it exists.
@@ -716,9 +871,21 @@ impl State {
         }
     }
 
-    /// DeleteSnapshot: a missing snapshot is already deleted.
+    /// DeleteSnapshot: a missing snapshot is already deleted; a group's member goes only with
+    /// its group.
     pub fn delete_snapshot(&mut self, id: &str) -> Result<(), Rejection> {
         require(id, "snapshot_id")?;
+        if let Some(group) = self
+            .snapshots
+            .get(id)
+            .map(|s| s.group_snapshot_id.clone())
+            .filter(|g| !g.is_empty())
+        {
+            return reject(
+                Code::FailedPrecondition,
+                format!("snapshot {id} belongs to group snapshot {group}"),
+            );
+        }
         self.snapshots.remove(id);
         Ok(())
     }
@@ -1337,6 +1504,53 @@ mod tests {
         );
         assert_eq!(state.volumes[&a.id].mutable_parameters["iops"], "100");
         assert_eq!(code(state.modify_volume("vol-x", params)), Code::NotFound);
+    }
+
+    #[test]
+    fn group_snapshots() {
+        let mut state = State::default();
+        let cfg = config();
+        let a = state.create_volume(&cfg, request("a", 10)).unwrap();
+        let b = state.create_volume(&cfg, request("b", 20)).unwrap();
+        let volumes = vec![a.id.clone(), b.id.clone()];
+        let (group, members) = state.create_group_snapshot("g", &volumes, (5, 0)).unwrap();
+        assert_eq!(members.len(), 2);
+        assert_eq!(
+            group.snapshot_ids,
+            vec![members[0].id.clone(), members[1].id.clone()]
+        );
+        assert!(members.iter().all(|m| m.group_snapshot_id == group.id));
+        assert_eq!(members[1].source_volume_id, b.id);
+        let reversed = vec![b.id.clone(), a.id.clone()];
+        let (again, _) = state.create_group_snapshot("g", &reversed, (6, 0)).unwrap();
+        assert_eq!(
+            (again.id.clone(), again.answers),
+            (group.id.clone(), 2),
+            "idempotent by name"
+        );
+        assert_eq!(
+            code(state.create_group_snapshot("g", &volumes[..1], (6, 0))),
+            Code::AlreadyExists
+        );
+        assert_eq!(
+            code(state.delete_snapshot(&members[0].id)),
+            Code::FailedPrecondition,
+            "a member goes only with its group"
+        );
+        assert_eq!(
+            code(state.get_group_snapshot(&group.id, &group.snapshot_ids[..1])),
+            Code::InvalidArgument
+        );
+        let (got, got_members) = state
+            .get_group_snapshot(&group.id, &group.snapshot_ids)
+            .unwrap();
+        assert_eq!(got.answers, 3);
+        assert!(got_members.iter().all(|m| m.answers == 3));
+        state
+            .delete_group_snapshot(&group.id, &group.snapshot_ids)
+            .unwrap();
+        assert!(state.snapshots.is_empty() && state.group_snapshots.is_empty());
+        state.delete_group_snapshot(&group.id, &[]).unwrap();
     }
 
     #[test]

@@ -143,6 +143,7 @@ mod tests {
                 creation_seconds: 0,
                 creation_nanos: 0,
                 answers: 0,
+                group_snapshot_id: String::new(),
             },
         );
         Ok(())

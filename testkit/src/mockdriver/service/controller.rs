@@ -15,7 +15,7 @@ use crate::mockdriver::state::{
     self, AccessType, Publication, State, Volume, VolumeRequest, check_capabilities,
 };
 
-fn now() -> (i64, i32) {
+pub(super) fn now() -> (i64, i32) {
     let since_epoch = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();

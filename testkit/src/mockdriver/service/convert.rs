@@ -9,7 +9,7 @@ use tonic::Code;
 
 use crate::mockdriver::config::Segment;
 use crate::mockdriver::state::{
-    AccessMode, AccessType, Capability, ContentSource, Rejection, Snapshot, Volume,
+    AccessMode, AccessType, Capability, ContentSource, GroupSnapshot, Rejection, Snapshot, Volume,
 };
 
 pub(super) fn sorted(map: HashMap<String, String>) -> BTreeMap<String, String> {
@@ -134,7 +134,24 @@ pub(super) fn snapshot(snapshot: &Snapshot, ready_after: u32) -> v1::Snapshot {
             nanos: snapshot.creation_nanos,
         }),
         ready_to_use: snapshot.answers > ready_after,
-        group_snapshot_id: String::new(),
+        group_snapshot_id: snapshot.group_snapshot_id.clone(),
+    }
+}
+
+/// The group snapshot as CSI describes it, ready as its snapshots are.
+pub(super) fn group_snapshot(
+    group: &GroupSnapshot,
+    members: &[Snapshot],
+    ready_after: u32,
+) -> v1::VolumeGroupSnapshot {
+    v1::VolumeGroupSnapshot {
+        group_snapshot_id: group.id.clone(),
+        snapshots: members.iter().map(|m| snapshot(m, ready_after)).collect(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: group.creation_seconds,
+            nanos: group.creation_nanos,
+        }),
+        ready_to_use: group.answers > ready_after,
     }
 }
 

@@ -41,6 +41,9 @@ impl Driver {
         if caps.topology {
             capabilities.push(service_cap(service::Type::VolumeAccessibilityConstraints));
         }
+        if caps.group_snapshots {
+            capabilities.push(service_cap(service::Type::GroupControllerService));
+        }
         if caps.expand {
             capabilities.push(v1::PluginCapability {
                 r#type: Some(plugin_capability::Type::VolumeExpansion(

@@ -3,6 +3,7 @@
 
 mod controller;
 mod convert;
+mod group;
 mod identity;
 mod node;
 
@@ -81,7 +82,7 @@ fn secret_digests<Req: prost::Message + prost::Name>(request: &Req) -> BTreeMap<
     digests
 }
 
-/// The Identity, Controller and Node services of one mock driver.
+/// The Identity, Controller, GroupController and Node services of one mock driver.
 #[derive(Clone)]
 pub(crate) struct MockService(Arc<Driver>);
 

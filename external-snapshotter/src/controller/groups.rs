@@ -1,0 +1,632 @@
+//! VolumeGroupSnapshotContents: CreateVolumeGroupSnapshot for a new group content,
+//! GetVolumeGroupSnapshot until the group is ready (with the content's backoff, where upstream
+//! cuts the group again or stops asking), DeleteVolumeGroupSnapshot with the group's policy;
+//! intents journaled like a single snapshot's, so a group cut for a content that went away is
+//! deleted.
+
+use std::collections::BTreeMap;
+
+use csi_proto::v1::{
+    CreateVolumeGroupSnapshotRequest, DeleteVolumeGroupSnapshotRequest,
+    GetVolumeGroupSnapshotRequest,
+};
+use kube::api::{Patch, PatchParams};
+use serde::{Deserialize, Serialize};
+use sidecar_kit::csi::go_error;
+use sidecar_kit::events::EventType;
+use sidecar_kit::kube::{api_code, api_message};
+use tonic::Status;
+
+use super::{Controller, Failure, lock, now, now_ns};
+use crate::decide::{self, GroupAnswer, GroupPlan};
+use crate::model::{self, GroupClass, GroupContent, SecretRef, SnapshotInfo};
+
+/// The group queue's name in the workqueue metrics, as upstream's.
+pub const GROUP_QUEUE: &str = "csi-snapshotter-groupsnapshotcontent";
+/// Journal keys of group intents start with this.
+pub(super) const KEY_PREFIX: &str = "G_";
+
+/// How group snapshots are named: `--groupsnapshot-name-prefix`,
+/// `--groupsnapshot-name-uuid-length`.
+#[derive(Clone, Debug)]
+pub struct GroupNaming {
+    pub prefix: String,
+    pub uuid_length: i32,
+}
+
+/// A CreateVolumeGroupSnapshot asked before its answer was written to the group content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupIntent {
+    pub content_uid: String,
+    pub name: String,
+    pub source_volumes: Vec<String>,
+    pub parameters: BTreeMap<String, String>,
+    pub secret: Option<SecretRef>,
+    /// The group content's deletion policy is `Delete`.
+    pub delete: bool,
+}
+
+fn journal_key(name: &str) -> String {
+    format!("{KEY_PREFIX}{name}")
+}
+
+fn group_answer(group: csi_proto::v1::VolumeGroupSnapshot) -> GroupAnswer {
+    let ns = |t: Option<prost_types::Timestamp>| {
+        t.map(|t| {
+            t.seconds
+                .saturating_mul(1_000_000_000)
+                .saturating_add(i64::from(t.nanos))
+        })
+    };
+    GroupAnswer {
+        handle: group.group_snapshot_id,
+        ready: group.ready_to_use,
+        creation_ns: ns(group.creation_time).unwrap_or(0),
+        members: group
+            .snapshots
+            .into_iter()
+            .map(|s| SnapshotInfo {
+                volume_handle: s.source_volume_id,
+                snapshot_handle: s.snapshot_id,
+                creation_time: ns(s.creation_time),
+                ready_to_use: Some(s.ready_to_use),
+                restore_size: (s.size_bytes > 0).then_some(s.size_bytes),
+            })
+            .collect(),
+    }
+}
+
+impl Controller {
+    /// One group content: what it needs next; retried with backoff until done.
+    pub(super) async fn sync_group(&self, name: &str) {
+        let view = self.index().group_view(name);
+        let result = match view {
+            Some((content, class)) => self.group_step(&content, class.as_ref()).await,
+            None => self.settle_gone_group(name).await.map(|()| true),
+        };
+        let key = name.to_string();
+        match result {
+            Ok(true) => self.group_queue.forget(&key),
+            Ok(false) => {
+                let delay = self.group_queue.add_rate_limited(key, 0);
+                tracing::debug!(group_content = name, retry_in = ?delay, "group snapshot not ready yet");
+            }
+            Err(failure) => {
+                let delay = self.group_queue.add_rate_limited(key, 0);
+                tracing::info!(group_content = name, error = %failure.message, retry_in = ?delay, "group content not done");
+            }
+        }
+    }
+
+    async fn group_step(
+        &self,
+        content: &GroupContent,
+        class: Option<&GroupClass>,
+    ) -> Result<bool, Failure> {
+        let plan = decide::group_plan(content);
+        tracing::debug!(group_content = %content.name, ?plan, "syncing group content");
+        let outcome = match plan {
+            GroupPlan::Delete {
+                handle,
+                snapshot_ids,
+            } => self
+                .delete_group(content, handle, snapshot_ids)
+                .await
+                .map(|()| true),
+            GroupPlan::Create => self.create_group(content, class).await,
+            GroupPlan::Check {
+                handle,
+                snapshot_ids,
+            } => self.check_group(content, class, handle, snapshot_ids).await,
+            GroupPlan::Ready => self.remove_group_being_created(content).await.map(|_| true),
+        };
+        if let Err(failure) = &outcome {
+            self.report_group(content, failure).await;
+        }
+        outcome
+    }
+
+    async fn report_group(&self, content: &GroupContent, failure: &Failure) {
+        let Some((reason, message)) = &failure.event else {
+            return;
+        };
+        self.events
+            .record(content.object_ref(), EventType::Warning, reason, message);
+        if !failure.status {
+            return;
+        }
+        let current = self.index().group_view(&content.name).map(|(c, _)| c);
+        let status = current.as_ref().unwrap_or(content).status.as_ref();
+        if let Some(patch) = decide::group_error_patch(status, message, &now())
+            && let Err(err) = self.patch_group_status(&content.name, &patch).await
+        {
+            tracing::info!(group_content = %content.name, error = %api_message(&err), "cannot write the error status");
+        }
+    }
+
+    async fn patch_group_status(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<GroupContent, kube::Error> {
+        let written = self
+            .group_contents
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        self.index().group_store(&written);
+        Ok(GroupContent::from_api(&written))
+    }
+
+    async fn patch_group_metadata<P: Serialize + std::fmt::Debug>(
+        &self,
+        name: &str,
+        patch: &Patch<P>,
+    ) -> Result<GroupContent, kube::Error> {
+        let written = self
+            .group_contents
+            .patch(name, &PatchParams::default(), patch)
+            .await?;
+        self.index().group_store(&written);
+        Ok(GroupContent::from_api(&written))
+    }
+
+    async fn remove_group_being_created(
+        &self,
+        content: &GroupContent,
+    ) -> Result<GroupContent, Failure> {
+        if !content.being_created {
+            return Ok(content.clone());
+        }
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {model::GROUP_BEING_CREATED: null}}});
+        self.patch_group_metadata(&content.name, &Patch::Merge(&patch))
+            .await
+            .map_err(|err| {
+                Failure::quiet(format!(
+                    "failed to remove VolumeGroupSnapshotBeingCreated annotation on the group snapshot content {}: {}",
+                    content.name,
+                    api_message(&err)
+                ))
+            })
+    }
+
+    /// The request of a CreateVolumeGroupSnapshot for `content`.
+    fn group_input(
+        &self,
+        content: &GroupContent,
+        class: Option<&GroupClass>,
+        naming: &GroupNaming,
+    ) -> Result<GroupIntent, String> {
+        let class = match (&content.class, class) {
+            (None, _) => {
+                return Err(format!(
+                    "failed to take group snapshot {} without a group snapshot class",
+                    content.name
+                ));
+            }
+            (Some(name), None) => {
+                return Err(format!(
+                    "volumegroupsnapshotclass.groupsnapshot.storage.k8s.io {name:?} not found"
+                ));
+            }
+            (Some(_), Some(class)) => class,
+        };
+        let secret = decide::group_secret(content)?;
+        let mut parameters = decide::driver_parameters(&class.parameters)
+            .map_err(|e| format!("failed to remove CSI Parameters of prefixed keys: {e}"))?;
+        if self.config.naming.extra_create_metadata {
+            let group = &content.group_ref;
+            parameters.insert(decide::GROUP_NAME_KEY.into(), group.name.clone());
+            parameters.insert(decide::GROUP_NAMESPACE_KEY.into(), group.namespace.clone());
+            parameters.insert(decide::GROUP_CONTENT_NAME_KEY.into(), content.name.clone());
+        }
+        if content.group_ref.uid.is_empty() {
+            return Err(format!(
+                "cannot create group snapshot. Group snapshot content {} not bound to a group snapshot",
+                content.name
+            ));
+        }
+        let name = decide::group_snapshot_name(
+            &naming.prefix,
+            &content.group_ref.uid,
+            naming.uuid_length,
+        )?;
+        Ok(GroupIntent {
+            content_uid: content.uid.clone(),
+            name,
+            source_volumes: content.volume_handles.clone(),
+            parameters,
+            secret,
+            delete: content.deletion_policy == "Delete",
+        })
+    }
+
+    /// CreateVolumeGroupSnapshot of a new group content (or again, until the driver answers).
+    async fn create_group(
+        &self,
+        content: &GroupContent,
+        class: Option<&GroupClass>,
+    ) -> Result<bool, Failure> {
+        let fail = |message: String| Failure {
+            event: Some((
+                decide::GROUP_CREATION_FAILED,
+                format!("Failed to create group snapshot: {message}"),
+            )),
+            message,
+            status: true,
+        };
+        let Some(naming) = &self.config.groups else {
+            return Ok(true);
+        };
+        let intent = self.group_input(content, class, naming).map_err(|e| {
+            fail(format!(
+                "failed to get input parameters to create group snapshot for group snapshot content {}: {e:?}",
+                content.name
+            ))
+        })?;
+        let secrets = self.secret(intent.secret.as_ref()).await.map_err(|err| {
+            tracing::error!(group_content = %content.name, error = %err, "Failed to get credentials for group snapshot");
+            let cause = format!(
+                "cannot get credentials for group snapshot content {:?}",
+                content.name
+            );
+            fail(format!(
+                "failed to get input parameters to create group snapshot for group snapshot content {}: {cause:?}",
+                content.name
+            ))
+        })?;
+        let content = if content.being_created {
+            content.clone()
+        } else {
+            let patch = serde_json::json!({"metadata": {"annotations": {model::GROUP_BEING_CREATED: "yes"}}});
+            self.patch_group_metadata(&content.name, &Patch::Merge(&patch))
+                .await
+                .map_err(|err| {
+                    fail(format!(
+                        "failed to add VolumeGroupSnapshotBeingCreated annotation on the group snapshot content {}: {:?}",
+                        content.name,
+                        api_message(&err)
+                    ))
+                })?
+        };
+        if content.handle().is_none() {
+            self.record_group(&content.name, &intent)
+                .await
+                .map_err(fail)?;
+        }
+        let request = CreateVolumeGroupSnapshotRequest {
+            name: intent.name.clone(),
+            source_volume_ids: intent.source_volumes.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: intent.parameters.clone().into_iter().collect(),
+        };
+        let answer = match self
+            .csi
+            .create_volume_group_snapshot(request, self.options())
+            .await
+        {
+            Ok(response) => response.group_snapshot.map(group_answer).ok_or_else(|| {
+                Status::internal("CreateVolumeGroupSnapshot answered without a group snapshot")
+            }),
+            Err(status) => Err(status),
+        };
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(status) => {
+                tracing::info!(group_content = %content.name, error = %go_error(&status), "CreateVolumeGroupSnapshot failed");
+                if decide::is_final(Some(status.code())) {
+                    self.remove_group_being_created(&content).await?;
+                    self.forget_group(&content.name);
+                }
+                return Err(fail(format!(
+                    "failed to take group snapshot of the volumes {:?}: {:?}",
+                    intent.source_volumes,
+                    go_error(&status)
+                )));
+            }
+        };
+        tracing::debug!(group_content = %content.name, handle = %answer.handle, ready = answer.ready, "CreateVolumeGroupSnapshot answered");
+        let updated = match decide::group_status_patch(content.status.as_ref(), &answer, now_ns()) {
+            None => content.clone(),
+            Some(patch) => match self.patch_group_status(&content.name, &patch).await {
+                Ok(updated) => updated,
+                Err(err) if api_code(&err) == Some(404) => {
+                    self.discard_group(&content.name, &intent, &answer).await?;
+                    return Ok(true);
+                }
+                Err(err) => {
+                    return Err(fail(format!(
+                        "error updating status for volume group snapshot content {}: {}",
+                        content.name,
+                        api_message(&err)
+                    )));
+                }
+            },
+        };
+        self.forget_group(&content.name);
+        self.remove_group_being_created(&updated).await?;
+        Ok(answer.ready)
+    }
+
+    /// GetVolumeGroupSnapshot of a pre-provisioned group or of a cut group not ready yet.
+    async fn check_group(
+        &self,
+        content: &GroupContent,
+        class: Option<&GroupClass>,
+        handle: String,
+        snapshot_ids: Vec<String>,
+    ) -> Result<bool, Failure> {
+        let fail = |message: String| Failure {
+            event: Some((
+                decide::GROUP_CHECK_FAILED,
+                format!("Failed to check and update group snapshot content: {message}"),
+            )),
+            message,
+            status: true,
+        };
+        let _slot = self.poll_slot().await;
+        let mut secret_ref = None;
+        if let Some(class_name) = &content.class {
+            let Some(class) = class else {
+                return Err(fail(format!(
+                    "failed to get group snapshot class {class_name} for group snapshot content {}: volumegroupsnapshotclass.groupsnapshot.storage.k8s.io {class_name:?} not found",
+                    content.name
+                )));
+            };
+            secret_ref =
+                decide::group_get_secret(&class.parameters, &content.name).map_err(|e| {
+                    fail(format!(
+                        "failed to get secret reference for group snapshot content {}: {e}",
+                        content.name
+                    ))
+                })?;
+        }
+        let secrets = self.secret(secret_ref.as_ref()).await.map_err(|e| {
+            fail(format!(
+                "failed to get credentials for group snapshot content {}: {e}",
+                content.name
+            ))
+        })?;
+        if snapshot_ids.is_empty() {
+            return Err(fail(format!(
+                "cannot list group snapshot {}. No snapshots found in the group snapshot content",
+                content.name
+            )));
+        }
+        let request = GetVolumeGroupSnapshotRequest {
+            group_snapshot_id: handle.clone(),
+            snapshot_ids,
+            secrets: secrets.into_iter().collect(),
+        };
+        let group = self
+            .csi
+            .get_volume_group_snapshot(request, self.options())
+            .await
+            .and_then(|r| {
+                r.group_snapshot.ok_or_else(|| {
+                    Status::internal("GetVolumeGroupSnapshot answered without a group snapshot")
+                })
+            })
+            .map_err(|status| {
+                fail(format!(
+                    "failed to list group snapshot for group snapshot content {}: {:?}",
+                    content.name,
+                    go_error(&status)
+                ))
+            })?;
+        let mut answer = group_answer(group);
+        answer.handle = handle;
+        if content.pre_provisioned.is_some() {
+            // Upstream lists no members for a pre-provisioned group.
+            answer.members.clear();
+        }
+        if let Some(patch) = decide::group_status_patch(content.status.as_ref(), &answer, now_ns())
+        {
+            self.patch_group_status(&content.name, &patch)
+                .await
+                .map_err(|err| {
+                    fail(format!(
+                        "error updating status for volume group snapshot content {}: {}",
+                        content.name,
+                        api_message(&err)
+                    ))
+                })?;
+        }
+        Ok(answer.ready)
+    }
+
+    async fn delete_group(
+        &self,
+        content: &GroupContent,
+        handle: Option<String>,
+        snapshot_ids: Vec<String>,
+    ) -> Result<(), Failure> {
+        let error = |message: String, event: &str| Failure {
+            message,
+            event: Some((decide::GROUP_DELETE_ERROR, event.to_string())),
+            status: false,
+        };
+        let mut content = content.clone();
+        if let Some(handle) = handle {
+            let secret_ref = decide::group_secret(&content)
+                .map_err(|e| error(e, "Failed to get snapshot credentials"))?;
+            let secrets = self.secret(secret_ref.as_ref()).await.map_err(|e| {
+                error(
+                    format!(
+                        "failed to get input parameters to delete group snapshot for group snapshot content {}: {e:?}",
+                        content.name
+                    ),
+                    "Failed to get snapshot credentials",
+                )
+            })?;
+            if snapshot_ids.is_empty() {
+                return Err(error(
+                    format!(
+                        "cannot delete group snapshot content {}. No snapshots found in the group snapshot",
+                        content.name
+                    ),
+                    "Failed to delete group snapshot",
+                ));
+            }
+            let request = DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: handle.clone(),
+                snapshot_ids,
+                secrets: secrets.into_iter().collect(),
+            };
+            self.csi
+                .delete_volume_group_snapshot(request, self.options())
+                .await
+                .map_err(|status| {
+                    error(
+                        format!(
+                            "failed to delete group snapshot {:?}, err: {:?}",
+                            content.name,
+                            go_error(&status)
+                        ),
+                        "Failed to delete group snapshot",
+                    )
+                })?;
+            tracing::info!(group_content = %content.name, %handle, "group snapshot deleted");
+            content = self
+                .patch_group_status(&content.name, &decide::cleared_group_status_patch())
+                .await
+                .map_err(|err| {
+                    error(
+                        format!(
+                            "snapshot controller failed to update {} on API server: {}",
+                            content.name,
+                            api_message(&err)
+                        ),
+                        "Failed to clear content status",
+                    )
+                })?;
+        }
+        if let Some(patch) = decide::group_finalizer_removal(&content) {
+            self.patch_group_metadata(
+                &content.name,
+                &Patch::<()>::Json(
+                    serde_json::from_value(patch).map_err(|e| Failure::quiet(e.to_string()))?,
+                ),
+            )
+            .await
+            .map_err(|err| {
+                Failure::quiet(format!(
+                    "snapshot controller failed to update {} on API server: {}",
+                    content.name,
+                    api_message(&err)
+                ))
+            })?;
+            tracing::debug!(group_content = %content.name, "removed the protection finalizer");
+        }
+        self.events.forget_object(&content.uid);
+        Ok(())
+    }
+
+    // --- the journal ---
+
+    async fn record_group(&self, name: &str, intent: &GroupIntent) -> Result<(), String> {
+        if lock(&self.group_intents).get(name) == Some(intent) {
+            return Ok(());
+        }
+        self.write_intent(&journal_key(name), intent).await?;
+        lock(&self.group_intents).insert(name.to_string(), intent.clone());
+        Ok(())
+    }
+
+    fn forget_group(&self, name: &str) {
+        if lock(&self.group_intents).remove(name).is_some() {
+            self.journal.forget(&journal_key(name));
+        }
+    }
+
+    /// A group content that is gone: if a CreateVolumeGroupSnapshot for it may have cut a
+    /// group, the group is found (the call is idempotent by name) and deleted unless the
+    /// content's policy kept it.
+    async fn settle_gone_group(&self, name: &str) -> Result<(), Failure> {
+        let Some(intent) = lock(&self.group_intents).get(name).cloned() else {
+            return Ok(());
+        };
+        if let Some((content, _)) = self.index().group_view(name)
+            && content.uid == intent.content_uid
+        {
+            return Ok(());
+        }
+        if !intent.delete {
+            tracing::warn!(group_content = name, group_snapshot = %intent.name, "the content of an unanswered CreateVolumeGroupSnapshot is gone and its policy retains the group: the driver may keep a group snapshot no content names");
+            self.forget_group(name);
+            return Ok(());
+        }
+        let secrets = self
+            .secret(intent.secret.as_ref())
+            .await
+            .map_err(Failure::quiet)?;
+        let request = CreateVolumeGroupSnapshotRequest {
+            name: intent.name.clone(),
+            source_volume_ids: intent.source_volumes.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: intent.parameters.clone().into_iter().collect(),
+        };
+        match self
+            .csi
+            .create_volume_group_snapshot(request, self.options())
+            .await
+        {
+            Ok(response) => match response.group_snapshot {
+                Some(group) => {
+                    self.discard_group(name, &intent, &group_answer(group))
+                        .await
+                }
+                None => {
+                    self.forget_group(name);
+                    Ok(())
+                }
+            },
+            Err(status) if decide::is_final(Some(status.code())) => {
+                tracing::info!(group_content = name, error = %go_error(&status), "the group snapshot of a gone content does not exist");
+                self.forget_group(name);
+                Ok(())
+            }
+            Err(status) => Err(Failure::quiet(format!(
+                "cannot find the group snapshot of gone group content {name}: {}",
+                go_error(&status)
+            ))),
+        }
+    }
+
+    /// Deletes the group snapshot of a group content that is gone, then forgets the intent.
+    async fn discard_group(
+        &self,
+        name: &str,
+        intent: &GroupIntent,
+        answer: &GroupAnswer,
+    ) -> Result<(), Failure> {
+        if intent.delete {
+            let secrets = self
+                .secret(intent.secret.as_ref())
+                .await
+                .map_err(Failure::quiet)?;
+            let request = DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: answer.handle.clone(),
+                snapshot_ids: answer
+                    .members
+                    .iter()
+                    .map(|m| m.snapshot_handle.clone())
+                    .collect(),
+                secrets: secrets.into_iter().collect(),
+            };
+            self.csi
+                .delete_volume_group_snapshot(request, self.options())
+                .await
+                .map_err(|status| {
+                    Failure::quiet(format!(
+                        "cannot delete group snapshot {} of gone group content {name}: {}",
+                        answer.handle,
+                        go_error(&status)
+                    ))
+                })?;
+            tracing::info!(group_content = name, handle = %answer.handle, "deleted the group snapshot of a content that went away during its CreateVolumeGroupSnapshot");
+        }
+        self.forget_group(name);
+        Ok(())
+    }
+}
