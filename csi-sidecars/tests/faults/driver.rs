@@ -10,6 +10,9 @@ use csi_proto::methods::controller::{
     CONTROLLER_EXPAND_VOLUME, CONTROLLER_MODIFY_VOLUME, CONTROLLER_PUBLISH_VOLUME,
     CONTROLLER_UNPUBLISH_VOLUME, CREATE_SNAPSHOT, CREATE_VOLUME, DELETE_SNAPSHOT, DELETE_VOLUME,
 };
+use csi_proto::methods::group_controller::{
+    CREATE_VOLUME_GROUP_SNAPSHOT, DELETE_VOLUME_GROUP_SNAPSHOT,
+};
 use serde_json::Value;
 use testkit::mockdriver::{Faults, MockDriver, MockHandle, State};
 
@@ -25,12 +28,17 @@ pub struct Driver {
 /// The identity of a request for counting repeats: what makes two calls the same call.
 fn identity(method: &str, request: &Value) -> String {
     let field = |key: &str| request.get(key).and_then(Value::as_str).unwrap_or("");
-    if method == CREATE_VOLUME || method == CREATE_SNAPSHOT {
+    if method == CREATE_VOLUME
+        || method == CREATE_SNAPSHOT
+        || method == CREATE_VOLUME_GROUP_SNAPSHOT
+    {
         field("name").to_string()
     } else if method == DELETE_VOLUME {
         field("volume_id").to_string()
     } else if method == DELETE_SNAPSHOT {
         field("snapshot_id").to_string()
+    } else if method == DELETE_VOLUME_GROUP_SNAPSHOT {
+        field("group_snapshot_id").to_string()
     } else if method == CONTROLLER_EXPAND_VOLUME || method == CONTROLLER_MODIFY_VOLUME {
         // One volume grown to one size, or given one set of parameters.
         let target = request
@@ -44,7 +52,7 @@ fn identity(method: &str, request: &Value) -> String {
     }
 }
 
-const COUNTED: [&str; 8] = [
+const COUNTED: [&str; 10] = [
     CREATE_VOLUME,
     DELETE_VOLUME,
     CONTROLLER_PUBLISH_VOLUME,
@@ -53,6 +61,8 @@ const COUNTED: [&str; 8] = [
     CONTROLLER_MODIFY_VOLUME,
     CREATE_SNAPSHOT,
     DELETE_SNAPSHOT,
+    CREATE_VOLUME_GROUP_SNAPSHOT,
+    DELETE_VOLUME_GROUP_SNAPSHOT,
 ];
 
 impl Driver {

@@ -36,6 +36,9 @@ use csi_proto::methods::controller::{
     CONTROLLER_EXPAND_VOLUME, CONTROLLER_MODIFY_VOLUME, CONTROLLER_PUBLISH_VOLUME,
     CONTROLLER_UNPUBLISH_VOLUME, CREATE_SNAPSHOT, CREATE_VOLUME, DELETE_SNAPSHOT, DELETE_VOLUME,
 };
+use csi_proto::methods::group_controller::{
+    CREATE_VOLUME_GROUP_SNAPSHOT, DELETE_VOLUME_GROUP_SNAPSHOT, GET_VOLUME_GROUP_SNAPSHOT,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{
@@ -50,7 +53,8 @@ use tonic::Code;
 use driver::Driver;
 use replicas::{Launch, Replica, Sidecar};
 use verdict::{
-    ContentView, DriverVolume, PvView, PvcView, Snapshot, VaView, VolumeSnapshotView, judge,
+    ContentView, DriverVolume, GroupContentView, PvView, PvcView, Snapshot, VaView,
+    VolumeSnapshotView, judge,
 };
 use workload::Workload;
 
@@ -80,7 +84,7 @@ enum Restore {
     DriverRelease(&'static str),
 }
 
-const METHODS: [&str; 8] = [
+const METHODS: [&str; 11] = [
     CREATE_VOLUME,
     DELETE_VOLUME,
     CONTROLLER_PUBLISH_VOLUME,
@@ -89,7 +93,17 @@ const METHODS: [&str; 8] = [
     CONTROLLER_MODIFY_VOLUME,
     CREATE_SNAPSHOT,
     DELETE_SNAPSHOT,
+    CREATE_VOLUME_GROUP_SNAPSHOT,
+    GET_VOLUME_GROUP_SNAPSHOT,
+    DELETE_VOLUME_GROUP_SNAPSHOT,
 ];
+
+fn group_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("groupsnapshot.storage.k8s.io", "v1", kind),
+        plural,
+    )
+}
 
 fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -197,6 +211,20 @@ impl Suite {
         .create(&PostParams::default(), &class_object)
         .await
         .expect("the VolumeSnapshotClass is created");
+        let group_class = cluster.cluster_name("faults-group");
+        let class_object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotClass",
+            "metadata": {"name": group_class},
+            "driver": driver_name, "deletionPolicy": "Delete",
+        }))
+        .expect("a valid VolumeGroupSnapshotClass");
+        Api::<DynamicObject>::all_with(
+            client.clone(),
+            &group_resource("VolumeGroupSnapshotClass", "volumegroupsnapshotclasses"),
+        )
+        .create(&PostParams::default(), &class_object)
+        .await
+        .expect("the VolumeGroupSnapshotClass is created");
         let mut nodes = BTreeMap::new();
         for i in 0..NODES {
             let node = cluster.cluster_name(&format!("node-{i}"));
@@ -238,6 +266,7 @@ impl Suite {
             nodes,
             classes,
             &snapshot_class,
+            &group_class,
         );
         if cluster.is_real() {
             println!("on a real cluster: API faults are not injected");
@@ -337,11 +366,12 @@ impl Suite {
                 }
             }
             Fault::DriverLostAnswer => {
-                let method = match self.rng.below(5) {
+                let method = match self.rng.below(6) {
                     0 => CREATE_VOLUME,
                     1 => CONTROLLER_PUBLISH_VOLUME,
                     2 => CONTROLLER_EXPAND_VOLUME,
                     3 => CONTROLLER_MODIFY_VOLUME,
+                    4 => CREATE_VOLUME_GROUP_SNAPSHOT,
                     _ => CREATE_SNAPSHOT,
                 };
                 let times = self.rng.between(1, 3);
@@ -575,9 +605,29 @@ impl Suite {
             }
         })
         .collect();
+        let namespace = self.cluster.namespace();
+        let view = |s: DynamicObject| {
+            let group = s
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.kind == "VolumeGroupSnapshot")
+                .map(|o| format!("{namespace}/{}", o.name));
+            VolumeSnapshotView {
+                key: format!(
+                    "{}/{}",
+                    s.metadata.namespace.clone().unwrap_or_default(),
+                    s.metadata.name.clone().unwrap_or_default()
+                ),
+                ready: s.data.pointer("/status/readyToUse") == Some(&json!(true)),
+                deleting: s.metadata.deletion_timestamp.is_some(),
+                group,
+            }
+        };
         let volume_snapshots = Api::<DynamicObject>::namespaced_with(
-            client,
-            self.cluster.namespace(),
+            client.clone(),
+            namespace,
             &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
         )
         .list(&ListParams::default())
@@ -585,14 +635,43 @@ impl Suite {
         .ok()?
         .items
         .into_iter()
-        .map(|s| VolumeSnapshotView {
-            key: format!(
-                "{}/{}",
-                s.metadata.namespace.clone().unwrap_or_default(),
-                s.metadata.name.clone().unwrap_or_default()
-            ),
-            ready: s.data.pointer("/status/readyToUse") == Some(&json!(true)),
-            deleting: s.metadata.deletion_timestamp.is_some(),
+        .map(view)
+        .collect();
+        let groups = Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            namespace,
+            &group_resource("VolumeGroupSnapshot", "volumegroupsnapshots"),
+        )
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .map(view)
+        .collect();
+        let group_contents = Api::<DynamicObject>::all_with(
+            client,
+            &group_resource("VolumeGroupSnapshotContent", "volumegroupsnapshotcontents"),
+        )
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .filter(|c| c.data["spec"]["driver"] == self.launch_driver())
+        .map(|c| {
+            let text = |pointer: &str| c.data.pointer(pointer).and_then(|v| v.as_str());
+            GroupContentView {
+                group: format!(
+                    "{}/{}",
+                    text("/spec/volumeGroupSnapshotRef/namespace").unwrap_or_default(),
+                    text("/spec/volumeGroupSnapshotRef/name").unwrap_or_default()
+                ),
+                handle: text("/status/volumeGroupSnapshotHandle").map(String::from),
+                deleting: c.metadata.deletion_timestamp.is_some(),
+                finalizers: c.metadata.finalizers.clone().unwrap_or_default(),
+                name: c.metadata.name.unwrap_or_default(),
+            }
         })
         .collect();
         Some(Snapshot {
@@ -603,6 +682,9 @@ impl Suite {
             vas,
             contents,
             volume_snapshots,
+            driver_groups: self.driver.state().group_snapshots.into_keys().collect(),
+            group_contents,
+            groups,
         })
     }
 
@@ -740,7 +822,7 @@ async fn faults_lose_nothing_and_everything_converges() {
     let exits: usize = suite.replicas.iter().map(|r| r.exits.len()).sum();
     let fault_total: u64 = suite.faults.values().sum();
     println!(
-        "fault verdict: seed {seed}: {} operations ({} claims created, {} deleted while creating, {} deleted, {} attached, {} detached, {} grown, {} re-classed, {} snapshotted, {} snapshots deleted) in {:.1} s; {fault_total} faults {:?}, {} kills, {exits} exits by the sidecars themselves; {} in {:.1} s: leaked {}, orphaned {}, duplicated {}, pending {}, stuck {}, unexpected {}, attach mismatches {}, size or class mismatches {}, leaked snapshots {}, snapshot mismatches {}; {} claims, {} volumes and {} snapshots held; CSI calls {} CreateVolume, {} ControllerPublishVolume, {} ControllerExpandVolume, {} ControllerModifyVolume, {} CreateSnapshot, {} DeleteSnapshot, repeated {:?}",
+        "fault verdict: seed {seed}: {} operations ({} claims created, {} deleted while creating, {} deleted, {} attached, {} detached, {} grown, {} re-classed, {} snapshotted, {} snapshots deleted, {} group snapshots, {} deleted) in {:.1} s; {fault_total} faults {:?}, {} kills, {exits} exits by the sidecars themselves; {} in {:.1} s: leaked {}, orphaned {}, duplicated {}, pending {}, stuck {}, unexpected {}, attach mismatches {}, size or class mismatches {}, leaked snapshots {}, snapshot mismatches {}; {} claims, {} volumes, {} snapshots and {} group snapshots held; CSI calls {} CreateVolume, {} ControllerPublishVolume, {} ControllerExpandVolume, {} ControllerModifyVolume, {} CreateSnapshot, {} DeleteSnapshot, {} CreateVolumeGroupSnapshot, {} DeleteVolumeGroupSnapshot, repeated {:?}",
         ops.total(),
         ops.created,
         ops.deleted_while_creating,
@@ -751,6 +833,8 @@ async fn faults_lose_nothing_and_everything_converges() {
         ops.modified,
         ops.snapshotted,
         ops.snapshots_deleted,
+        ops.group_snapshotted,
+        ops.group_snapshots_deleted,
         workload_time.as_secs_f64(),
         suite.faults,
         suite.kills,
@@ -773,12 +857,15 @@ async fn faults_lose_nothing_and_everything_converges() {
         suite.workload.claims(),
         suite.driver.state().volumes.len(),
         suite.driver.state().snapshots.len(),
+        suite.driver.state().group_snapshots.len(),
         suite.driver.total_calls(CREATE_VOLUME),
         suite.driver.total_calls(CONTROLLER_PUBLISH_VOLUME),
         suite.driver.total_calls(CONTROLLER_EXPAND_VOLUME),
         suite.driver.total_calls(CONTROLLER_MODIFY_VOLUME),
         suite.driver.total_calls(CREATE_SNAPSHOT),
         suite.driver.total_calls(DELETE_SNAPSHOT),
+        suite.driver.total_calls(CREATE_VOLUME_GROUP_SNAPSHOT),
+        suite.driver.total_calls(DELETE_VOLUME_GROUP_SNAPSHOT),
         repeated,
     );
     for replica in &suite.replicas {

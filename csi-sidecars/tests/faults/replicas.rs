@@ -86,6 +86,9 @@ impl Replica {
         if self.sidecar == Sidecar::Attacher {
             args.push("--reconcile-sync=5s".into());
         }
+        if self.sidecar == Sidecar::Snapshotter {
+            args.push("--feature-gates=CSIVolumeGroupSnapshot=true".into());
+        }
         args
     }
 

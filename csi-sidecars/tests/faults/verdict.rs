@@ -77,6 +77,20 @@ pub struct VolumeSnapshotView {
     pub key: String,
     pub ready: bool,
     pub deleting: bool,
+    /// `namespace/name` of the VolumeGroupSnapshot it is a member of.
+    pub group: Option<String>,
+}
+
+/// A VolumeGroupSnapshotContent of the driver under test.
+#[derive(Clone, Debug, Default)]
+pub struct GroupContentView {
+    pub name: String,
+    /// `namespace/name` of its VolumeGroupSnapshot.
+    pub group: String,
+    /// `status.volumeGroupSnapshotHandle`.
+    pub handle: Option<String>,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
 }
 
 /// What the cluster and the driver hold at one moment.
@@ -90,6 +104,11 @@ pub struct Snapshot {
     pub vas: Vec<VaView>,
     pub contents: Vec<ContentView>,
     pub volume_snapshots: Vec<VolumeSnapshotView>,
+    /// The ids of the group snapshots the driver holds.
+    pub driver_groups: Vec<String>,
+    pub group_contents: Vec<GroupContentView>,
+    /// The VolumeGroupSnapshots of the test namespace.
+    pub groups: Vec<VolumeSnapshotView>,
 }
 
 /// What the workload wants once everything has settled.
@@ -103,6 +122,9 @@ pub struct Expectation {
     pub node_ids: BTreeMap<String, String>,
     /// VolumeSnapshots (`namespace/name`) that exist and must be ready to use.
     pub snapshots: BTreeSet<String>,
+    /// VolumeGroupSnapshots (`namespace/name`) that exist and must be ready to use, each with
+    /// its member snapshots.
+    pub groups: BTreeSet<String>,
 }
 
 /// Everything that is not as it should be; all empty means converged.
@@ -126,7 +148,8 @@ pub struct Verdict {
     /// Bound claims whose requested size is not the PV's and the driver's, that still show an
     /// expansion in the controller, or whose class is not the one asked for.
     pub resize_mismatch: Vec<String>,
-    /// Snapshots in the driver that no VolumeSnapshotContent names.
+    /// Snapshots in the driver that no VolumeSnapshotContent names, and group snapshots no
+    /// VolumeGroupSnapshotContent names.
     pub leaked_snapshots: Vec<String>,
     /// Kept VolumeSnapshots that are not ready, contents whose snapshot the driver does not
     /// have, and handles named twice.
@@ -292,9 +315,85 @@ pub fn judge(snapshot: &Snapshot, expected: &Expectation) -> Verdict {
     verdict
 }
 
+/// The group snapshots, as the snapshots below: the driver's and the group contents' name each
+/// other one to one, every kept group is ready, deleted ones are gone.
+fn judge_groups(snapshot: &Snapshot, expected: &Expectation, verdict: &mut Verdict) {
+    let mut named: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for content in &snapshot.group_contents {
+        if content.deleting {
+            verdict.stuck.push(format!(
+                "VolumeGroupSnapshotContent {} (finalizers {:?})",
+                content.name, content.finalizers
+            ));
+        }
+        if let Some(handle) = &content.handle {
+            named.entry(handle).or_default().push(&content.name);
+        }
+        if !expected.groups.contains(&content.group) && !content.deleting {
+            verdict.unexpected.push(format!(
+                "VolumeGroupSnapshotContent {} of {}",
+                content.name, content.group
+            ));
+        }
+    }
+    let held: BTreeSet<&str> = snapshot.driver_groups.iter().map(String::as_str).collect();
+    for id in &held {
+        if !named.contains_key(id) {
+            verdict.leaked_snapshots.push(format!("group {id}"));
+        }
+    }
+    for (handle, contents) in &named {
+        if !held.contains(handle) {
+            verdict.snapshot_mismatch.push(format!(
+                "{contents:?} name group {handle}, which the driver does not have"
+            ));
+        }
+        if contents.len() > 1 {
+            verdict
+                .snapshot_mismatch
+                .push(format!("group {handle} named by {contents:?}"));
+        }
+    }
+    for key in &expected.groups {
+        match snapshot.groups.iter().find(|g| &g.key == key) {
+            Some(g) if g.ready => {}
+            Some(_) => verdict
+                .snapshot_mismatch
+                .push(format!("VolumeGroupSnapshot {key} is not ready")),
+            None => verdict
+                .snapshot_mismatch
+                .push(format!("VolumeGroupSnapshot {key} is missing")),
+        }
+    }
+    for g in &snapshot.groups {
+        if g.deleting {
+            verdict.stuck.push(format!("VolumeGroupSnapshot {}", g.key));
+        } else if !expected.groups.contains(&g.key) {
+            verdict
+                .unexpected
+                .push(format!("VolumeGroupSnapshot {}", g.key));
+        }
+    }
+}
+
 /// The snapshots: the driver's and the contents' name each other one to one, nothing deleted
 /// is held, every kept VolumeSnapshot is ready, and deleted ones are gone.
 fn judge_snapshots(snapshot: &Snapshot, expected: &Expectation, verdict: &mut Verdict) {
+    // The members of a kept group are kept with it.
+    let mut expected_snapshots = expected.snapshots.clone();
+    for s in &snapshot.volume_snapshots {
+        if s.group
+            .as_ref()
+            .is_some_and(|g| expected.groups.contains(g))
+        {
+            expected_snapshots.insert(s.key.clone());
+        }
+    }
+    let expected = &Expectation {
+        snapshots: expected_snapshots,
+        ..expected.clone()
+    };
+    judge_groups(snapshot, expected, verdict);
     let mut named: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for content in &snapshot.contents {
         if content.deleting {
@@ -419,10 +518,30 @@ mod tests {
                 handle: Some("s1".into()),
                 ..ContentView::default()
             }],
-            volume_snapshots: vec![VolumeSnapshotView {
-                key: "ns/snap1".into(),
+            volume_snapshots: vec![
+                VolumeSnapshotView {
+                    key: "ns/snap1".into(),
+                    ready: true,
+                    ..VolumeSnapshotView::default()
+                },
+                VolumeSnapshotView {
+                    key: "ns/member1".into(),
+                    ready: true,
+                    group: Some("ns/group1".into()),
+                    ..VolumeSnapshotView::default()
+                },
+            ],
+            driver_groups: vec!["g1".into()],
+            group_contents: vec![GroupContentView {
+                name: "groupsnapcontent-1".into(),
+                group: "ns/group1".into(),
+                handle: Some("g1".into()),
+                ..GroupContentView::default()
+            }],
+            groups: vec![VolumeSnapshotView {
+                key: "ns/group1".into(),
                 ready: true,
-                deleting: false,
+                ..VolumeSnapshotView::default()
             }],
         };
         let expected = Expectation {
@@ -430,6 +549,7 @@ mod tests {
             attachments: [("va1".to_string(), "node-1".to_string())].into(),
             node_ids: [("node-1".to_string(), "n-1".to_string())].into(),
             snapshots: ["ns/snap1".to_string()].into(),
+            groups: ["ns/group1".to_string()].into(),
         };
         (snapshot, expected)
     }
@@ -550,6 +670,31 @@ mod tests {
             3,
             "not ready, missing, a handle the driver lacks: {:?}",
             verdict.snapshot_mismatch
+        );
+    }
+
+    #[test]
+    fn leaked_unready_and_leftover_groups_are_named() {
+        let (mut snapshot, mut expected) = settled();
+        snapshot.driver_groups.push("g-orphan".into());
+        snapshot.groups[0].ready = false;
+        expected.groups.insert("ns/group2".into());
+        let verdict = judge(&snapshot, &expected);
+        assert_eq!(verdict.leaked_snapshots, ["group g-orphan"]);
+        assert_eq!(
+            verdict.snapshot_mismatch.len(),
+            2,
+            "{:?}",
+            verdict.snapshot_mismatch
+        );
+        let (snapshot, mut expected) = settled();
+        expected.groups.clear();
+        let verdict = judge(&snapshot, &expected);
+        assert_eq!(
+            verdict.unexpected.len(),
+            3,
+            "the group, its content and its member: {:?}",
+            verdict.unexpected
         );
     }
 }

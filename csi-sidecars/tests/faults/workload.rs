@@ -1,6 +1,7 @@
 //! The seeded workload: claims created, attached, detached, grown, moved to another
 //! VolumeAttributesClass, snapshotted and deleted, some deleted while still being provisioned,
-//! snapshots deleted (some while being cut), with a model of what should exist once everything
+//! snapshots deleted (some while being cut), group snapshots of a few claims taken and deleted
+//! (their claims kept meanwhile), with a model of what should exist once everything
 //! settles.
 
 use std::collections::BTreeMap;
@@ -22,6 +23,8 @@ struct Claim {
     name: String,
     attachment: Option<(String, String)>,
     mebibytes: u64,
+    /// The kept VolumeGroupSnapshots it is a member of: it is not deleted while there are any.
+    groups: Vec<String>,
 }
 
 /// Counts of what the workload did.
@@ -36,6 +39,8 @@ pub struct Operations {
     pub modified: u64,
     pub snapshotted: u64,
     pub snapshots_deleted: u64,
+    pub group_snapshotted: u64,
+    pub group_snapshots_deleted: u64,
 }
 
 impl Operations {
@@ -49,6 +54,8 @@ impl Operations {
             + self.modified
             + self.snapshotted
             + self.snapshots_deleted
+            + self.group_snapshotted
+            + self.group_snapshots_deleted
     }
 }
 
@@ -60,6 +67,11 @@ pub struct Workload {
     snapshot_class: String,
     /// The VolumeSnapshots that are kept.
     snapshots: Vec<String>,
+    group_snapshots: Api<DynamicObject>,
+    /// The VolumeGroupSnapshotClass of the group snapshots.
+    group_class: String,
+    /// The VolumeGroupSnapshots that are kept.
+    groups: Vec<String>,
     namespace: String,
     class: String,
     driver: String,
@@ -110,12 +122,20 @@ impl Workload {
         nodes: BTreeMap<String, String>,
         classes: Vec<String>,
         snapshot_class: &str,
+        group_class: &str,
     ) -> Self {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot"),
             "volumesnapshots",
         );
+        let group_resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("groupsnapshot.storage.k8s.io", "v1", "VolumeGroupSnapshot"),
+            "volumegroupsnapshots",
+        );
         Self {
+            group_snapshots: Api::namespaced_with(client.clone(), namespace, &group_resource),
+            group_class: group_class.to_string(),
+            groups: Vec::new(),
             pvcs: Api::namespaced(client.clone(), namespace),
             volume_snapshots: Api::namespaced_with(client.clone(), namespace, &resource),
             snapshot_class: snapshot_class.to_string(),
@@ -140,8 +160,10 @@ impl Workload {
             47..59 => self.detach(rng).await,
             59..68 => self.resize(rng).await,
             68..74 => self.modify(rng).await,
-            74..82 => self.snapshot(rng).await,
-            82..87 => self.delete_snapshot(rng).await,
+            74..80 => self.snapshot(rng).await,
+            80..84 => self.delete_snapshot(rng).await,
+            84..87 => self.group_snapshot(rng).await,
+            87..89 => self.delete_group_snapshot(rng).await,
             _ => self.delete(rng).await,
         }
     }
@@ -175,6 +197,7 @@ impl Workload {
                 name,
                 attachment: None,
                 mebibytes: 1,
+                groups: Vec::new(),
             });
             self.ops.created += 1;
         }
@@ -331,6 +354,87 @@ impl Workload {
         self.ops.snapshots_deleted += 1;
     }
 
+    /// A VolumeGroupSnapshot of one to three bound claims (labelled for its selector);
+    /// sometimes deleted again at once, while it may be being cut.
+    async fn group_snapshot(&mut self, rng: &mut Rng) {
+        let mut members = Vec::new();
+        for _ in 0..3 {
+            if let Some(index) = self.bound_claim(rng).await
+                && !members.contains(&index)
+            {
+                members.push(index);
+            }
+        }
+        if members.is_empty() {
+            return;
+        }
+        self.next += 1;
+        let name = format!("group-{}", self.next);
+        for &index in &members {
+            let patch = Patch::Merge(json!({"metadata": {"labels": {name.as_str(): "member"}}}));
+            let (pvcs, params, claim) = (
+                self.pvcs.clone(),
+                PatchParams::default(),
+                self.claims[index].name.clone(),
+            );
+            persist(
+                "label a claim for a group snapshot",
+                |_| false,
+                || pvcs.patch(&claim, &params, &patch),
+            )
+            .await;
+        }
+        let group: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
+            "metadata": {"name": name},
+            "spec": {"volumeGroupSnapshotClassName": self.group_class,
+                     "source": {"selector": {"matchLabels": {name.as_str(): "member"}}}},
+        }))
+        .expect("a valid VolumeGroupSnapshot");
+        let (api, post) = (self.group_snapshots.clone(), PostParams::default());
+        persist(
+            "create a VolumeGroupSnapshot",
+            |e| code_is(e, 409),
+            || api.create(&post, &group),
+        )
+        .await;
+        self.ops.group_snapshotted += 1;
+        if rng.chance(15) {
+            tokio::time::sleep(Duration::from_millis(rng.below(100))).await;
+            self.delete_volume_group_snapshot(&name).await;
+            self.ops.group_snapshots_deleted += 1;
+        } else {
+            for &index in &members {
+                self.claims[index].groups.push(name.clone());
+            }
+            self.groups.push(name);
+        }
+    }
+
+    async fn delete_group_snapshot(&mut self, rng: &mut Rng) {
+        if self.groups.is_empty() {
+            return;
+        }
+        let name = self
+            .groups
+            .swap_remove(rng.below(self.groups.len() as u64) as usize);
+        self.delete_volume_group_snapshot(&name).await;
+        for claim in &mut self.claims {
+            claim.groups.retain(|g| g != &name);
+        }
+        self.ops.group_snapshots_deleted += 1;
+    }
+
+    async fn delete_volume_group_snapshot(&self, name: &str) {
+        let (api, params) = (self.group_snapshots.clone(), DeleteParams::default());
+        persist(
+            "delete a VolumeGroupSnapshot",
+            |e| code_is(e, 404),
+            || api.delete(name, &params),
+        )
+        .await;
+    }
+
     async fn delete_volume_snapshot(&self, name: &str) {
         let (api, params) = (self.volume_snapshots.clone(), DeleteParams::default());
         persist(
@@ -354,14 +458,16 @@ impl Workload {
         }
     }
 
-    /// Deletes a claim; an attached one loses its attachment first, as when its pod is gone.
+    /// Deletes a claim (none a kept group snapshot holds); an attached one loses its attachment
+    /// first, as when its pod is gone.
     async fn delete(&mut self, rng: &mut Rng) {
-        if self.claims.is_empty() {
+        let free: Vec<usize> = (0..self.claims.len())
+            .filter(|i| self.claims[*i].groups.is_empty())
+            .collect();
+        let Some(&index) = rng.pick(&free) else {
             return;
-        }
-        let claim = self
-            .claims
-            .swap_remove(rng.below(self.claims.len() as u64) as usize);
+        };
+        let claim = self.claims.swap_remove(index);
         if let Some((va, _)) = claim.attachment {
             self.delete_attachment(&va).await;
             self.ops.detached += 1;
@@ -408,6 +514,11 @@ impl Workload {
                 .snapshots
                 .iter()
                 .map(|s| format!("{}/{s}", self.namespace))
+                .collect(),
+            groups: self
+                .groups
+                .iter()
+                .map(|g| format!("{}/{g}", self.namespace))
                 .collect(),
         }
     }
