@@ -56,7 +56,7 @@ use verdict::{
     ContentView, DriverVolume, GroupContentView, PvView, PvcView, Snapshot, VaView,
     VolumeSnapshotView, judge,
 };
-use workload::Workload;
+use workload::{SnapshotClasses, Workload};
 
 const DRIVER: &str = "faults.csi.example.com";
 const NODES: usize = 3;
@@ -265,8 +265,10 @@ impl Suite {
             &driver_name,
             nodes,
             classes,
-            &snapshot_class,
-            &group_class,
+            SnapshotClasses {
+                single: &snapshot_class,
+                group: &group_class,
+            },
         );
         if cluster.is_real() {
             println!("on a real cluster: API faults are not injected");

@@ -113,6 +113,12 @@ fn code_is(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
+/// The classes of the workload's snapshots and group snapshots.
+pub struct SnapshotClasses<'a> {
+    pub single: &'a str,
+    pub group: &'a str,
+}
+
 impl Workload {
     pub fn new(
         client: kube::Client,
@@ -121,8 +127,7 @@ impl Workload {
         driver: &str,
         nodes: BTreeMap<String, String>,
         classes: Vec<String>,
-        snapshot_class: &str,
-        group_class: &str,
+        snapshot_classes: SnapshotClasses<'_>,
     ) -> Self {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot"),
@@ -134,11 +139,11 @@ impl Workload {
         );
         Self {
             group_snapshots: Api::namespaced_with(client.clone(), namespace, &group_resource),
-            group_class: group_class.to_string(),
+            group_class: snapshot_classes.group.to_string(),
             groups: Vec::new(),
             pvcs: Api::namespaced(client.clone(), namespace),
             volume_snapshots: Api::namespaced_with(client.clone(), namespace, &resource),
-            snapshot_class: snapshot_class.to_string(),
+            snapshot_class: snapshot_classes.single.to_string(),
             snapshots: Vec::new(),
             vas: Api::all(client),
             namespace: namespace.to_string(),
