@@ -104,3 +104,85 @@ async fn the_binary_cuts_a_snapshot_and_serves_upstreams_metrics() {
     );
     child.start_kill().unwrap();
 }
+
+/// Runs the binary with the group gate on against `env`'s driver.
+fn spawn_with_groups(env: &Env, port: u16) -> tokio::process::Child {
+    Command::new(BIN)
+        .clean_env()
+        .args([
+            format!("--csi-address={}", env.mock.endpoint()),
+            format!("--kubeconfig={}", env.cluster.kubeconfig_path().display()),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+            format!("--leader-election-namespace={}", env.ns()),
+            "--feature-gates=CSIVolumeGroupSnapshot=true".to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn with_the_gate_the_binary_cuts_a_group_snapshot() {
+    let mut env = Env::start(MockDriver::builder(), |_| {}).await;
+    env.stop().await;
+    let port = free_port().unwrap();
+    let mut child = spawn_with_groups(&env, port);
+    env.group_class("gclass", "Delete", json!({})).await;
+    env.bound_claim("a").await;
+    env.label_claim("a", "db").await;
+    let uid = env.group_snapshot("g", "db", "gclass").await;
+    env.group_content_until(
+        &format!("groupsnapcontent-{uid}"),
+        "the group content ready",
+        |c| c["status"]["readyToUse"] == true,
+    )
+    .await;
+    let metrics = eventually("the metrics", || async {
+        http_get(port, "/metrics").await.map(|(_, body)| body)
+    })
+    .await;
+    assert!(
+        metrics.contains("workqueue_adds_total{name=\"csi-snapshotter-groupsnapshotcontent\"}"),
+        "{metrics}"
+    );
+    child.start_kill().unwrap();
+}
+
+#[tokio::test]
+async fn a_driver_without_group_snapshots_gets_its_group_contents_left_alone() {
+    let mut env = Env::start(MockDriver::builder().group_snapshots(false), |_| {}).await;
+    env.stop().await;
+    let port = free_port().unwrap();
+    let mut child = spawn_with_groups(&env, port);
+    env.group_class("gclass", "Delete", json!({})).await;
+    env.class("class", "Delete", json!({})).await;
+    env.bound_claim("a").await;
+    env.label_claim("a", "db").await;
+    let group_uid = env.group_snapshot("g", "db", "gclass").await;
+    let group_content = format!("groupsnapcontent-{group_uid}");
+    eventually("the group content", || async {
+        env.group_contents().get(&group_content).await.ok()
+    })
+    .await;
+    // A snapshot taken after it is cut: the binary has been running past the group content.
+    let uid = env.snapshot("snap", "a", "class").await;
+    env.content_of(&uid).await;
+    env.content_until(&format!("snapcontent-{uid}"), "the snapshot ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    let content =
+        serde_json::to_value(env.group_contents().get(&group_content).await.unwrap()).unwrap();
+    assert!(content.get("status").is_none_or(serde_json::Value::is_null));
+    assert_eq!(
+        env.mock
+            .calls()
+            .count("/csi.v1.GroupController/GroupControllerGetCapabilities"),
+        1,
+        "asked once at start-up"
+    );
+    assert_eq!(env.mock.calls().count(CREATE_GROUP), 0);
+    child.start_kill().unwrap();
+}

@@ -214,6 +214,46 @@ async fn a_group_content_without_a_class_gets_a_clear_error() {
 }
 
 #[tokio::test]
+async fn a_pre_provisioned_group_the_driver_does_not_know_gets_a_clear_error() {
+    let env = Env::start(MockDriver::default(), with_groups).await;
+    let name = env.n("groupsnapcontent-unknown");
+    let content = json!({
+        "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotContent",
+        "metadata": {"name": name},
+        "spec": {"driver": env.driver, "deletionPolicy": "Retain",
+            "source": {"groupSnapshotHandles": {"volumeGroupSnapshotHandle": "group-nope",
+                "volumeSnapshotHandles": ["snap-nope"]}},
+            "volumeGroupSnapshotRef": {"kind": "VolumeGroupSnapshot",
+                "apiVersion": "groupsnapshot.storage.k8s.io/v1",
+                "namespace": env.ns(), "name": "missing", "uid": format!("{name}-uid")}},
+    });
+    env.group_contents()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(content).unwrap(),
+        )
+        .await
+        .unwrap();
+    env.group_content_until(&name, "the error in the status", |c| {
+        c["status"]["error"]["message"].as_str().is_some_and(|m| {
+            m.contains("failed to list group snapshot") && m.contains("group-nope")
+        })
+    })
+    .await;
+    let events = eventually("the Event", || async {
+        let events = env.events(&name).await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    assert_eq!(events[0].0, "GroupSnapshotContentCheckandUpdateFailed");
+    assert_eq!(env.mock.calls().count(CREATE_GROUP), 0);
+    env.group_contents()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn with_the_gate_off_group_contents_are_left_alone() {
     let env = Env::start(MockDriver::default(), |_| {}).await;
     env.group_class("gclass", "Delete", json!({})).await;

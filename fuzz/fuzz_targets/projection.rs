@@ -19,7 +19,8 @@
 //!   are kept;
 //! - the snapshotter's plan for any VolumeSnapshotContent is total: a content to delete is
 //!   planned for deletion, its finalizer removal exists exactly when it has the finalizer, and
-//!   a content compared with itself is no change to act on;
+//!   a content compared with itself is no change to act on; the same for a
+//!   VolumeGroupSnapshotContent, and a cut group is read with its members' handles;
 //! - projecting an object and projecting its JSON round trip give the same model.
 #![no_main]
 
@@ -260,6 +261,41 @@ fn snapshot_content(input: &[u8]) {
     }
 }
 
+fn group_content(input: &[u8]) {
+    use external_snapshotter::{decide, model};
+    let base = json!({"metadata": {"name": "groupsnapcontent-1", "uid": "u", "resourceVersion": "1"},
+        "spec": {"driver": "d", "deletionPolicy": "Delete", "source": {"volumeHandles": ["v1", "v2"]},
+            "volumeGroupSnapshotRef": {"name": "g", "namespace": "ns", "uid": "vgs"}}});
+    let merged = match serde_json::from_slice::<Value>(input) {
+        Ok(patch) => {
+            let mut merged = base;
+            merge(&mut merged, patch);
+            merged
+        }
+        Err(_) => return,
+    };
+    let Ok(object) = serde_json::from_value::<model::VolumeGroupSnapshotContent>(merged) else {
+        return;
+    };
+    let content = model::GroupContent::from_api(&object);
+    let plan = decide::group_plan(&content);
+    if decide::should_delete_group(&content) {
+        assert!(matches!(plan, decide::GroupPlan::Delete { .. }), "{plan:?}");
+    }
+    if let decide::GroupPlan::Check { snapshot_ids, .. } = &plan
+        && content.pre_provisioned.is_none()
+    {
+        assert!(!snapshot_ids.is_empty(), "a cut group is read with its members");
+    }
+    assert_eq!(
+        decide::group_finalizer_removal(&content).is_some(),
+        content.has_finalizer()
+    );
+    if content.secret == model::SecretAnnotations::None {
+        assert_eq!(decide::group_secret(&content), Ok(None));
+    }
+}
+
 fn versions(input: &[u8]) {
     let text = String::from_utf8_lossy(input);
     let (a, b) = text.split_once(' ').unwrap_or((&text, ""));
@@ -275,7 +311,7 @@ fuzz_target!(|data: &[u8]| {
     let [kind, input @ ..] = data else {
         return;
     };
-    match kind % 11 {
+    match kind % 12 {
         0 => claim(input),
         1 => class(input),
         2 => volume(input),
@@ -286,6 +322,7 @@ fuzz_target!(|data: &[u8]| {
         7 => resizer_volume(input),
         8 => pod(input),
         9 => snapshot_content(input),
+        10 => group_content(input),
         _ => versions(input),
     }
 });

@@ -158,6 +158,8 @@ impl MockDriver {
         clone_volume => clone;
         /// Snapshot RPCs.
         snapshots => snapshots;
+        /// The GroupController service (group snapshots).
+        group_snapshots => group_snapshots;
         /// Controller and node volume expansion.
         expand => expand;
         /// `MODIFY_VOLUME`.
