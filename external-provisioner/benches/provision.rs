@@ -504,6 +504,7 @@ async fn ready_snapshot(bench: &Bench, name: &str) {
                     creation_seconds: 1,
                     creation_nanos: 0,
                     answers: 0,
+                    group_snapshot_id: String::new(),
                 },
             );
         })

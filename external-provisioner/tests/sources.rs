@@ -59,6 +59,7 @@ async fn snapshot(env: &Env, name: &str, bytes: i64, ready: bool, content_extra:
                     creation_seconds: 1,
                     creation_nanos: 0,
                     answers: 0,
+                    group_snapshot_id: String::new(),
                 },
             );
         })
