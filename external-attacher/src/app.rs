@@ -110,6 +110,7 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Co
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
         },
+        watches: sidecar_kit::watches::WatchHub::default(),
     }
 }
 

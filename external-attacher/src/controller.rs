@@ -55,6 +55,8 @@ pub struct Config {
     pub queue_metrics: Option<WorkQueueMetrics>,
     /// Who the Events say reported them.
     pub reporter: Reporter,
+    /// The watches, shared with the other controllers of an all-in-one process.
+    pub watches: sidecar_kit::watches::WatchHub,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,7 +168,7 @@ impl Controller {
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI attacher");
-        let mut pipeline = Pipeline::new();
+        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
         self.feed(&mut pipeline, Index::va_event);
         self.feed(&mut pipeline, Index::pv_event);
         self.feed(&mut pipeline, Index::csinode_event);
@@ -208,7 +210,7 @@ impl Controller {
         pipeline: &mut Pipeline,
         apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
     ) where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default,
     {
         let me = self.clone();

@@ -176,6 +176,7 @@ pub fn config(
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
         },
+        watches: sidecar_kit::watches::WatchHub::default(),
     }
 }
 
@@ -319,6 +320,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             cli.kube_api_capacity_burst,
         )?;
         let mut settings = cap::Settings::from_cli(&cli, &driver);
+        settings.watches = config.watches.clone();
         if let Some(node) = &config.policy.node {
             settings = settings.for_node(&node.name, node.topology.as_ref());
         }

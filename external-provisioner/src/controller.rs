@@ -93,6 +93,8 @@ pub struct Config {
     /// Client of the journal: one with a budget of its own, since each write gates CreateVolume
     /// calls whose PV writes then wait for the main budget (`None`: the main client).
     pub journal_client: Option<kube::Client>,
+    /// The watches, shared with the other controllers of an all-in-one process.
+    pub watches: sidecar_kit::watches::WatchHub,
 }
 
 /// A CreateVolume that has not been answered for sure: repeated with the identical request
@@ -211,7 +213,7 @@ impl Controller {
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI provisioner");
-        let mut pipeline = Pipeline::new();
+        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
         self.feed::<StorageClass>(&mut pipeline, Index::class_event);
         self.feed::<PersistentVolume>(&mut pipeline, Index::volume_event);
         self.feed::<PersistentVolumeClaim>(&mut pipeline, Index::claim_event);
@@ -283,7 +285,7 @@ impl Controller {
         pipeline: &mut Pipeline,
         apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
     ) where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default,
     {
         let me = self.clone();

@@ -128,6 +128,7 @@ pub fn config(
             component: format!("{COMPONENT} {driver}"),
             instance: instance.to_string(),
         },
+        watches: sidecar_kit::watches::WatchHub::default(),
     }
 }
 

@@ -55,6 +55,8 @@ pub struct Config {
     pub single_node_multi_writer: bool,
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub reporter: Reporter,
+    /// The watches, shared with the other controllers of an all-in-one process.
+    pub watches: sidecar_kit::watches::WatchHub,
 }
 
 /// The queue name, as upstream's (`<driver>-pvc`), in the workqueue metrics.
@@ -174,7 +176,7 @@ impl Controller {
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI resizer");
-        let mut pipeline = Pipeline::new();
+        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
         self.feed(&mut pipeline, Index::claim_event);
         self.feed(&mut pipeline, Index::pv_event);
         if self.config.handle_in_use {
@@ -212,7 +214,7 @@ impl Controller {
         pipeline: &mut Pipeline,
         apply: fn(&mut Index, Change<&K>) -> Vec<String>,
     ) where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default,
     {
         let me = self.clone();

@@ -73,6 +73,7 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> 
                 prefix: cli.groupsnapshot_name_prefix.clone(),
                 uuid_length: cli.groupsnapshot_name_uuid_length,
             }),
+        watches: sidecar_kit::watches::WatchHub::default(),
     }
 }
 

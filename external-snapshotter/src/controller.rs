@@ -85,6 +85,8 @@ pub struct Config {
     /// VolumeGroupSnapshotContents are handled (gate `CSIVolumeGroupSnapshot` on and a driver
     /// with the group controller service), named so.
     pub groups: Option<GroupNaming>,
+    /// The watches, shared with the other controllers of an all-in-one process.
+    pub watches: sidecar_kit::watches::WatchHub,
 }
 
 /// How many driver calls each snapshot took until it was ready.
@@ -237,7 +239,7 @@ impl Controller {
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.driver, "starting CSI snapshotter");
-        let mut pipeline = Pipeline::new();
+        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
         let mut contents = watcher::Config::default().page_size(500);
         if let Some(node) = &self.config.node {
             contents = contents.labels(&format!("{}={node}", model::MANAGED_BY));

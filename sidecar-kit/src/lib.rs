@@ -24,6 +24,7 @@ pub mod pipeline;
 pub mod quantity;
 pub mod shrink;
 pub mod startup;
+pub mod watches;
 #[cfg(windows)]
 pub mod windows;
 pub mod workqueue;

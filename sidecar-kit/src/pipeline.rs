@@ -7,14 +7,14 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::hash::Hash;
 
-use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::watches::{Subscription, Synced, WatchHub};
 use crate::workqueue::{Item, WorkQueue};
 
 /// One watch event, as kube's watcher reports them.
@@ -80,51 +80,11 @@ impl Relist {
     }
 }
 
-/// Watches every object of `api`'s kind (lists are paged by the watcher) and hands each change
-/// to `apply`; after the first complete list, reports once on `synced`. Failed watches are
-/// logged and restarted with the watcher's backoff; the future ends only when dropped.
-/// `kind` names the objects in the logs.
-pub async fn watch<K, F>(
-    kind: String,
-    api: Api<K>,
-    config: watcher::Config,
-    mut apply: F,
-    synced: Synced,
-) where
-    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    F: FnMut(Change<&K>) + Send,
-{
-    let stream = watcher(api, config).default_backoff();
-    futures::pin_mut!(stream);
-    let mut synced = Some(synced);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => {
-                let change = Change::from_watcher(event);
-                let done = matches!(change, Change::Relisted);
-                apply(change.as_ref());
-                if done && let Some(synced) = synced.take() {
-                    synced.report().await;
-                }
-            }
-            Err(err) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
-        }
-    }
-}
-
-/// A watch's report that its cache holds the first complete list.
-pub struct Synced(mpsc::Sender<()>);
-
-impl Synced {
-    async fn report(self) {
-        // The receiver is gone only when the pipeline stopped waiting, which is fine.
-        let _ = self.0.send(()).await;
-    }
-}
-
-/// Watches, and the workers started once every watch has synced.
+/// Watches (through a [`WatchHub`], shared with the other controllers of the process or not),
+/// and the workers started once every watch has synced.
 pub struct Pipeline {
-    watches: JoinSet<()>,
+    hub: WatchHub,
+    subscriptions: Vec<Subscription>,
     workers: JoinSet<()>,
     synced_tx: mpsc::Sender<()>,
     synced_rx: mpsc::Receiver<()>,
@@ -139,10 +99,17 @@ impl Default for Pipeline {
 }
 
 impl Pipeline {
+    /// A pipeline with watches of its own.
     pub fn new() -> Self {
+        Self::with_watches(WatchHub::default())
+    }
+
+    /// A pipeline whose watches are `hub`'s (shared with every pipeline of the hub).
+    pub fn with_watches(hub: WatchHub) -> Self {
         let (synced_tx, synced_rx) = mpsc::channel(16);
         Self {
-            watches: JoinSet::new(),
+            hub,
+            subscriptions: Vec::new(),
             workers: JoinSet::new(),
             synced_tx,
             synced_rx,
@@ -151,10 +118,10 @@ impl Pipeline {
         }
     }
 
-    /// Starts a watch of `api`'s kind whose changes go to `apply`.
+    /// Watches `api`'s kind; the changes go to `apply`.
     pub fn watch<K, F>(&mut self, api: Api<K>, config: watcher::Config, apply: F)
     where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default,
         F: FnMut(Change<&K>) + Send + 'static,
     {
@@ -165,12 +132,13 @@ impl Pipeline {
     /// [`watch`](Self::watch) for objects whose type does not know its kind (dynamic objects).
     pub fn watch_kind<K, F>(&mut self, kind: String, api: Api<K>, config: watcher::Config, apply: F)
     where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         F: FnMut(Change<&K>) + Send + 'static,
     {
         self.expected += 1;
         let synced = Synced(self.synced_tx.clone());
-        self.watches.spawn(watch(kind, api, config, apply, synced));
+        self.subscriptions
+            .push(self.hub.subscribe(kind, api, config, apply, synced));
     }
 
     /// Waits until every watch has listed once; `false` if `shutdown` came first.
@@ -228,7 +196,7 @@ impl Pipeline {
         for stop in self.stops.drain(..) {
             stop();
         }
-        self.watches.abort_all();
+        self.subscriptions.clear();
         while self.workers.join_next().await.is_some() {}
     }
 }

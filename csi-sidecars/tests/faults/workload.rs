@@ -405,7 +405,10 @@ impl Workload {
         .await;
         self.ops.group_snapshotted += 1;
         if rng.chance(15) {
-            tokio::time::sleep(Duration::from_millis(rng.below(100))).await;
+            // Deleted while it may be being cut, but only once its status names its content:
+            // upstream's snapshot-controller leaves the content of a group deleted before that
+            // behind (see the stand-in in the test kit), which no sidecar can see.
+            self.until_bound(&name).await;
             self.delete_volume_group_snapshot(&name).await;
             self.ops.group_snapshots_deleted += 1;
         } else {
@@ -416,6 +419,21 @@ impl Workload {
         }
     }
 
+    /// Waits until the group's status names its content (bounded: the controller may be slow,
+    /// never stopped by the faults, which hit the sidecars and the driver).
+    async fn until_bound(&self, name: &str) {
+        let deadline = Instant::now() + RETRY_FOR;
+        while Instant::now() < deadline {
+            if let Ok(group) = self.group_snapshots.get(name).await
+                && group.data["status"]["boundVolumeGroupSnapshotContentName"].is_string()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("VolumeGroupSnapshot {name} was not bound to a content within {RETRY_FOR:?}");
+    }
+
     async fn delete_group_snapshot(&mut self, rng: &mut Rng) {
         if self.groups.is_empty() {
             return;
@@ -423,6 +441,7 @@ impl Workload {
         let name = self
             .groups
             .swap_remove(rng.below(self.groups.len() as u64) as usize);
+        self.until_bound(&name).await;
         self.delete_volume_group_snapshot(&name).await;
         for claim in &mut self.claims {
             claim.groups.retain(|g| g != &name);

@@ -91,6 +91,8 @@ pub struct Settings {
     /// Distributed provisioning: this node's segment only (from NodeGetInfo), instead of the
     /// segments of Nodes and CSINodes.
     pub fixed_segment: Option<Segment>,
+    /// The watches, shared with the claims controller (and an all-in-one process's others).
+    pub watches: sidecar_kit::watches::WatchHub,
 }
 
 impl Settings {
@@ -108,6 +110,7 @@ impl Settings {
                 max: cli.retry_interval_max,
             },
             fixed_segment: None,
+            watches: sidecar_kit::watches::WatchHub::default(),
         }
     }
 
@@ -335,7 +338,7 @@ impl Capacity {
         *lock(&self.handle.running) = Some(running.clone());
         tracing::info!(namespace = %self.namespace, "starting capacity controller");
 
-        let mut pipeline = Pipeline::new();
+        let mut pipeline = Pipeline::with_watches(self.settings.watches.clone());
         let r = running.clone();
         let mut relist = Relist::default();
         pipeline.watch(

@@ -101,6 +101,12 @@ pub(super) fn sync_group(s: &mut Store, k: GroupKinds, ns: &str, name: &str) {
     });
 
     if being_deleted(&group) {
+        // Upstream finds the content of a group being deleted only through the group's status
+        // (its fallback to `groupsnapcontent-<uid>` tests the address of a field against nil,
+        // so it never runs): a group deleted before its status names its content leaves that
+        // content behind, and so does this stand-in.
+        let bound = str_at(&group, "/status/boundVolumeGroupSnapshotContentName") == content_name;
+        let content = content.filter(|_| bound);
         let delete_content = content
             .as_ref()
             .is_some_and(|c| str_at(c, "/spec/deletionPolicy") == "Delete");

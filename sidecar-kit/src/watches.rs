@@ -1,0 +1,260 @@
+//! Watches shared by every controller of a process: one watch per kind and selector, whose
+//! changes go to each subscriber's handler (each keeps its own projection in its own index).
+//!
+//! A subscriber sees a change only once it has seen a list start: one that joins a watch
+//! already running makes the watch list again (its other subscribers take the re-list as they
+//! take any re-list after a lost watch). The last subscriber to leave ends the watch.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::AbortHandle;
+
+use crate::pipeline::Change;
+
+/// How long a shared watch waits before it lists, so that the controllers of one start-up
+/// subscribe before the list instead of each restarting it.
+const SHARED_GRACE: Duration = Duration::from_millis(100);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A watch's report that its subscriber has seen a complete list.
+pub struct Synced(pub(crate) mpsc::Sender<()>);
+
+impl Synced {
+    async fn report(self) {
+        // The receiver is gone only when the pipeline stopped waiting, which is fine.
+        let _ = self.0.send(()).await;
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Key {
+    object: TypeId,
+    url: String,
+    labels: Option<String>,
+    fields: Option<String>,
+}
+
+type Handler<K> = Box<dyn FnMut(Change<&K>) + Send>;
+
+struct Subscriber<K> {
+    id: u64,
+    apply: Handler<K>,
+    synced: Option<Synced>,
+    /// Set at the first list start the subscriber sees; changes before it are not its.
+    listening: bool,
+}
+
+struct Shared<K> {
+    subscribers: Mutex<Vec<Subscriber<K>>>,
+    restart: Notify,
+    task: Mutex<Option<AbortHandle>>,
+}
+
+impl<K> Shared<K> {
+    /// Hands `change` to every listening subscriber; reports the ones whose first list is done.
+    async fn deliver(&self, change: Change<&K>) {
+        let mut reports = Vec::new();
+        {
+            let mut subscribers = lock(&self.subscribers);
+            for subscriber in subscribers.iter_mut() {
+                if matches!(change, Change::Relist) {
+                    subscriber.listening = true;
+                }
+                if !subscriber.listening {
+                    continue;
+                }
+                (subscriber.apply)(match &change {
+                    Change::Apply(o) => Change::Apply(*o),
+                    Change::Delete(o) => Change::Delete(*o),
+                    Change::Relist => Change::Relist,
+                    Change::Listed(o) => Change::Listed(*o),
+                    Change::Relisted => Change::Relisted,
+                });
+                if matches!(change, Change::Relisted)
+                    && let Some(synced) = subscriber.synced.take()
+                {
+                    reports.push(synced);
+                }
+            }
+        }
+        for synced in reports {
+            synced.report().await;
+        }
+    }
+}
+
+/// The watches of one process. Cheap to clone. A hub of its own per controller gives each its
+/// own watches (a single sidecar); one hub for all controllers shares them.
+#[derive(Clone, Default)]
+pub struct WatchHub {
+    watches: Arc<Mutex<HashMap<Key, Arc<dyn Any + Send + Sync>>>>,
+    next_id: Arc<AtomicU64>,
+    /// Waits [`SHARED_GRACE`] before each list (see there).
+    shared: bool,
+    /// Watches started so far (restarts for late subscribers included).
+    lists: Arc<AtomicU64>,
+}
+
+impl WatchHub {
+    /// A hub for the controllers of one process.
+    pub fn shared() -> Self {
+        Self {
+            shared: true,
+            ..Self::default()
+        }
+    }
+
+    /// How many watches this hub opened so far (each starts with a list).
+    pub fn lists(&self) -> u64 {
+        self.lists.load(Ordering::Relaxed)
+    }
+
+    /// Subscribes `apply` to the watch of `api`'s objects selected by `config`, starting it if
+    /// it is not running; `synced` is told once the subscriber has seen a complete list.
+    /// The subscription ends when the returned guard is dropped. `kind` names the objects in
+    /// the logs.
+    pub fn subscribe<K, F>(
+        &self,
+        kind: String,
+        api: Api<K>,
+        config: watcher::Config,
+        apply: F,
+        synced: Synced,
+    ) -> Subscription
+    where
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        F: FnMut(Change<&K>) + Send + 'static,
+    {
+        let key = Key {
+            object: TypeId::of::<K>(),
+            url: api.resource_url().to_string(),
+            labels: config.label_selector.clone(),
+            fields: config.field_selector.clone(),
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let subscriber = Subscriber {
+            id,
+            apply: Box::new(apply),
+            synced: Some(synced),
+            listening: false,
+        };
+        let mut watches = lock(&self.watches);
+        let existing = watches
+            .get(&key)
+            .cloned()
+            .and_then(|w| w.downcast::<Shared<K>>().ok());
+        let shared = match existing {
+            Some(shared) => {
+                lock(&shared.subscribers).push(subscriber);
+                // A list for the newcomer.
+                shared.restart.notify_one();
+                tracing::debug!(%kind, "another controller joins a shared watch");
+                shared
+            }
+            None => {
+                let shared = Arc::new(Shared {
+                    subscribers: Mutex::new(vec![subscriber]),
+                    restart: Notify::new(),
+                    task: Mutex::new(None),
+                });
+                let task = tokio::spawn(run(
+                    kind,
+                    api,
+                    config,
+                    shared.clone(),
+                    self.shared,
+                    self.lists.clone(),
+                ));
+                *lock(&shared.task) = Some(task.abort_handle());
+                watches.insert(key.clone(), shared.clone());
+                shared
+            }
+        };
+        let hub = self.clone();
+        Subscription {
+            leave: Some(Box::new(move || hub.leave(&key, &shared, id))),
+        }
+    }
+
+    fn leave<K: Send + 'static>(&self, key: &Key, shared: &Arc<Shared<K>>, id: u64) {
+        let mut watches = lock(&self.watches);
+        let mut subscribers = lock(&shared.subscribers);
+        subscribers.retain(|s| s.id != id);
+        if subscribers.is_empty() {
+            if let Some(task) = lock(&shared.task).take() {
+                task.abort();
+            }
+            watches.remove(key);
+        }
+    }
+}
+
+impl std::fmt::Debug for WatchHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchHub")
+            .field("watches", &lock(&self.watches).len())
+            .field("shared", &self.shared)
+            .field("lists", &self.lists())
+            .finish()
+    }
+}
+
+/// A subscription to a watch; dropping it unsubscribes.
+pub struct Subscription {
+    leave: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(leave) = self.leave.take() {
+            leave();
+        }
+    }
+}
+
+/// Runs the watch and hands its changes to the subscribers; lists again when one joins.
+/// Failed watches are logged and restarted with the watcher's backoff.
+async fn run<K>(
+    kind: String,
+    api: Api<K>,
+    config: watcher::Config,
+    shared: Arc<Shared<K>>,
+    grace: bool,
+    lists: Arc<AtomicU64>,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    loop {
+        if grace {
+            tokio::time::sleep(SHARED_GRACE).await;
+            // Whoever joined during the grace is served by the list that follows.
+            let _ = shared.restart.notified().now_or_never();
+        }
+        lists.fetch_add(1, Ordering::Relaxed);
+        let stream = watcher(api.clone(), config.clone()).default_backoff();
+        futures::pin_mut!(stream);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shared.restart.notified() => break,
+                event = stream.next() => match event {
+                    Some(Ok(event)) => shared.deliver(Change::from_watcher(event).as_ref()).await,
+                    Some(Err(err)) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
+                    None => return,
+                },
+            }
+        }
+    }
+}
