@@ -2,7 +2,10 @@
 //! The sidecar is chosen by the name the binary is called by (a link named `csi-provisioner`
 //! runs the provisioner, as busybox does) or by the first argument
 //! (`csi-sidecars provisioner --csi-address=…`); everything after it is the sidecar's own
-//! command line.
+//! command line. With flags instead of a sidecar's name (`csi-sidecars --controllers=…`) it
+//! runs several controllers in one process; see [`aio`].
+
+pub mod aio;
 
 use std::ffi::{OsStr, OsString};
 
@@ -77,6 +80,9 @@ impl Sidecar {
 pub enum Call {
     /// Run a sidecar with this command line.
     Run(Sidecar, Vec<OsString>),
+    /// Run the controllers `--controllers` lists, in one process (the flags, without the
+    /// program name).
+    AllInOne(Vec<String>),
     /// Print the usage (`--help`, `-h`, `help` or nothing).
     Usage,
     /// Neither the program name nor the first argument names a sidecar.
@@ -104,6 +110,11 @@ pub fn dispatch(args: Vec<OsString>) -> Call {
     let first = first.to_string_lossy().into_owned();
     match first.as_str() {
         "-h" | "--help" | "help" => Call::Usage,
+        flag if flag.starts_with('-') => Call::AllInOne(
+            std::iter::once(first.clone())
+                .chain(args.map(|a| a.to_string_lossy().into_owned()))
+                .collect(),
+        ),
         name => match Sidecar::named(name) {
             // The sidecar sees its own binary's name as its program name.
             Some(sidecar) => Call::Run(
@@ -125,7 +136,8 @@ pub fn usage() -> String {
     for sidecar in Sidecar::ALL {
         text.push_str(&format!("  {}\n", sidecar.names().join(", ")));
     }
-    text.push_str("\n`csi-sidecars SIDECAR --help` lists the sidecar's flags.\n");
+    text.push_str("\n`csi-sidecars SIDECAR --help` lists the sidecar's flags.\n\n");
+    text.push_str(&aio::help());
     text
 }
 

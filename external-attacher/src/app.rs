@@ -7,12 +7,13 @@ use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
+use sidecar_kit::host::{self, Controller, Host, HostError};
 use sidecar_kit::http::HttpPlan;
 use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
-use sidecar_kit::metrics::CsiMetrics;
-use sidecar_kit::startup::{self, Driver, Greeting, StartupError};
-use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use sidecar_kit::leader::{self, ElectionConfig};
+use sidecar_kit::startup::Greeting;
+use sidecar_kit::watches::WatchHub;
+use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config, Reconcile};
@@ -30,11 +31,7 @@ pub enum AppError {
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
-    Metrics(#[from] sidecar_kit::metrics::MetricsError),
-    #[error("cannot register metrics: {0}")]
-    Registry(#[from] prometheus::Error),
-    #[error(transparent)]
-    Startup(#[from] StartupError),
+    Host(#[from] HostError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error(transparent)]
@@ -114,76 +111,78 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Co
     }
 }
 
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+/// How this sidecar greets its driver: the probe bounded by `--timeout`, the identity calls
+/// by [`IDENTITY_TIMEOUT`].
+pub fn greeting(cli: &Cli) -> Greeting<'_> {
+    Greeting {
+        csi_address: &cli.common.csi.csi_address,
+        probe_timeout: cli.timeout,
+        identity_timeout: IDENTITY_TIMEOUT,
+        max_log_length: cli.max_grpc_log_length,
+    }
+}
+
+/// The attacher as a controller of `host`: the driver's capabilities, its configuration,
+/// client and Lease.
+pub async fn prepare(
+    cli: &Cli,
+    host: &Host,
+    kube_config: &kube::Config,
+) -> Result<Controller, AppError> {
     let kube_flags = &cli.common.kube;
-    let kube_config = sidecar_kit::kube::load_config(kube_flags).await?;
     let client = sidecar_kit::kube::client(
         kube_config.clone(),
         kube_flags.kube_api_qps,
         kube_flags.kube_api_burst,
     )?;
-
-    let metrics = CsiMetrics::new()?;
-    let greeting = Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: IDENTITY_TIMEOUT,
-        max_log_length: cli.max_grpc_log_length,
-    };
-    let Some(Driver { csi, name: driver }) =
-        startup::greet_driver(greeting, &metrics, &shutdown).await?
-    else {
-        return Ok(());
-    };
-    let caps = capabilities(&csi).await?;
+    let caps = capabilities(&host.csi).await?;
     if !caps.publishes() {
         tracing::info!(
             "the driver does not implement ControllerPublishVolume: VolumeAttachments are marked attached without calling it"
         );
     }
     let identity_name = leader::default_identity();
-    let mut config = config(&cli, &driver, caps, &identity_name);
-    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
-
+    let mut config = config(cli, &host.driver, caps, &identity_name);
+    config.queue_metrics = Some(host.queue_metrics.clone());
+    config.watches = host.watches.clone();
     let election = if cli.common.leader_election.leader_election {
         let le_client = sidecar_kit::kube::client(
-            kube_config,
+            kube_config.clone(),
             kube_flags.kube_api_qps,
             kube_flags.kube_api_burst,
         )?;
-        let mut settings =
-            ElectionConfig::from_flags(&model::lease_name(&driver), &cli.common.leader_election)?;
+        let mut settings = ElectionConfig::from_flags(
+            &model::lease_name(&host.driver),
+            &cli.common.leader_election,
+        )?;
         settings.release_on_exit = cli.release_lease_on_exit();
-        Some(
-            LeaderElector::new(le_client, settings)
-                .with_metrics(LeaderMetrics::register(metrics.registry())?),
-        )
+        Some((le_client, settings))
     } else {
         None
     };
+    let csi = host.csi.clone();
+    Ok(Controller::new("attacher", election, move |token| {
+        controller::run(config, client, csi, token)
+    }))
+}
 
-    http_plan
-        .serve(
-            &cli.common.http.metrics_path,
-            &metrics,
-            election.as_ref().map(LeaderElector::health),
-            |routes| routes,
-            &shutdown,
-        )
-        .await?;
-
-    match election {
-        Some(elector) => {
-            elector
-                .run(shutdown, |leading| {
-                    controller::run(config, client, csi, leading)
-                })
-                .await?
-        }
-        None => controller::run(config, client, csi, shutdown).await,
-    }
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let kube_config = sidecar_kit::kube::load_config(&cli.common.kube).await?;
+    let Some(host) = Host::start(greeting(&cli), WatchHub::default(), &shutdown).await? else {
+        return Ok(());
+    };
+    let controller = prepare(&cli, &host, &kube_config).await?;
+    host::run(
+        &host,
+        &http_plan,
+        &cli.common.http.metrics_path,
+        |routes| routes,
+        vec![controller],
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 

@@ -8,12 +8,13 @@ use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::Reporter;
-use sidecar_kit::http::{HttpPlan, Reply};
+use sidecar_kit::host::{self, Controller, Host, HostError};
+use sidecar_kit::http::{HttpPlan, Reply, Routes};
 use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
-use sidecar_kit::metrics::CsiMetrics;
-use sidecar_kit::startup::{self, Driver, Greeting, StartupError};
-use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use sidecar_kit::leader::{self, ElectionConfig};
+use sidecar_kit::startup::Greeting;
+use sidecar_kit::watches::WatchHub;
+use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config};
@@ -41,11 +42,9 @@ pub enum AppError {
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
-    Metrics(#[from] sidecar_kit::metrics::MetricsError),
+    Host(#[from] HostError),
     #[error("cannot register metrics: {0}")]
     Registry(#[from] prometheus::Error),
-    #[error(transparent)]
-    Startup(#[from] StartupError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error(transparent)]
@@ -255,15 +254,25 @@ pub async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
     }
 }
 
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
-    let mut kube_flags = cli.common.kube.clone();
-    // Upstream's provisioner lets $KUBECONFIG win over --kubeconfig.
-    if let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
-        kube_flags.kubeconfig = path.to_string_lossy().into_owned();
+/// How this sidecar greets its driver: every call bounded by `--timeout`.
+pub fn greeting(cli: &Cli) -> Greeting<'_> {
+    Greeting {
+        csi_address: &cli.common.csi.csi_address,
+        probe_timeout: cli.timeout,
+        identity_timeout: cli.timeout,
+        max_log_length: -1,
     }
-    let mut kube_config = sidecar_kit::kube::load_config(&kube_flags).await?;
+}
+
+/// The provisioner (with capacity tracking when asked) as a controller of `host`: the driver's
+/// capabilities, its configuration, clients, journal and Lease.
+pub async fn prepare(
+    cli: &Cli,
+    host: &Host,
+    kube_config: &kube::Config,
+) -> Result<Controller, AppError> {
+    let kube_flags = &cli.common.kube;
+    let mut kube_config = kube_config.clone();
     sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
     let clients = sidecar_kit::kube::clients(
         kube_config.clone(),
@@ -271,36 +280,26 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         kube_flags.kube_api_burst,
     )?;
     let client = clients.main.clone();
-
-    let metrics = CsiMetrics::new()?;
-    let greeting = Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: cli.timeout,
-        max_log_length: -1,
-    };
-    let Some(Driver { csi, name: driver }) =
-        startup::greet_driver(greeting, &metrics, &shutdown).await?
-    else {
-        return Ok(());
-    };
+    let csi = host.csi.clone();
+    let driver = host.driver.clone();
     let caps = capabilities(&csi, cli.timeout).await?;
     let identity_string = identity_string(&driver);
     tracing::info!(identity = %identity_string, ?caps, "provisioner identity");
     let instance = leader::default_identity();
-    let mut config = config(&cli, &driver, caps, &identity_string, &instance);
-    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
-    config.metrics = Some(ProvisionMetrics::register(metrics.registry())?);
+    let mut config = config(cli, &driver, caps, &identity_string, &instance);
+    config.queue_metrics = Some(host.queue_metrics.clone());
+    config.metrics = Some(ProvisionMetrics::register(host.metrics.registry())?);
     config.event_client = Some(clients.background);
+    config.watches = host.watches.clone();
     config.journal_client = Some(sidecar_kit::kube::client(
         kube_config.clone(),
         sidecar_kit::journal::QPS,
         sidecar_kit::journal::BURST,
     )?);
     if cli.node_deployment {
-        node_deployment(&cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;
+        node_deployment(cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;
     }
-    discover(&cli, &client, &mut config).await;
+    discover(cli, &client, &mut config).await;
     config.journal = Some(Location {
         namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
         name: journal_name(
@@ -319,7 +318,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             cli.kube_api_capacity_qps,
             cli.kube_api_capacity_burst,
         )?;
-        let mut settings = cap::Settings::from_cli(&cli, &driver);
+        let mut settings = cap::Settings::from_cli(cli, &driver);
         settings.watches = config.watches.clone();
         if let Some(node) = &config.policy.node {
             settings = settings.for_node(&node.name, node.topology.as_ref());
@@ -330,7 +329,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             client.clone(),
             cap_client,
             csi.clone(),
-            metrics.registry(),
+            host.metrics.registry(),
             config.queue_metrics.clone(),
         )
         .await?;
@@ -349,63 +348,64 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         let mut settings =
             ElectionConfig::from_flags(&model::lease_name(&driver), &cli.common.leader_election)?;
         settings.release_on_exit = cli.release_lease_on_exit();
-        Some(
-            LeaderElector::new(le_client, settings)
-                .with_metrics(LeaderMetrics::register(metrics.registry())?),
-        )
+        Some((le_client, settings))
     } else {
         None
     };
+    Ok(Controller::new("provisioner", election, move |token| {
+        crate::capacity::controller::beside(
+            capacity,
+            token.clone(),
+            controller::run(config, client, csi, token),
+        )
+    }))
+}
 
+/// `--enable-pprof`: the Go profiler's paths answer 404 with a clear text.
+pub fn pprof_routes(cli: &Cli) -> impl FnOnce(Routes) -> Routes {
     let pprof = cli.enable_pprof;
     if pprof {
         tracing::warn!(
             "--enable-pprof: /debug/pprof is a Go runtime facility; it answers 404 here"
         );
     }
-    http_plan
-        .serve(
-            &cli.common.http.metrics_path,
-            &metrics,
-            election.as_ref().map(LeaderElector::health),
-            |mut routes| {
-                if pprof {
-                    for path in PPROF_PATHS {
-                        routes = routes.route(path, || async {
-                            Reply::text(
-                                http::StatusCode::NOT_FOUND,
-                                "pprof is a Go facility; this provisioner is not written in Go\n",
-                            )
-                        });
-                    }
-                }
-                routes
-            },
-            &shutdown,
-        )
-        .await?;
-
-    match election {
-        Some(elector) => {
-            elector
-                .run(shutdown, |leading| {
-                    crate::capacity::controller::beside(
-                        capacity,
-                        leading.clone(),
-                        controller::run(config, client, csi, leading),
+    move |mut routes| {
+        if pprof {
+            for path in PPROF_PATHS {
+                routes = routes.route(path, || async {
+                    Reply::text(
+                        http::StatusCode::NOT_FOUND,
+                        "pprof is a Go facility; this provisioner is not written in Go\n",
                     )
-                })
-                .await?
+                });
+            }
         }
-        None => {
-            crate::capacity::controller::beside(
-                capacity,
-                shutdown.clone(),
-                controller::run(config, client, csi, shutdown),
-            )
-            .await
-        }
+        routes
     }
+}
+
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let mut kube_flags = cli.common.kube.clone();
+    // Upstream's provisioner lets $KUBECONFIG win over --kubeconfig.
+    if let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        kube_flags.kubeconfig = path.to_string_lossy().into_owned();
+    }
+    let kube_config = sidecar_kit::kube::load_config(&kube_flags).await?;
+    let Some(host) = Host::start(greeting(&cli), WatchHub::default(), &shutdown).await? else {
+        return Ok(());
+    };
+    let controller = prepare(&cli, &host, &kube_config).await?;
+    host::run(
+        &host,
+        &http_plan,
+        &cli.common.http.metrics_path,
+        pprof_routes(&cli),
+        vec![controller],
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 

@@ -6,12 +6,13 @@ use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
+use sidecar_kit::host::{self, Controller, Host, HostError};
 use sidecar_kit::http::HttpPlan;
 use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
-use sidecar_kit::metrics::CsiMetrics;
-use sidecar_kit::startup::{self, Greeting, StartupError};
-use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use sidecar_kit::leader::{self, ElectionConfig};
+use sidecar_kit::startup::Greeting;
+use sidecar_kit::watches::WatchHub;
+use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config};
@@ -26,11 +27,7 @@ pub enum AppError {
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
-    Metrics(#[from] sidecar_kit::metrics::MetricsError),
-    #[error("cannot register metrics: {0}")]
-    Registry(#[from] prometheus::Error),
-    #[error(transparent)]
-    Startup(#[from] StartupError),
+    Host(#[from] HostError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error(transparent)]
@@ -132,11 +129,25 @@ pub fn config(
     }
 }
 
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+/// How this sidecar greets its driver: every call bounded by `--timeout`.
+pub fn greeting(cli: &Cli) -> Greeting<'_> {
+    Greeting {
+        csi_address: &cli.common.csi.csi_address,
+        probe_timeout: cli.timeout,
+        identity_timeout: cli.timeout,
+        max_log_length: -1,
+    }
+}
+
+/// The resizer as a controller of `host`: the VolumeAttributesClass API and the driver's
+/// capabilities checked, its configuration, client and Lease.
+pub async fn prepare(
+    cli: &Cli,
+    host: &Host,
+    kube_config: &kube::Config,
+) -> Result<Controller, AppError> {
     let kube_flags = &cli.common.kube;
-    let mut kube_config = sidecar_kit::kube::load_config(kube_flags).await?;
+    let mut kube_config = kube_config.clone();
     sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
     let client = sidecar_kit::kube::client(
         kube_config.clone(),
@@ -155,18 +166,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             served
         }
     };
-
-    let metrics = CsiMetrics::new()?;
-    let greeting = Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: cli.timeout,
-        max_log_length: -1,
-    };
-    let Some(driver) = startup::greet_driver(greeting, &metrics, &shutdown).await? else {
-        return Ok(());
-    };
-    let caps = capabilities(&driver.csi, cli.timeout).await?;
+    let caps = capabilities(&host.csi, cli.timeout).await?;
     if !caps.resizes() {
         tracing::info!("the CSI driver does not support volume expansion");
     }
@@ -182,9 +182,9 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         );
     }
     let identity_name = leader::default_identity();
-    let mut config = config(&cli, &driver.name, caps, classes, &identity_name);
-    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
-
+    let mut config = config(cli, &host.driver, caps, classes, &identity_name);
+    config.queue_metrics = Some(host.queue_metrics.clone());
+    config.watches = host.watches.clone();
     let election = if cli.common.leader_election.leader_election {
         let le_client = sidecar_kit::kube::client(
             kube_config,
@@ -192,38 +192,36 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
             kube_flags.kube_api_burst,
         )?;
         let mut settings = ElectionConfig::from_flags(
-            &model::lease_name(&driver.name),
+            &model::lease_name(&host.driver),
             &cli.common.leader_election,
         )?;
         settings.release_on_exit = cli.release_lease_on_exit();
-        Some(
-            LeaderElector::new(le_client, settings)
-                .with_metrics(LeaderMetrics::register(metrics.registry())?),
-        )
+        Some((le_client, settings))
     } else {
         None
     };
+    let csi = host.csi.clone();
+    Ok(Controller::new("resizer", election, move |token| {
+        controller::run(config, client, csi, token)
+    }))
+}
 
-    http_plan
-        .serve(
-            &cli.common.http.metrics_path,
-            &metrics,
-            election.as_ref().map(LeaderElector::health),
-            |routes| routes,
-            &shutdown,
-        )
-        .await?;
-
-    let csi = driver.csi;
-    match election {
-        Some(elector) => {
-            elector
-                .run(shutdown, |leading| {
-                    controller::run(config, client, csi, leading)
-                })
-                .await?
-        }
-        None => controller::run(config, client, csi, shutdown).await,
-    }
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let kube_config = sidecar_kit::kube::load_config(&cli.common.kube).await?;
+    let Some(host) = Host::start(greeting(&cli), WatchHub::default(), &shutdown).await? else {
+        return Ok(());
+    };
+    let controller = prepare(&cli, &host, &kube_config).await?;
+    host::run(
+        &host,
+        &http_plan,
+        &cli.common.http.metrics_path,
+        |routes| routes,
+        vec![controller],
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

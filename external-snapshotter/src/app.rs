@@ -3,13 +3,14 @@
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use sidecar_kit::events::Reporter;
+use sidecar_kit::host::{self, Controller, Host, HostError};
 use sidecar_kit::http::HttpPlan;
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::journal::{Location, journal_name};
-use sidecar_kit::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
-use sidecar_kit::metrics::CsiMetrics;
-use sidecar_kit::startup::{self, Greeting, StartupError};
-use sidecar_kit::workqueue::{Backoff, WorkQueueMetrics};
+use sidecar_kit::leader::{self, ElectionConfig};
+use sidecar_kit::startup::Greeting;
+use sidecar_kit::watches::WatchHub;
+use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config, GroupNaming, Naming, SnapshotMetrics};
@@ -26,11 +27,9 @@ pub enum AppError {
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
-    Metrics(#[from] sidecar_kit::metrics::MetricsError),
+    Host(#[from] HostError),
     #[error("cannot register metrics: {0}")]
     Registry(#[from] prometheus::Error),
-    #[error(transparent)]
-    Startup(#[from] StartupError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error(transparent)]
@@ -106,40 +105,45 @@ async fn group_snapshots_offered(
     }
 }
 
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+/// How this sidecar greets its driver: every call bounded by `--timeout`.
+pub fn greeting(cli: &Cli) -> Greeting<'_> {
+    Greeting {
+        csi_address: &cli.common.csi.csi_address,
+        probe_timeout: cli.timeout,
+        identity_timeout: cli.timeout,
+        max_log_length: -1,
+    }
+}
+
+/// `NODE_NAME` with `--node-deployment`.
+fn node_name(cli: &Cli) -> Result<Option<String>, AppError> {
+    if !cli.node_deployment {
+        return Ok(None);
+    }
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .map(Some)
+        .ok_or(AppError::NoNodeName)
+}
+
+/// The snapshotter as a controller of `host`: the driver's capabilities checked, its
+/// configuration, clients, journal and Lease.
+pub async fn prepare(
+    cli: &Cli,
+    host: &Host,
+    kube_config: &kube::Config,
+) -> Result<Controller, AppError> {
+    let node = node_name(cli)?;
     let kube_flags = &cli.common.kube;
-    let kube_config = sidecar_kit::kube::load_config(kube_flags).await?;
     let client = sidecar_kit::kube::client(
         kube_config.clone(),
         kube_flags.kube_api_qps,
         kube_flags.kube_api_burst,
     )?;
-    let node = if cli.node_deployment {
-        Some(
-            std::env::var("NODE_NAME")
-                .ok()
-                .filter(|n| !n.is_empty())
-                .ok_or(AppError::NoNodeName)?,
-        )
-    } else {
-        None
-    };
-
-    let metrics = CsiMetrics::new()?;
-    let greeting = Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: cli.timeout,
-        max_log_length: -1,
-    };
-    let Some(driver) = startup::greet_driver(greeting, &metrics, &shutdown).await? else {
-        return Ok(());
-    };
-    let rpcs = identity::controller_capabilities(&driver.csi, cli.timeout).await?;
+    let rpcs = identity::controller_capabilities(&host.csi, cli.timeout).await?;
     if !rpcs.contains(&Rpc::CreateDeleteSnapshot) {
-        return Err(AppError::NoSnapshots(driver.name));
+        return Err(AppError::NoSnapshots(host.driver.clone()));
     }
     let list_snapshots = rpcs.contains(&Rpc::ListSnapshots);
     if !list_snapshots {
@@ -148,62 +152,61 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
         );
     }
     let instance = leader::default_identity();
-    let mut config = config(&cli, &driver.name, list_snapshots, &instance);
-    if config.groups.is_some() && !group_snapshots_offered(&driver.csi, cli.timeout).await {
+    let mut config = config(cli, &host.driver, list_snapshots, &instance);
+    if config.groups.is_some() && !group_snapshots_offered(&host.csi, cli.timeout).await {
         config.groups = None;
     }
-    config.queue_metrics = Some(WorkQueueMetrics::register(metrics.registry())?);
-    config.snapshot_metrics = Some(SnapshotMetrics::register(metrics.registry())?);
+    config.queue_metrics = Some(host.queue_metrics.clone());
+    config.snapshot_metrics = Some(SnapshotMetrics::register(host.metrics.registry())?);
     config.journal = Some(Location {
         namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
-        name: journal_name(&model::lease_name(&driver.name), node.as_deref()),
+        name: journal_name(&model::lease_name(&host.driver), node.as_deref()),
     });
     config.node = node;
+    config.watches = host.watches.clone();
     let journal_client = sidecar_kit::kube::client(
         kube_config.clone(),
         sidecar_kit::journal::QPS,
         sidecar_kit::journal::BURST,
     )?;
-
     let election = if cli.common.leader_election.leader_election {
         let le_client = sidecar_kit::kube::client(
-            kube_config,
+            kube_config.clone(),
             kube_flags.kube_api_qps,
             kube_flags.kube_api_burst,
         )?;
         let mut settings = ElectionConfig::from_flags(
-            &model::lease_name(&driver.name),
+            &model::lease_name(&host.driver),
             &cli.common.leader_election,
         )?;
         settings.release_on_exit = cli.release_lease_on_exit();
-        Some(
-            LeaderElector::new(le_client, settings)
-                .with_metrics(LeaderMetrics::register(metrics.registry())?),
-        )
+        Some((le_client, settings))
     } else {
         None
     };
+    let csi = host.csi.clone();
+    Ok(Controller::new("snapshotter", election, move |token| {
+        controller::run(config, client, journal_client, csi, token)
+    }))
+}
 
-    http_plan
-        .serve(
-            &cli.common.http.metrics_path,
-            &metrics,
-            election.as_ref().map(LeaderElector::health),
-            |routes| routes,
-            &shutdown,
-        )
-        .await?;
-
-    let csi = driver.csi;
-    match election {
-        Some(elector) => {
-            elector
-                .run(shutdown, |leading| {
-                    controller::run(config, client, journal_client, csi, leading)
-                })
-                .await?
-        }
-        None => controller::run(config, client, journal_client, csi, shutdown).await,
-    }
+/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
+pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
+    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
+    let kube_config = sidecar_kit::kube::load_config(&cli.common.kube).await?;
+    node_name(&cli)?;
+    let Some(host) = Host::start(greeting(&cli), WatchHub::default(), &shutdown).await? else {
+        return Ok(());
+    };
+    let controller = prepare(&cli, &host, &kube_config).await?;
+    host::run(
+        &host,
+        &http_plan,
+        &cli.common.http.metrics_path,
+        |routes| routes,
+        vec![controller],
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

@@ -240,13 +240,13 @@ pub const LEADER_HEALTH_PATH: &str = "/healthz/leader-election";
 
 impl HttpPlan {
     /// Serves the controller sidecars' endpoint: metrics at `metrics_path`; on the full endpoint
-    /// (`--http-endpoint`) also the leader health check (with leader election) and the routes
+    /// (`--http-endpoint`) also the leader health check of every election given and the routes
     /// `extra` adds. Returns once listening.
     pub async fn serve(
         &self,
         metrics_path: &str,
         metrics: &CsiMetrics,
-        leader: Option<LeaderHealth>,
+        leader: Vec<LeaderHealth>,
         extra: impl FnOnce(Routes) -> Routes,
         shutdown: &CancellationToken,
     ) -> Result<(), HttpError> {
@@ -256,10 +256,10 @@ impl HttpPlan {
             Self::MetricsOnly(address) => (address, routes),
             Self::Full(address) => {
                 let mut routes = extra(routes);
-                if let Some(health) = leader {
+                if !leader.is_empty() {
                     routes = routes.route(LEADER_HEALTH_PATH, move || {
-                        let health = health.clone();
-                        async move { health.check() }
+                        let reply = LeaderHealth::check_all(&leader);
+                        async move { reply }
                     });
                 }
                 (address, routes)

@@ -222,25 +222,52 @@ pub struct LeaderHealth {
 impl LeaderHealth {
     /// 200 `ok`, or 500 once the leader has failed to renew for lease duration + 20 s.
     pub fn check(&self) -> Reply {
+        match self.problem() {
+            Some(problem) => Reply::text(http::StatusCode::INTERNAL_SERVER_ERROR, problem),
+            None => Reply::ok(),
+        }
+    }
+
+    /// Several elections (an all-in-one process): 200 when all are healthy, else 500; the body
+    /// has a line per Lease.
+    pub fn check_all(elections: &[LeaderHealth]) -> Reply {
+        if let [one] = elections {
+            return one.check();
+        }
+        let mut failed = false;
+        let mut body = String::new();
+        for election in elections {
+            let line = match election.problem() {
+                Some(problem) => {
+                    failed = true;
+                    problem
+                }
+                None => "ok".to_string(),
+            };
+            body.push_str(&format!("{}: {line}\n", election.lease));
+        }
+        let status = if failed {
+            http::StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            http::StatusCode::OK
+        };
+        Reply::text(status, body)
+    }
+
+    fn problem(&self) -> Option<String> {
         let Ok(observed) = self.observed.lock() else {
-            return Reply::text(
-                http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal server error: state unavailable",
-            );
+            return Some("internal server error: state unavailable".into());
         };
         if observed.leading
             && let Some(renewed) = observed.last_renewal
             && renewed.elapsed() > self.lease_duration + HEALTH_TOLERANCE
         {
-            return Reply::text(
-                http::StatusCode::INTERNAL_SERVER_ERROR,
-                format!(
-                    "internal server error: failed election to renew leadership on lease {}",
-                    self.lease
-                ),
-            );
+            return Some(format!(
+                "internal server error: failed election to renew leadership on lease {}",
+                self.lease
+            ));
         }
-        Reply::ok()
+        None
     }
 
     pub fn is_leader(&self) -> bool {

@@ -10,6 +10,7 @@ pub mod csi;
 pub mod endpoint;
 pub mod events;
 pub mod flags;
+pub mod host;
 pub mod http;
 pub mod identity;
 pub mod journal;

@@ -85,7 +85,8 @@ async fn scripted_lifecycle_of_every_rpc() {
         services,
         [
             PluginService::ControllerService,
-            PluginService::VolumeAccessibilityConstraints
+            PluginService::VolumeAccessibilityConstraints,
+            PluginService::GroupControllerService
         ]
     );
     let probe = id.probe(v1::ProbeRequest {}).await.unwrap().into_inner();

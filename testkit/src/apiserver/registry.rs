@@ -663,6 +663,7 @@ mod tests {
                 "coordination.k8s.io",
                 "events.k8s.io",
                 "snapshot.storage.k8s.io",
+                "groupsnapshot.storage.k8s.io",
                 "apps",
                 "gateway.networking.k8s.io"
             ]

@@ -1,0 +1,169 @@
+//! What the controllers of one process share, and how they run: one driver connection (greeted
+//! and probed once), one metrics registry, one set of watches, one HTTP endpoint; each
+//! controller under its own leader election (or none), stopping the process when one of them
+//! ends before shutdown, as a single sidecar exits when it loses its Lease.
+//!
+//! A single sidecar is a host with one controller; the all-in-one binary is a host with several.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::csi::CsiClient;
+use crate::http::{HttpError, HttpPlan, Routes};
+use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
+use crate::metrics::{CsiMetrics, MetricsError};
+use crate::startup::{self, Greeting, StartupError};
+use crate::watches::WatchHub;
+use crate::workqueue::WorkQueueMetrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error("cannot register metrics: {0}")]
+    Registry(#[from] prometheus::Error),
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+    #[error("the {0} controller stopped before the process was asked to")]
+    Stopped(&'static str),
+    #[error("a controller failed: {0}")]
+    Panicked(String),
+}
+
+/// The process's share: the driver, its name, the registry's metrics, the watches.
+#[derive(Clone)]
+pub struct Host {
+    pub csi: CsiClient,
+    pub driver: String,
+    pub metrics: CsiMetrics,
+    pub queue_metrics: WorkQueueMetrics,
+    pub watches: WatchHub,
+    leader_metrics: LeaderMetrics,
+}
+
+impl Host {
+    /// Connects to the driver, waits for it and learns its name; `None` when `shutdown` came
+    /// first. `watches` is a hub of its own for a single sidecar, a shared one for several.
+    pub async fn start(
+        greeting: Greeting<'_>,
+        watches: WatchHub,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Self>, HostError> {
+        let metrics = CsiMetrics::new()?;
+        let Some(driver) = startup::greet_driver(greeting, &metrics, shutdown).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            csi: driver.csi,
+            driver: driver.name,
+            queue_metrics: WorkQueueMetrics::register(metrics.registry())?,
+            leader_metrics: LeaderMetrics::register(metrics.registry())?,
+            metrics,
+            watches,
+        }))
+    }
+}
+
+type Run = Box<dyn FnOnce(CancellationToken) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// A controller ready to run.
+pub struct Controller {
+    /// The controller's name in logs and errors: "provisioner".
+    pub name: &'static str,
+    /// Its leader election: the client for the Lease and the settings; `None` runs it at once.
+    pub election: Option<(kube::Client, ElectionConfig)>,
+    run: Run,
+}
+
+impl Controller {
+    /// `run` runs the controller until the token it is given is cancelled.
+    pub fn new<F, Fut>(
+        name: &'static str,
+        election: Option<(kube::Client, ElectionConfig)>,
+        run: F,
+    ) -> Self
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Self {
+            name,
+            election,
+            run: Box::new(move |token| Box::pin(run(token))),
+        }
+    }
+}
+
+/// Serves HTTP (metrics, and the leader health of every controller that elects), then runs the
+/// controllers until `shutdown`. A controller that ends first (its leadership lost, its task
+/// failed) stops the others and the process with an error.
+pub async fn run(
+    host: &Host,
+    http: &HttpPlan,
+    metrics_path: &str,
+    extra_routes: impl FnOnce(Routes) -> Routes,
+    controllers: Vec<Controller>,
+    shutdown: CancellationToken,
+) -> Result<(), HostError> {
+    let mut electors = Vec::with_capacity(controllers.len());
+    for controller in controllers {
+        let elector = controller.election.map(|(client, settings)| {
+            LeaderElector::new(client, settings).with_metrics(host.leader_metrics.clone())
+        });
+        electors.push((controller.name, elector, controller.run));
+    }
+    let health = electors
+        .iter()
+        .filter_map(|(_, elector, _)| elector.as_ref().map(LeaderElector::health))
+        .collect();
+    http.serve(metrics_path, &host.metrics, health, extra_routes, &shutdown)
+        .await?;
+
+    // Each controller stops with the process, or makes the process stop.
+    let stop = shutdown.child_token();
+    let mut running = JoinSet::new();
+    for (name, elector, run) in electors {
+        let token = stop.clone();
+        running.spawn(async move {
+            let result = match elector {
+                Some(elector) => elector.run(token, run).await.map_err(HostError::from),
+                None => {
+                    run(token).await;
+                    Ok(())
+                }
+            };
+            (name, result)
+        });
+    }
+    let mut outcome = Ok(());
+    while let Some(joined) = running.join_next().await {
+        let (name, result) = match joined {
+            Ok(done) => done,
+            Err(err) => ("controller", Err(HostError::Panicked(err.to_string()))),
+        };
+        if outcome.is_ok() {
+            match result {
+                Err(err) => {
+                    tracing::error!(controller = name, error = %err, "controller stopped; stopping the others");
+                    outcome = Err(err);
+                }
+                Ok(()) if !shutdown.is_cancelled() => {
+                    tracing::error!(controller = name, "controller stopped; stopping the others");
+                    outcome = Err(HostError::Stopped(name));
+                }
+                Ok(()) => {}
+            }
+            if outcome.is_err() {
+                stop.cancel();
+            }
+        }
+    }
+    outcome
+}
