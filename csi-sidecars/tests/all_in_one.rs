@@ -1,0 +1,275 @@
+//! `csi-sidecars --controllers=*` run for real: one process provisions, attaches, expands and
+//! snapshots, through one driver connection, with one list of each kind it watches, its
+//! controllers' metrics on one endpoint and each controller's own Lease.
+#![cfg(unix)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+use testkit::apiserver::{Options, TestCluster, Verb};
+use testkit::measure::{free_port, http_get};
+use testkit::mockdriver::MockDriver;
+use testkit::process::CleanEnv;
+
+const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn create<K>(api: &Api<K>, object: Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(object).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
+fn snapshot_api(
+    client: &kube::Client,
+    ns: Option<&str>,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+        plural,
+    );
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+#[tokio::test]
+async fn one_process_runs_every_controller_on_one_watch_per_kind() {
+    let cluster = TestCluster::start_with(Options {
+        pv_controller: true,
+        snapshot_controller: true,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let client = cluster.client();
+    let ns = cluster.namespace().to_string();
+    let driver = if cluster.is_real() {
+        format!("{ns}.aio.csi.test")
+    } else {
+        "aio.csi.test".to_string()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockDriver::builder()
+        .driver_name(driver.clone())
+        .serve_unix(dir.path().join("csi.sock"))
+        .await
+        .unwrap();
+    let port = free_port().unwrap();
+    let mut command = tokio::process::Command::new(BIN);
+    command.clean_env();
+    testkit::process::die_with_parent(&mut command);
+    let mut child = command
+        .args([
+            "--controllers=*".to_string(),
+            format!("--csi-address={}", mock.endpoint()),
+            format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+            "--leader-election".to_string(),
+            format!("--leader-election-namespace={ns}"),
+            "--retry-interval-start=100ms".to_string(),
+            // A setting for one controller only.
+            "--attacher-worker-threads=3".to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    // Each controller holds its own upstream Lease.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let sanitized = driver.replace('.', "-");
+    for lease in [
+        sanitized.clone(),
+        format!("external-attacher-leader-{sanitized}"),
+        format!("external-resizer-{sanitized}"),
+        format!("external-snapshotter-leader-{sanitized}"),
+    ] {
+        eventually(&format!("the Lease {lease}"), || async {
+            leases
+                .get_opt(&lease)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.spec?.holder_identity)
+        })
+        .await;
+    }
+
+    // Provisioner: a claim of an expandable class is bound.
+    let class = cluster.cluster_name("aio");
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        json!({"metadata": {"name": class}, "provisioner": driver, "allowVolumeExpansion": true}),
+    )
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    create(
+        &claims,
+        json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": class, "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await;
+    let pv_name = eventually("the claim bound", || async {
+        let claim = claims.get("data").await.ok()?;
+        (claim.status?.phase.as_deref() == Some("Bound")).then_some(claim.spec?.volume_name?)
+    })
+    .await;
+
+    // Attacher: the PV is attached to a node.
+    let node = cluster.cluster_name("aio-node");
+    create(
+        &Api::<CSINode>::all(client.clone()),
+        json!({"metadata": {"name": node}, "spec": {"drivers": [{"name": driver, "nodeID": "nid-1"}]}}),
+    )
+    .await;
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let va = cluster.cluster_name("aio-va");
+    create(
+        &vas,
+        json!({"metadata": {"name": va}, "spec": {"attacher": driver, "nodeName": node,
+            "source": {"persistentVolumeName": pv_name}}}),
+    )
+    .await;
+    eventually("the attachment", || async {
+        vas.get(&va)
+            .await
+            .ok()?
+            .status
+            .filter(|s| s.attached)
+            .map(|_| ())
+    })
+    .await;
+
+    // Resizer: the claim grows.
+    claims
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}})),
+        )
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    eventually("the volume expanded", || async {
+        let pv = pvs.get(&pv_name).await.ok()?;
+        (pv.spec?.capacity?.get("storage")?.0 == "2Gi").then_some(())
+    })
+    .await;
+
+    // Snapshotter: a snapshot of the claim is ready.
+    let snapshot_class = cluster.cluster_name("aio-snap");
+    create(
+        &snapshot_api(
+            &client,
+            None,
+            "VolumeSnapshotClass",
+            "volumesnapshotclasses",
+        ),
+        json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+            "metadata": {"name": snapshot_class}, "driver": driver, "deletionPolicy": "Delete"}),
+    )
+    .await;
+    let snapshots = snapshot_api(&client, Some(&ns), "VolumeSnapshot", "volumesnapshots");
+    create(
+        &snapshots,
+        json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": "snap"}, "spec": {"volumeSnapshotClassName": snapshot_class,
+            "source": {"persistentVolumeClaimName": "data"}}}),
+    )
+    .await;
+    eventually("the snapshot ready", || async {
+        let snapshot = snapshots.get("snap").await.ok()?;
+        (snapshot.data["status"]["readyToUse"] == true).then_some(())
+    })
+    .await;
+
+    // One list of each kind several controllers watch, for the whole process.
+    if let Some(counters) = cluster.counters() {
+        for kind in [
+            "persistentvolumes",
+            "persistentvolumeclaims",
+            "volumeattachments",
+            "csinodes",
+        ] {
+            assert_eq!(counters.get(Verb::List, kind), 1, "lists of {kind}");
+        }
+    }
+    // Every controller's metrics on one endpoint, with upstream's names.
+    let metrics = eventually("the metrics", || async {
+        http_get(port, "/metrics").await.map(|(_, body)| body)
+    })
+    .await;
+    for method in [
+        "/csi.v1.Controller/CreateVolume",
+        "/csi.v1.Controller/ControllerPublishVolume",
+        "/csi.v1.Controller/ControllerExpandVolume",
+        "/csi.v1.Controller/CreateSnapshot",
+    ] {
+        assert!(metrics.contains(method), "{method} missing:\n{metrics}");
+    }
+    for queue in ["claims", "csi-attacher-va", "csi-snapshotter-content"] {
+        assert!(
+            metrics.contains(&format!("workqueue_adds_total{{name=\"{queue}\"}}")),
+            "queue {queue} missing:\n{metrics}"
+        );
+    }
+    let (status, body) = http_get(port, "/healthz/leader-election").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body.lines().count(), 4, "a line per Lease: {body}");
+    assert_eq!(
+        mock.calls().count("/csi.v1.Identity/Probe"),
+        1,
+        "one driver connection, probed once at start-up"
+    );
+
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    mock.shutdown().await.unwrap();
+    cluster.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_all_in_one_command_line_exits_2_with_the_layout() {
+    let output = std::process::Command::new(BIN)
+        .clean_env()
+        .args(["--controllers=attacher", "--volume-name-prefix=x"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--volume-name-prefix"), "{stderr}");
+    assert!(stderr.contains("--controllers=LIST"), "{stderr}");
+}
