@@ -405,9 +405,8 @@ impl Workload {
         .await;
         self.ops.group_snapshotted += 1;
         if rng.chance(15) {
-            // Deleted while it may be being cut, but only once its status names its content:
-            // upstream's snapshot-controller leaves the content of a group deleted before that
-            // behind (see the stand-in in the test kit), which no sidecar can see.
+            // Deleted while it may be being cut, but only once bound (see `until_bound`): no
+            // sidecar can see a content its snapshot-controller left behind.
             self.until_bound(&name).await;
             self.delete_volume_group_snapshot(&name).await;
             self.ops.group_snapshots_deleted += 1;
@@ -419,13 +418,18 @@ impl Workload {
         }
     }
 
-    /// Waits until the group's status names its content (bounded: the controller may be slow,
-    /// never stopped by the faults, which hit the sidecars and the driver).
+    /// Waits until the group's status names its content and the group has its bound finalizer
+    /// (bounded: the controller may be slow, never stopped by the faults, which hit the sidecars
+    /// and the driver). Upstream's snapshot-controller leaves the content of a group deleted
+    /// before that behind.
     async fn until_bound(&self, name: &str) {
         let deadline = Instant::now() + RETRY_FOR;
         while Instant::now() < deadline {
             if let Ok(group) = self.group_snapshots.get(name).await
                 && group.data["status"]["boundVolumeGroupSnapshotContentName"].is_string()
+                && group.metadata.finalizers.iter().flatten().any(|f| {
+                    f == "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-bound-protection"
+                })
             {
                 return;
             }

@@ -162,9 +162,6 @@ pub(super) fn sync_group(s: &mut Store, k: GroupKinds, ns: &str, name: &str) {
         return;
     }
 
-    if let Some(changed) = with_finalizers(&group, &[GROUP_FINALIZER], &[]) {
-        update(s, k.group, changed, Target::Main);
-    }
     let content = match content {
         Some(content) => content,
         None => {
@@ -181,6 +178,13 @@ pub(super) fn sync_group(s: &mut Store, k: GroupKinds, ns: &str, name: &str) {
         && let Some(changed) = with_finalizers(&content, &[GROUP_CONTENT_FINALIZER], &[])
     {
         update(s, k.content, changed, Target::Main);
+    }
+    // As upstream, the group's finalizer comes once its content exists: a group deleted before
+    // goes at once, and its content stays.
+    if let Ok(group) = s.get(k.group, ns, name)
+        && let Some(changed) = with_finalizers(&group, &[GROUP_FINALIZER], &[])
+    {
+        update(s, k.group, changed, Target::Main);
     }
     create_members(s, k, &group, &content);
     let Ok(group) = s.get(k.group, ns, name) else {
