@@ -21,6 +21,7 @@
 //!   FAULT_SEED=N      replays a run
 //!   FAULT_ROUNDS=N    rounds of operations and faults (default 40; a long run: 400)
 //!   FAULT_CONVERGE=S  seconds allowed to converge (default 120)
+//!   FAULT_KEEP=1      keeps the replicas' logs and the driver's state of a run that fails
 
 #![cfg(target_os = "linux")]
 
@@ -884,6 +885,12 @@ async fn faults_lose_nothing_and_everything_converges() {
                 replica.log().display(),
                 replica.log_tail(40)
             );
+        }
+        if std::env::var_os("FAULT_KEEP").is_some() {
+            // The replicas' whole logs and the driver's state, for a run that is hard to replay.
+            let fresh = tempfile::tempdir().expect("a temporary directory");
+            let kept = std::mem::replace(&mut suite._dir, fresh).keep();
+            println!("logs and driver state kept in {}", kept.display());
         }
         panic!("seed {seed} did not converge within {converge:?}; FAULT_SEED={seed} replays it");
     }
