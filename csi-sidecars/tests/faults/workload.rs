@@ -344,8 +344,26 @@ impl Workload {
             self.delete_volume_snapshot(&name).await;
             self.ops.snapshots_deleted += 1;
         } else {
+            // Kept: its claim may be deleted later, so its content must exist first (a snapshot
+            // whose claim is gone before its snapshot-controller made its content can never be
+            // ready; upstream's, throttled at 5 QPS, takes a while to make it).
+            self.until_snapshot_bound(&name).await;
             self.snapshots.push(name);
         }
+    }
+
+    /// Waits (bounded) until the VolumeSnapshot names its content.
+    async fn until_snapshot_bound(&self, name: &str) {
+        let deadline = Instant::now() + RETRY_FOR;
+        while Instant::now() < deadline {
+            if let Ok(snapshot) = self.volume_snapshots.get(name).await
+                && snapshot.data["status"]["boundVolumeSnapshotContentName"].is_string()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("VolumeSnapshot {name} was not bound to a content within {RETRY_FOR:?}");
     }
 
     async fn delete_snapshot(&mut self, rng: &mut Rng) {
