@@ -8,27 +8,44 @@
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 
+use std::sync::Arc;
+
 use clap::CommandFactory;
+use livenessprobe::probe::Prober;
+use node_driver_registrar::run::SharedHealth;
 use sidecar_kit::host::{self, Controller, Host};
-use sidecar_kit::http::HttpPlan;
+use sidecar_kit::http::{self, Check, HttpPlan, HttpServer, Routes};
 use sidecar_kit::watches::WatchHub;
 use tokio_util::sync::CancellationToken;
 
-/// The controllers `--controllers` selects from, in KEP-4958's names.
+/// What `--controllers` selects from, in KEP-4958's names: the four controllers of the
+/// controller pod, and the node pod's registrar; the livenessprobe joins either.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Ctl {
     Provisioner,
     Attacher,
     Resizer,
     Snapshotter,
+    Livenessprobe,
+    Registrar,
 }
 
 impl Ctl {
-    pub const ALL: [Ctl; 4] = [
+    /// The controllers, which `*` selects.
+    pub const CONTROLLERS: [Ctl; 4] = [
         Ctl::Provisioner,
         Ctl::Attacher,
         Ctl::Resizer,
         Ctl::Snapshotter,
+    ];
+
+    pub const ALL: [Ctl; 6] = [
+        Ctl::Provisioner,
+        Ctl::Attacher,
+        Ctl::Resizer,
+        Ctl::Snapshotter,
+        Ctl::Livenessprobe,
+        Ctl::Registrar,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +54,8 @@ impl Ctl {
             Ctl::Attacher => "attacher",
             Ctl::Resizer => "resizer",
             Ctl::Snapshotter => "snapshotter",
+            Ctl::Livenessprobe => "livenessprobe",
+            Ctl::Registrar => "node-driver-registrar",
         }
     }
 
@@ -47,6 +66,8 @@ impl Ctl {
             Ctl::Attacher => "csi-attacher",
             Ctl::Resizer => "csi-resizer",
             Ctl::Snapshotter => "csi-snapshotter",
+            Ctl::Livenessprobe => "livenessprobe",
+            Ctl::Registrar => "csi-node-driver-registrar",
         }
     }
 
@@ -56,6 +77,8 @@ impl Ctl {
             Ctl::Attacher => external_attacher::flags::Cli::command(),
             Ctl::Resizer => external_resizer::flags::Cli::command(),
             Ctl::Snapshotter => external_snapshotter::flags::Cli::command(),
+            Ctl::Livenessprobe => livenessprobe::flags::Cli::command(),
+            Ctl::Registrar => node_driver_registrar::config::Cli::command(),
         }
     }
 
@@ -98,9 +121,10 @@ pub enum RouteError {
     #[error("--controllers: unknown controller {0:?} (known: {1})")]
     UnknownController(String, String),
     #[error(
-        "--controllers: {0} runs beside the driver on each node; run it as `csi-sidecars {0} …`"
+        "--controllers: node-driver-registrar runs on every node and {0} in the controller pod; \
+         run them in separate processes"
     )]
-    NodeSidecar(String),
+    NodeWithController(String),
     #[error("flag provided but not defined by the selected controllers: --{0}")]
     UnknownFlag(String),
     #[error("flag needs an argument: --{0}")]
@@ -119,10 +143,7 @@ fn parse_controllers(list: &str) -> Result<Vec<Ctl>, RouteError> {
     let mut selected = BTreeSet::new();
     for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match name {
-            "*" | "all" => selected.extend(Ctl::ALL),
-            "node-driver-registrar" | "registrar" | "livenessprobe" => {
-                return Err(RouteError::NodeSidecar(name.to_string()));
-            }
+            "*" | "all" => selected.extend(Ctl::CONTROLLERS),
             name => match Ctl::named(name) {
                 Some(ctl) => {
                     selected.insert(ctl);
@@ -133,6 +154,13 @@ fn parse_controllers(list: &str) -> Result<Vec<Ctl>, RouteError> {
     }
     if selected.is_empty() {
         return Err(RouteError::NoControllers(known()));
+    }
+    if selected.contains(&Ctl::Registrar)
+        && let Some(controller) = selected.iter().find(|c| Ctl::CONTROLLERS.contains(c))
+    {
+        return Err(RouteError::NodeWithController(
+            controller.name().to_string(),
+        ));
     }
     Ok(selected.into_iter().collect())
 }
@@ -306,16 +334,20 @@ pub fn help() -> String {
     let all: Vec<BTreeSet<String>> = commands.iter().map(|(_, c)| longs(c)).collect();
     let mut text = String::from(
         "Usage: csi-sidecars --controllers=LIST [flags]\n\n\
-         Runs the listed controllers (provisioner, attacher, resizer, snapshotter; * for all) in\n\
-         one process: one driver connection, one set of watches, one HTTP endpoint, each\n\
-         controller under its own upstream Lease. A flag shared by several controllers is given\n\
-         once; --<controller>-<flag> sets it for that controller only and wins. Each\n\
-         controller keeps its own defaults (the timeouts differ).\n\n\
+         Runs the listed sidecars in one process. In the controller pod: provisioner,\n\
+         attacher, resizer, snapshotter (* for these four) and livenessprobe; on nodes:\n\
+         node-driver-registrar and livenessprobe. One driver connection, one set of watches,\n\
+         each controller under its own upstream Lease, one HTTP endpoint (--http-endpoint):\n\
+         metrics, /healthz/leader-election, /healthz/livenessprobe (the driver's Probe),\n\
+         /healthz/node-driver-registrar (the registration socket) and /healthz (both).\n\
+         A flag shared by several sidecars is given once; --<sidecar>-<flag> sets it for that\n\
+         sidecar only and wins. Each keeps its own defaults (the timeouts differ).\n\n\
          Flags of every controller (process-wide ones cannot be prefixed):\n",
     );
-    let common: BTreeSet<&String> = all[0]
+    let controllers = &all[..Ctl::CONTROLLERS.len()];
+    let common: BTreeSet<&String> = controllers[0]
         .iter()
-        .filter(|f| all.iter().all(|set| set.contains(*f)))
+        .filter(|f| controllers.iter().all(|set| set.contains(*f)))
         .collect();
     for flag in &common {
         text.push_str(&format!("  --{flag}\n"));
@@ -334,8 +366,15 @@ pub fn help() -> String {
     text
 }
 
-/// A selected controller's command line, parsed by its own parser.
+/// A selected sidecar's command line, parsed by its own parser.
 enum Parsed {
+    Controller(Box<ControllerCli>),
+    Livenessprobe(livenessprobe::flags::Cli),
+    Registrar(node_driver_registrar::config::Cli),
+}
+
+/// A selected controller's command line.
+enum ControllerCli {
     Provisioner(external_provisioner::flags::Cli),
     Attacher(external_attacher::flags::Cli),
     Resizer(external_resizer::flags::Cli),
@@ -345,86 +384,160 @@ enum Parsed {
 impl Parsed {
     fn try_parse(ctl: Ctl, args: Vec<OsString>) -> Result<Self, String> {
         use sidecar_kit::flags::{FlagSyntax, parse_from};
-        let parsed = match ctl {
+        let go = FlagSyntax::Go;
+        let text = |e: clap::Error| e.to_string();
+        let controller = match ctl {
             Ctl::Provisioner => {
-                Parsed::Provisioner(parse_from(args, FlagSyntax::Gnu).map_err(|e| e.to_string())?)
+                ControllerCli::Provisioner(parse_from(args, FlagSyntax::Gnu).map_err(text)?)
             }
-            Ctl::Attacher => {
-                Parsed::Attacher(parse_from(args, FlagSyntax::Go).map_err(|e| e.to_string())?)
+            Ctl::Attacher => ControllerCli::Attacher(parse_from(args, go).map_err(text)?),
+            Ctl::Resizer => ControllerCli::Resizer(parse_from(args, go).map_err(text)?),
+            Ctl::Snapshotter => ControllerCli::Snapshotter(parse_from(args, go).map_err(text)?),
+            Ctl::Livenessprobe => {
+                return Ok(Parsed::Livenessprobe(parse_from(args, go).map_err(text)?));
             }
-            Ctl::Resizer => {
-                Parsed::Resizer(parse_from(args, FlagSyntax::Go).map_err(|e| e.to_string())?)
-            }
-            Ctl::Snapshotter => {
-                Parsed::Snapshotter(parse_from(args, FlagSyntax::Go).map_err(|e| e.to_string())?)
-            }
+            Ctl::Registrar => return Ok(Parsed::Registrar(parse_from(args, go).map_err(text)?)),
         };
-        Ok(parsed)
+        Ok(Parsed::Controller(Box::new(controller)))
     }
 
     /// Parses as the single sidecar does, printing help or errors and exiting as it does.
     fn parse(ctl: Ctl, args: Vec<OsString>) -> Self {
         use sidecar_kit::flags::{FlagSyntax, parse_args};
-        match ctl {
-            Ctl::Provisioner => Parsed::Provisioner(parse_args(args, FlagSyntax::Gnu)),
-            Ctl::Attacher => Parsed::Attacher(parse_args(args, FlagSyntax::Go)),
-            Ctl::Resizer => Parsed::Resizer(parse_args(args, FlagSyntax::Go)),
-            Ctl::Snapshotter => Parsed::Snapshotter(parse_args(args, FlagSyntax::Go)),
+        let go = FlagSyntax::Go;
+        let controller = match ctl {
+            Ctl::Provisioner => ControllerCli::Provisioner(parse_args(args, FlagSyntax::Gnu)),
+            Ctl::Attacher => ControllerCli::Attacher(parse_args(args, go)),
+            Ctl::Resizer => ControllerCli::Resizer(parse_args(args, go)),
+            Ctl::Snapshotter => ControllerCli::Snapshotter(parse_args(args, go)),
+            Ctl::Livenessprobe => return Parsed::Livenessprobe(parse_args(args, go)),
+            Ctl::Registrar => return Parsed::Registrar(parse_args(args, go)),
+        };
+        Parsed::Controller(Box::new(controller))
+    }
+
+    fn process(&self) -> &sidecar_kit::flags::ProcessFlags {
+        match self {
+            Parsed::Controller(cli) => &cli.common().process,
+            Parsed::Livenessprobe(cli) => &cli.process,
+            Parsed::Registrar(cli) => &cli.process,
         }
     }
 
-    fn common(&self) -> &sidecar_kit::flags::CommonFlags {
+    fn logging(&self) -> &sidecar_kit::flags::LoggingFlags {
         match self {
-            Parsed::Provisioner(cli) => &cli.common,
-            Parsed::Attacher(cli) => &cli.common,
-            Parsed::Resizer(cli) => &cli.common,
-            Parsed::Snapshotter(cli) => &cli.common,
+            Parsed::Controller(cli) => &cli.common().logging,
+            Parsed::Livenessprobe(cli) => &cli.logging,
+            Parsed::Registrar(cli) => &cli.logging,
         }
     }
 
     fn name(&self) -> &'static str {
         match self {
-            Parsed::Provisioner(_) => Ctl::Provisioner.name(),
-            Parsed::Attacher(_) => Ctl::Attacher.name(),
-            Parsed::Resizer(_) => Ctl::Resizer.name(),
-            Parsed::Snapshotter(_) => Ctl::Snapshotter.name(),
+            Parsed::Controller(cli) => cli.name(),
+            Parsed::Livenessprobe(_) => Ctl::Livenessprobe.name(),
+            Parsed::Registrar(_) => Ctl::Registrar.name(),
         }
     }
 
     fn validate(&self) -> Result<(), String> {
         match self {
-            Parsed::Provisioner(cli) => cli.validate().map_err(|e| e.to_string()),
-            Parsed::Attacher(cli) => cli.validate().map_err(|e| e.to_string()),
-            Parsed::Resizer(cli) => cli.validate().map_err(|e| e.to_string()),
-            Parsed::Snapshotter(cli) => cli.validate().map_err(|e| e.to_string()),
+            Parsed::Controller(cli) => cli.validate(),
+            Parsed::Livenessprobe(cli) => livenessprobe::flags::ServePlan::from_cli(cli)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Parsed::Registrar(cli) => registrar_config(cli).map(drop),
+        }
+    }
+}
+
+/// The registrar's configuration, with its warnings logged; its exec-probe mode has no place
+/// in a process that runs.
+fn registrar_config(
+    cli: &node_driver_registrar::config::Cli,
+) -> Result<node_driver_registrar::config::Config, String> {
+    use node_driver_registrar::config::{MODE_KUBELET_REGISTRATION_PROBE, Plan};
+    match node_driver_registrar::config::plan(cli, sidecar_kit::endpoint::Platform::current()) {
+        Ok((Plan::Run(config), warnings)) => {
+            for warning in warnings {
+                tracing::warn!("{warning}");
+            }
+            Ok(config)
+        }
+        Ok((Plan::Probe, _)) => Err(format!(
+            "--mode={MODE_KUBELET_REGISTRATION_PROBE} exits at once and cannot run beside \
+             other sidecars; probe /healthz/node-driver-registrar instead"
+        )),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+impl ControllerCli {
+    fn common(&self) -> &sidecar_kit::flags::CommonFlags {
+        match self {
+            ControllerCli::Provisioner(cli) => &cli.common,
+            ControllerCli::Attacher(cli) => &cli.common,
+            ControllerCli::Resizer(cli) => &cli.common,
+            ControllerCli::Snapshotter(cli) => &cli.common,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            ControllerCli::Provisioner(_) => Ctl::Provisioner.name(),
+            ControllerCli::Attacher(_) => Ctl::Attacher.name(),
+            ControllerCli::Resizer(_) => Ctl::Resizer.name(),
+            ControllerCli::Snapshotter(_) => Ctl::Snapshotter.name(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match self {
+            ControllerCli::Provisioner(cli) => cli.validate().map_err(|e| e.to_string()),
+            ControllerCli::Attacher(cli) => cli.validate().map_err(|e| e.to_string()),
+            ControllerCli::Resizer(cli) => cli.validate().map_err(|e| e.to_string()),
+            ControllerCli::Snapshotter(cli) => cli.validate().map_err(|e| e.to_string()),
         }
     }
 
     fn greeting(&self) -> sidecar_kit::startup::Greeting<'_> {
         match self {
-            Parsed::Provisioner(cli) => external_provisioner::app::greeting(cli),
-            Parsed::Attacher(cli) => external_attacher::app::greeting(cli),
-            Parsed::Resizer(cli) => external_resizer::app::greeting(cli),
-            Parsed::Snapshotter(cli) => external_snapshotter::app::greeting(cli),
+            ControllerCli::Provisioner(cli) => external_provisioner::app::greeting(cli),
+            ControllerCli::Attacher(cli) => external_attacher::app::greeting(cli),
+            ControllerCli::Resizer(cli) => external_resizer::app::greeting(cli),
+            ControllerCli::Snapshotter(cli) => external_snapshotter::app::greeting(cli),
         }
     }
 
     async fn prepare(&self, host: &Host, kube_config: &kube::Config) -> Result<Controller, String> {
         match self {
-            Parsed::Provisioner(cli) => external_provisioner::app::prepare(cli, host, kube_config)
+            ControllerCli::Provisioner(cli) => {
+                external_provisioner::app::prepare(cli, host, kube_config)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            ControllerCli::Attacher(cli) => external_attacher::app::prepare(cli, host, kube_config)
                 .await
                 .map_err(|e| e.to_string()),
-            Parsed::Attacher(cli) => external_attacher::app::prepare(cli, host, kube_config)
+            ControllerCli::Resizer(cli) => external_resizer::app::prepare(cli, host, kube_config)
                 .await
                 .map_err(|e| e.to_string()),
-            Parsed::Resizer(cli) => external_resizer::app::prepare(cli, host, kube_config)
-                .await
-                .map_err(|e| e.to_string()),
-            Parsed::Snapshotter(cli) => external_snapshotter::app::prepare(cli, host, kube_config)
-                .await
-                .map_err(|e| e.to_string()),
+            ControllerCli::Snapshotter(cli) => {
+                external_snapshotter::app::prepare(cli, host, kube_config)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
         }
     }
+}
+
+/// What runs in the process, validated.
+struct Selection {
+    controllers: Vec<ControllerCli>,
+    livenessprobe: Option<livenessprobe::flags::Cli>,
+    registrar: Option<node_driver_registrar::config::Config>,
+    /// The process's HTTP endpoint (`--http-endpoint`), empty for none.
+    http_endpoint: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -435,6 +548,8 @@ pub enum AioError {
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
     Host(#[from] sidecar_kit::host::HostError),
+    #[error(transparent)]
+    Metrics(#[from] sidecar_kit::metrics::MetricsError),
     #[error("{0}: {1}")]
     Prepare(&'static str, String),
 }
@@ -458,28 +573,85 @@ pub fn main(args: Vec<String>) {
     let Some(first) = parsed.first() else {
         return;
     };
-    sidecar_kit::lifecycle::exit_if_version(&first.common().process, env!("CARGO_PKG_VERSION"));
-    sidecar_kit::logging::init(&first.common().logging);
-    for controller in &parsed {
-        if let Err(err) = controller.validate() {
-            sidecar_kit::lifecycle::fatal(&format!("{}: {err}", controller.name()));
+    sidecar_kit::lifecycle::exit_if_version(first.process(), env!("CARGO_PKG_VERSION"));
+    sidecar_kit::logging::init(first.logging());
+    let process = first.process().clone();
+    let mut selection = Selection {
+        controllers: Vec::new(),
+        livenessprobe: None,
+        registrar: None,
+        http_endpoint: String::new(),
+    };
+    for sidecar in parsed {
+        if let Err(err) = sidecar.validate() {
+            sidecar_kit::lifecycle::fatal(&format!("{}: {err}", sidecar.name()));
+        }
+        match sidecar {
+            Parsed::Controller(cli) => {
+                selection.http_endpoint = cli.common().http.http_endpoint.clone();
+                selection.controllers.push(*cli);
+            }
+            Parsed::Livenessprobe(cli) => {
+                selection.http_endpoint = cli.http.http_endpoint.clone();
+                selection.livenessprobe = Some(cli);
+            }
+            Parsed::Registrar(cli) => {
+                selection.http_endpoint = cli.http_endpoint.clone();
+                match registrar_config(&cli) {
+                    Ok(config) => selection.registrar = Some(config),
+                    Err(err) => sidecar_kit::lifecycle::fatal(&err),
+                }
+            }
         }
     }
-    let process = first.common().process.clone();
-    sidecar_kit::startup::run(&process, |shutdown| serve(parsed, shutdown));
+    sidecar_kit::startup::run(&process, |shutdown| async move {
+        if selection.controllers.is_empty() {
+            serve_node(selection, shutdown).await
+        } else {
+            serve(selection, shutdown).await
+        }
+    });
+}
+
+/// The livenessprobe's check on the process's endpoint: the driver's Probe over a connection of
+/// its own, which notices a replaced socket.
+fn liveness_check(
+    cli: &livenessprobe::flags::Cli,
+    metrics: &sidecar_kit::metrics::CsiMetrics,
+) -> Result<(Arc<Prober>, Check), AioError> {
+    let prober = Arc::new(
+        Prober::new(&cli.csi.csi_address, cli.probe_timeout, metrics.clone())
+            .map_err(|e| AioError::Prepare(Ctl::Livenessprobe.name(), e.to_string()))?,
+    );
+    let checker = prober.clone();
+    let check = http::check(move || {
+        let checker = checker.clone();
+        async move { checker.check().await.reply() }
+    });
+    Ok((prober, check))
+}
+
+/// The livenessprobe on its own port (`--health-port`), as the single sidecar, for a process
+/// without `--http-endpoint`.
+fn liveness_on_own_port(cli: livenessprobe::flags::Cli) -> Controller {
+    Controller::new(Ctl::Livenessprobe.name(), None, move |token| async move {
+        if let Err(err) = livenessprobe::server::run(&cli, token).await {
+            tracing::error!(error = %err, "livenessprobe failed");
+        }
+    })
 }
 
 /// One host for every controller: the driver greeted once (with the longest of their
 /// timeouts), one set of shared watches, one HTTP endpoint.
-async fn serve(parsed: Vec<Parsed>, shutdown: CancellationToken) -> Result<(), AioError> {
-    let Some(first) = parsed.first() else {
+async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), AioError> {
+    let Some(first) = selection.controllers.first() else {
         return Ok(());
     };
     let common = first.common();
     let http = HttpPlan::from_flags(&common.http)?;
     let kube_config = sidecar_kit::kube::load_config(&common.kube).await?;
     let mut greeting = first.greeting();
-    for controller in &parsed[1..] {
+    for controller in &selection.controllers[1..] {
         let other = controller.greeting();
         greeting.probe_timeout = greeting.probe_timeout.max(other.probe_timeout);
         greeting.identity_timeout = greeting.identity_timeout.max(other.identity_timeout);
@@ -488,10 +660,13 @@ async fn serve(parsed: Vec<Parsed>, shutdown: CancellationToken) -> Result<(), A
     let Some(host) = Host::start(greeting, WatchHub::shared(), &shutdown).await? else {
         return Ok(());
     };
-    let names: Vec<&str> = parsed.iter().map(Parsed::name).collect();
-    tracing::info!(controllers = ?names, driver = %host.driver, "running in one process");
-    let mut controllers = Vec::with_capacity(parsed.len());
-    for controller in &parsed {
+    let mut names: Vec<&str> = selection.controllers.iter().map(|c| c.name()).collect();
+    if selection.livenessprobe.is_some() {
+        names.push(Ctl::Livenessprobe.name());
+    }
+    tracing::info!(sidecars = ?names, driver = %host.driver, "running in one process");
+    let mut controllers = Vec::with_capacity(selection.controllers.len() + 1);
+    for controller in &selection.controllers {
         controllers.push(
             controller
                 .prepare(&host, &kube_config)
@@ -499,22 +674,105 @@ async fn serve(parsed: Vec<Parsed>, shutdown: CancellationToken) -> Result<(), A
                 .map_err(|e| AioError::Prepare(controller.name(), e))?,
         );
     }
-    let pprof = parsed.iter().find_map(|p| match p {
-        Parsed::Provisioner(cli) => Some(external_provisioner::app::pprof_routes(cli)),
+    let mut checks = Vec::new();
+    if let Some(cli) = selection.livenessprobe {
+        if matches!(http, HttpPlan::Full(_)) {
+            checks.push((
+                Ctl::Livenessprobe.name(),
+                liveness_check(&cli, &host.metrics)?.1,
+            ));
+        } else {
+            controllers.push(liveness_on_own_port(cli));
+        }
+    }
+    let pprof = selection.controllers.iter().find_map(|c| match c {
+        ControllerCli::Provisioner(cli) => Some(external_provisioner::app::pprof_routes(cli)),
         _ => None,
     });
     host::run(
         &host,
         &http,
         &common.http.metrics_path,
-        move |routes| match pprof {
-            Some(add) => add(routes),
-            None => routes,
+        move |routes| {
+            let routes = routes.health_checks(checks);
+            match pprof {
+                Some(add) => add(routes),
+                None => routes,
+            }
         },
         controllers,
         shutdown,
     )
     .await?;
+    Ok(())
+}
+
+/// The node's sidecars: the registrar and the livenessprobe, each waiting for the driver on its
+/// own (a driver restart is not theirs to exit for), both checks on `--http-endpoint`; without
+/// it each serves as its single sidecar does.
+async fn serve_node(selection: Selection, shutdown: CancellationToken) -> Result<(), AioError> {
+    let shared = !selection.http_endpoint.is_empty();
+    let metrics = sidecar_kit::metrics::CsiMetrics::new()?;
+    let mut checks = Vec::new();
+    let mut parts = Vec::new();
+    if let Some(mut config) = selection.registrar {
+        let health = shared.then(SharedHealth::default);
+        if let Some(health) = &health {
+            config.http_endpoint = None;
+            let health = health.clone();
+            checks.push((
+                Ctl::Registrar.name(),
+                http::check(move || {
+                    let health = health.clone();
+                    async move { health.reply().await }
+                }),
+            ));
+        }
+        parts.push(Controller::new(
+            Ctl::Registrar.name(),
+            None,
+            move |token| async move {
+                match node_driver_registrar::run::run(config, health, token).await {
+                    Ok(exit) => {
+                        if let Some(message) = exit.failure() {
+                            tracing::error!("{message}");
+                        }
+                    }
+                    Err(err) => tracing::error!(error = %err, "node-driver-registrar failed"),
+                }
+            },
+        ));
+    }
+    let mut metrics_path = None;
+    if let Some(cli) = selection.livenessprobe {
+        if shared {
+            let (prober, check) = liveness_check(&cli, &metrics)?;
+            checks.push((Ctl::Livenessprobe.name(), check));
+            metrics_path = Some(cli.http.metrics_path.clone());
+            let metrics = metrics.clone();
+            parts.push(Controller::new(
+                Ctl::Livenessprobe.name(),
+                None,
+                move |token| async move {
+                    match livenessprobe::server::learn_driver(&prober, &metrics, &token).await {
+                        Ok(Some(_)) => token.cancelled().await,
+                        Ok(None) => {}
+                        Err(err) => tracing::error!(error = %err, "livenessprobe failed"),
+                    }
+                },
+            ));
+        } else {
+            parts.push(liveness_on_own_port(cli));
+        }
+    }
+    if shared {
+        let mut routes = Routes::new().health_checks(checks);
+        if let Some(path) = &metrics_path {
+            routes = routes.metrics(path, metrics);
+        }
+        HttpServer::spawn(&selection.http_endpoint, routes, shutdown.clone()).await?;
+    }
+    host::supervise(parts, shutdown).await?;
     Ok(())
 }
 
@@ -620,8 +878,8 @@ mod tests {
             Err(RouteError::UnknownController(..))
         ));
         assert_eq!(
-            plan(&["--controllers=livenessprobe"]),
-            Err(RouteError::NodeSidecar("livenessprobe".into()))
+            plan(&["--controllers=provisioner,node-driver-registrar"]),
+            Err(RouteError::NodeWithController("provisioner".into()))
         );
         assert_eq!(
             plan(&["--controllers=attacher", "--volume-name-prefix=x"]),
@@ -642,10 +900,55 @@ mod tests {
     }
 
     #[test]
+    fn node_sidecars_share_the_process_flags_and_keep_their_own() {
+        let p = plan(&[
+            "--controllers=node-driver-registrar,livenessprobe",
+            "--csi-address=/csi/csi.sock",
+            "--kubelet-registration-path=/var/lib/kubelet/plugins/x/csi.sock",
+            "--http-endpoint=:9809",
+            "--livenessprobe-probe-timeout=5s",
+            "--node-driver-registrar-timeout=2s",
+        ])
+        .unwrap();
+        assert_eq!(
+            args_of(&p, Ctl::Registrar),
+            [
+                "csi-node-driver-registrar",
+                "--csi-address=/csi/csi.sock",
+                "--kubelet-registration-path=/var/lib/kubelet/plugins/x/csi.sock",
+                "--http-endpoint=:9809",
+                "--timeout=2s"
+            ]
+        );
+        assert_eq!(
+            args_of(&p, Ctl::Livenessprobe),
+            [
+                "livenessprobe",
+                "--csi-address=/csi/csi.sock",
+                "--http-endpoint=:9809",
+                "--probe-timeout=5s"
+            ]
+        );
+        for (ctl, args) in &p.controllers {
+            assert_eq!(ctl.check(args), Ok(()), "{args:?}");
+        }
+        let probe_mode = [
+            OsString::from("csi-node-driver-registrar"),
+            OsString::from("--kubelet-registration-path=/x/csi.sock"),
+            OsString::from("--mode=kubelet-registration-probe"),
+        ];
+        assert!(Ctl::Registrar.check(&probe_mode).is_err());
+        let p = plan(&["--controllers=*,livenessprobe"]).unwrap();
+        assert_eq!(p.controllers.len(), 5);
+    }
+
+    #[test]
     fn help_groups_the_flags() {
         let text = help();
         assert!(text.contains("  --csi-address\n"));
         assert!(text.contains("  --provisioner-volume-name-prefix\n"));
         assert!(text.contains("  --snapshotter-snapshot-name-prefix\n"));
+        assert!(text.contains("  --livenessprobe-probe-timeout\n"));
+        assert!(text.contains("  --node-driver-registrar-kubelet-registration-path\n"));
     }
 }

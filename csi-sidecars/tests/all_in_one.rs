@@ -20,6 +20,7 @@ use testkit::process::CleanEnv;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
 const WAIT: Duration = Duration::from_secs(60);
+const PROBE: &str = "/csi.v1.Identity/Probe";
 
 async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
@@ -92,7 +93,7 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     testkit::process::die_with_parent(&mut command);
     let mut child = command
         .args([
-            "--controllers=*".to_string(),
+            "--controllers=*,livenessprobe".to_string(),
             format!("--csi-address={}", mock.endpoint()),
             format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
             format!("--http-endpoint=127.0.0.1:{port}"),
@@ -250,10 +251,22 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body.lines().count(), 4, "a line per Lease: {body}");
     assert_eq!(
-        mock.calls().count("/csi.v1.Identity/Probe"),
+        mock.calls().count(PROBE),
         1,
         "one driver connection, probed once at start-up"
     );
+
+    // The livenessprobe: a Probe of the driver per check, on the same endpoint.
+    let (status, body) = http_get(port, "/healthz/livenessprobe").await.unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert_eq!(mock.calls().count(PROBE), 2);
+    mock.faults().set_ready(false);
+    let (status, body) = http_get(port, "/healthz").await.unwrap();
+    assert_eq!(status, 500, "{body}");
+    assert!(body.starts_with("livenessprobe: "), "{body}");
+    mock.faults().set_ready(true);
+    let (status, _) = http_get(port, "/healthz").await.unwrap();
+    assert_eq!(status, 200);
 
     child.start_kill().unwrap();
     child.wait().await.unwrap();
@@ -272,4 +285,96 @@ async fn a_bad_all_in_one_command_line_exits_2_with_the_layout() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--volume-name-prefix"), "{stderr}");
     assert!(stderr.contains("--controllers=LIST"), "{stderr}");
+}
+
+/// The node pod's sidecars in one process: the registrar registers the driver with kubelet,
+/// the livenessprobe probes it, each check on its own path of one endpoint.
+#[tokio::test]
+async fn one_process_registers_the_driver_and_probes_it_on_the_node() {
+    let driver = "node.aio.csi.test";
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockDriver::builder()
+        .driver_name(driver)
+        .serve_unix(dir.path().join("csi.sock"))
+        .await
+        .unwrap();
+    let registry = dir.path().join("registry");
+    std::fs::create_dir(&registry).unwrap();
+    let kubelet_path = format!("/var/lib/kubelet/plugins/{driver}/csi.sock");
+    let port = free_port().unwrap();
+    let mut command = tokio::process::Command::new(BIN);
+    command.clean_env();
+    testkit::process::die_with_parent(&mut command);
+    let mut child = command
+        .args([
+            "--controllers=node-driver-registrar,livenessprobe".to_string(),
+            format!("--csi-address={}", mock.endpoint()),
+            format!("--kubelet-registration-path={kubelet_path}"),
+            format!("--plugin-registration-path={}", registry.display()),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+            "--livenessprobe-probe-timeout=2s".to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    // Kubelet finds the registration socket and registers the driver through it.
+    let socket = registry.join(format!("{driver}-reg.sock"));
+    eventually("the registration socket", || async {
+        socket.exists().then_some(())
+    })
+    .await;
+    let info = testkit::kubelet::register(&socket).await.unwrap();
+    assert_eq!(
+        (info.name.as_str(), info.endpoint.as_str()),
+        (driver, kubelet_path.as_str())
+    );
+
+    // Both checks pass, together and alone.
+    let (status, body) = eventually("both checks", || async {
+        http_get(port, "/healthz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body, "node-driver-registrar: ok\nlivenessprobe: ok\n");
+    // A driver that is not ready fails the livenessprobe's check only.
+    mock.faults().set_ready(false);
+    let (status, _) = http_get(port, "/healthz/livenessprobe").await.unwrap();
+    assert_eq!(status, 500);
+    let (status, _) = http_get(port, "/healthz/node-driver-registrar")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let (status, body) = http_get(port, "/healthz").await.unwrap();
+    assert_eq!(status, 500, "{body}");
+    mock.faults().set_ready(true);
+
+    // The Probe calls are counted under the driver's name, as the single livenessprobe's.
+    let metrics = eventually("the metrics", || async {
+        http_get(port, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .filter(|body| body.contains(PROBE))
+    })
+    .await;
+    assert!(
+        metrics.contains(&format!("driver_name=\"{driver}\"")),
+        "{metrics}"
+    );
+
+    // SIGTERM: the registrar removes its socket (kubelet deregisters the driver), exit 0.
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: signalling the child this test spawned and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let exit = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+    assert!(!socket.exists(), "the registration socket is removed");
+    mock.shutdown().await.unwrap();
 }

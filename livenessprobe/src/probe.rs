@@ -133,6 +133,11 @@ impl Prober {
         Ok(client)
     }
 
+    /// The driver's address, as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
     /// How many connections have been made so far.
     pub fn dials(&self) -> u64 {
         self.dials.load(Ordering::Relaxed)

@@ -56,19 +56,9 @@ pub async fn start(cli: &Cli, shutdown: &CancellationToken) -> Result<Option<Run
         metrics.clone(),
     )?);
 
-    // No time limit: a livenessprobe that gave up would only add a crash loop to a slow driver.
-    tracing::info!(address = %cli.csi.csi_address, "connecting to the CSI driver");
-    let client = tokio::select! {
-        _ = shutdown.cancelled() => return Ok(None),
-        client = prober.connect(None) => client?,
+    let Some(driver_name) = learn_driver(&prober, &metrics, shutdown).await? else {
+        return Ok(None);
     };
-    tracing::info!("calling the CSI driver to discover the driver name");
-    let driver_name = tokio::select! {
-        _ = shutdown.cancelled() => return Ok(None),
-        name = identity::driver_name(&client, None) => name?,
-    };
-    tracing::info!(driver = %driver_name, "CSI driver name");
-    metrics.set_driver_name(&driver_name);
 
     let metrics_address = match &plan.metrics_server {
         Some((address, path)) => {
@@ -94,6 +84,29 @@ pub async fn start(cli: &Cli, shutdown: &CancellationToken) -> Result<Option<Run
         health_address,
         metrics_address,
     }))
+}
+
+/// Waits for the driver through `prober`'s connection, learns its name and labels `metrics` with
+/// it; `Ok(None)` when `shutdown` came first.
+pub async fn learn_driver(
+    prober: &Prober,
+    metrics: &CsiMetrics,
+    shutdown: &CancellationToken,
+) -> Result<Option<String>, RunError> {
+    // No time limit: a livenessprobe that gave up would only add a crash loop to a slow driver.
+    tracing::info!(address = %prober.address(), "connecting to the CSI driver");
+    let client = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(None),
+        client = prober.connect(None) => client?,
+    };
+    tracing::info!("calling the CSI driver to discover the driver name");
+    let driver_name = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(None),
+        name = identity::driver_name(&client, None) => name?,
+    };
+    tracing::info!(driver = %driver_name, "CSI driver name");
+    metrics.set_driver_name(&driver_name);
+    Ok(Some(driver_name))
 }
 
 /// Starts and serves until `shutdown` is cancelled.

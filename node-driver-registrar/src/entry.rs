@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 
 use crate::config::{self, Cli, Plan};
-use crate::run::{Exit, run};
+use crate::run::run;
 use sidecar_kit::endpoint::Platform;
 use sidecar_kit::flags::{self, FlagSyntax};
 use sidecar_kit::{lifecycle, logging};
@@ -42,13 +42,11 @@ pub fn main(args: impl IntoIterator<Item = OsString>) {
     };
     let ended = runtime.block_on(async {
         let shutdown = lifecycle::shutdown_token();
-        run(config, shutdown).await
+        run(config, None, shutdown).await
     });
-    match ended {
-        Ok(Exit::Shutdown) => std::process::exit(0),
-        Ok(Exit::Rejected(error)) => lifecycle::fatal(&format!(
-            "Registration process failed with error: {error}, restarting registration container."
-        )),
+    match ended.map(|exit| exit.failure()) {
+        Ok(None) => std::process::exit(0),
+        Ok(Some(message)) => lifecycle::fatal(&message),
         Err(err) => lifecycle::fatal(&err.to_string()),
     }
 }

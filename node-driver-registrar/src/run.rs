@@ -3,10 +3,10 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sidecar_kit::http::{HttpError, HttpServer, Routes};
+use sidecar_kit::http::{HttpError, HttpServer, Reply, Routes};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Interval, MissedTickBehavior};
@@ -33,6 +33,18 @@ pub enum Exit {
     Rejected(String),
 }
 
+impl Exit {
+    /// What to exit with: `None` for 0, otherwise the message to fail with (upstream's text).
+    pub fn failure(&self) -> Option<String> {
+        match self {
+            Self::Shutdown => None,
+            Self::Rejected(error) => Some(format!(
+                "Registration process failed with error: {error}, restarting registration container."
+            )),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
@@ -47,8 +59,27 @@ pub enum RunError {
     Serve(io::Error),
 }
 
-/// Runs the registrar until `shutdown` is cancelled or kubelet rejects the registration.
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Exit, RunError> {
+/// The registrar's `/healthz` check for a server that someone else runs (the all-in-one
+/// process's endpoint); it answers as a missing socket until the registrar has made it.
+#[derive(Clone, Default)]
+pub struct SharedHealth(Arc<OnceLock<Checker>>);
+
+impl SharedHealth {
+    pub async fn reply(&self) -> Reply {
+        match self.0.get() {
+            Some(checker) => checker.reply().await,
+            None => Health::SocketMissing.reply(),
+        }
+    }
+}
+
+/// Runs the registrar until `shutdown` is cancelled or kubelet rejects the registration;
+/// `/healthz` is served on the configured endpoint, and answered through `shared` if given.
+pub async fn run(
+    config: Config,
+    shared: Option<SharedHealth>,
+    shutdown: CancellationToken,
+) -> Result<Exit, RunError> {
     let Some(driver_name) = driver::wait_for_driver_name(
         &config.csi_address,
         config.timeout,
@@ -70,13 +101,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Exit, Ru
 
     let http_stop = CancellationToken::new();
     let recheck = Arc::new(Notify::new());
+    let checker = Checker {
+        socket_path: Arc::new(socket_path.clone()),
+        driver_name: driver_name.clone().into(),
+        timeout: config.timeout,
+        recheck: config.socket_check_interval.map(|_| recheck.clone()),
+    };
+    if let Some(shared) = shared {
+        let _ = shared.0.set(checker.clone());
+    }
     if let Some(address) = &config.http_endpoint {
-        let routes = healthz_routes(
-            socket_path.clone(),
-            driver_name.clone(),
-            config.timeout,
-            config.socket_check_interval.map(|_| recheck.clone()),
-        );
+        let routes = Routes::new().route("/healthz", move || {
+            let checker = checker.clone();
+            async move { checker.reply().await }
+        });
         if let Err(err) = HttpServer::spawn(address, routes, http_stop.clone()).await {
             socket.stop(&socket_path);
             server.shutdown(DRAIN_TIMEOUT).await;
@@ -120,34 +158,31 @@ async fn tick(checks: &mut Option<Interval>) {
     }
 }
 
-fn healthz_routes(
-    socket_path: PathBuf,
-    driver_name: String,
+/// The `/healthz` check of the socket this registrar made.
+#[derive(Clone)]
+struct Checker {
+    socket_path: Arc<PathBuf>,
+    driver_name: Arc<str>,
     timeout: Duration,
     recheck: Option<Arc<Notify>>,
-) -> Routes {
-    let socket_path = Arc::new(socket_path);
-    let driver_name: Arc<str> = driver_name.into();
-    Routes::new().route("/healthz", move || {
-        let socket_path = socket_path.clone();
-        let driver_name = driver_name.clone();
-        let recheck = recheck.clone();
-        async move {
-            let health = health::check(&socket_path, &driver_name, timeout).await;
-            match &health {
-                Health::Ok => tracing::trace!("health check succeeded"),
-                Health::SocketMissing => {
-                    tracing::error!("health check failed: registration socket does not exist");
-                    // Re-create it now rather than at the next periodic check.
-                    if let Some(recheck) = recheck {
-                        recheck.notify_one();
-                    }
+}
+
+impl Checker {
+    async fn reply(&self) -> Reply {
+        let health = health::check(&self.socket_path, &self.driver_name, self.timeout).await;
+        match &health {
+            Health::Ok => tracing::trace!("health check succeeded"),
+            Health::SocketMissing => {
+                tracing::error!("health check failed: registration socket does not exist");
+                // Re-create it now rather than at the next periodic check.
+                if let Some(recheck) = &self.recheck {
+                    recheck.notify_one();
                 }
-                Health::Failed(error) => tracing::error!(%error, "health check failed"),
             }
-            health.reply()
+            Health::Failed(error) => tracing::error!(%error, "health check failed"),
         }
-    })
+        health.reply()
+    }
 }
 
 /// The current registration socket and its accept loop.

@@ -125,8 +125,32 @@ pub async fn run(
         .collect();
     http.serve(metrics_path, &host.metrics, health, extra_routes, &shutdown)
         .await?;
+    run_all(electors, shutdown).await
+}
 
-    // Each controller stops with the process, or makes the process stop.
+/// Runs `controllers` until `shutdown`, as [`run`] does, for a process without a host: one
+/// whose parts wait for the driver on their own and serve their own HTTP.
+pub async fn supervise(
+    controllers: Vec<Controller>,
+    shutdown: CancellationToken,
+) -> Result<(), HostError> {
+    let electors = controllers
+        .into_iter()
+        .map(|c| {
+            let elector = c
+                .election
+                .map(|(client, settings)| LeaderElector::new(client, settings));
+            (c.name, elector, c.run)
+        })
+        .collect();
+    run_all(electors, shutdown).await
+}
+
+/// Each controller stops with the process, or makes the process stop.
+async fn run_all(
+    electors: Vec<(&'static str, Option<LeaderElector>, Run)>,
+    shutdown: CancellationToken,
+) -> Result<(), HostError> {
     let stop = shutdown.child_token();
     let mut running = JoinSet::new();
     for (name, elector, run) in electors {

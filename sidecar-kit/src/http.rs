@@ -44,6 +44,21 @@ impl Reply {
 type BoxReply = Pin<Box<dyn Future<Output = Reply> + Send>>;
 type Handler = Arc<dyn Fn() -> BoxReply + Send + Sync>;
 
+/// A health check of [`Routes::health_checks`].
+pub type Check = Handler;
+
+/// The path of the health checks.
+pub const HEALTH_PATH: &str = "/healthz";
+
+/// A health check from an async function.
+pub fn check<F, Fut>(answer: F) -> Check
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    Arc::new(move || Box::pin(answer()) as BoxReply)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     #[error("only one of --http-endpoint and --metrics-address can be set")]
@@ -94,6 +109,34 @@ impl Routes {
                     },
                     Err(err) => Reply::text(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
                 }
+            }
+        })
+    }
+
+    /// Serves each named check at `/healthz/<name>`, and all of them at `/healthz`: 200 when
+    /// every one passes, else the first failure's status, with a line per check.
+    pub fn health_checks(mut self, checks: Vec<(&'static str, Check)>) -> Self {
+        if checks.is_empty() {
+            return self;
+        }
+        for (name, check) in &checks {
+            self.handlers
+                .insert(format!("{HEALTH_PATH}/{name}"), check.clone());
+        }
+        let checks: Arc<[(&'static str, Check)]> = checks.into();
+        self.route(HEALTH_PATH, move || {
+            let checks = checks.clone();
+            async move {
+                let mut status = StatusCode::OK;
+                let mut body = String::new();
+                for (name, check) in checks.iter() {
+                    let reply = check().await;
+                    if status == StatusCode::OK && reply.status != StatusCode::OK {
+                        status = reply.status;
+                    }
+                    body.push_str(&format!("{name}: {}\n", reply.body.trim_end()));
+                }
+                Reply::text(status, body)
             }
         })
     }
