@@ -21,7 +21,7 @@
 //!   FAULT_SEED=N      replays a run
 //!   FAULT_ROUNDS=N    rounds of operations and faults (default 40; a long run: 400)
 //!   FAULT_CONVERGE=S  seconds allowed to converge (default 120)
-//!   FAULT_KEEP=1      keeps the replicas' logs and the driver's state of a run that fails
+//!   FAULT_KEEP=1      keeps the replicas' logs, the driver's state and the objects of a run that fails
 
 #![cfg(target_os = "linux")]
 
@@ -509,6 +509,50 @@ impl Suite {
         }
     }
 
+    /// Writes the run's objects as the API server has them, a JSON list per kind, into `dir`.
+    async fn dump_objects(&self, dir: &std::path::Path) {
+        let client = self.cluster.client();
+        let core = |kind: &str, plural: &str, group: &str| {
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind), plural)
+        };
+        let kinds = [
+            (
+                core("PersistentVolumeClaim", "persistentvolumeclaims", ""),
+                true,
+            ),
+            (core("PersistentVolume", "persistentvolumes", ""), false),
+            (
+                core("VolumeAttachment", "volumeattachments", "storage.k8s.io"),
+                false,
+            ),
+            (snapshot_resource("VolumeSnapshot", "volumesnapshots"), true),
+            (
+                snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+                false,
+            ),
+            (
+                group_resource("VolumeGroupSnapshot", "volumegroupsnapshots"),
+                true,
+            ),
+            (
+                group_resource("VolumeGroupSnapshotContent", "volumegroupsnapshotcontents"),
+                false,
+            ),
+        ];
+        for (resource, namespaced) in kinds {
+            let api: Api<DynamicObject> = if namespaced {
+                Api::namespaced_with(client.clone(), &self.launch.namespace, &resource)
+            } else {
+                Api::all_with(client.clone(), &resource)
+            };
+            let text = match api.list(&ListParams::default()).await {
+                Ok(list) => serde_json::to_string_pretty(&list.items).unwrap_or_default(),
+                Err(err) => format!("cannot list: {err}"),
+            };
+            let _ = std::fs::write(dir.join(format!("{}.json", resource.plural)), text);
+        }
+    }
+
     async fn snapshot(&self) -> Option<Snapshot> {
         let client = self.cluster.client();
         let driver = self
@@ -890,7 +934,8 @@ async fn faults_lose_nothing_and_everything_converges() {
             // The replicas' whole logs and the driver's state, for a run that is hard to replay.
             let fresh = tempfile::tempdir().expect("a temporary directory");
             let kept = std::mem::replace(&mut suite._dir, fresh).keep();
-            println!("logs and driver state kept in {}", kept.display());
+            suite.dump_objects(&kept).await;
+            println!("logs, driver state and objects kept in {}", kept.display());
         }
         panic!("seed {seed} did not converge within {converge:?}; FAULT_SEED={seed} replays it");
     }
