@@ -5,6 +5,11 @@
 --rendered holds one file per kustomization, as `kubectl kustomize` printed it, named after the
 kustomization's directory (as --list-dirs prints it) with "/" replaced by "__". Every problem found is printed as
 "FAIL <render>: <object>: <what>"; the exit code is 1 if there was any.
+
+Containers of the multi-call image csi-sidecars are checked against the sidecars they run:
+`csi-sidecars NAME [flags]` as that sidecar, `csi-sidecars --controllers=LIST [flags]` (all in
+one, KEP-4958's layout) against the --help of every selected sidecar's own binary, never
+against csi-sidecars' own --help.
 """
 
 import argparse
@@ -25,7 +30,70 @@ SIDECARS = {
     "csi-snapshotter": "csi-snapshotter",
     "csi-node-driver-registrar": "csi-node-driver-registrar",
     "livenessprobe": "livenessprobe",
+    "csi-sidecars": "csi-sidecars",
 }
+
+# The multi-call binary: `csi-sidecars NAME [flags]` runs one sidecar, `csi-sidecars
+# --controllers=LIST [flags]` several in one process.
+MULTI_CALL = "csi-sidecars"
+
+# The sidecars by the names --controllers takes, and their own binaries (whose --help lists
+# their flags).
+ALL_IN_ONE = {
+    "provisioner": "csi-provisioner",
+    "attacher": "csi-attacher",
+    "resizer": "csi-resizer",
+    "snapshotter": "csi-snapshotter",
+    "livenessprobe": "livenessprobe",
+    "node-driver-registrar": "csi-node-driver-registrar",
+}
+BY_BINARY = {b: n for n, b in ALL_IN_ONE.items()}
+
+# The controllers of the controller pod, which `*` (or `all`) selects. node-driver-registrar runs
+# on every node and never in one process with them; the livenessprobe joins either.
+CONTROLLERS = ("provisioner", "attacher", "resizer", "snapshotter")
+NODE_ONLY = "node-driver-registrar"
+
+# Settings of the whole all-in-one process: given once, never with a sidecar's prefix.
+PROCESS_FLAGS = {
+    "csi-address",
+    "kubeconfig",
+    "http-endpoint",
+    "metrics-address",
+    "metrics-path",
+    "v",
+    "vmodule",
+    "logging-format",
+    "log-flush-frequency",
+    "automaxprocs",
+    "version",
+}
+
+# `csi-sidecars NAME`: the names the multi-call binary answers to, as in --controllers.
+MULTI_CALL_NAMES = {
+    **{n: n for n in ALL_IN_ONE},
+    **BY_BINARY,
+    "external-provisioner": "provisioner",
+    "external-attacher": "attacher",
+    "external-resizer": "resizer",
+    "external-snapshotter": "snapshotter",
+    "registrar": "node-driver-registrar",
+}
+
+# Health paths and who serves them: /healthz/leader-election a controller run with
+# --leader-election (alone or all in one); the others only the all-in-one process that runs
+# that sidecar, on its --http-endpoint.
+HEALTH_PATHS = {
+    "/healthz/leader-election": None,
+    "/healthz/livenessprobe": "livenessprobe",
+    "/healthz/node-driver-registrar": "node-driver-registrar",
+}
+
+# The registrar's default --plugin-registration-path (upstream's): in a pod that is not
+# HostProcess, a volume of the kubelet's registration directory is mounted there.
+REGISTRATION_DIR = "/registration"
+
+PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 
 # Upstream's RBAC object names per sidecar: an installation that swaps only the image keeps its
 # objects. ClusterRole, ClusterRoleBinding, Role, RoleBinding, ServiceAccount.
@@ -136,7 +204,131 @@ def image_tags(manifests):
     return {i["name"]: i.get("newTag") for i in k.get("images") or []}
 
 
-def check_pod(render, o, spec, helps, tags, counts):
+def expand(arg, env):
+    """$(VAR) replaced by the value of the container's env entry VAR, where that is a literal."""
+    return re.sub(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+
+
+def flag_values(words):
+    """--name=value, --name value and --name (None) -> {name: value}; the last one wins."""
+    values = {}
+    for i, w in enumerate(words):
+        if not w.startswith("-"):
+            continue
+        name, eq, value = w.lstrip("-").partition("=")
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("-") else None
+        values[name] = value
+    return values
+
+
+def enabled(values, name):
+    """Whether the boolean flag `name` is given and not false."""
+    if name not in values:
+        return False
+    return values[name] is None or values[name].lower() in ("true", "t", "1")
+
+
+def under(path, mount_paths):
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mount_paths)
+
+
+def check_flags(render, cw, words, flags, binary, counts):
+    """Each flag in `words` is in `flags`, the --help of `binary`."""
+    for arg in words:
+        if not arg.startswith("-"):
+            continue
+        flag = arg.lstrip("-").split("=", 1)[0]
+        counts["flags checked"] += 1
+        if flag not in flags:
+            fail(render, cw, f"{binary} does not accept --{flag} (not in its --help)")
+
+
+def check_all_in_one(render, cw, words, helps, counts):
+    """`csi-sidecars --controllers=LIST [flags]`: returns the selected sidecars. A flag is one of
+    a selected sidecar (given once for all that have it), or --<sidecar>-<flag> with <sidecar>
+    selected and <flag> its own, not a process-wide one."""
+    lists = []
+    flags = []
+    for i, w in enumerate(words):
+        if not w.startswith("-"):
+            continue
+        name, eq, value = w.lstrip("-").partition("=")
+        if name != "controllers":
+            flags.append(name)
+        elif eq:
+            lists.append(value)
+        elif i + 1 < len(words) and not words[i + 1].startswith("-"):
+            lists.append(words[i + 1])
+        else:
+            lists.append("")
+    if not lists:
+        fail(render, cw, f"{MULTI_CALL} needs a sidecar's name as its first argument or --controllers=LIST")
+        return []
+    if len(lists) > 1:
+        fail(render, cw, f"--controllers is given {len(lists)} times: give the list once")
+    selected = set()
+    unknown = False
+    for n in (x.strip() for x in lists[-1].split(",")):
+        if n in ("*", "all"):
+            selected.update(CONTROLLERS)
+        elif n in ALL_IN_ONE:
+            selected.add(n)
+        elif n:
+            unknown = True
+            fail(render, cw, f"--controllers names {n!r}, which is none of {', '.join(ALL_IN_ONE)} (or *)")
+    selected = [n for n in ALL_IN_ONE if n in selected]
+    if not selected:
+        if not unknown:
+            fail(render, cw, "--controllers selects no sidecar")
+        return []
+    together = [n for n in selected if n in CONTROLLERS]
+    if NODE_ONLY in selected and together:
+        fail(
+            render,
+            cw,
+            f"--controllers: {NODE_ONLY} runs on every node and cannot share a process with "
+            f"{', '.join(together)} (the controller pod's): give each its own csi-sidecars",
+        )
+    for flag in flags:
+        counts["flags checked"] += 1
+        owner = next((n for n in ALL_IN_ONE if flag.startswith(n + "-")), None)
+        rest = flag[len(owner) + 1 :] if owner else None
+        if owner and rest in PROCESS_FLAGS:
+            fail(render, cw, f"--{flag}: --{rest} is one for the whole process; give it once, without the {owner}- prefix")
+            continue
+        if owner in selected and rest in helps[ALL_IN_ONE[owner]]:
+            continue
+        if any(flag in helps[ALL_IN_ONE[n]] for n in selected):
+            continue
+        if owner and owner not in selected:
+            fail(render, cw, f"--{flag} is for {owner}, which --controllers does not select")
+        elif owner:
+            fail(render, cw, f"--{flag}: {ALL_IN_ONE[owner]} does not accept --{rest} (not in its --help)")
+        else:
+            fail(
+                render,
+                cw,
+                f"--{flag} is a flag of none of the selected sidecars (not in the --help of "
+                f"{', '.join(ALL_IN_ONE[n] for n in selected)})",
+            )
+    return selected
+
+
+def check_multi_call(render, cw, words, helps, counts):
+    """The multi-call binary's command line; returns the sidecars it runs."""
+    counts["csi-sidecars containers"] += 1
+    if words and not words[0].startswith("-"):
+        sidecar = MULTI_CALL_NAMES.get(words[0])
+        if sidecar is None:
+            fail(render, cw, f"{MULTI_CALL} {words[0]}: no such sidecar (known: {', '.join(MULTI_CALL_NAMES)})")
+            return []
+        check_flags(render, cw, words[1:], helps[ALL_IN_ONE[sidecar]], f"{MULTI_CALL} {words[0]}", counts)
+        return [sidecar]
+    return check_all_in_one(render, cw, words, helps, counts)
+
+
+def check_pod(render, o, spec, helps, tags, counts, rbac):
     where = describe(o)
     host_process = (((spec.get("securityContext") or {}).get("windowsOptions") or {}).get("hostProcess")) is True
     volumes = {v.get("name") for v in spec.get("volumes") or []}
@@ -146,6 +338,8 @@ def check_pod(render, o, spec, helps, tags, counts):
         if names.count(n) > 1:
             fail(render, where, f"container name {n} used twice")
     port_names = []
+    listeners = {}  # port -> (container, the sidecars it runs, its flags, whether all in one)
+    running = {}  # sidecar -> the containers running it
     for c in containers:
         cw = f"{where} container {c.get('name')}"
         ports = c.get("ports") or []
@@ -154,11 +348,12 @@ def check_pod(render, o, spec, helps, tags, counts):
         for m in c.get("volumeMounts") or []:
             if m.get("name") not in volumes:
                 fail(render, cw, f"mounts volume {m.get('name')}, which the pod does not have")
-        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        for probe in PROBES:
             port = ((c.get(probe) or {}).get("httpGet") or {}).get("port")
             if isinstance(port, str) and port not in own_ports:
                 fail(render, cw, f"{probe} names port {port}, which the container does not declare")
         env = {e.get("name") for e in c.get("env") or []}
+        env_values = {e.get("name"): str(e["value"]) for e in c.get("env") or [] if "value" in e}
         for arg in (c.get("command") or []) + (c.get("args") or []):
             for ref in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(arg)):
                 if ref not in env:
@@ -171,28 +366,108 @@ def check_pod(render, o, spec, helps, tags, counts):
         counts["sidecar containers"] += 1
         if tag != tags.get(name):
             fail(render, cw, f"image {c.get('image')}: the tag is not the one of manifests/images ({tags.get(name)})")
-        command = c.get("command") or []
+        command = [str(w) for w in c.get("command") or []]
+        words = [str(a) for a in c.get("args") or []]
         if command:
             run = re.split(r"[\\/]", command[0])[-1]
             if run.removesuffix(".exe") != binary:
                 fail(render, cw, f"command {command[0]} is not the image's binary {binary}")
             if host_process and re.match(r"^([A-Za-z]:)?[\\/]", command[0]):
                 fail(render, cw, f"command {command[0]} is absolute: in a HostProcess container it is looked up on the host, not in the image")
-            if len(command) > 1:
+            # The multi-call binary may be told its sidecar in command (`csi-sidecars provisioner`).
+            extra = command[1:]
+            if binary == MULTI_CALL and not any(w.startswith("-") for w in extra):
+                words = extra + words
+            elif extra:
                 fail(render, cw, "flags belong in args, not in command")
-        for arg in c.get("args") or []:
-            arg = str(arg)
-            if not arg.startswith("-"):
-                continue
-            flag = arg.lstrip("-").split("=", 1)[0]
-            counts["flags checked"] += 1
-            if flag not in helps[binary]:
-                fail(render, cw, f"{binary} does not accept --{flag} (not in its --help)")
+        if binary == MULTI_CALL:
+            runs = check_multi_call(render, cw, words, helps, counts)
+        else:
+            runs = [BY_BINARY[binary]]
+            check_flags(render, cw, words, helps[binary], binary, counts)
+        values = flag_values([expand(w, env_values) for w in words])
+        for sidecar in runs:
+            running.setdefault(sidecar, []).append(c.get("name"))
+        port = re.search(r":(\d+)$", values.get("http-endpoint") or "")
+        if port:
+            all_in_one = binary == MULTI_CALL and (not words or words[0].startswith("-"))
+            listeners[int(port.group(1))] = (c.get("name"), runs, values, all_in_one)
+        # What the sidecars reach through the container's mounts (HostProcess containers see the
+        # host's paths instead).
+        if not host_process:
+            mounts = [m.get("mountPath") or "" for m in c.get("volumeMounts") or []]
+            address = re.sub(r"^unix://", "", values.get("csi-address") or "")
+            if address.startswith("/") and not under(address, mounts):
+                fail(render, cw, f"--csi-address {address} is in none of the container's volumeMounts: the driver's socket is not there")
+            registration = values.get("plugin-registration-path") or REGISTRATION_DIR
+            if NODE_ONLY in runs and not under(registration, mounts):
+                fail(render, cw, f"the registrar's registration directory {registration} is in none of the container's volumeMounts")
     for n in set(port_names):
         if port_names.count(n) > 1:
             fail(render, where, f"port name {n} used twice in the pod")
         if len(n) > 15:
             fail(render, where, f"port name {n} is longer than 15 characters")
+    for sidecar, names in running.items():
+        if len(names) > 1:
+            fail(render, where, f"{sidecar} runs in more than one container of the pod ({', '.join(names)})")
+    check_health_paths(render, where, containers, listeners)
+    check_pod_rbac(render, o, spec, running, rbac)
+
+
+def check_health_paths(render, where, containers, listeners):
+    """A probe asking a sidecar's health path asks the port of a container that serves it."""
+    for c in containers:
+        cw = f"{where} container {c.get('name')}"
+        own = {p.get("name"): p.get("containerPort") for p in c.get("ports") or [] if p.get("name")}
+        for probe in PROBES:
+            get = (c.get(probe) or {}).get("httpGet") or {}
+            path, port = get.get("path"), get.get("port")
+            port = own.get(port) if isinstance(port, str) else port
+            if path not in HEALTH_PATHS or not isinstance(port, int):
+                continue
+            listener = listeners.get(port)
+            if listener is None:
+                fail(render, cw, f"{probe} asks {path} on port {port}, where no sidecar container of the pod listens (--http-endpoint)")
+                continue
+            name, runs, values, all_in_one = listener
+            need = HEALTH_PATHS[path]
+            if need is None:
+                elected = [
+                    n
+                    for n in runs
+                    if n in CONTROLLERS
+                    and enabled(values, f"{n}-leader-election" if f"{n}-leader-election" in values else "leader-election")
+                ]
+                if not elected:
+                    fail(render, cw, f"{probe} asks {path} on port {port}, but container {name} there runs no controller with --leader-election")
+            elif not (all_in_one and need in runs):
+                fail(
+                    render,
+                    cw,
+                    f"{probe} asks {path} on port {port}, but container {name} there does not run {need} "
+                    f"all in one (only {MULTI_CALL} --controllers=...,{need} serves {path})",
+                )
+
+
+def check_pod_rbac(render, o, spec, running, rbac):
+    """The pod's ServiceAccount is bound to the roles of every controller it runs."""
+    ns = (o.get("metadata") or {}).get("namespace") or "default"
+    account = spec.get("serviceAccountName") or "default"
+    for sidecar in (n for n in CONTROLLERS if n in running):
+        cr, _crb, role, _rb, _sa = UPSTREAM_RBAC[f"external-{sidecar}"]
+        for kind, name, binding_ns in (("ClusterRole", cr, None), ("Role", role, ns)):
+            if not any(
+                b.get("kind") == ("ClusterRoleBinding" if binding_ns is None else "RoleBinding")
+                and (b.get("metadata") or {}).get("namespace") == binding_ns
+                and (b.get("roleRef") or {}).get("kind") == kind
+                and (b.get("roleRef") or {}).get("name") == name
+                and any(
+                    s.get("kind") == "ServiceAccount" and s.get("name") == account and s.get("namespace") == ns
+                    for s in b.get("subjects") or []
+                )
+                for b in rbac
+            ):
+                fail(render, describe(o), f"runs {sidecar}, but its ServiceAccount {ns}/{account} is bound to no {kind} {name}{' in ' + ns if binding_ns else ''}")
 
 
 def check_rbac(render, objs):
@@ -247,9 +522,10 @@ def main():
     for v in versions:
         if v not in [kv.major_minor(x) for x in kv.all_versions()]:
             sys.exit(f"FAIL kubernetes-validate {kv.__version__} has no schemas for Kubernetes {v}")
-    helps = {b: help_flags(a.bin, b) for b in sorted(set(SIDECARS.values()))}
+    # csi-sidecars is checked against the sidecars' own binaries, not its own --help.
+    helps = {b: help_flags(a.bin, b) for b in sorted(set(SIDECARS.values()) - {MULTI_CALL})}
     tags = image_tags(manifests)
-    counts = {"objects": 0, "sidecar containers": 0, "other containers": 0, "flags checked": 0}
+    counts = {"objects": 0, "sidecar containers": 0, "csi-sidecars containers": 0, "other containers": 0, "flags checked": 0}
     passed = failed = 0
     for d in dirs:
         before = len(failures)
@@ -259,6 +535,7 @@ def main():
             objs = [o for o in yaml.safe_load_all(f) if o]
         if not objs:
             fail(render, "-", "renders no object")
+        rbac = [o for o in objs if o.get("kind") in ("RoleBinding", "ClusterRoleBinding")]
         for o in objs:
             counts["objects"] += 1
             for v in versions:
@@ -271,9 +548,9 @@ def main():
                     fail(render, describe(o), e.message)
             spec = o.get("spec") or {}
             if o.get("kind") in WORKLOADS:
-                check_pod(render, o, (spec.get("template") or {}).get("spec") or {}, helps, tags, counts)
+                check_pod(render, o, (spec.get("template") or {}).get("spec") or {}, helps, tags, counts, rbac)
             elif o.get("kind") == "Pod":
-                check_pod(render, o, spec, helps, tags, counts)
+                check_pod(render, o, spec, helps, tags, counts, rbac)
         check_rbac(render, objs)
         ok = len(failures) == before
         passed, failed = passed + ok, failed + (not ok)
@@ -284,7 +561,8 @@ def main():
     print(
         f"{len(dirs)} kustomizations, {counts['objects']} objects validated against the schemas of "
         f"Kubernetes {', '.join(versions)} (kubernetes-validate {kv.__version__}, strict); "
-        f"{counts['sidecar containers']} sidecar containers, {counts['flags checked']} flags "
+        f"{counts['sidecar containers']} sidecar containers ({counts['csi-sidecars containers']} of them "
+        f"{MULTI_CALL}), {counts['flags checked']} flags "
         f"checked against --help; {counts['other containers']} other containers"
     )
     print(f"manifests: {passed} passed, {failed} failed")

@@ -10,7 +10,13 @@
 #      of target/debug, built when missing), its image carries the tag of manifests/images, a
 #      command names the image's binary, $(VAR) references are in the container's env,
 #      mounts, probe ports and port names are consistent, and bindings point at rendered roles
-#      and accounts, with upstream's RBAC object names.
+#      and accounts, with upstream's RBAC object names;
+#   4. csi-sidecars containers (all in one, `--controllers=LIST`): the listed sidecars are known
+#      and may share a process, and each flag is in the --help of a listed sidecar's own binary
+#      (plain, or --<sidecar>-<flag>; never a prefixed process-wide flag); in every pod no sidecar
+#      runs twice, health-path probes ask a container that serves the path, the socket and
+#      registration directories are mounted, and the ServiceAccount is bound to the roles of
+#      every controller the pod runs.
 #
 #   scripts/manifests-test.sh
 #
