@@ -62,6 +62,11 @@ pub fn should_enqueue(old: &Content, new: &Content) -> bool {
     if !old.ready() && new.ready() {
         return true;
     }
+    // Readiness lost without this sidecar's write (the snapshot-controller rewrites a member's
+    // status from its group's list while the group is not ready): read it again.
+    if old.ready() && !new.ready() {
+        return true;
+    }
     // A group member's status is written by the snapshot-controller, not by this sidecar: once
     // it is there, a member not ready yet is to be read (upstream waits for the resync).
     if new.group_member && old.status.is_none() && new.status.is_some() {
@@ -531,7 +536,8 @@ pub fn rfc3339(ns: i64) -> String {
 
 /// The status patch a group answer leads to, or `None` when the status already says it
 /// (upstream's `updateGroupSnapshotContentStatus`: what is missing is filled, `readyToUse`
-/// follows the driver, the member list is written once).
+/// follows the driver; the member list is written when a member's readiness changed, where
+/// upstream writes it once).
 pub fn group_status_patch(
     current: Option<&GroupContentStatus>,
     answer: &GroupAnswer,
@@ -558,10 +564,26 @@ pub fn group_status_patch(
     if current.creation_time.is_none() {
         status.insert("creationTime".into(), json!(created));
     }
-    if current.volume_snapshot_info_list.is_empty() && !answer.members.is_empty() {
+    if !answer.members.is_empty()
+        && (current.volume_snapshot_info_list.is_empty()
+            || readiness_changed(&current.volume_snapshot_info_list, &answer.members))
+    {
         status.insert("volumeSnapshotInfoList".into(), json!(answer.members));
     }
     (!status.is_empty()).then(|| json!({ "status": status }))
+}
+
+/// Whether a member's readiness in `answer` is not what `written` says. Upstream writes the
+/// member list once, so a group that was not ready at its first answer keeps members "not
+/// ready" in it; the snapshot-controller copies them into the members' contents while the
+/// group is not ready, and a member could stay not ready for good.
+fn readiness_changed(written: &[SnapshotInfo], answer: &[SnapshotInfo]) -> bool {
+    answer.iter().any(|member| {
+        written
+            .iter()
+            .find(|w| w.snapshot_handle == member.snapshot_handle)
+            .is_none_or(|w| w.ready_to_use != member.ready_to_use)
+    })
 }
 
 /// The patch that forgets the group snapshot once the driver deleted it.

@@ -135,10 +135,16 @@ async fn a_group_not_ready_at_once_is_read_until_it_is() {
         })
         .await;
     assert_ne!(cut["status"]["readyToUse"], true);
-    env.group_content_until(&name, "the group ready", |c| {
-        c["status"]["readyToUse"] == true
-    })
-    .await;
+    let ready = env
+        .group_content_until(&name, "the group ready", |c| {
+            c["status"]["readyToUse"] == true
+        })
+        .await;
+    // The member list says so too: the snapshot-controller copies it into the members'
+    // contents while the group is not ready.
+    let listed = ready["status"]["volumeSnapshotInfoList"].as_array().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|m| m["readyToUse"] == true), "{listed:?}");
     assert_eq!(
         (
             env.mock.calls().count(CREATE_GROUP),
@@ -147,7 +153,8 @@ async fn a_group_not_ready_at_once_is_read_until_it_is() {
         (1, 2),
         "cut once, then read"
     );
-    // The members were listed not ready; each is read until it is.
+    // The members' contents were made from the list while it said "not ready"; each is read
+    // until it is ready, whatever the snapshot-controller wrote into it meanwhile.
     for member in members(&env, &uid, 2).await {
         let member_name = member["metadata"]["name"].as_str().unwrap();
         env.snapshot_until(member_name, "the member ready", |s| {

@@ -192,6 +192,19 @@ fn changes_to_act_on() {
         should_enqueue(&member, &filled),
         "a member's status comes from the snapshot-controller"
     );
+    let ready_member = Content {
+        resource_version: "7".into(),
+        status: Some(status("h", true)),
+        ..member.clone()
+    };
+    let reset = Content {
+        resource_version: "8".into(),
+        ..filled.clone()
+    };
+    assert!(
+        should_enqueue(&ready_member, &reset),
+        "readiness rewritten to false by the snapshot-controller is read again"
+    );
 }
 
 fn group_content() -> GroupContent {
@@ -335,9 +348,18 @@ fn group_status_follows_the_driver_as_upstream_writes_it() {
     };
     assert_eq!(
         group_status_patch(Some(&written), &ready, 0),
-        Some(json!({"status": {"readyToUse": true, "error": null}})),
-        "the member list is written once"
+        Some(json!({"status": {"readyToUse": true, "error": null,
+            "volumeSnapshotInfoList": [{"volumeHandle": "v1", "snapshotHandle": "s1",
+                "creationTime": 5, "readyToUse": true, "restoreSize": 1024}]}})),
+        "the member list follows the members' readiness (upstream writes it once)"
     );
+    let written_ready = GroupContentStatus {
+        ready_to_use: Some(true),
+        error: None,
+        volume_snapshot_info_list: ready.members.clone(),
+        ..written.clone()
+    };
+    assert_eq!(group_status_patch(Some(&written_ready), &ready, 0), None);
     assert_eq!(
         group_error_patch(Some(&written), "boom", "t"),
         Some(json!({"status": {"readyToUse": false, "error": {"time": "t", "message": "boom"}}}))

@@ -309,10 +309,28 @@ fn create_members(s: &mut Store, k: GroupKinds, group: &Value, content: &Value) 
     }
     let ns = str_at(group, "/metadata/namespace").to_string();
     let group_uid = str_at(group, "/metadata/uid").to_string();
+    // As upstream, every sync of a group not ready yet writes each member content's status from
+    // the group content's list again, whatever the member's sidecar wrote meanwhile.
+    let group_ready = group.pointer("/status/readyToUse") == Some(&json!(true));
+    let member_status = |info: &Value| {
+        json!({
+            "snapshotHandle": str_at(info, "/snapshotHandle"),
+            "volumeGroupSnapshotHandle": group_handle,
+            "creationTime": info.get("creationTime").cloned().unwrap_or(Value::Null),
+            "restoreSize": info.get("restoreSize").cloned().unwrap_or(Value::Null),
+            "readyToUse": info.get("readyToUse").cloned().unwrap_or(json!(false)),
+        })
+    };
     for (i, info) in infos.iter().enumerate() {
         let member_content = format!("snapcontent-{group_uid}-{i}");
         let member = format!("snapshot-{group_uid}-{i}");
-        if s.get(k.snapshot_content, "", &member_content).is_ok() {
+        if let Ok(existing) = s.get(k.snapshot_content, "", &member_content) {
+            let status = member_status(info);
+            if !group_ready && existing.get("status") != Some(&status) {
+                let mut rewritten = (*existing).clone();
+                rewritten["status"] = status;
+                update(s, k.snapshot_content, rewritten, Target::Status);
+            }
             continue;
         }
         let volume_handle = str_at(info, "/volumeHandle");
@@ -371,13 +389,7 @@ fn create_members(s: &mut Store, k: GroupKinds, group: &Value, content: &Value) 
             continue;
         };
         let mut with_status = (*created).clone();
-        with_status["status"] = json!({
-            "snapshotHandle": str_at(info, "/snapshotHandle"),
-            "volumeGroupSnapshotHandle": group_handle,
-            "creationTime": info.get("creationTime").cloned().unwrap_or(Value::Null),
-            "restoreSize": info.get("restoreSize").cloned().unwrap_or(Value::Null),
-            "readyToUse": info.get("readyToUse").cloned().unwrap_or(json!(false)),
-        });
+        with_status["status"] = member_status(info);
         update(s, k.snapshot_content, with_status, Target::Status);
         let mut bound = (*snapshot).clone();
         bound["status"] = json!({"boundVolumeSnapshotContentName": member_content});
