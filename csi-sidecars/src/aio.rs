@@ -112,7 +112,12 @@ const PROCESS_FLAGS: [&str; 11] = [
 #[derive(Debug, PartialEq, Eq)]
 pub struct Plan {
     pub controllers: Vec<(Ctl, Vec<OsString>)>,
+    /// `--leader-election-consolidated`: one Lease for the process.
+    pub consolidated: bool,
 }
+
+/// The all-in-one process's own flag: one Lease for every controller, KEP-4958's.
+const CONSOLIDATED_FLAG: &str = "leader-election-consolidated";
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
@@ -133,6 +138,8 @@ pub enum RouteError {
     ProcessWide(String, String),
     #[error("--feature-gates: {0} is not a gate of the selected controllers")]
     UnknownGate(String),
+    #[error("--{0}: {1:?} is not a boolean")]
+    NotBoolean(String, String),
 }
 
 fn known() -> String {
@@ -240,10 +247,19 @@ pub fn route(args: &[String]) -> Result<Plan, RouteError> {
             None => format!("--{name}").into(),
         }
     };
+    let mut consolidated = false;
     let mut shared: Vec<Vec<OsString>> = vec![Vec::new(); selected.len()];
     let mut own: Vec<Vec<OsString>> = vec![Vec::new(); selected.len()];
     for (name, value) in &flags {
         if name == "controllers" {
+            continue;
+        }
+        if name == CONSOLIDATED_FLAG {
+            consolidated = match value {
+                None => true,
+                Some(text) => sidecar_kit::flags::parse_go_bool(text)
+                    .map_err(|_| RouteError::NotBoolean(name.clone(), text.clone()))?,
+            };
             continue;
         }
         // A prefixed flag: one controller's setting.
@@ -285,7 +301,10 @@ pub fn route(args: &[String]) -> Result<Plan, RouteError> {
             (ctl, args)
         })
         .collect();
-    Ok(Plan { controllers })
+    Ok(Plan {
+        controllers,
+        consolidated,
+    })
 }
 
 /// A shared `--feature-gates`: each controller gets the gates it knows (its own parser decides);
@@ -341,7 +360,9 @@ pub fn help() -> String {
          metrics, /healthz/leader-election, /healthz/livenessprobe (the driver's Probe),\n\
          /healthz/node-driver-registrar (the registration socket) and /healthz (both).\n\
          A flag shared by several sidecars is given once; --<sidecar>-<flag> sets it for that\n\
-         sidecar only and wins. Each keeps its own defaults (the timeouts differ).\n\n\
+         sidecar only and wins. Each keeps its own defaults (the timeouts differ).\n\
+         --leader-election-consolidated: one Lease for the process instead of one per\n\
+         controller; the single sidecars' Leases are taken over when it is first won.\n\n\
          Flags of every controller (process-wide ones cannot be prefixed):\n",
     );
     let controllers = &all[..Ctl::CONTROLLERS.len()];
@@ -538,6 +559,7 @@ struct Selection {
     registrar: Option<node_driver_registrar::config::Config>,
     /// The process's HTTP endpoint (`--http-endpoint`), empty for none.
     http_endpoint: String,
+    consolidated: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -581,6 +603,7 @@ pub fn main(args: Vec<String>) {
         livenessprobe: None,
         registrar: None,
         http_endpoint: String::new(),
+        consolidated: plan.consolidated,
     };
     for sidecar in parsed {
         if let Err(err) = sidecar.validate() {
@@ -673,6 +696,16 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
                 .await
                 .map_err(|e| AioError::Prepare(controller.name(), e))?,
         );
+    }
+    if selection.consolidated {
+        if controllers.iter().any(|c| c.election.is_some()) {
+            controllers = host::consolidate(
+                controllers,
+                sidecar_kit::consolidated::lease_name(&host.driver),
+            );
+        } else {
+            tracing::warn!("--{CONSOLIDATED_FLAG} has no effect without --leader-election");
+        }
     }
     let mut checks = Vec::new();
     if let Some(cli) = selection.livenessprobe {
@@ -940,6 +973,26 @@ mod tests {
         assert!(Ctl::Registrar.check(&probe_mode).is_err());
         let p = plan(&["--controllers=*,livenessprobe"]).unwrap();
         assert_eq!(p.controllers.len(), 5);
+    }
+
+    #[test]
+    fn the_consolidated_lease_is_the_process_s_own_flag() {
+        let p = plan(&["--controllers=attacher", "--leader-election-consolidated"]).unwrap();
+        assert!(p.consolidated);
+        assert_eq!(args_of(&p, Ctl::Attacher), ["csi-attacher"]);
+        let p = plan(&[
+            "--controllers=attacher",
+            "--leader-election-consolidated=false",
+        ])
+        .unwrap();
+        assert!(!p.consolidated);
+        assert!(matches!(
+            plan(&[
+                "--controllers=attacher",
+                "--leader-election-consolidated=maybe"
+            ]),
+            Err(RouteError::NotBoolean(..))
+        ));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use kube::api::{
 use serde_json::{Value, json};
 use testkit::apiserver::{Options, TestCluster, Verb};
 use testkit::measure::{free_port, http_get};
-use testkit::mockdriver::MockDriver;
+use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
@@ -377,4 +377,204 @@ async fn one_process_registers_the_driver_and_probes_it_on_the_node() {
     assert_eq!(exit.code(), Some(0));
     assert!(!socket.exists(), "the registration socket is removed");
     mock.shutdown().await.unwrap();
+}
+
+/// A Lease record held by `holder`, renewed now.
+fn lease_record(name: &str, holder: &str) -> Lease {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 3,
+            "acquireTime": now, "renewTime": now, "leaseTransitions": 0},
+    }))
+    .unwrap()
+}
+
+/// The all-in-one process with `--leader-election-consolidated` and short election periods.
+fn consolidated(
+    cluster: &TestCluster,
+    mock: &MockHandle,
+    controllers: &str,
+) -> tokio::process::Child {
+    let mut command = tokio::process::Command::new(BIN);
+    command.clean_env();
+    testkit::process::die_with_parent(&mut command);
+    command
+        .args([
+            format!("--controllers={controllers}"),
+            format!("--csi-address={}", mock.endpoint()),
+            format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+            "--leader-election".to_string(),
+            format!("--leader-election-namespace={}", cluster.namespace()),
+            "--leader-election-consolidated".to_string(),
+            "--leader-election-lease-duration=3s".to_string(),
+            "--leader-election-renew-deadline=2s".to_string(),
+            "--leader-election-retry-period=500ms".to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn driver_for(
+    cluster: &TestCluster,
+    name: &str,
+    dir: &std::path::Path,
+) -> (String, MockHandle) {
+    let driver = if cluster.is_real() {
+        format!("{}.{name}.csi.test", cluster.namespace())
+    } else {
+        format!("{name}.csi.test")
+    };
+    let mock = MockDriver::builder()
+        .driver_name(driver.clone())
+        .serve_unix(dir.join("csi.sock"))
+        .await
+        .unwrap();
+    (driver, mock)
+}
+
+/// KEP-4958's takeover: legacy Leases whose holders are gone are taken over, the consolidated
+/// Lease is marked, the legacy ones released, and the controllers run under the one Lease.
+#[tokio::test]
+async fn a_consolidated_lease_takes_over_the_legacy_ones_whose_holders_are_gone() {
+    let cluster = TestCluster::start_with(Options {
+        pv_controller: true,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let client = cluster.client();
+    let ns = cluster.namespace().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, mock) = driver_for(&cluster, "takeover", dir.path()).await;
+    let sanitized = driver.replace('.', "-");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    // The attacher's single sidecar led once and is gone: its record no longer changes.
+    let legacy_attacher = format!("external-attacher-leader-{sanitized}");
+    leases
+        .create(
+            &PostParams::default(),
+            &lease_record(&legacy_attacher, "old-pod"),
+        )
+        .await
+        .unwrap();
+
+    let mut child = consolidated(&cluster, &mock, "provisioner,attacher");
+    let consolidated_lease = format!("csi-sidecars-leader-{sanitized}");
+    let holder = eventually("the consolidated Lease marked", || async {
+        let lease = leases.get_opt(&consolidated_lease).await.ok()??;
+        let marked = lease
+            .metadata
+            .annotations?
+            .get("migration.csi.k8s.io/status")?
+            == "completed";
+        marked.then_some(lease.spec?.holder_identity?)
+    })
+    .await;
+    assert!(!holder.is_empty());
+    // Both legacy Leases were taken and released: the provisioner's was created for it.
+    for name in [legacy_attacher.clone(), sanitized.clone()] {
+        let lease = leases.get(&name).await.unwrap();
+        let spec = lease.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some(""), "{name} released");
+        assert!(spec.lease_transitions.unwrap_or(0) >= 1, "{name} was taken");
+    }
+
+    // The controllers run under it.
+    let class = cluster.cluster_name("takeover");
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        json!({"metadata": {"name": class}, "provisioner": driver}),
+    )
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    create(
+        &claims,
+        json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": class, "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await;
+    eventually("the claim bound", || async {
+        let claim = claims.get("data").await.ok()?;
+        (claim.status?.phase.as_deref() == Some("Bound")).then_some(())
+    })
+    .await;
+
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    mock.shutdown().await.unwrap();
+    cluster.cleanup().await.unwrap();
+}
+
+/// A single sidecar that still renews its Lease stops the takeover: nothing is taken, no
+/// controller runs, the process exits 1 saying which Lease and holder.
+#[tokio::test]
+async fn a_consolidated_lease_refuses_while_a_single_sidecar_leads() {
+    let cluster = TestCluster::start().await.unwrap();
+    let client = cluster.client();
+    let ns = cluster.namespace().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, mock) = driver_for(&cluster, "refuse", dir.path()).await;
+    let sanitized = driver.replace('.', "-");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let legacy_attacher = format!("external-attacher-leader-{sanitized}");
+    leases
+        .create(
+            &PostParams::default(),
+            &lease_record(&legacy_attacher, "legacy-pod"),
+        )
+        .await
+        .unwrap();
+    // The legacy leader renews every 500 ms.
+    let renewing = {
+        let (leases, name) = (leases.clone(), legacy_attacher.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if let Ok(mut lease) = leases.get(&name).await {
+                    lease.spec = lease_record(&name, "legacy-pod").spec;
+                    let _ = leases.replace(&name, &PostParams::default(), &lease).await;
+                }
+            }
+        })
+    };
+
+    let child = consolidated(&cluster, &mock, "provisioner,attacher");
+    let output = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("the process exits")
+        .unwrap();
+    renewing.abort();
+    assert_eq!(output.status.code(), Some(1));
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        log.contains(&legacy_attacher) && log.contains("legacy-pod"),
+        "the message names the Lease and its holder:\n{log}"
+    );
+    let spec = leases.get(&legacy_attacher).await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("legacy-pod"));
+    assert!(
+        leases.get_opt(&sanitized).await.unwrap().is_none(),
+        "all or nothing: the provisioner's Lease is not taken"
+    );
+    let consolidated_lease = format!("csi-sidecars-leader-{sanitized}");
+    let marked = leases
+        .get_opt(&consolidated_lease)
+        .await
+        .unwrap()
+        .and_then(|l| l.metadata.annotations)
+        .is_some_and(|a| a.contains_key("migration.csi.k8s.io/status"));
+    assert!(!marked);
+    assert_eq!(
+        mock.calls().count("/csi.v1.Controller/CreateVolume"),
+        0,
+        "no controller ran"
+    );
+    mock.shutdown().await.unwrap();
+    cluster.cleanup().await.unwrap();
 }

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::consolidated;
 use crate::csi::CsiClient;
 use crate::http::{HttpError, HttpPlan, Routes};
 use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
@@ -100,6 +101,49 @@ impl Controller {
         }
     }
 }
+
+/// KEP-4958's consolidated Lease: the controllers that elect a leader run under one election
+/// on the Lease `lease_name` (with the first one's client and settings) instead of one each.
+/// The first time it is won, their own Leases are taken over (see [`consolidated`]); a single
+/// sidecar still leading one of them stops the process with that message. Controllers without
+/// an election are left as they are.
+pub fn consolidate(controllers: Vec<Controller>, lease_name: String) -> Vec<Controller> {
+    let (electing, mut others): (Vec<Controller>, Vec<Controller>) =
+        controllers.into_iter().partition(|c| c.election.is_some());
+    let Some((client, first)) = electing.first().and_then(|c| c.election.clone()) else {
+        return others;
+    };
+    let legacy: Vec<ElectionConfig> = electing
+        .iter()
+        .filter_map(|c| c.election.as_ref().map(|(_, config)| config.clone()))
+        .collect();
+    let config = ElectionConfig {
+        lease_name,
+        labels: consolidated::labels(&legacy),
+        ..first
+    };
+    let runs: Vec<Controller> = electing
+        .into_iter()
+        .map(|c| Controller {
+            election: None,
+            ..c
+        })
+        .collect();
+    let election = (client.clone(), config.clone());
+    others.push(Controller::new(CONSOLIDATED, Some(election), move |leading| async move {
+        if let Err(err) = consolidated::take_over(&client, &config, &legacy).await {
+            tracing::error!(error = %err, "cannot run the controllers under the consolidated Lease");
+            return;
+        }
+        if let Err(err) = supervise(runs, leading).await {
+            tracing::error!(error = %err, "a controller under the consolidated Lease stopped");
+        }
+    }));
+    others
+}
+
+/// The name of the controllers run under one consolidated Lease, in logs and errors.
+pub const CONSOLIDATED: &str = "consolidated";
 
 /// Serves HTTP (metrics, and the leader health of every controller that elects), then runs the
 /// controllers until `shutdown`. A controller that ends first (its leadership lost, its task

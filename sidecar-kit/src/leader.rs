@@ -37,6 +37,18 @@ pub enum LeaderError {
     Lost { namespace: String, name: String },
     #[error("invalid leader election settings: {0}")]
     Config(String),
+    #[error(
+        "Lease {namespace}/{lease} of a single sidecar is renewed by {holder}: scale down the \
+         legacy sidecar deployment; a process with --leader-election-consolidated runs no \
+         controller while a single sidecar leads it"
+    )]
+    LegacyLeader {
+        namespace: String,
+        lease: String,
+        holder: String,
+    },
+    #[error("cannot take over Lease {lease}: {reason}")]
+    Takeover { lease: String, reason: String },
 }
 
 /// Upstream's name sanitizing for Lease names and identities: every character outside

@@ -6,6 +6,7 @@
 pub mod accessmodes;
 pub mod atom;
 pub mod connection;
+pub mod consolidated;
 pub mod csi;
 pub mod endpoint;
 pub mod events;
