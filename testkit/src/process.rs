@@ -29,6 +29,33 @@ pub fn die_with_parent(command: &mut tokio::process::Command) -> &mut tokio::pro
     command
 }
 
+/// A command running `program` under the host name `hostname`, which is a sidecar's
+/// leader-election identity as a pod name is: in a UTS namespace of its own (`unshare`), inside
+/// a user namespace when not run as root. Linux only; arguments are added to the returned
+/// command.
+#[cfg(target_os = "linux")]
+pub fn with_hostname(
+    hostname: &str,
+    program: impl AsRef<std::ffi::OsStr>,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new("unshare");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        command.args(["--user", "--map-root-user"]);
+    }
+    command
+        .args([
+            "--uts",
+            "--",
+            "/bin/sh",
+            "-c",
+            "hostname \"$0\" && exec \"$@\"",
+        ])
+        .arg(hostname)
+        .arg(program);
+    command
+}
+
 /// Environment variables that change what a sidecar does: `KUBECONFIG` (the provisioner, as
 /// upstream's, prefers it to `--kubeconfig`; the others use it when the flag is absent),
 /// `POD_NAMESPACE` (the Lease and journal namespace), `NAMESPACE` and `POD_NAME` (capacity

@@ -1,5 +1,6 @@
 //! The fault suite. Two replicas each of the provisioner, the attacher, the resizer and the
-//! snapshotter (the real binary, with leader election) run against the test kit's API server
+//! snapshotter and one all-in-one replica running all four on the same Leases (the real binary,
+//! with leader election) run against the test kit's API server
 //! (with its PV and snapshot controllers) and the mock driver while a seeded workload creates,
 //! attaches, detaches, grows, re-classes, snapshots and deletes claims and deletes snapshots, and
 //! faults are injected at
@@ -31,6 +32,8 @@ mod verdict;
 mod workload;
 
 use std::collections::BTreeMap;
+
+use sidecar_kit::leader::sanitize_name;
 use std::time::{Duration, Instant};
 
 use csi_proto::methods::controller::{
@@ -149,6 +152,8 @@ struct Suite {
     restores: Vec<(Instant, Restore)>,
     faults: BTreeMap<Fault, u64>,
     kills: u64,
+    /// The driver's name as Lease names carry it.
+    lease_driver: String,
     _dir: tempfile::TempDir,
 }
 
@@ -255,6 +260,8 @@ impl Suite {
             Replica::new(Sidecar::Resizer, "csi-resizer-b", &launch),
             Replica::new(Sidecar::Snapshotter, "csi-snapshotter-a", &launch),
             Replica::new(Sidecar::Snapshotter, "csi-snapshotter-b", &launch),
+            // kill -9 of it stops every controller at once.
+            Replica::new(Sidecar::AllInOne, "csi-sidecars-c", &launch),
         ];
         for replica in &mut replicas {
             replica.start(&launch).expect("the sidecar starts");
@@ -285,6 +292,7 @@ impl Suite {
             restores: Vec::new(),
             faults: BTreeMap::new(),
             kills: 0,
+            lease_driver: sanitize_name(&driver_name),
             _dir: dir,
         }
     }
@@ -300,20 +308,14 @@ impl Suite {
         self.later(0, 1500, Restore::Replica(index));
     }
 
-    /// The replica of `sidecar` that holds its Lease, if one does.
+    /// The replica that holds `sidecar`'s Lease, if one does.
     async fn leader(&self, sidecar: Sidecar) -> Option<usize> {
         let leases: Api<Lease> = Api::namespaced(self.cluster.client(), self.cluster.namespace());
-        let holders: Vec<String> = leases
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter_map(|l| l.spec?.holder_identity)
-            .collect();
+        let lease = sidecar.lease(&self.lease_driver);
+        let holder = leases.get_opt(&lease).await.ok()??.spec?.holder_identity?;
         (0..self.replicas.len()).find(|i| {
             let r = &self.replicas[*i];
-            r.sidecar == sidecar && r.is_running() && holders.contains(&r.name)
+            r.sidecar.runs(sidecar) && r.is_running() && r.name == holder
         })
     }
 

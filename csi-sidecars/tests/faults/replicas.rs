@@ -1,6 +1,7 @@
 //! The sidecar processes: two replicas each of the provisioner, the attacher, the resizer and the
-//! snapshotter, each in a UTS namespace of its own so that its host name, which is its leader-election identity as in
-//! a pod, differs from its twin's. The suite plays the kubelet: a replica that is killed or
+//! snapshotter, and one all-in-one replica running them all on the same Leases (a rollout
+//! halfway through), each in a UTS namespace of its own so that its host name, which is its
+//! leader-election identity as in a pod, differs from the others'. The suite plays the kubelet: a replica that is killed or
 //! exits is started again.
 
 use std::fs::OpenOptions;
@@ -9,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use testkit::process::CleanEnv;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
 
@@ -19,6 +20,8 @@ pub enum Sidecar {
     Attacher,
     Resizer,
     Snapshotter,
+    /// `csi-sidecars --controllers=*`: every controller, each on the single sidecar's Lease.
+    AllInOne,
 }
 
 impl Sidecar {
@@ -28,6 +31,22 @@ impl Sidecar {
             Sidecar::Attacher => "csi-attacher",
             Sidecar::Resizer => "csi-resizer",
             Sidecar::Snapshotter => "csi-snapshotter",
+            Sidecar::AllInOne => "--controllers=*",
+        }
+    }
+
+    /// Whether this replica runs `controller` (a single sidecar's kind).
+    pub fn runs(self, controller: Sidecar) -> bool {
+        self == controller || self == Sidecar::AllInOne
+    }
+
+    /// The Lease name `controller` elects its leader on, for the driver `sanitized`.
+    pub fn lease(self, sanitized: &str) -> String {
+        match self {
+            Sidecar::Attacher => format!("external-attacher-leader-{sanitized}"),
+            Sidecar::Resizer => format!("external-resizer-{sanitized}"),
+            Sidecar::Snapshotter => format!("external-snapshotter-leader-{sanitized}"),
+            Sidecar::Provisioner | Sidecar::AllInOne => sanitized.to_string(),
         }
     }
 }
@@ -83,10 +102,12 @@ impl Replica {
             "--kube-api-burst=400".into(),
             "--v=4".into(),
         ];
-        if self.sidecar == Sidecar::Attacher {
-            args.push("--reconcile-sync=5s".into());
+        match self.sidecar {
+            Sidecar::Attacher => args.push("--reconcile-sync=5s".into()),
+            Sidecar::AllInOne => args.push("--attacher-reconcile-sync=5s".into()),
+            _ => {}
         }
-        if self.sidecar == Sidecar::Snapshotter {
+        if self.sidecar.runs(Sidecar::Snapshotter) {
             args.push("--feature-gates=CSIVolumeGroupSnapshot=true".into());
         }
         args
@@ -102,22 +123,9 @@ impl Replica {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let mut command = Command::new("unshare");
-        command.clean_env();
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            command.args(["--user", "--map-root-user"]);
-        }
+        let mut command = testkit::process::with_hostname(&self.name, BIN);
         command
-            .args([
-                "--uts",
-                "--",
-                "/bin/sh",
-                "-c",
-                "hostname \"$0\" && exec \"$@\"",
-            ])
-            .arg(&self.name)
-            .arg(BIN)
+            .clean_env()
             .args(self.args(launch))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
