@@ -578,3 +578,162 @@ async fn a_consolidated_lease_refuses_while_a_single_sidecar_leads() {
     mock.shutdown().await.unwrap();
     cluster.cleanup().await.unwrap();
 }
+
+/// How many calls of `method` the series of `metrics` count.
+fn calls_in(metrics: &str, method: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("csi_sidecar_operations_seconds_count{"))
+        .filter(|l| l.contains(&format!("method_name=\"{method}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A rollout halfway through: a replica of the single attacher (the old pod) and an all-in-one
+/// replica (the new pod) share the attacher's Lease. Only its holder attaches; the other takes
+/// over when the holder dies.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_single_sidecar_and_an_all_in_one_replica_never_both_lead_a_controller() {
+    let cluster = TestCluster::start_with(Options {
+        pv_controller: true,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let client = cluster.client();
+    let ns = cluster.namespace().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, mock) = driver_for(&cluster, "rollout", dir.path()).await;
+    let sanitized = driver.replace('.', "-");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder_of = |name: String| {
+        let leases = leases.clone();
+        async move { leases.get_opt(&name).await.ok()??.spec?.holder_identity }
+    };
+    let election = [
+        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+        format!("--csi-address={}", mock.endpoint()),
+        "--leader-election".to_string(),
+        format!("--leader-election-namespace={ns}"),
+        "--leader-election-lease-duration=3s".to_string(),
+        "--leader-election-renew-deadline=2s".to_string(),
+        "--leader-election-retry-period=500ms".to_string(),
+    ];
+    let spawn = |hostname: &str, first: &str, port: u16| {
+        let mut command = testkit::process::with_hostname(hostname, BIN);
+        command.clean_env();
+        testkit::process::die_with_parent(&mut command);
+        command
+            .arg(first)
+            .args(&election)
+            .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+    let attacher_lease = format!("external-attacher-leader-{sanitized}");
+
+    // The old pod leads the attacher; the new one leads the provisioner, which nobody else runs.
+    let (legacy_port, aio_port) = (free_port().unwrap(), free_port().unwrap());
+    let mut legacy = spawn("legacy-0", "attacher", legacy_port);
+    eventually("the single attacher leading", || async {
+        (holder_of(attacher_lease.clone()).await? == "legacy-0").then_some(())
+    })
+    .await;
+    let mut aio = spawn("aio-1", "--controllers=provisioner,attacher", aio_port);
+    eventually("the all-in-one replica leading the provisioner", || async {
+        (holder_of(sanitized.clone()).await? == "aio-1").then_some(())
+    })
+    .await;
+    assert_eq!(
+        holder_of(attacher_lease.clone()).await.as_deref(),
+        Some("legacy-0")
+    );
+
+    // A claim provisioned by the new pod, attached by the old one only.
+    let class = cluster.cluster_name("rollout");
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        json!({"metadata": {"name": class}, "provisioner": driver}),
+    )
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let node = cluster.cluster_name("rollout-node");
+    create(
+        &Api::<CSINode>::all(client.clone()),
+        json!({"metadata": {"name": node}, "spec": {"drivers": [{"name": driver, "nodeID": "nid-1"}]}}),
+    )
+    .await;
+    let attach = |claim: &'static str| {
+        let (claims, vas, class, node, cluster, driver) = (
+            claims.clone(),
+            vas.clone(),
+            class.clone(),
+            node.clone(),
+            &cluster,
+            driver.clone(),
+        );
+        async move {
+            create(
+                &claims,
+                json!({"metadata": {"name": claim}, "spec": {"accessModes": ["ReadWriteOnce"],
+                    "storageClassName": class, "resources": {"requests": {"storage": "1Gi"}}}}),
+            )
+            .await;
+            let pv = eventually("the claim bound", || async {
+                let c = claims.get(claim).await.ok()?;
+                (c.status?.phase.as_deref() == Some("Bound")).then_some(c.spec?.volume_name?)
+            })
+            .await;
+            let va = cluster.cluster_name(&format!("rollout-{claim}"));
+            create(
+                &vas,
+                json!({"metadata": {"name": va}, "spec": {"attacher": driver, "nodeName": node,
+                    "source": {"persistentVolumeName": pv}}}),
+            )
+            .await;
+            eventually("the attachment", || async {
+                vas.get(&va)
+                    .await
+                    .ok()?
+                    .status
+                    .filter(|s| s.attached)
+                    .map(|_| ())
+            })
+            .await;
+        }
+    };
+    attach("first").await;
+    let publish = "/csi.v1.Controller/ControllerPublishVolume";
+    let metrics_of = |port: u16| async move {
+        http_get(port, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    };
+    assert_eq!(calls_in(&metrics_of(legacy_port).await, publish), 1);
+    assert_eq!(
+        calls_in(&metrics_of(aio_port).await, publish),
+        0,
+        "the all-in-one attacher waits for its Lease"
+    );
+
+    // The old pod dies: the new one takes the attacher's Lease over and attaches.
+    legacy.start_kill().unwrap();
+    legacy.wait().await.unwrap();
+    eventually("the all-in-one replica leading the attacher", || async {
+        (holder_of(attacher_lease.clone()).await? == "aio-1").then_some(())
+    })
+    .await;
+    attach("second").await;
+    assert_eq!(calls_in(&metrics_of(aio_port).await, publish), 1);
+
+    aio.start_kill().unwrap();
+    aio.wait().await.unwrap();
+    mock.shutdown().await.unwrap();
+    cluster.cleanup().await.unwrap();
+}
