@@ -9,11 +9,10 @@ use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::Reporter;
 use sidecar_kit::host::{self, Controller, Host, HostError};
-use sidecar_kit::http::{HttpPlan, Reply, Routes};
+use sidecar_kit::http::{Reply, Routes};
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::leader::{self, ElectionConfig};
 use sidecar_kit::startup::Greeting;
-use sidecar_kit::watches::WatchHub;
 use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
 
@@ -272,7 +271,8 @@ pub async fn prepare(
     kube_config: &kube::Config,
 ) -> Result<Controller, AppError> {
     let kube_flags = &cli.common.kube;
-    let mut kube_config = kube_config.clone();
+    let mut kube_config =
+        sidecar_kit::kube::as_program(kube_config, "csi-provisioner", env!("CARGO_PKG_VERSION"));
     sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
     let clients = sidecar_kit::kube::clients(
         kube_config.clone(),
@@ -386,27 +386,21 @@ pub fn pprof_routes(cli: &Cli) -> impl FnOnce(Routes) -> Routes {
 
 /// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
 pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
     let mut kube_flags = cli.common.kube.clone();
     // Upstream's provisioner lets $KUBECONFIG win over --kubeconfig.
     if let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
         kube_flags.kubeconfig = path.to_string_lossy().into_owned();
     }
-    let kube_config = sidecar_kit::kube::load_config(&kube_flags).await?;
-    let Some(host) = Host::start(greeting(&cli), WatchHub::default(), &shutdown).await? else {
-        return Ok(());
-    };
-    let controller = prepare(&cli, &host, &kube_config).await?;
-    host::run(
-        &host,
-        &http_plan,
-        &cli.common.http.metrics_path,
-        pprof_routes(&cli),
-        vec![controller],
+    let cli = &cli;
+    host::serve_single(
+        &cli.common.http,
+        &kube_flags,
+        greeting(cli),
+        |host, config| async move { prepare(cli, &host, &config).await },
+        pprof_routes(cli),
         shutdown,
     )
-    .await?;
-    Ok(())
+    .await
 }
 
 #[cfg(test)]

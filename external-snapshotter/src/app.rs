@@ -4,12 +4,10 @@
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use sidecar_kit::events::Reporter;
 use sidecar_kit::host::{self, Controller, Host, HostError};
-use sidecar_kit::http::HttpPlan;
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::journal::{Location, journal_name};
 use sidecar_kit::leader::{self, ElectionConfig};
 use sidecar_kit::startup::Greeting;
-use sidecar_kit::watches::WatchHub;
 use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
 
@@ -135,6 +133,8 @@ pub async fn prepare(
     kube_config: &kube::Config,
 ) -> Result<Controller, AppError> {
     let node = node_name(cli)?;
+    let kube_config =
+        &sidecar_kit::kube::as_program(kube_config, "csi-snapshotter", env!("CARGO_PKG_VERSION"));
     let kube_flags = &cli.common.kube;
     let client = sidecar_kit::kube::client(
         kube_config.clone(),
@@ -192,21 +192,15 @@ pub async fn prepare(
 
 /// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
 pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let http_plan = HttpPlan::from_flags(&cli.common.http)?;
-    let kube_config = sidecar_kit::kube::load_config(&cli.common.kube).await?;
     node_name(&cli)?;
-    let Some(host) = Host::start(greeting(&cli), WatchHub::default(), &shutdown).await? else {
-        return Ok(());
-    };
-    let controller = prepare(&cli, &host, &kube_config).await?;
-    host::run(
-        &host,
-        &http_plan,
-        &cli.common.http.metrics_path,
+    let cli = &cli;
+    host::serve_single(
+        &cli.common.http,
+        &cli.common.kube,
+        greeting(cli),
+        |host, config| async move { prepare(cli, &host, &config).await },
         |routes| routes,
-        vec![controller],
         shutdown,
     )
-    .await?;
-    Ok(())
+    .await
 }

@@ -142,7 +142,9 @@ async fn a_group_not_ready_at_once_is_read_until_it_is() {
         .await;
     // The member list says so too: the snapshot-controller copies it into the members'
     // contents while the group is not ready.
-    let listed = ready["status"]["volumeSnapshotInfoList"].as_array().unwrap();
+    let listed = ready["status"]["volumeSnapshotInfoList"]
+        .as_array()
+        .unwrap();
     assert_eq!(listed.len(), 2);
     assert!(listed.iter().all(|m| m["readyToUse"] == true), "{listed:?}");
     assert_eq!(

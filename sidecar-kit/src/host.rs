@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::consolidated;
 use crate::csi::CsiClient;
+use crate::flags::{HttpFlags, KubeFlags};
 use crate::http::{HttpError, HttpPlan, Routes};
 use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use crate::metrics::{CsiMetrics, MetricsError};
@@ -100,6 +101,39 @@ impl Controller {
             run: Box::new(move |token| Box::pin(run(token))),
         }
     }
+}
+
+/// A single sidecar's life: its HTTP endpoint and cluster from the flags, its host, the one
+/// controller `prepare` makes of them, run until `shutdown`.
+pub async fn serve_single<E, P, Fut>(
+    http: &HttpFlags,
+    kube: &KubeFlags,
+    greeting: Greeting<'_>,
+    prepare: P,
+    extra_routes: impl FnOnce(Routes) -> Routes,
+    shutdown: CancellationToken,
+) -> Result<(), E>
+where
+    P: FnOnce(Host, kube::Config) -> Fut,
+    Fut: Future<Output = Result<Controller, E>>,
+    E: From<HttpError> + From<crate::kube::KubeError> + From<HostError>,
+{
+    let plan = HttpPlan::from_flags(http)?;
+    let config = crate::kube::load_config(kube).await?;
+    let Some(host) = Host::start(greeting, WatchHub::default(), &shutdown).await? else {
+        return Ok(());
+    };
+    let controller = prepare(host.clone(), config).await?;
+    run(
+        &host,
+        &plan,
+        &http.metrics_path,
+        extra_routes,
+        vec![controller],
+        shutdown,
+    )
+    .await?;
+    Ok(())
 }
 
 /// KEP-4958's consolidated Lease: the controllers that elect a leader run under one election
