@@ -515,6 +515,17 @@ async fn a_consolidated_lease_takes_over_the_legacy_ones_whose_holders_are_gone(
 /// controller runs, the process exits 1 saying which Lease and holder.
 #[tokio::test]
 async fn a_consolidated_lease_refuses_while_a_single_sidecar_leads() {
+    refuses_while_renewed_by("legacy-pod").await;
+}
+
+/// The same when the single sidecar has this process's identity (its host name): a container
+/// of the same pod.
+#[tokio::test]
+async fn a_consolidated_lease_refuses_a_single_sidecar_of_the_same_pod() {
+    refuses_while_renewed_by(&sidecar_kit::leader::default_identity()).await;
+}
+
+async fn refuses_while_renewed_by(legacy_holder: &str) {
     let cluster = TestCluster::start().await.unwrap();
     let client = cluster.client();
     let ns = cluster.namespace().to_string();
@@ -526,18 +537,22 @@ async fn a_consolidated_lease_refuses_while_a_single_sidecar_leads() {
     leases
         .create(
             &PostParams::default(),
-            &lease_record(&legacy_attacher, "legacy-pod"),
+            &lease_record(&legacy_attacher, legacy_holder),
         )
         .await
         .unwrap();
     // The legacy leader renews every 500 ms.
     let renewing = {
-        let (leases, name) = (leases.clone(), legacy_attacher.clone());
+        let (leases, name, holder) = (
+            leases.clone(),
+            legacy_attacher.clone(),
+            legacy_holder.to_string(),
+        );
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 if let Ok(mut lease) = leases.get(&name).await {
-                    lease.spec = lease_record(&name, "legacy-pod").spec;
+                    lease.spec = lease_record(&name, &holder).spec;
                     let _ = leases.replace(&name, &PostParams::default(), &lease).await;
                 }
             }
@@ -553,11 +568,11 @@ async fn a_consolidated_lease_refuses_while_a_single_sidecar_leads() {
     assert_eq!(output.status.code(), Some(1));
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(
-        log.contains(&legacy_attacher) && log.contains("legacy-pod"),
+        log.contains(&legacy_attacher) && log.contains(legacy_holder),
         "the message names the Lease and its holder:\n{log}"
     );
     let spec = leases.get(&legacy_attacher).await.unwrap().spec.unwrap();
-    assert_eq!(spec.holder_identity.as_deref(), Some("legacy-pod"));
+    assert_eq!(spec.holder_identity.as_deref(), Some(legacy_holder));
     assert!(
         leases.get_opt(&sanitized).await.unwrap().is_none(),
         "all or nothing: the provisioner's Lease is not taken"

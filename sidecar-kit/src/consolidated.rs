@@ -7,6 +7,8 @@
 //!
 //! Unlike the PR, the legacy Leases are checked at every election won, not only before the
 //! migration is marked done: single sidecars brought back by a rollback are noticed too.
+//! A Lease held under this process's own identity is watched too: identities are host names,
+//! and a single sidecar in the same pod or on the same host has the same one.
 //! Liveness is judged as client-go judges it, by watching whether a record changes within its
 //! lease duration on the local clock, so clock skew between nodes does not matter.
 
@@ -33,21 +35,22 @@ pub fn lease_name(driver: &str) -> String {
 /// Who holds a legacy Lease, as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Holder {
-    /// Nobody: missing, released, or held by this process's identity.
+    /// Nobody: missing or released.
     Free,
-    /// Another identity, alive or not.
-    Other(String),
+    /// A holder, alive or not. It may carry this process's identity and still be another
+    /// process: identities are host names, and a single sidecar in the same pod (or on the same
+    /// host) has the same one. This process holds legacy Leases only during a takeover.
+    Held(String),
 }
 
-pub fn holder(spec: Option<&LeaseSpec>, identity: &str) -> Holder {
+pub fn holder(spec: Option<&LeaseSpec>) -> Holder {
     match spec.and_then(|s| s.holder_identity.as_deref()) {
         None | Some("") => Holder::Free,
-        Some(h) if h == identity => Holder::Free,
-        Some(h) => Holder::Other(h.to_string()),
+        Some(h) => Holder::Held(h.to_string()),
     }
 }
 
-/// The verdict on a legacy Lease held by another identity, watched since `first` was read.
+/// The verdict on a held legacy Lease, watched since `first` was read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Watched {
     /// Its holder renewed it (or another took it): a single sidecar leads.
@@ -58,11 +61,11 @@ pub enum Watched {
     Unchanged,
 }
 
-pub fn watched(first: &LeaseSpec, now: Option<&LeaseSpec>, identity: &str) -> Watched {
-    match holder(now, identity) {
+pub fn watched(first: &LeaseSpec, now: Option<&LeaseSpec>) -> Watched {
+    match holder(now) {
         Holder::Free => Watched::Free,
-        Holder::Other(h) if now != Some(first) => Watched::Alive(h),
-        Holder::Other(_) => Watched::Unchanged,
+        Holder::Held(h) if now != Some(first) => Watched::Alive(h),
+        Holder::Held(_) => Watched::Unchanged,
     }
 }
 
@@ -81,7 +84,7 @@ pub async fn take_over(
         reason: err.to_string(),
     };
 
-    // Read them all; watch those another identity holds for one lease duration.
+    // Read them all; watch those held for one lease duration.
     let mut read: Vec<(&ElectionConfig, Option<Lease>)> = Vec::with_capacity(legacy.len());
     for config in legacy {
         let lease = api
@@ -95,7 +98,7 @@ pub async fn take_over(
         .enumerate()
         .filter_map(|(i, (_, lease))| {
             let spec = lease.as_ref()?.spec.clone()?;
-            matches!(holder(Some(&spec), identity), Holder::Other(_)).then_some((i, spec))
+            matches!(holder(Some(&spec)), Holder::Held(_)).then_some((i, spec))
         })
         .collect();
     let longest = held
@@ -105,7 +108,7 @@ pub async fn take_over(
         .unwrap_or_default();
     let deadline = Instant::now() + longest;
     if !held.is_empty() {
-        tracing::info!(leases = ?held.iter().map(|(i, _)| &read[*i].0.lease_name).collect::<Vec<_>>(), wait = ?longest, "legacy Leases held by other identities; waiting to see whether their holders renew them");
+        tracing::info!(leases = ?held.iter().map(|(i, _)| &read[*i].0.lease_name).collect::<Vec<_>>(), wait = ?longest, "legacy Leases are held; waiting to see whether their holders renew them");
     }
     while !held.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(consolidated.retry_period.min(deadline - Instant::now())).await;
@@ -113,7 +116,7 @@ pub async fn take_over(
         for (i, first) in held {
             let name = &read[i].0.lease_name;
             let now = api.get_opt(name).await.map_err(|e| failed(name, e))?;
-            match watched(&first, now.as_ref().and_then(|l| l.spec.as_ref()), identity) {
+            match watched(&first, now.as_ref().and_then(|l| l.spec.as_ref())) {
                 Watched::Alive(holder) => {
                     return Err(LeaderError::LegacyLeader {
                         namespace: consolidated.namespace.clone(),
@@ -252,31 +255,30 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_is_free_when_missing_released_or_ours() {
-        assert_eq!(holder(None, "me"), Holder::Free);
-        assert_eq!(holder(Some(&spec("", 1)), "me"), Holder::Free);
-        assert_eq!(holder(Some(&spec("me", 1)), "me"), Holder::Free);
+    fn a_lease_is_free_only_when_missing_or_released() {
+        assert_eq!(holder(None), Holder::Free);
+        assert_eq!(holder(Some(&spec("", 1))), Holder::Free);
         assert_eq!(
-            holder(Some(&spec("pod-a", 1)), "me"),
-            Holder::Other("pod-a".into())
+            holder(Some(&spec("pod-a", 1))),
+            Holder::Held("pod-a".into())
         );
     }
 
     #[test]
     fn a_holder_is_alive_when_its_record_changes() {
         let first = spec("pod-a", 1);
-        assert_eq!(watched(&first, Some(&first), "me"), Watched::Unchanged);
+        assert_eq!(watched(&first, Some(&first)), Watched::Unchanged);
         assert_eq!(
-            watched(&first, Some(&spec("pod-a", 3)), "me"),
+            watched(&first, Some(&spec("pod-a", 3))),
             Watched::Alive("pod-a".into())
         );
         assert_eq!(
-            watched(&first, Some(&spec("pod-b", 1)), "me"),
+            watched(&first, Some(&spec("pod-b", 1))),
             Watched::Alive("pod-b".into()),
             "another single sidecar took it"
         );
-        assert_eq!(watched(&first, Some(&spec("", 3)), "me"), Watched::Free);
-        assert_eq!(watched(&first, None, "me"), Watched::Free);
+        assert_eq!(watched(&first, Some(&spec("", 3))), Watched::Free);
+        assert_eq!(watched(&first, None), Watched::Free);
     }
 
     #[test]

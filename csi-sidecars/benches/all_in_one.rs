@@ -1,0 +1,509 @@
+//! The controller pod's five sidecars of one driver (provisioner, attacher, resizer,
+//! snapshotter, livenessprobe) as five processes and as one all-in-one process
+//! (`--controllers=*,livenessprobe`), each layout against an API server of its own that holds
+//! `BENCH_PAIRS` (default 50000) bound PVC+PV pairs: lists and watches at start-up, resident
+//! memory once every controller has done its first operation, then after `BENCH_OPS` (default
+//! 1000) claims provisioned, attached, expanded and snapshotted (at unlimited QPS, so that the
+//! run measures the processes, not the rate limit).
+//!
+//! `cargo bench -p csi-sidecars --bench all_in_one`; `BENCH_ONLY=separate|aio` runs one layout.
+//! `BENCH_BINS=target/release` (after `cargo build --release --bins`) runs the five processes
+//! from the single binaries, as five images would; without it they are the multi-call binary,
+//! whose code pages then count in each process's RSS.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+use testkit::apiserver::{ApiServer, Options, Verb};
+use testkit::measure::{Usage, clock_ticks, free_port, http_get, usage};
+use testkit::mockdriver::{MockDriver, MockHandle};
+use testkit::process::CleanEnv;
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
+const DRIVER: &str = "bench.csi.test";
+const NAMESPACE: &str = "default";
+const CLASS: &str = "bench";
+const SNAPSHOT_CLASS: &str = "bench-snap";
+const NODES: usize = 10;
+const PARALLEL: usize = 64;
+/// Longest wait for one phase.
+const WAIT_LIMIT: Duration = Duration::from_secs(900);
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn snapshot_api(client: &kube::Client, kind: &str, plural: &str, ns: bool) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+        plural,
+    );
+    if ns {
+        Api::namespaced_with(client.clone(), NAMESPACE, &resource)
+    } else {
+        Api::all_with(client.clone(), &resource)
+    }
+}
+
+async fn create<K>(api: &Api<K>, object: Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(object).expect("a valid object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("created");
+}
+
+/// Polls `count` until it reaches `want`, at most [`WAIT_LIMIT`]; the time it took.
+async fn until<F, Fut>(what: &str, want: usize, mut count: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = usize>,
+{
+    let start = Instant::now();
+    loop {
+        let n = count().await;
+        if n >= want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < WAIT_LIMIT,
+            "{what}: {n} of {want} after {WAIT_LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One layout's world: an API server with the pairs, the classes and nodes, and the driver.
+struct World {
+    api: ApiServer,
+    mock: MockHandle,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    async fn start(pairs: usize) -> (Self, Duration) {
+        let api = ApiServer::start_with(Options {
+            pv_controller: true,
+            snapshot_controller: true,
+            ..Options::default()
+        })
+        .await
+        .expect("an API server");
+        let dir = tempfile::tempdir().expect("a directory");
+        let mock = MockDriver::builder()
+            .driver_name(DRIVER)
+            .call_log_limit(16)
+            .serve_unix(dir.path().join("csi.sock"))
+            .await
+            .expect("the mock driver");
+        let client = api.client();
+        create(
+            &Api::<StorageClass>::all(client.clone()),
+            json!({"metadata": {"name": CLASS}, "provisioner": DRIVER, "allowVolumeExpansion": true}),
+        )
+        .await;
+        create(
+            &snapshot_api(&client, "VolumeSnapshotClass", "volumesnapshotclasses", false),
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+                "metadata": {"name": SNAPSHOT_CLASS}, "driver": DRIVER, "deletionPolicy": "Delete"}),
+        )
+        .await;
+        for i in 0..NODES {
+            create(
+                &Api::<CSINode>::all(client.clone()),
+                json!({"metadata": {"name": format!("node-{i}")},
+                    "spec": {"drivers": [{"name": DRIVER, "nodeID": format!("nid-{i}")}]}}),
+            )
+            .await;
+        }
+        let fill = Instant::now();
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, NAMESPACE);
+        futures::stream::iter(0..pairs)
+            .map(|i| {
+                let (pvs, pvcs) = (pvs.clone(), pvcs.clone());
+                async move {
+                    let name = format!("pair-{i}");
+                    let uid = format!("00000000-0000-0000-0000-{i:012}");
+                    create(&pvs, json!({
+                        "metadata": {"name": format!("pvc-{uid}"),
+                            "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+                            "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER}},
+                        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": CLASS,
+                            "claimRef": {"namespace": NAMESPACE, "name": name, "uid": uid},
+                            "csi": {"driver": DRIVER, "volumeHandle": format!("vol-{i}")}}
+                    }))
+                    .await;
+                    create(
+                        &pvcs,
+                        json!({
+                            "metadata": {"name": name, "annotations": {
+                                "volume.kubernetes.io/storage-provisioner": DRIVER,
+                                "pv.kubernetes.io/bind-completed": "yes"}},
+                            "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"],
+                                "volumeName": format!("pvc-{uid}"),
+                                "resources": {"requests": {"storage": "1Gi"}}}
+                        }),
+                    )
+                    .await;
+                }
+            })
+            .buffer_unordered(PARALLEL)
+            .collect::<Vec<_>>()
+            .await;
+        (
+            Self {
+                api,
+                mock,
+                _dir: dir,
+            },
+            fill.elapsed(),
+        )
+    }
+
+    /// A sidecar process: `first` names the sidecar or the selection; every controller without
+    /// a rate limit and without leader election.
+    fn spawn(&self, first: &str, port: u16) -> Child {
+        let single = match first {
+            "provisioner" => Some("csi-provisioner"),
+            "attacher" => Some("csi-attacher"),
+            "resizer" => Some("csi-resizer"),
+            "snapshotter" => Some("csi-snapshotter"),
+            "livenessprobe" => Some("livenessprobe"),
+            _ => None,
+        };
+        let bins = std::env::var_os("BENCH_BINS").map(std::path::PathBuf::from);
+        let mut command = match (single, bins) {
+            (Some(name), Some(dir)) => Command::new(dir.join(name)),
+            (Some(name), None) => {
+                let mut command = Command::new(BIN);
+                command.arg(name);
+                command
+            }
+            (None, _) => {
+                let mut command = Command::new(BIN);
+                command.arg(first);
+                command
+            }
+        };
+        testkit::process::die_with_parent(&mut command);
+        command
+            .clean_env()
+            .arg(format!("--csi-address={}", self.mock.endpoint()))
+            .arg(format!("--http-endpoint=127.0.0.1:{port}"));
+        if first != "livenessprobe" {
+            command
+                .arg(format!(
+                    "--kubeconfig={}",
+                    self.api.kubeconfig_path().display()
+                ))
+                .args(["--kube-api-qps=100000", "--kube-api-burst=100000"]);
+        }
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the sidecar starts")
+    }
+
+    /// Claims `{prefix}-{i}` for `0..count`, then each attached, grown and snapshotted in turn;
+    /// the time each stage took.
+    async fn operate(&self, prefix: &str, count: usize) -> [Duration; 4] {
+        let client = self.api.client();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let vas: Api<VolumeAttachment> = Api::all(client.clone());
+        let snapshots = snapshot_api(&client, "VolumeSnapshot", "volumesnapshots", true);
+        let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+        let ours = |name: &str| name.starts_with(&format!("{prefix}-"));
+        let started = Instant::now();
+        for_each(&names, |name| {
+            let pvcs = pvcs.clone();
+            async move {
+                create(
+                    &pvcs,
+                    json!({"metadata": {"name": name}, "spec": {
+                    "accessModes": ["ReadWriteOnce"], "storageClassName": CLASS,
+                    "resources": {"requests": {"storage": "1Gi"}}}}),
+                )
+                .await;
+            }
+        })
+        .await;
+        let bound_pvs = || async {
+            pvcs.list(&ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .into_iter()
+                        .filter(|c| ours(c.metadata.name.as_deref().unwrap_or("")))
+                        .filter(|c| {
+                            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+                        })
+                        .filter_map(|c| c.spec?.volume_name)
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        until("claims bound", count, || async { bound_pvs().await.len() }).await;
+        let provisioned = started.elapsed();
+
+        let started = Instant::now();
+        let volumes = bound_pvs().await;
+        futures::stream::iter(volumes.into_iter().enumerate())
+            .map(|(i, pv)| {
+                let vas = vas.clone();
+                let prefix = prefix.to_string();
+                async move {
+                    create(
+                        &vas,
+                        json!({"metadata": {"name": format!("{prefix}-va-{i}")},
+                        "spec": {"attacher": DRIVER, "nodeName": format!("node-{}", i % NODES),
+                            "source": {"persistentVolumeName": pv}}}),
+                    )
+                    .await;
+                }
+            })
+            .buffer_unordered(PARALLEL)
+            .collect::<Vec<_>>()
+            .await;
+        until("attached", count, || async {
+            vas.list(&ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|v| ours(v.metadata.name.as_deref().unwrap_or("")))
+                        .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .await;
+        let attached = started.elapsed();
+
+        let started = Instant::now();
+        for_each(&names, |name| {
+            let pvcs = pvcs.clone();
+            async move {
+                pvcs.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}})),
+                )
+                .await
+                .expect("the claim grows");
+            }
+        })
+        .await;
+        until("expanded", count, || async {
+            pvs.list(&ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|pv| {
+                            pv.spec
+                                .as_ref()
+                                .and_then(|s| s.claim_ref.as_ref()?.name.as_deref())
+                                .is_some_and(ours)
+                        })
+                        .filter(|pv| {
+                            pv.spec
+                                .as_ref()
+                                .and_then(|s| s.capacity.as_ref()?.get("storage"))
+                                .map(|q| q.0.as_str())
+                                == Some("2Gi")
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .await;
+        let expanded = started.elapsed();
+
+        let started = Instant::now();
+        for_each(&names, |name| {
+            let snapshots = snapshots.clone();
+            async move {
+                create(
+                    &snapshots,
+                    json!({"apiVersion": "snapshot.storage.k8s.io/v1",
+                    "kind": "VolumeSnapshot", "metadata": {"name": format!("{name}-snap")},
+                    "spec": {"volumeSnapshotClassName": SNAPSHOT_CLASS,
+                        "source": {"persistentVolumeClaimName": name}}}),
+                )
+                .await;
+            }
+        })
+        .await;
+        until("snapshots ready", count, || async {
+            snapshots
+                .list(&ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|s| ours(s.metadata.name.as_deref().unwrap_or("")))
+                        .filter(|s| s.data["status"]["readyToUse"] == true)
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .await;
+        [provisioned, attached, expanded, started.elapsed()]
+    }
+}
+
+/// Runs `f` for every name, [`PARALLEL`] at a time.
+async fn for_each<F, Fut>(names: &[String], f: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    futures::stream::iter(names.to_vec())
+        .map(f)
+        .buffer_unordered(PARALLEL)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// The sum of the processes' usage (peak: the sum of each one's peak).
+fn total(pids: &[u32], ticks: f64) -> Usage {
+    pids.iter()
+        .map(|pid| usage(*pid, ticks))
+        .fold(Usage::default(), |a, u| Usage {
+            rss_kib: a.rss_kib + u.rss_kib,
+            anon_kib: a.anon_kib + u.anon_kib,
+            file_kib: a.file_kib + u.file_kib,
+            peak_rss_kib: a.peak_rss_kib + u.peak_rss_kib,
+            cpu_seconds: a.cpu_seconds + u.cpu_seconds,
+        })
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
+    let (world, fill) = World::start(pairs).await;
+    let ticks = clock_ticks();
+    let counters = world.api.counters();
+    counters.reset();
+    let started = Instant::now();
+    let mut children = Vec::new();
+    let mut ports = Vec::new();
+    for sidecar in sidecars {
+        let port = free_port().expect("a port");
+        children.push(world.spawn(sidecar, port));
+        ports.push(port);
+    }
+    let pids: Vec<u32> = children.iter().filter_map(Child::id).collect();
+    // Every controller has synced and worked once: one claim through every stage.
+    world.operate("first", 1).await;
+    let ready = started.elapsed();
+    // The livenessprobe answers for the driver too.
+    for (sidecar, port) in sidecars.iter().zip(&ports) {
+        let path = match *sidecar {
+            "livenessprobe" => "/healthz",
+            all if all.starts_with("--controllers") => "/healthz/livenessprobe",
+            _ => continue,
+        };
+        until("the driver's liveness", 1, || async {
+            usize::from(matches!(http_get(*port, path).await, Some((200, _))))
+        })
+        .await;
+    }
+    let reads: u64 = counters
+        .snapshot()
+        .iter()
+        .filter(|(k, _)| k.verb == Verb::List)
+        .map(|(_, n)| n)
+        .sum();
+    let watches: u64 = counters
+        .snapshot()
+        .iter()
+        .filter(|(k, _)| k.verb == Verb::Watch)
+        .map(|(_, n)| n)
+        .sum();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = total(&pids, ticks);
+    let stages = world.operate("op", ops).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = total(&pids, ticks);
+    println!(
+        "## {label}: {} process(es), {pairs} pairs (filled in {:.0} s)",
+        pids.len(),
+        fill.as_secs_f64()
+    );
+    println!(
+        "start-up to a claim provisioned, attached, grown and snapshotted: {:.1} s; lists {reads} (the benchmark's own included), watches {watches}",
+        ready.as_secs_f64()
+    );
+    println!(
+        "RSS idle {} (anon {}, file {}); after {ops} of each operation {} (anon {}), peaks summed {}; CPU {:.1} s",
+        mib(idle.rss_kib),
+        mib(idle.anon_kib),
+        mib(idle.file_kib),
+        mib(after.rss_kib),
+        mib(after.anon_kib),
+        mib(after.peak_rss_kib),
+        after.cpu_seconds
+    );
+    println!(
+        "{ops} provisioned {:.1} s, attached {:.1} s, expanded {:.1} s, snapshotted {:.1} s",
+        stages[0].as_secs_f64(),
+        stages[1].as_secs_f64(),
+        stages[2].as_secs_f64(),
+        stages[3].as_secs_f64()
+    );
+    for mut child in children {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
+fn main() {
+    let pairs = env_usize("BENCH_PAIRS", 50_000);
+    let ops = env_usize("BENCH_OPS", 1000);
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        if only.is_empty() || only == "separate" {
+            run(
+                "five processes",
+                &[
+                    "provisioner",
+                    "attacher",
+                    "resizer",
+                    "snapshotter",
+                    "livenessprobe",
+                ],
+                pairs,
+                ops,
+            )
+            .await;
+        }
+        if only.is_empty() || only == "aio" {
+            run("all in one", &["--controllers=*,livenessprobe"], pairs, ops).await;
+        }
+    });
+}
