@@ -7,7 +7,7 @@
 //! run measures the processes, not the rate limit).
 //!
 //! `cargo bench -p csi-sidecars --bench all_in_one`; `BENCH_ONLY=separate|aio` runs one layout.
-//! `BENCH_BINS=target/release` (after `cargo build --release --bins`) runs the five processes
+//! `BENCH_BINS=$PWD/target/release` (after `cargo build --release --bins`) runs the five processes
 //! from the single binaries, as five images would; without it they are the multi-call binary,
 //! whose code pages then count in each process's RSS.
 
@@ -230,14 +230,15 @@ impl World {
         let vas: Api<VolumeAttachment> = Api::all(client.clone());
         let snapshots = snapshot_api(&client, "VolumeSnapshot", "volumesnapshots", true);
         let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
-        let ours = |name: &str| name.starts_with(&format!("{prefix}-"));
+        // Lists ask for this run's objects only, not the pairs.
+        let mine = ListParams::default().labels(&format!("bench={prefix}"));
         let started = Instant::now();
         for_each(&names, |name| {
             let pvcs = pvcs.clone();
             async move {
                 create(
                     &pvcs,
-                    json!({"metadata": {"name": name}, "spec": {
+                    json!({"metadata": {"name": name, "labels": {"bench": prefix}}, "spec": {
                     "accessModes": ["ReadWriteOnce"], "storageClassName": CLASS,
                     "resources": {"requests": {"storage": "1Gi"}}}}),
                 )
@@ -246,12 +247,11 @@ impl World {
         })
         .await;
         let bound_pvs = || async {
-            pvcs.list(&ListParams::default())
+            pvcs.list(&mine)
                 .await
                 .map(|l| {
                     l.items
                         .into_iter()
-                        .filter(|c| ours(c.metadata.name.as_deref().unwrap_or("")))
                         .filter(|c| {
                             c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
                         })
@@ -272,7 +272,8 @@ impl World {
                 async move {
                     create(
                         &vas,
-                        json!({"metadata": {"name": format!("{prefix}-va-{i}")},
+                        json!({"metadata": {"name": format!("{prefix}-va-{i}"),
+                            "labels": {"bench": prefix}},
                         "spec": {"attacher": DRIVER, "nodeName": format!("node-{}", i % NODES),
                             "source": {"persistentVolumeName": pv}}}),
                     )
@@ -283,12 +284,11 @@ impl World {
             .collect::<Vec<_>>()
             .await;
         until("attached", count, || async {
-            vas.list(&ListParams::default())
+            vas.list(&mine)
                 .await
                 .map(|l| {
                     l.items
                         .iter()
-                        .filter(|v| ours(v.metadata.name.as_deref().unwrap_or("")))
                         .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
                         .count()
                 })
@@ -311,28 +311,26 @@ impl World {
             }
         })
         .await;
+        // PVs carry no labels: each is read until it has grown.
+        let pending = std::sync::Mutex::new(bound_pvs().await);
         until("expanded", count, || async {
-            pvs.list(&ListParams::default())
-                .await
-                .map(|l| {
-                    l.items
-                        .iter()
-                        .filter(|pv| {
-                            pv.spec
-                                .as_ref()
-                                .and_then(|s| s.claim_ref.as_ref()?.name.as_deref())
-                                .is_some_and(ours)
-                        })
-                        .filter(|pv| {
-                            pv.spec
-                                .as_ref()
-                                .and_then(|s| s.capacity.as_ref()?.get("storage"))
-                                .map(|q| q.0.as_str())
-                                == Some("2Gi")
-                        })
-                        .count()
-                })
-                .unwrap_or(0)
+            let waiting: Vec<String> = pending.lock().map(|p| p.clone()).unwrap_or_default();
+            let mut still = Vec::new();
+            for name in waiting {
+                let grown = pvs
+                    .get(&name)
+                    .await
+                    .ok()
+                    .and_then(|pv| Some(pv.spec?.capacity?.get("storage")?.0 == "2Gi"));
+                if grown != Some(true) {
+                    still.push(name);
+                }
+            }
+            let left = still.len();
+            if let Ok(mut p) = pending.lock() {
+                *p = still;
+            }
+            count - left
         })
         .await;
         let expanded = started.elapsed();
@@ -344,7 +342,8 @@ impl World {
                 create(
                     &snapshots,
                     json!({"apiVersion": "snapshot.storage.k8s.io/v1",
-                    "kind": "VolumeSnapshot", "metadata": {"name": format!("{name}-snap")},
+                    "kind": "VolumeSnapshot", "metadata": {"name": format!("{name}-snap"),
+                        "labels": {"bench": prefix}},
                     "spec": {"volumeSnapshotClassName": SNAPSHOT_CLASS,
                         "source": {"persistentVolumeClaimName": name}}}),
                 )
@@ -354,12 +353,11 @@ impl World {
         .await;
         until("snapshots ready", count, || async {
             snapshots
-                .list(&ListParams::default())
+                .list(&mine)
                 .await
                 .map(|l| {
                     l.items
                         .iter()
-                        .filter(|s| ours(s.metadata.name.as_deref().unwrap_or("")))
                         .filter(|s| s.data["status"]["readyToUse"] == true)
                         .count()
                 })
