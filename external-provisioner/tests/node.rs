@@ -205,16 +205,19 @@ async fn nodes_race_for_immediate_claims_and_keep_to_their_own() {
         .buffer_unordered(16)
         .collect::<Vec<_>>()
         .await;
-    let pvs_left = pvs.clone();
+    // The test's own PVs: a real cluster has others.
+    let (pvs_left, driver) = (pvs.clone(), env.driver.clone());
     eventually("every PV deleted", || {
-        let pvs = pvs_left.clone();
+        let (pvs, driver) = (pvs_left.clone(), driver.clone());
         async move {
-            pvs.list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .is_empty()
-                .then_some(())
+            let left = pvs.list(&Default::default()).await.unwrap().items;
+            (!left.iter().any(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .is_some_and(|csi| csi.driver == driver)
+            }))
+            .then_some(())
         }
     })
     .await;
