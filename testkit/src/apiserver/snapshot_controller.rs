@@ -390,6 +390,32 @@ fn on_event(s: &mut Store, k: Kinds, ev: &WatchEvent) {
         } else {
             sync_content(s, k, &name);
         }
+    } else if ev.kind == k.pvc || ev.kind == k.pv {
+        // A claim or its volume concerns that claim's snapshots and the groups only: a full
+        // sync per event would make filling a cluster quadratic.
+        let (ns, claim) = if ev.kind == k.pvc {
+            (ns, name)
+        } else {
+            (
+                str_at(&ev.object, "/spec/claimRef/namespace").to_string(),
+                str_at(&ev.object, "/spec/claimRef/name").to_string(),
+            )
+        };
+        group::sync_all(s, k.groups);
+        if !claim.is_empty() {
+            release_claim(s, k, &ns, &claim);
+            let of_claim: Vec<_> = s
+                .all(k.snapshot)
+                .filter(|snap| {
+                    str_at(snap, "/metadata/namespace") == ns
+                        && str_at(snap, "/spec/source/persistentVolumeClaimName") == claim
+                })
+                .map(|snap| key_of(snap))
+                .collect();
+            for (ns, name) in of_claim {
+                sync_snapshot(s, k, &ns, &name);
+            }
+        }
     } else {
         sync_all(s, k);
     }
