@@ -221,6 +221,27 @@ impl World {
             .expect("the sidecar starts")
     }
 
+    /// A sidecar process that serves HTTP; started again on another port when the one it was
+    /// given was taken meanwhile.
+    async fn spawn_serving(&self, first: &str) -> (Child, u16) {
+        for _ in 0..5 {
+            let port = free_port().expect("a port");
+            let mut child = self.spawn(first, port);
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30) {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                if http_get(port, "/metrics").await.is_some() {
+                    return (child, port);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let _ = child.start_kill();
+        }
+        panic!("{first} does not start");
+    }
+
     /// Claims `{prefix}-{i}` for `0..count`, then each attached, grown and snapshotted in turn;
     /// the time each stage took.
     async fn operate(&self, prefix: &str, count: usize) -> [Duration; 4] {
@@ -407,8 +428,8 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
     let mut children = Vec::new();
     let mut ports = Vec::new();
     for sidecar in sidecars {
-        let port = free_port().expect("a port");
-        children.push(world.spawn(sidecar, port));
+        let (child, port) = world.spawn_serving(sidecar).await;
+        children.push(child);
         ports.push(port);
     }
     let pids: Vec<u32> = children.iter().filter_map(Child::id).collect();
