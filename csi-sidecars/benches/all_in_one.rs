@@ -279,7 +279,7 @@ impl World {
                         .filter_map(|c| c.spec?.volume_name)
                         .collect::<Vec<_>>()
                 })
-                .unwrap_or_default()
+                .expect("the claims listed")
         };
         until("claims bound", count, || async { bound_pvs().await.len() }).await;
         let provisioned = started.elapsed();
@@ -313,7 +313,7 @@ impl World {
                         .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
                         .count()
                 })
-                .unwrap_or(0)
+                .expect("the attachments listed")
         })
         .await;
         let attached = started.elapsed();
@@ -382,7 +382,7 @@ impl World {
                         .filter(|s| s.data["status"]["readyToUse"] == true)
                         .count()
                 })
-                .unwrap_or(0)
+                .expect("the snapshots listed")
         })
         .await;
         [provisioned, attached, expanded, started.elapsed()]
