@@ -22,7 +22,7 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use testkit::apiserver::{ApiServer, Options, Verb};
-use testkit::measure::{Usage, clock_ticks, free_port, http_get, usage};
+use testkit::measure::{Usage, clock_ticks, env_usize, free_port, http_get, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
@@ -36,13 +36,6 @@ const NODES: usize = 10;
 const PARALLEL: usize = 64;
 /// Longest wait for one phase.
 const WAIT_LIMIT: Duration = Duration::from_secs(900);
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn snapshot_api(client: &kube::Client, kind: &str, plural: &str, ns: bool) -> Api<DynamicObject> {
     let resource = ApiResource::from_gvk_with_plural(

@@ -49,6 +49,52 @@ where
     .unwrap()
 }
 
+/// Starts `command` (the binary, possibly wrapped) with `args`, dying with the test; its
+/// standard error is kept when `stderr` asks for it.
+fn start(
+    mut command: tokio::process::Command,
+    args: impl IntoIterator<Item = String>,
+    stderr: Stdio,
+) -> tokio::process::Child {
+    command.clean_env();
+    testkit::process::die_with_parent(&mut command);
+    command
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the claim `name` is bound; its PV's name.
+async fn bound(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
+    eventually("the claim bound", || async {
+        let claim = claims.get(name).await.ok()?;
+        (claim.status?.phase.as_deref() == Some("Bound")).then_some(claim.spec?.volume_name?)
+    })
+    .await
+}
+
+/// Creates the VolumeAttachment `name` of `pv` to `node` and waits until it is attached.
+async fn attach(vas: &Api<VolumeAttachment>, name: &str, driver: &str, node: &str, pv: &str) {
+    create(
+        vas,
+        json!({"metadata": {"name": name}, "spec": {"attacher": driver, "nodeName": node,
+            "source": {"persistentVolumeName": pv}}}),
+    )
+    .await;
+    eventually("the attachment", || async {
+        vas.get(name)
+            .await
+            .ok()?
+            .status
+            .filter(|s| s.attached)
+            .map(|_| ())
+    })
+    .await;
+}
+
 fn snapshot_api(
     client: &kube::Client,
     ns: Option<&str>,
@@ -76,23 +122,12 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     .unwrap();
     let client = cluster.client();
     let ns = cluster.namespace().to_string();
-    let driver = if cluster.is_real() {
-        format!("{ns}.aio.csi.test")
-    } else {
-        "aio.csi.test".to_string()
-    };
     let dir = tempfile::tempdir().unwrap();
-    let mock = MockDriver::builder()
-        .driver_name(driver.clone())
-        .serve_unix(dir.path().join("csi.sock"))
-        .await
-        .unwrap();
+    let (driver, mock) = driver_for(&cluster, "aio", dir.path()).await;
     let port = free_port().unwrap();
-    let mut command = tokio::process::Command::new(BIN);
-    command.clean_env();
-    testkit::process::die_with_parent(&mut command);
-    let mut child = command
-        .args([
+    let mut child = start(
+        tokio::process::Command::new(BIN),
+        [
             "--controllers=*,livenessprobe".to_string(),
             format!("--csi-address={}", mock.endpoint()),
             format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
@@ -102,12 +137,9 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
             "--retry-interval-start=100ms".to_string(),
             // A setting for one controller only.
             "--attacher-worker-threads=3".to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        ],
+        Stdio::null(),
+    );
 
     // Each controller holds its own upstream Lease.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
@@ -143,11 +175,7 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
             "storageClassName": class, "resources": {"requests": {"storage": "1Gi"}}}}),
     )
     .await;
-    let pv_name = eventually("the claim bound", || async {
-        let claim = claims.get("data").await.ok()?;
-        (claim.status?.phase.as_deref() == Some("Bound")).then_some(claim.spec?.volume_name?)
-    })
-    .await;
+    let pv_name = bound(&claims, "data").await;
 
     // Attacher: the PV is attached to a node.
     let node = cluster.cluster_name("aio-node");
@@ -157,21 +185,13 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     )
     .await;
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
-    let va = cluster.cluster_name("aio-va");
-    create(
+    attach(
         &vas,
-        json!({"metadata": {"name": va}, "spec": {"attacher": driver, "nodeName": node,
-            "source": {"persistentVolumeName": pv_name}}}),
+        &cluster.cluster_name("aio-va"),
+        &driver,
+        &node,
+        &pv_name,
     )
-    .await;
-    eventually("the attachment", || async {
-        vas.get(&va)
-            .await
-            .ok()?
-            .status
-            .filter(|s| s.attached)
-            .map(|_| ())
-    })
     .await;
 
     // Resizer: the claim grows.
@@ -302,23 +322,18 @@ async fn one_process_registers_the_driver_and_probes_it_on_the_node() {
     std::fs::create_dir(&registry).unwrap();
     let kubelet_path = format!("/var/lib/kubelet/plugins/{driver}/csi.sock");
     let port = free_port().unwrap();
-    let mut command = tokio::process::Command::new(BIN);
-    command.clean_env();
-    testkit::process::die_with_parent(&mut command);
-    let mut child = command
-        .args([
+    let mut child = start(
+        tokio::process::Command::new(BIN),
+        [
             "--controllers=node-driver-registrar,livenessprobe".to_string(),
             format!("--csi-address={}", mock.endpoint()),
             format!("--kubelet-registration-path={kubelet_path}"),
             format!("--plugin-registration-path={}", registry.display()),
             format!("--http-endpoint=127.0.0.1:{port}"),
             "--livenessprobe-probe-timeout=2s".to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        ],
+        Stdio::null(),
+    );
 
     // Kubelet finds the registration socket and registers the driver through it.
     let socket = registry.join(format!("{driver}-reg.sock"));
@@ -398,11 +413,9 @@ fn consolidated(
     mock: &MockHandle,
     controllers: &str,
 ) -> tokio::process::Child {
-    let mut command = tokio::process::Command::new(BIN);
-    command.clean_env();
-    testkit::process::die_with_parent(&mut command);
-    command
-        .args([
+    start(
+        tokio::process::Command::new(BIN),
+        [
             format!("--controllers={controllers}"),
             format!("--csi-address={}", mock.endpoint()),
             format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
@@ -412,12 +425,9 @@ fn consolidated(
             "--leader-election-lease-duration=3s".to_string(),
             "--leader-election-renew-deadline=2s".to_string(),
             "--leader-election-retry-period=500ms".to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+        ],
+        Stdio::piped(),
+    )
 }
 
 async fn driver_for(
@@ -499,11 +509,7 @@ async fn a_consolidated_lease_takes_over_the_legacy_ones_whose_holders_are_gone(
             "storageClassName": class, "resources": {"requests": {"storage": "1Gi"}}}}),
     )
     .await;
-    eventually("the claim bound", || async {
-        let claim = claims.get("data").await.ok()?;
-        (claim.status?.phase.as_deref() == Some("Bound")).then_some(())
-    })
-    .await;
+    bound(&claims, "data").await;
 
     child.start_kill().unwrap();
     child.wait().await.unwrap();
@@ -636,18 +642,14 @@ async fn a_single_sidecar_and_an_all_in_one_replica_never_both_lead_a_controller
         "--leader-election-retry-period=500ms".to_string(),
     ];
     let spawn = |hostname: &str, first: &str, port: u16| {
-        let mut command = testkit::process::with_hostname(hostname, BIN);
-        command.clean_env();
-        testkit::process::die_with_parent(&mut command);
-        command
-            .arg(first)
-            .args(&election)
-            .arg(format!("--http-endpoint=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap()
+        let args = std::iter::once(first.to_string())
+            .chain(election.iter().cloned())
+            .chain([format!("--http-endpoint=127.0.0.1:{port}")]);
+        start(
+            testkit::process::with_hostname(hostname, BIN),
+            args,
+            Stdio::null(),
+        )
     };
     let attacher_lease = format!("external-attacher-leader-{sanitized}");
 
@@ -683,7 +685,7 @@ async fn a_single_sidecar_and_an_all_in_one_replica_never_both_lead_a_controller
         json!({"metadata": {"name": node}, "spec": {"drivers": [{"name": driver, "nodeID": "nid-1"}]}}),
     )
     .await;
-    let attach = |claim: &'static str| {
+    let provision_and_attach = |claim: &'static str| {
         let (claims, vas, class, node, cluster, driver) = (
             claims.clone(),
             vas.clone(),
@@ -699,30 +701,12 @@ async fn a_single_sidecar_and_an_all_in_one_replica_never_both_lead_a_controller
                     "storageClassName": class, "resources": {"requests": {"storage": "1Gi"}}}}),
             )
             .await;
-            let pv = eventually("the claim bound", || async {
-                let c = claims.get(claim).await.ok()?;
-                (c.status?.phase.as_deref() == Some("Bound")).then_some(c.spec?.volume_name?)
-            })
-            .await;
+            let pv = bound(&claims, claim).await;
             let va = cluster.cluster_name(&format!("rollout-{claim}"));
-            create(
-                &vas,
-                json!({"metadata": {"name": va}, "spec": {"attacher": driver, "nodeName": node,
-                    "source": {"persistentVolumeName": pv}}}),
-            )
-            .await;
-            eventually("the attachment", || async {
-                vas.get(&va)
-                    .await
-                    .ok()?
-                    .status
-                    .filter(|s| s.attached)
-                    .map(|_| ())
-            })
-            .await;
+            attach(&vas, &va, &driver, &node, &pv).await;
         }
     };
-    attach("first").await;
+    provision_and_attach("first").await;
     let publish = "/csi.v1.Controller/ControllerPublishVolume";
     let metrics_of = |port: u16| async move {
         http_get(port, "/metrics")
@@ -744,7 +728,7 @@ async fn a_single_sidecar_and_an_all_in_one_replica_never_both_lead_a_controller
         (holder_of(attacher_lease.clone()).await? == "aio-1").then_some(())
     })
     .await;
-    attach("second").await;
+    provision_and_attach("second").await;
     assert_eq!(calls_in(&metrics_of(aio_port).await, publish), 1);
 
     aio.start_kill().unwrap();

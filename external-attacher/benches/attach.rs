@@ -26,7 +26,7 @@ use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::metrics::CsiMetrics;
 use testkit::apiserver::{ApiServer, Verb};
-use testkit::measure::{clock_ticks, percentile, usage};
+use testkit::measure::{clock_ticks, env_usize, percentile, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
@@ -34,13 +34,6 @@ use tokio::process::{Child, Command};
 const BIN: &str = env!("CARGO_BIN_EXE_csi-attacher");
 const DRIVER: &str = "hostpath.csi.k8s.io";
 const PARALLEL_CREATES: usize = 64;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 async fn metrics_up(port: u16) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

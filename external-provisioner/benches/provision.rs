@@ -27,7 +27,7 @@ use kube::api::{
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Options, Verb};
-use testkit::measure::{clock_ticks, free_port, http_get, percentile, usage};
+use testkit::measure::{clock_ticks, env_usize, free_port, http_get, percentile, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
@@ -39,13 +39,6 @@ const CLASS: &str = "bench";
 const PARALLEL: usize = 64;
 /// Longest wait for a phase of a run.
 const WAIT_LIMIT: Duration = Duration::from_secs(600);
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// When each claim was first seen Bound, and when each PV disappeared.
 #[derive(Default)]

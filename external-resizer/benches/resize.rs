@@ -22,7 +22,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Verb};
-use testkit::measure::{clock_ticks, free_port, usage};
+use testkit::measure::{clock_ticks, env_usize, free_port, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
@@ -31,13 +31,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_csi-resizer");
 const DRIVER: &str = "resizer.csi.bench";
 const NS: &str = "default";
 const PARALLEL: usize = 64;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 struct Bench {
     api: ApiServer,

@@ -27,7 +27,7 @@ use kube::api::{
 };
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Verb};
-use testkit::measure::{clock_ticks, free_port, usage};
+use testkit::measure::{clock_ticks, env_usize, free_port, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
@@ -36,13 +36,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_csi-snapshotter");
 const DRIVER: &str = "snapshotter.csi.bench";
 const PARALLEL: usize = 64;
 const QUEUE: &str = "csi-snapshotter-content";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(

@@ -44,6 +44,14 @@ pub struct Usage {
     pub cpu_seconds: f64,
 }
 
+/// A benchmark setting from the environment: `name` as a number, else `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Clock ticks per second, for the CPU times of `/proc/<pid>/stat`.
 pub fn clock_ticks() -> f64 {
     std::process::Command::new("getconf")
