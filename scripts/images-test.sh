@@ -14,8 +14,9 @@ if ! command -v skopeo >/dev/null; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends skopeo
 fi
 
-# A real sidecar in the image: the native livenessprobe, which the workspace tests built already.
-cargo build --locked -q -p livenessprobe --bin livenessprobe
+# A real sidecar in the image: the native livenessprobe, which the workspace tests built already
+# (selected as the whole workspace, so that cargo reuses that build; see prometheus-test.sh).
+cargo test --workspace --no-run --locked -q
 IMAGE_TEST_BINARY="$PWD/target/debug/livenessprobe" IMAGE_TEST_REQUIRE_SKOPEO=1 \
-    cargo test --locked -p image-builder
+    cargo test --workspace --test images --locked
 bash scripts/deny.sh

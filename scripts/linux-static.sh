@@ -9,9 +9,10 @@
 #   scripts/linux-static.sh aarch64 s390x    some of them (amd64 arm64 armv7 ppc64le s390x, or
 #                                            the Rust architecture names)
 #
-# With STATIC_QUICK=1 (what CI runs) the same binaries are built without optimisation or LTO
-# into target/static-quick/: minutes instead of tens of minutes per platform, for checking that
+# With STATIC_QUICK=1 (what CI runs) the same binaries are built with the quick-release profile
+# (no optimisation, no LTO): minutes instead of tens of minutes per platform, for checking that
 # the cross-build works and that the binaries behave on their architecture, not for shipping.
+# Each platform's quick build is deleted once checked, to keep CI's disk use to one platform.
 #
 # Binaries end up in target/static/<rust target>/release/. Uses Debian's rustc-web toolchain
 # (std built for the target with -Zbuild-std, as the Windows script does) and zig (from PyPI's
@@ -37,16 +38,8 @@ if ((${#missing[@]})); then
 fi
 
 work="$PWD/target/static"
-profile=()
-if [ "${STATIC_QUICK:-}" = 1 ]; then
-    work="$PWD/target/static-quick"
-    profile=(--config profile.release.opt-level=0 --config profile.release.lto=false
-        --config profile.release.codegen-units=16
-        --config 'profile.release.package."*".opt-level=0'
-        --config profile.release.package.node-driver-registrar.opt-level=0
-        --config profile.release.package.external-attacher.opt-level=0
-        --config profile.release.package.external-provisioner.opt-level=0)
-fi
+profile=release
+if [ "${STATIC_QUICK:-}" = 1 ]; then profile=quick-release; fi
 # Pinned: zig's clang and musl end up in the binaries, and the images are to be reproducible.
 zig_version=0.17.1
 venv="$work/zig"
@@ -57,8 +50,9 @@ if [ "$("$venv/bin/python" -m ziglang version 2>/dev/null)" != "$zig_version" ];
 fi
 echo "zig $("$venv/bin/python" -m ziglang version)"
 
-# The mock driver and the test run natively; build them first with the normal toolchain.
-cargo build --locked -p testkit --tests --bins
+# The mock driver and the test run natively; build them first with the normal toolchain, as the
+# whole workspace's tests (reused as they are; see prometheus-test.sh).
+cargo test --workspace --no-run --locked
 
 # Scoped to this script: the nightly switch that -Zbuild-std needs, and Debian's toolchain.
 export RUSTC_BOOTSTRAP=1
@@ -89,9 +83,9 @@ EOF
     export "CARGO_TARGET_${upper}_LINKER=$wrapper"
     export "CC_${target//-/_}=$wrapper"
     echo "== $platform ($target)"
-    /usr/bin/cargo build "${profile[@]}" --locked --release -Zbuild-std=std,panic_abort --target "$target" \
+    /usr/bin/cargo build --locked --profile "$profile" -Zbuild-std=std,panic_abort --target "$target" \
         "${crates[@]}" --bins
-    out="$work/$target/release"
+    out="$work/$target/$profile"
     for binary in "${binaries[@]}"; do
         description=$(file -b "$out/$binary")
         case "$description" in
@@ -102,5 +96,6 @@ EOF
     done
     FOREIGN_BIN_DIR="$out" FOREIGN_RUNNER="${qemu[$platform]}" \
         env -u RUSTC -u RUSTDOC -u RUSTFLAGS -u RUSTC_BOOTSTRAP -u CARGO_TARGET_DIR \
-        cargo test --locked -p testkit --test foreign -- --test-threads=1
+        cargo test --workspace --locked --test foreign -- --test-threads=1
+    if [ "$profile" = quick-release ]; then rm -rf "${out:?}"; fi
 done

@@ -18,8 +18,10 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
 fi
 prometheus --version 2>&1 | head -n 1
 
-# The test runs the sidecar binaries of target/debug: build them all first.
-cargo build --workspace --bins --locked
+# The test runs the sidecar binaries of target/debug. Built, like the test, as part of the whole
+# workspace's tests: cargo resolves features per selection of packages, so `-p testkit` or
+# `--bins` would compile every dependency once more (a gigabyte) instead of reusing that build.
+cargo test --workspace --no-run --locked
 # With PROMETHEUS and PROMTOOL set the test cannot skip: a missing tool or sidecar fails it.
 PROMETHEUS="$(command -v prometheus)" PROMTOOL="$(command -v promtool)" \
-    cargo test -p testkit --test prometheus --locked -- --nocapture
+    cargo test --workspace --test prometheus --locked -- --nocapture
