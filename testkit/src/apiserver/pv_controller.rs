@@ -4,6 +4,7 @@
 //! names them, and keep the phases of both. It runs in-process over the store
 //! and reacts to store events.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Map, Value, json};
@@ -269,15 +270,72 @@ fn apply(s: &mut Store, kind: KindId, key: &(String, String), plan: Plan) {
     }
 }
 
-fn sync_claim(s: &mut Store, k: Kinds, ns: &str, name: &str) {
+/// The volumes whose claimRef names a claim, by the claim's namespace and name, fed by the
+/// volumes' events: an unbound or deleted claim looks its volumes up here instead of scanning
+/// every volume (with tens of thousands of volumes the scans made each claim event slow).
+/// Entries can lag the store; candidates are checked against it.
+#[derive(Debug, Default)]
+struct ClaimRefs {
+    volumes: HashMap<(String, String), BTreeSet<String>>,
+    claim_of: HashMap<String, (String, String)>,
+}
+
+impl ClaimRefs {
+    fn of_store(s: &Store, pv: KindId) -> Self {
+        let mut refs = Self::default();
+        for volume in s.all(pv) {
+            refs.record(volume);
+        }
+        refs
+    }
+
+    fn record(&mut self, volume: &Value) {
+        let name = str_at(volume, "/metadata/name");
+        self.forget(name);
+        let claim = (
+            str_at(volume, "/spec/claimRef/namespace").to_string(),
+            str_at(volume, "/spec/claimRef/name").to_string(),
+        );
+        if claim.1.is_empty() {
+            return;
+        }
+        self.volumes
+            .entry(claim.clone())
+            .or_default()
+            .insert(name.to_string());
+        self.claim_of.insert(name.to_string(), claim);
+    }
+
+    fn forget(&mut self, volume: &str) {
+        let Some(claim) = self.claim_of.remove(volume) else {
+            return;
+        };
+        if let Some(names) = self.volumes.get_mut(&claim) {
+            names.remove(volume);
+            if names.is_empty() {
+                self.volumes.remove(&claim);
+            }
+        }
+    }
+
+    fn naming(&self, ns: &str, name: &str) -> Vec<String> {
+        self.volumes
+            .get(&(ns.to_string(), name.to_string()))
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn sync_claim(s: &mut Store, k: Kinds, refs: &ClaimRefs, ns: &str, name: &str) {
     let Ok(claim) = s.get(k.pvc, ns, name) else {
         return;
     };
     let volume_name = str_at(&claim, "/spec/volumeName");
     let volume = if volume_name.is_empty() {
-        s.all(k.pv)
+        refs.naming(ns, name)
+            .iter()
+            .filter_map(|v| s.get(k.pv, "", v).ok())
             .find(|pv| claim_ref_matches(pv, &claim))
-            .cloned()
     } else {
         s.get(k.pv, "", volume_name).ok()
     };
@@ -292,7 +350,7 @@ fn sync_claim(s: &mut Store, k: Kinds, ns: &str, name: &str) {
     apply(s, k.pvc, &key_of(&claim), cplan);
 }
 
-fn sync_volume(s: &mut Store, k: Kinds, name: &str) {
+fn sync_volume(s: &mut Store, k: Kinds, refs: &ClaimRefs, name: &str) {
     let Ok(volume) = s.get(k.pv, "", name) else {
         return;
     };
@@ -315,46 +373,48 @@ fn sync_volume(s: &mut Store, k: Kinds, name: &str) {
         let named = str_at(c, "/spec/volumeName");
         named.is_empty() || (named == name && str_at(c, "/status/phase") != "Bound")
     }) {
-        sync_claim(s, k, ns, str_at(&c, "/metadata/name"));
+        sync_claim(s, k, refs, ns, str_at(&c, "/metadata/name"));
     }
 }
 
-fn sync_all(s: &mut Store, k: Kinds) {
+fn sync_all(s: &mut Store, k: Kinds, refs: &mut ClaimRefs) {
+    *refs = ClaimRefs::of_store(s, k.pv);
     let claims: Vec<_> = s.all(k.pvc).map(|c| key_of(c)).collect();
     for (ns, name) in claims {
-        sync_claim(s, k, &ns, &name);
+        sync_claim(s, k, refs, &ns, &name);
     }
     let volumes: Vec<_> = s.all(k.pv).map(|v| key_of(v).1).collect();
     for name in volumes {
-        sync_volume(s, k, &name);
+        sync_volume(s, k, refs, &name);
     }
 }
 
-fn on_event(s: &mut Store, k: Kinds, ev: &WatchEvent) {
+fn on_event(s: &mut Store, k: Kinds, refs: &mut ClaimRefs, ev: &WatchEvent) {
     let (ns, name) = key_of(&ev.object);
     if ev.kind == k.pvc {
         if ev.etype == EventType::Deleted {
-            let volumes: Vec<String> = s
-                .all(k.pv)
-                .filter(|pv| claim_ref_matches(pv, &ev.object))
-                .map(|pv| key_of(pv).1)
-                .collect();
-            for v in volumes {
-                sync_volume(s, k, &v);
+            for v in refs.naming(&ns, &name) {
+                if s.get(k.pv, "", &v)
+                    .is_ok_and(|pv| claim_ref_matches(&pv, &ev.object))
+                {
+                    sync_volume(s, k, refs, &v);
+                }
             }
         } else {
-            sync_claim(s, k, &ns, &name);
+            sync_claim(s, k, refs, &ns, &name);
         }
     } else if ev.kind == k.pv {
         if ev.etype == EventType::Deleted {
+            refs.forget(&name);
             let claim_ns = str_at(&ev.object, "/spec/claimRef/namespace").to_string();
             let claim = str_at(&ev.object, "/spec/claimRef/name").to_string();
-            sync_claim(s, k, &claim_ns, &claim);
+            sync_claim(s, k, refs, &claim_ns, &claim);
         } else {
-            sync_volume(s, k, &name);
+            refs.record(&ev.object);
+            sync_volume(s, k, refs, &name);
         }
     } else {
-        sync_all(s, k);
+        sync_all(s, k, refs);
     }
 }
 
@@ -374,6 +434,7 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
             _ => return,
         }
     };
+    let mut refs = ClaimRefs::default();
     loop {
         let subscribed = {
             let mut s = lock();
@@ -382,7 +443,7 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
                 s.watch(kinds.pv, WatchFrom::Current),
                 s.watch(kinds.sc, WatchFrom::Current),
             );
-            sync_all(&mut s, kinds);
+            sync_all(&mut s, kinds, &mut refs);
             subs
         };
         let (Ok(mut pvcs), Ok(mut pvs), Ok(mut scs)) = subscribed else {
@@ -396,7 +457,7 @@ pub(crate) async fn run(store: Arc<Mutex<Store>>, shutdown: CancellationToken) {
                 ev = scs.events.recv() => ev,
             };
             let Some(ev) = ev else { break };
-            on_event(&mut lock(), kinds, &ev);
+            on_event(&mut lock(), kinds, &mut refs, &ev);
         }
     }
 }
