@@ -9,7 +9,8 @@
 //! `cargo bench -p csi-sidecars --bench all_in_one`; `BENCH_ONLY=separate|aio` runs one layout.
 //! `BENCH_BINS=$PWD/target/release` (after `cargo build --release --bins`) runs the five processes
 //! from the single binaries, as five images would; without it they are the multi-call binary,
-//! whose code pages then count in each process's RSS.
+//! whose code pages then count in each process's RSS. `BENCH_WRAPPER` (e.g. `heaptrack -o
+//! FILE`) starts the all-in-one process under a profiler; its figures are then the profiler's.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -180,19 +181,25 @@ impl World {
             _ => None,
         };
         let bins = std::env::var_os("BENCH_BINS").map(std::path::PathBuf::from);
-        let mut command = match (single, bins) {
-            (Some(name), Some(dir)) => Command::new(dir.join(name)),
-            (Some(name), None) => {
-                let mut command = Command::new(BIN);
-                command.arg(name);
-                command
-            }
-            (None, _) => {
-                let mut command = Command::new(BIN);
-                command.arg(first);
-                command
-            }
+        let (program, first_arg) = match (single, bins) {
+            (Some(name), Some(dir)) => (dir.join(name), None),
+            (Some(name), None) => (BIN.into(), Some(name)),
+            (None, _) => (BIN.into(), Some(first)),
         };
+        // A profiler in front of the all-in-one process (e.g. `heaptrack`), when asked for.
+        let wrapper = std::env::var("BENCH_WRAPPER")
+            .ok()
+            .filter(|_| single.is_none());
+        let mut words = wrapper.iter().flat_map(|w| w.split_whitespace());
+        let mut command = match words.next() {
+            Some(wrapper) => {
+                let mut command = Command::new(wrapper);
+                command.args(words).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        command.args(first_arg);
         testkit::process::die_with_parent(&mut command);
         command
             .clean_env()
@@ -485,6 +492,16 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
         stages[3].as_secs_f64()
     );
     for mut child in children {
+        // A profiler's wrapper is asked to stop its program, so that it writes its report.
+        if std::env::var_os("BENCH_WRAPPER").is_some()
+            && let Some(pid) = child.id()
+        {
+            let _ = Command::new("pkill")
+                .args(["-TERM", "-P", &pid.to_string()])
+                .status()
+                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(300), child.wait()).await;
+        }
         let _ = child.start_kill();
         let _ = child.wait().await;
     }

@@ -87,7 +87,7 @@ pub struct Index {
     va_pvs: HashMap<String, String>,
     /// VolumeAttachments (of any driver) naming each PV.
     pv_refs: HashMap<String, HashSet<String>>,
-    pvs: HashMap<String, Pv>,
+    pvs: HashMap<String, Box<Pv>>,
     /// This driver's node ID in each CSINode (`None`: the driver is not registered there).
     nodes: HashMap<String, Option<String>>,
     relist: Relist,
@@ -281,7 +281,7 @@ impl Index {
             // Attachments that failed for want of this PV can go on now.
             work.extend(self.waiting_on_pv(&pv.name));
         }
-        self.pvs.insert(pv.name.clone(), pv);
+        self.pvs.insert(pv.name.clone(), Box::new(pv));
     }
 
     fn waiting_on_pv(&self, pv: &str) -> Vec<Work> {
@@ -309,7 +309,7 @@ impl Index {
         // Being deleted without finalizers: the write completed the deletion.
         let gone = pv.deleting && pv.finalizers.is_empty();
         if !gone && pv.concerns(&self.driver, &self.finalizer) {
-            self.pvs.insert(pv.name.clone(), pv);
+            self.pvs.insert(pv.name.clone(), Box::new(pv));
         } else {
             self.pvs.remove(&pv.name);
         }
@@ -373,7 +373,7 @@ impl Index {
         let va = self.vas.get(name)?;
         let pv = match &va.source {
             VaSource::Pv(pv) => match self.pvs.get(pv) {
-                Some(cached) => PvLookup::Cached(Box::new(cached.clone())),
+                Some(cached) => PvLookup::Cached(cached.clone()),
                 None => PvLookup::Uncached(pv.clone()),
             },
             _ => PvLookup::NotNamed,
@@ -389,7 +389,7 @@ impl Index {
     pub fn pv_view(&self, name: &str) -> Option<(Pv, bool)> {
         let pv = self.pvs.get(name)?;
         let referenced = self.pv_refs.get(name).is_some_and(|refs| !refs.is_empty());
-        Some((pv.clone(), referenced))
+        Some((Pv::clone(pv), referenced))
     }
 
     /// Every key, as an informer resync delivers them.

@@ -47,8 +47,8 @@ pub struct Index {
     /// Distributed provisioning: the driver's topology on this node; PVs not accessible from
     /// it belong to other nodes.
     node_topology: Option<BTreeMap<String, String>>,
-    claims: HashMap<String, Claim>,
-    volumes: HashMap<String, Volume>,
+    claims: HashMap<String, Box<Claim>>,
+    volumes: HashMap<String, Box<Volume>>,
     classes: HashMap<String, Class>,
     /// The driver's topology keys per CSINode (empty: the driver is not registered there).
     csinodes: HashMap<String, Vec<String>>,
@@ -116,7 +116,7 @@ impl Index {
     }
 
     pub fn claim(&self, uid: &str) -> Option<&Claim> {
-        self.claims.get(uid)
+        self.claims.get(uid).map(Box::as_ref)
     }
 
     pub fn class(&self, name: &str) -> Option<&Class> {
@@ -124,7 +124,7 @@ impl Index {
     }
 
     pub fn volume(&self, name: &str) -> Option<&Volume> {
-        self.volumes.get(name)
+        self.volumes.get(name).map(Box::as_ref)
     }
 
     /// The node of a VolumeAttachment naming `pv`, if any.
@@ -138,7 +138,10 @@ impl Index {
 
     /// Claims without a volume, whatever their class.
     pub fn pending_claims(&self) -> impl Iterator<Item = &Claim> {
-        self.claims.values().filter(|c| c.pending.is_some())
+        self.claims
+            .values()
+            .map(Box::as_ref)
+            .filter(|c| c.pending.is_some())
     }
 
     /// The claim `namespace/name`. Claims are kept by UID, so this looks through them all; it
@@ -146,6 +149,7 @@ impl Index {
     pub fn claim_named(&self, namespace: &str, name: &str) -> Option<&Claim> {
         self.claims
             .values()
+            .map(Box::as_ref)
             .find(|c| c.name == name && c.namespace == namespace)
     }
 
@@ -223,7 +227,7 @@ impl Index {
 
     fn apply_claim(&mut self, pvc: &PersistentVolumeClaim, work: &mut Vec<Work>) {
         let claim = Claim::from_api(pvc);
-        let old = self.claims.get(&claim.uid);
+        let old = self.claims.get(&claim.uid).map(Box::as_ref);
         if let Some(old) = old
             && stale(&claim.resource_version, &old.resource_version)
         {
@@ -268,7 +272,7 @@ impl Index {
         if claim.pending.is_some() {
             work.push(Work::Claim(claim.uid.clone()));
         }
-        self.claims.insert(claim.uid.clone(), claim);
+        self.claims.insert(claim.uid.clone(), Box::new(claim));
     }
 
     fn remove_claim(&mut self, uid: &str, work: &mut Vec<Work>) {
@@ -359,7 +363,7 @@ impl Index {
             return;
         }
         work.push(Work::Volume(volume.name.clone()));
-        self.volumes.insert(volume.name.clone(), volume);
+        self.volumes.insert(volume.name.clone(), Box::new(volume));
     }
 
     /// Stores a PV the controller created or patched. A patch of a PV the cache no longer holds

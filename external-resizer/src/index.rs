@@ -26,8 +26,8 @@ pub struct Index {
     driver: String,
     /// Gate `RecoverVolumeExpansionFailure`: a smaller request is a change to act on too.
     recover: bool,
-    claims: HashMap<String, Claim>,
-    pvs: HashMap<String, Pv>,
+    claims: HashMap<String, Box<Claim>>,
+    pvs: HashMap<String, Box<Pv>>,
     pods: HashMap<String, PodClaims>,
     /// Running pods per claim key.
     users: HashMap<String, u32>,
@@ -88,12 +88,12 @@ impl Index {
     }
 
     pub fn view(&self, key: &str) -> Option<View> {
-        let claim = self.claims.get(key)?.clone();
+        let claim = Claim::clone(self.claims.get(key)?);
         let pv = claim
             .volume_name
             .as_ref()
             .and_then(|name| self.pvs.get(name))
-            .cloned();
+            .map(|pv| Pv::clone(pv));
         Some(View {
             in_use: self.users.get(key).is_some_and(|n| *n > 0),
             claim,
@@ -122,12 +122,12 @@ impl Index {
     /// Stores a claim as written by the resizer itself, so that the next step starts from it.
     pub fn store_claim(&mut self, pvc: &PersistentVolumeClaim) {
         let claim = Claim::from_api(pvc);
-        self.claims.insert(claim.key(), claim);
+        self.claims.insert(claim.key(), Box::new(claim));
     }
 
     pub fn store_pv(&mut self, pv: &PersistentVolume) {
         if let Some(pv) = Pv::from_api(pv, &self.driver) {
-            self.pvs.insert(pv.name.clone(), pv);
+            self.pvs.insert(pv.name.clone(), Box::new(pv));
         }
     }
 
@@ -182,7 +182,7 @@ impl Index {
             Some(old) if old.uid == claim.uid => self.claim_changed(old, &claim),
             _ => true,
         };
-        self.claims.insert(key.clone(), claim);
+        self.claims.insert(key.clone(), Box::new(claim));
         if work { vec![key] } else { vec![] }
     }
 
@@ -238,7 +238,7 @@ impl Index {
             None => true,
         };
         let claim = self.claim_of(&pv).filter(|_| work);
-        self.pvs.insert(pv.name.clone(), pv);
+        self.pvs.insert(pv.name.clone(), Box::new(pv));
         claim.into_iter().collect()
     }
 
@@ -351,7 +351,7 @@ impl Index {
                         .as_ref()
                         .is_some_and(|s| s.status == "Pending")
             })
-            .map(Claim::key)
+            .map(|c| c.key())
             .collect()
     }
 }
