@@ -99,6 +99,8 @@ impl World {
         let dir = tempfile::tempdir().expect("a directory");
         let mock = MockDriver::builder()
             .driver_name(DRIVER)
+            // Room for every operation's volume grown to 2 GiB (the default pool is smaller).
+            .total_capacity(1 << 50)
             .call_log_limit(16)
             .serve_unix(dir.path().join("csi.sock"))
             .await

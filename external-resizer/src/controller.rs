@@ -571,7 +571,10 @@ impl Controller {
         if pv.volume_handle.is_empty() {
             return Err(Err("empty volume handle".to_string()));
         }
-        let secrets = self.secrets(pv.expand_secret.as_ref()).await.map_err(Err)?;
+        let secrets = self
+            .secrets(pv.expand_secret.as_deref())
+            .await
+            .map_err(Err)?;
         let capability =
             volume_capability(pv, self.config.single_node_multi_writer).map_err(|e| {
                 Err(format!(
@@ -615,10 +618,9 @@ impl Controller {
         };
         let claim = &view.claim;
         let (uncertain, slow) = self.memo(key, |m| {
-            let same_target = claim
-                .modify_status
-                .as_ref()
-                .is_some_and(|s| s.target.is_some() && s.target == claim.class);
+            let same_target = claim.modify_status.as_ref().is_some_and(|s| {
+                s.target.is_some() && s.target.as_deref() == claim.class.as_deref()
+            });
             if !same_target {
                 m.modify_slow_until = None;
             }
@@ -727,7 +729,7 @@ impl Controller {
             parameters.insert(decide::PV_NAME_KEY.into(), pv.name.clone());
         }
         let secrets = self
-            .secrets(pv.modify_secret.as_ref().or(pv.expand_secret.as_ref()))
+            .secrets(pv.modify_secret.as_deref().or(pv.expand_secret.as_deref()))
             .await
             .map_err(Failure::Modify)?;
         let request = ControllerModifyVolumeRequest {
@@ -813,7 +815,7 @@ fn volume_capability(pv: &Pv, single_node_multi_writer: bool) -> Result<VolumeCa
         volume_capability::AccessType::Block(volume_capability::BlockVolume {})
     } else {
         volume_capability::AccessType::Mount(volume_capability::MountVolume {
-            fs_type: pv.fs_type.clone(),
+            fs_type: pv.fs_type.to_string(),
             mount_flags: pv.mount_options.clone(),
             volume_mount_group: String::new(),
         })

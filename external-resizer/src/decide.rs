@@ -484,7 +484,8 @@ pub fn plan_modify(
         return ModifyPlan::Nothing;
     }
     let status = claim.modify_status.as_ref();
-    let same_target = status.is_some_and(|s| s.target.is_some() && s.target == claim.class);
+    let same_target =
+        status.is_some_and(|s| s.target.is_some() && s.target.as_deref() == claim.class.as_deref());
     if same_target
         && status.is_some_and(|s| s.status == "Infeasible")
         && let Some(wait) = slow_retry
@@ -520,7 +521,7 @@ pub fn plan_modify(
             None,
             now,
         )),
-        target: class,
+        target: class.to_string(),
         fresh: true,
     }
 }

@@ -172,11 +172,11 @@ pub struct Claim {
     pub conditions: Vec<Condition>,
     /// The types of all the claim's conditions, in their order: patches keep it.
     pub condition_order: Vec<String>,
-    pub resizer: Option<String>,
+    pub resizer: Option<Atom>,
     pub node_expansion_not_required: bool,
-    pub class: Option<String>,
-    pub current_class: Option<String>,
-    pub modify_status: Option<ModifyStatus>,
+    pub class: Option<Atom>,
+    pub current_class: Option<Atom>,
+    pub modify_status: Option<Box<ModifyStatus>>,
 }
 
 impl Claim {
@@ -217,23 +217,27 @@ impl Claim {
                 .flatten()
                 .map(|c| c.type_.clone())
                 .collect(),
-            resizer: annotation(STORAGE_RESIZER_ANNOTATION),
+            resizer: annotation(STORAGE_RESIZER_ANNOTATION).map(Atom::from),
             node_expansion_not_required: annotation(NODE_EXPANSION_NOT_REQUIRED_ANNOTATION)
                 .is_some(),
             class: spec
-                .and_then(|s| s.volume_attributes_class_name.clone())
-                .filter(|c| !c.is_empty()),
+                .and_then(|s| s.volume_attributes_class_name.as_deref())
+                .filter(|c| !c.is_empty())
+                .map(Atom::new),
             current_class: status
-                .and_then(|s| s.current_volume_attributes_class_name.clone())
-                .filter(|c| !c.is_empty()),
+                .and_then(|s| s.current_volume_attributes_class_name.as_deref())
+                .filter(|c| !c.is_empty())
+                .map(Atom::new),
             modify_status: status
                 .and_then(|s| s.modify_volume_status.as_ref())
-                .map(|m| ModifyStatus {
-                    status: m.status.clone(),
-                    target: m
-                        .target_volume_attributes_class_name
-                        .clone()
-                        .filter(|t| !t.is_empty()),
+                .map(|m| {
+                    Box::new(ModifyStatus {
+                        status: m.status.clone(),
+                        target: m
+                            .target_volume_attributes_class_name
+                            .clone()
+                            .filter(|t| !t.is_empty()),
+                    })
                 }),
         }
     }
@@ -287,15 +291,16 @@ pub struct Pv {
     pub resource_version: String,
     pub claim_ref: Option<ClaimRef>,
     pub capacity: Option<Size>,
-    pub driver: String,
+    pub driver: Atom,
     pub volume_handle: String,
-    pub fs_type: String,
+    pub fs_type: Atom,
     pub block: bool,
-    pub access_modes: Vec<String>,
+    pub access_modes: Vec<Atom>,
     pub mount_options: Vec<String>,
-    pub expand_secret: Option<SecretRef>,
-    pub modify_secret: Option<SecretRef>,
-    pub class: Option<String>,
+    // Boxed: most volumes have none, and every cached volume would carry the room for them.
+    pub expand_secret: Option<Box<SecretRef>>,
+    pub modify_secret: Option<Box<SecretRef>>,
+    pub class: Option<Atom>,
     pub pre_resize_capacity: bool,
     /// An in-tree volume, seen through its CSI translation.
     pub in_tree: bool,
@@ -338,29 +343,37 @@ impl Pv {
                 uid: r.uid.clone().unwrap_or_default(),
             }),
             capacity: Size::of(spec.capacity.as_ref()),
-            driver: driver.to_string(),
+            driver: Atom::new(driver),
             volume_handle: csi.map(|c| c.volume_handle.clone()).unwrap_or_default(),
-            fs_type: csi.and_then(|c| c.fs_type.clone()).unwrap_or_default(),
+            fs_type: Atom::new(csi.and_then(|c| c.fs_type.as_deref()).unwrap_or_default()),
             block: spec.volume_mode.as_deref() == Some("Block"),
-            access_modes: seen_spec.access_modes.clone().unwrap_or_default(),
+            access_modes: seen_spec
+                .access_modes
+                .iter()
+                .flatten()
+                .map(|m| Atom::new(m))
+                .collect(),
             mount_options: spec.mount_options.clone().unwrap_or_default(),
             expand_secret: csi
                 .and_then(|c| c.controller_expand_secret_ref.as_ref())
-                .map(|r| SecretRef {
-                    namespace: r.namespace.clone().unwrap_or_default(),
-                    name: r.name.clone().unwrap_or_default(),
+                .map(|r| {
+                    Box::new(SecretRef {
+                        namespace: r.namespace.clone().unwrap_or_default(),
+                        name: r.name.clone().unwrap_or_default(),
+                    })
                 }),
             modify_secret: match (
                 annotation(MODIFY_SECRET_NAME_ANNOTATION),
                 annotation(MODIFY_SECRET_NAMESPACE_ANNOTATION),
             ) {
-                (Some(name), Some(namespace)) => Some(SecretRef { namespace, name }),
+                (Some(name), Some(namespace)) => Some(Box::new(SecretRef { namespace, name })),
                 _ => None,
             },
             class: spec
                 .volume_attributes_class_name
-                .clone()
-                .filter(|c| !c.is_empty()),
+                .as_deref()
+                .filter(|c| !c.is_empty())
+                .map(Atom::new),
             pre_resize_capacity: annotation(PRE_RESIZE_CAPACITY_ANNOTATION).is_some(),
             in_tree: migrates,
             translation_error,

@@ -3,10 +3,11 @@
 use csi_proto::v1::volume_capability::access_mode::Mode;
 
 /// Maps PV access modes to a CSI access mode, as csi-lib-utils' `ToCSIAccessMode` does.
-pub fn to_csi(modes: &[String], single_node_multi_writer: bool) -> Result<Mode, String> {
-    let has = |mode: &str| modes.iter().any(|m| m == mode);
+pub fn to_csi<S: AsRef<str>>(modes: &[S], single_node_multi_writer: bool) -> Result<Mode, String> {
+    let has = |mode: &str| modes.iter().any(|m| m.as_ref() == mode);
+    let named: Vec<&str> = modes.iter().map(AsRef::as_ref).collect();
     let distinct = {
-        let mut sorted: Vec<&String> = modes.iter().collect();
+        let mut sorted = named.clone();
         sorted.sort();
         sorted.dedup();
         sorted.len()
@@ -39,7 +40,7 @@ pub fn to_csi(modes: &[String], single_node_multi_writer: bool) -> Result<Mode, 
         }),
         (false, false) => Err(format!(
             "unsupported AccessMode combination: [{}]",
-            modes.join(" ")
+            named.join(" ")
         )),
     }
 }

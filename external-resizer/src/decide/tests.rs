@@ -1,6 +1,7 @@
 use super::*;
 use crate::model::{Claim, Condition, ModifyStatus, Pv};
 use serde_json::json;
+use sidecar_kit::atom::Atom;
 
 const NOW: &str = "2026-11-25T10:00:00Z";
 
@@ -337,11 +338,13 @@ fn pv_capacity_and_the_pre_resize_annotation() {
 
 fn classed(class: Option<&str>, current: Option<&str>, status: Option<(&str, &str)>) -> Claim {
     let mut c = claim("1Gi", "1Gi");
-    c.class = class.map(str::to_string);
-    c.current_class = current.map(str::to_string);
-    c.modify_status = status.map(|(s, t)| ModifyStatus {
-        status: s.into(),
-        target: Some(t.into()),
+    c.class = class.map(Atom::new);
+    c.current_class = current.map(Atom::new);
+    c.modify_status = status.map(|(s, t)| {
+        Box::new(ModifyStatus {
+            status: s.into(),
+            target: Some(t.into()),
+        })
     });
     c
 }
