@@ -205,7 +205,7 @@ fn plan_attach(
         });
     VaPlan::Attach(Box::new(AttachPlan {
         pv_finalizer,
-        secret: csi.publish_secret.clone(),
+        secret: csi.publish_secret.as_deref().cloned(),
         va_metadata: va_metadata_patch(va, &policy.finalizer, &node_id),
         request: ControllerPublishVolumeRequest {
             volume_id: csi.volume_handle.clone(),
@@ -241,7 +241,7 @@ fn plan_detach(policy: &Policy, va: &Va, pv: Option<&Pv>, node: &NodeLookup) -> 
         Err(problem) => return fail(problem),
     };
     VaPlan::Detach(Box::new(DetachPlan {
-        secret: csi.publish_secret.clone(),
+        secret: csi.publish_secret.as_deref().cloned(),
         request: ControllerUnpublishVolumeRequest {
             volume_id: csi.volume_handle.clone(),
             node_id,
@@ -313,7 +313,10 @@ fn node_id(
 }
 
 /// Maps PV access modes to a CSI access mode, as csi-lib-utils' `ToCSIAccessMode` does.
-pub fn csi_access_mode(modes: &[String], single_node_multi_writer: bool) -> Result<Mode, Problem> {
+pub fn csi_access_mode<S: AsRef<str>>(
+    modes: &[S],
+    single_node_multi_writer: bool,
+) -> Result<Mode, Problem> {
     sidecar_kit::accessmodes::to_csi(modes, single_node_multi_writer).map_err(Problem::AccessModes)
 }
 
@@ -330,7 +333,7 @@ pub fn volume_capability(
         let fs_type = if csi.fs_type.is_empty() {
             policy.default_fstype.clone()
         } else {
-            csi.fs_type.clone()
+            csi.fs_type.to_string()
         };
         AccessType::Mount(MountVolume {
             fs_type,
@@ -471,7 +474,7 @@ mod tests {
                 driver: "hostpath.csi.k8s.io".into(),
                 volume_handle: "vol-1".into(),
                 read_only: false,
-                fs_type: String::new(),
+                fs_type: sidecar_kit::atom::Atom::default(),
                 volume_attributes: [("a".to_string(), "b".to_string())].into(),
                 publish_secret: None,
             }),
@@ -759,10 +762,10 @@ mod tests {
         let mut inline = spec();
         if let Some(csi) = inline.csi.as_mut() {
             csi.read_only = true;
-            csi.publish_secret = Some(SecretRef {
+            csi.publish_secret = Some(Box::new(SecretRef {
                 namespace: "ns".into(),
                 name: "s".into(),
-            });
+            }));
         }
         let mut va = va();
         va.source = VaSource::Inline(Box::new(inline));

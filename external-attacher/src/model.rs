@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use sidecar_kit::atom::Atom;
 use sidecar_kit::migration;
 
 /// Annotation on the VolumeAttachment that remembers the node ID, for detaching after the
@@ -36,19 +37,20 @@ pub struct SecretRef {
 /// `spec.csi` of a PersistentVolume (or of an inline volume spec).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CsiSource {
-    pub driver: String,
+    pub driver: Atom,
     pub volume_handle: String,
     pub read_only: bool,
-    pub fs_type: String,
+    pub fs_type: Atom,
     pub volume_attributes: BTreeMap<String, String>,
-    pub publish_secret: Option<SecretRef>,
+    // Boxed: most volumes have none, and every cached volume would carry the room for one.
+    pub publish_secret: Option<Box<SecretRef>>,
 }
 
 /// The parts of a PersistentVolumeSpec that shape a ControllerPublishVolume call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VolumeSpec {
     pub csi: Option<CsiSource>,
-    pub access_modes: Vec<String>,
+    pub access_modes: Vec<Atom>,
     pub block: bool,
     pub mount_options: Vec<String>,
 }
@@ -60,12 +62,12 @@ pub struct Pv {
     pub name: String,
     pub resource_version: String,
     pub deleting: bool,
-    pub finalizers: Vec<String>,
+    pub finalizers: Vec<Atom>,
     /// Annotation `pv.kubernetes.io/migrated-to`: the driver the PV controller migrated it to.
-    pub migrated_to: Option<String>,
+    pub migrated_to: Option<Atom>,
     pub spec: VolumeSpec,
-    /// Set for in-tree volumes (CSI migration).
-    pub in_tree: Option<InTree>,
+    /// Set for in-tree volumes (CSI migration); boxed, as most volumes are not.
+    pub in_tree: Option<Box<InTree>>,
 }
 
 /// How an in-tree PersistentVolume translates to CSI.
@@ -194,18 +196,17 @@ impl Va {
 impl CsiSource {
     fn from_api(csi: &CSIPersistentVolumeSource) -> Self {
         Self {
-            driver: csi.driver.clone(),
+            driver: Atom::new(&csi.driver),
             volume_handle: csi.volume_handle.clone(),
             read_only: csi.read_only.unwrap_or(false),
-            fs_type: csi.fs_type.clone().unwrap_or_default(),
+            fs_type: Atom::new(csi.fs_type.as_deref().unwrap_or_default()),
             volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
-            publish_secret: csi
-                .controller_publish_secret_ref
-                .as_ref()
-                .map(|r| SecretRef {
+            publish_secret: csi.controller_publish_secret_ref.as_ref().map(|r| {
+                Box::new(SecretRef {
                     namespace: r.namespace.clone().unwrap_or_default(),
                     name: r.name.clone().unwrap_or_default(),
-                }),
+                })
+            }),
         }
     }
 }
@@ -214,7 +215,7 @@ impl VolumeSpec {
     pub fn from_api(spec: &PersistentVolumeSpec) -> Self {
         Self {
             csi: spec.csi.as_ref().map(CsiSource::from_api),
-            access_modes: spec.access_modes.clone().unwrap_or_default(),
+            access_modes: spec.access_modes.iter().flatten().map(Atom::from).collect(),
             block: spec.volume_mode.as_deref() == Some("Block"),
             mount_options: spec.mount_options.clone().unwrap_or_default(),
         }
@@ -239,18 +240,19 @@ impl Pv {
                     Err(err) => (spec_of(pv), Some(err.to_string())),
                 };
                 let driver = plugin.csi_driver.to_string();
-                (spec, Some(InTree { driver, error }))
+                (spec, Some(Box::new(InTree { driver, error })))
             }
         };
         Self {
             name: meta.name.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
             migrated_to: meta
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(migration::MIGRATED_TO_ANNOTATION).cloned()),
+                .and_then(|a| a.get(migration::MIGRATED_TO_ANNOTATION))
+                .map(Atom::from),
             spec,
             in_tree,
         }
@@ -395,8 +397,8 @@ mod tests {
         assert!(pv.spec.block);
         let csi = pv.spec.csi.as_ref().unwrap();
         assert_eq!(
-            csi.publish_secret,
-            Some(SecretRef {
+            csi.publish_secret.as_deref(),
+            Some(&SecretRef {
                 namespace: "ns".into(),
                 name: "s".into()
             })
@@ -425,8 +427,8 @@ mod tests {
         assert_eq!(csi.fs_type, "ext4");
         assert_eq!(pv.spec.access_modes, ["ReadWriteOnce"]);
         assert_eq!(
-            pv.in_tree,
-            Some(InTree {
+            pv.in_tree.as_deref(),
+            Some(&InTree {
                 driver: "pd.csi.storage.gke.io".into(),
                 error: None
             })
