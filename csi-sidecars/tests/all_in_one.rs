@@ -56,15 +56,8 @@ fn start(
     args: impl IntoIterator<Item = String>,
     stderr: Stdio,
 ) -> tokio::process::Child {
-    command.clean_env();
-    testkit::process::die_with_parent(&mut command);
-    command
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+    command.args(args);
+    testkit::process::spawn_sidecar(&mut command, stderr).unwrap()
 }
 
 /// Waits until the claim `name` is bound; its PV's name.

@@ -28,7 +28,6 @@ use sidecar_kit::metrics::CsiMetrics;
 use testkit::apiserver::{ApiServer, Verb};
 use testkit::measure::{clock_ticks, env_usize, percentile, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
-use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-attacher");
@@ -149,14 +148,8 @@ impl Bench {
             }
             Err(_) => Stdio::null(),
         };
-        Command::new(bin)
-            .clean_env()
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap()
+        testkit::process::spawn_sidecar(Command::new(bin).args(args), stderr)
+            .expect("the attacher starts")
     }
 
     /// Volumes in the driver and their PVs, named `{prefix}-{i}`.

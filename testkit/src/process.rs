@@ -29,6 +29,20 @@ pub fn die_with_parent(command: &mut tokio::process::Command) -> &mut tokio::pro
     command
 }
 
+/// Starts `command` as a sidecar under test: the caller's environment kept out
+/// ([`CleanEnv`]), standard output dropped, standard error to `stderr`, killed when its handle
+/// is dropped and when this process dies ([`die_with_parent`]).
+pub fn spawn_sidecar(
+    command: &mut tokio::process::Command,
+    stderr: std::process::Stdio,
+) -> std::io::Result<tokio::process::Child> {
+    die_with_parent(command.clean_env())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+}
+
 /// A command running `program` under the host name `hostname`, which is a sidecar's
 /// leader-election identity as a pod name is: in a UTS namespace of its own (`unshare`), inside
 /// a user namespace when not run as root. Linux only; arguments are added to the returned
