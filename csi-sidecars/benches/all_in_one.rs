@@ -464,6 +464,11 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
         .sum();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle = total(&pids, ticks);
+    let each: Vec<String> = sidecars
+        .iter()
+        .zip(&pids)
+        .map(|(sidecar, pid)| format!("{sidecar} {}", mib(usage(*pid, ticks).rss_kib)))
+        .collect();
     let stages = world.operate("op", ops).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = total(&pids, ticks);
@@ -486,6 +491,7 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
         mib(after.peak_rss_kib),
         after.cpu_seconds
     );
+    println!("RSS idle of each: {}", each.join(", "));
     println!(
         "{ops} provisioned {:.1} s, attached {:.1} s, expanded {:.1} s, snapshotted {:.1} s",
         stages[0].as_secs_f64(),

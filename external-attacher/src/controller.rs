@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::Pipeline;
+use sidecar_kit::pipeline::{Pipeline, View};
 use sidecar_kit::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -170,7 +170,7 @@ impl Controller {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI attacher");
         let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
         self.feed(&mut pipeline, Index::va_event);
-        self.feed(&mut pipeline, Index::pv_event);
+        self.feed_view(&mut pipeline, Index::pv_event);
         self.feed(&mut pipeline, Index::csinode_event);
         if !pipeline.wait_synced(&shutdown).await {
             return self.stop(pipeline).await;
@@ -216,6 +216,26 @@ impl Controller {
         let me = self.clone();
         pipeline.watch(
             Api::<K>::all(self.client.clone()),
+            watcher::Config::default(),
+            move |change| {
+                let work = apply(&mut me.index(), change);
+                me.enqueue(work);
+            },
+        );
+    }
+
+    /// [`feed`](Self::feed) of the process's shared views of a kind.
+    fn feed_view<V>(
+        self: &Arc<Self>,
+        pipeline: &mut Pipeline,
+        apply: fn(&mut Index, Change<&Arc<V>>) -> Vec<Work>,
+    ) where
+        V: View,
+        <V::Object as kube::Resource>::DynamicType: Default,
+    {
+        let me = self.clone();
+        pipeline.watch_view(
+            Api::all(self.client.clone()),
             watcher::Config::default(),
             move |change| {
                 let work = apply(&mut me.index(), change);

@@ -7,10 +7,12 @@
 //! acts on a state older than its own last write.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use sidecar_kit::migration;
+use sidecar_kit::views::PvView;
 
 use crate::decide::{self, NodeLookup};
 use crate::model::{self, Pv, Va, VaSource, csinode_node_id};
@@ -87,7 +89,8 @@ pub struct Index {
     va_pvs: HashMap<String, String>,
     /// VolumeAttachments (of any driver) naming each PV.
     pv_refs: HashMap<String, HashSet<String>>,
-    pvs: HashMap<String, Box<Pv>>,
+    /// The process's shared views of the PVs; the attacher's [`Pv`] is projected on reading.
+    pvs: HashMap<String, Arc<PvView>>,
     /// This driver's node ID in each CSINode (`None`: the driver is not registered there).
     nodes: HashMap<String, Option<String>>,
     relist: Relist,
@@ -238,17 +241,17 @@ impl Index {
 
     // --- PersistentVolumes ---
 
-    pub fn pv_event(&mut self, change: Change<&PersistentVolume>) -> Vec<Work> {
+    pub fn pv_event(&mut self, change: Change<&Arc<PvView>>) -> Vec<Work> {
         let mut work = Vec::new();
         match change {
             Change::Apply(pv) => self.apply_pv(pv, &mut work),
             Change::Delete(pv) => {
-                self.pvs.remove(&name_of(&pv.metadata));
+                self.pvs.remove(&pv.name);
             }
             Change::Relist => self.relist.pvs = Some(HashSet::new()),
             Change::Listed(pv) => {
                 if let Some(seen) = self.relist.pvs.as_mut() {
-                    seen.insert(name_of(&pv.metadata));
+                    seen.insert(pv.name.clone());
                 }
                 self.apply_pv(pv, &mut work);
             }
@@ -261,19 +264,21 @@ impl Index {
         work
     }
 
-    fn apply_pv(&mut self, api: &PersistentVolume, work: &mut Vec<Work>) {
-        let pv = Pv::from_api(api);
-        let old = self.pvs.get(&pv.name);
+    fn apply_pv(&mut self, view: &Arc<PvView>, work: &mut Vec<Work>) {
+        let old = self.pvs.get(&view.name);
         if let Some(old) = old
-            && stale(&pv.resource_version, &old.resource_version)
+            && stale(&view.resource_version, &old.resource_version)
         {
             return;
         }
+        let pv = Pv::from_view(view);
         if !pv.concerns(&self.driver, &self.finalizer) {
             self.pvs.remove(&pv.name);
             return;
         }
-        let changed_spec = old.is_none_or(|old| old.spec != pv.spec || old.in_tree != pv.in_tree);
+        let changed_spec = old
+            .map(|old| Pv::from_view(old))
+            .is_none_or(|old| old.spec != pv.spec || old.in_tree != pv.in_tree);
         if decide::pv_needs_processing(&pv, &self.driver, &self.finalizer) {
             work.push(Work::Pv(pv.name.clone()));
         }
@@ -281,7 +286,7 @@ impl Index {
             // Attachments that failed for want of this PV can go on now.
             work.extend(self.waiting_on_pv(&pv.name));
         }
-        self.pvs.insert(pv.name.clone(), Box::new(pv));
+        self.pvs.insert(pv.name, view.clone());
     }
 
     fn waiting_on_pv(&self, pv: &str) -> Vec<Work> {
@@ -300,16 +305,17 @@ impl Index {
 
     /// Stores a PersistentVolume returned by a write (or a read), unless a newer one is cached.
     pub fn store_pv(&mut self, api: &PersistentVolume) {
-        let pv = Pv::from_api(api);
-        if let Some(old) = self.pvs.get(&pv.name)
-            && stale(&pv.resource_version, &old.resource_version)
+        let view = PvView::from_api(api);
+        if let Some(old) = self.pvs.get(&view.name)
+            && stale(&view.resource_version, &old.resource_version)
         {
             return;
         }
+        let pv = Pv::from_view(&view);
         // Being deleted without finalizers: the write completed the deletion.
         let gone = pv.deleting && pv.finalizers.is_empty();
         if !gone && pv.concerns(&self.driver, &self.finalizer) {
-            self.pvs.insert(pv.name.clone(), Box::new(pv));
+            self.pvs.insert(pv.name, Arc::new(view));
         } else {
             self.pvs.remove(&pv.name);
         }
@@ -373,7 +379,7 @@ impl Index {
         let va = self.vas.get(name)?;
         let pv = match &va.source {
             VaSource::Pv(pv) => match self.pvs.get(pv) {
-                Some(cached) => PvLookup::Cached(cached.clone()),
+                Some(cached) => PvLookup::Cached(Box::new(Pv::from_view(cached))),
                 None => PvLookup::Uncached(pv.clone()),
             },
             _ => PvLookup::NotNamed,
@@ -389,7 +395,7 @@ impl Index {
     pub fn pv_view(&self, name: &str) -> Option<(Pv, bool)> {
         let pv = self.pvs.get(name)?;
         let referenced = self.pv_refs.get(name).is_some_and(|refs| !refs.is_empty());
-        Some((Pv::clone(pv), referenced))
+        Some((Pv::from_view(pv), referenced))
     }
 
     /// Every key, as an informer resync delivers them.
@@ -401,8 +407,9 @@ impl Index {
         let pvs = self
             .pvs
             .values()
+            .map(|view| Pv::from_view(view))
             .filter(|pv| decide::pv_needs_processing(pv, &self.driver, &self.finalizer))
-            .map(|pv| Work::Pv(pv.name.clone()));
+            .map(|pv| Work::Pv(pv.name));
         vas.chain(pvs).collect()
     }
 
@@ -420,29 +427,35 @@ impl Index {
                 (_, Some(id)) => id.clone(),
                 _ => continue,
             };
-            let (csi, migrated) = match &va.source {
-                VaSource::Pv(pv) => match self.pvs.get(pv) {
-                    Some(pv) => (pv.spec.csi.as_ref(), pv.in_tree.is_some()),
+            let (driver, handle, migrated) = match &va.source {
+                VaSource::Pv(pv) => match self.pvs.get(pv).and_then(|pv| {
+                    let migrated = pv.in_tree.is_some();
+                    pv.csi
+                        .as_ref()
+                        .map(|csi| (&csi.driver, &csi.volume_handle, migrated))
+                }) {
+                    Some(found) => found,
                     None => continue,
                 },
                 // Inline specs in VolumeAttachments come from migrated inline volumes.
-                VaSource::Inline(spec) => (
-                    spec.csi.as_ref(),
-                    spec.csi
-                        .as_ref()
-                        .is_some_and(|csi| migration::is_migrated_csi_driver(&csi.driver)),
-                ),
+                VaSource::Inline(spec) => match spec.csi.as_ref() {
+                    Some(csi) => (
+                        &csi.driver,
+                        &csi.volume_handle,
+                        migration::is_migrated_csi_driver(&csi.driver),
+                    ),
+                    None => continue,
+                },
                 _ => continue,
             };
-            let Some(csi) = csi else { continue };
             // A migrated volume's handle as the driver lists it; skipped if it cannot be known.
             let volume_id = if migrated {
-                match migration::repair_volume_handle(&csi.driver, &csi.volume_handle, &node_id) {
+                match migration::repair_volume_handle(driver, handle, &node_id) {
                     Ok(handle) => handle,
                     Err(_) => continue,
                 }
             } else {
-                csi.volume_handle.clone()
+                handle.clone()
             };
             if decide::out_of_sync(va.attached, &volume_id, &node_id, published) {
                 found.push(OutOfSync {
@@ -482,6 +495,10 @@ mod tests {
         serde_json::from_value(base).unwrap()
     }
 
+    fn view(pv: &PersistentVolume) -> Arc<PvView> {
+        Arc::new(PvView::from_api(pv))
+    }
+
     fn csinode(name: &str, drivers: serde_json::Value) -> CSINode {
         serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"drivers": drivers}}))
             .unwrap()
@@ -512,7 +529,7 @@ mod tests {
             "spec": {"accessModes": ["ReadWriteOnce"], "gcePersistentDisk": {"pdName": "disk-1"}},
         }))
         .unwrap();
-        index.pv_event(Change::Apply(&in_tree));
+        index.pv_event(Change::Apply(&view(&in_tree)));
         let attached = va(
             "va-1",
             "1",
@@ -551,13 +568,13 @@ mod tests {
                 "annotations": {"pv.kubernetes.io/migrated-to": EBS}},
             "spec": {"awsElasticBlockStore": {"volumeID": "vol-1"}}});
         let migrated: PersistentVolume = serde_json::from_value(migrated).unwrap();
-        assert_eq!(index.pv_event(Change::Apply(&migrated)), []);
+        assert_eq!(index.pv_event(Change::Apply(&view(&migrated))), []);
         assert_eq!(index.pv_count(), 1);
         let mut rolled_back = migrated.clone();
         rolled_back.metadata.resource_version = Some("2".into());
         rolled_back.metadata.annotations = None;
         assert_eq!(
-            index.pv_event(Change::Apply(&rolled_back)),
+            index.pv_event(Change::Apply(&view(&rolled_back))),
             [Work::Pv("pv-1".into())]
         );
         assert_eq!(index.resync(), [Work::Pv("pv-1".into())]);
@@ -615,7 +632,7 @@ mod tests {
     #[test]
     fn other_drivers_are_not_cached_but_their_pv_references_are() {
         let mut index = Index::new(DRIVER);
-        index.pv_event(Change::Apply(&pv("1", json!({}))));
+        index.pv_event(Change::Apply(&view(&pv("1", json!({})))));
         let other = va("o", "1", json!({"spec": {"attacher": "other.example.com"}}));
         assert!(index.va_event(Change::Apply(&other)).is_empty());
         assert!(index.va_view("o").is_none());
@@ -687,10 +704,10 @@ mod tests {
             "the PV still learns that the attachment is gone"
         );
 
-        index.pv_event(Change::Apply(&pv(
+        index.pv_event(Change::Apply(&view(&pv(
             "1",
             json!({"metadata": {"finalizers": [FINALIZER]}}),
-        )));
+        ))));
         assert_eq!(index.pv_count(), 1);
         index.store_pv(&pv(
             "2",
@@ -721,7 +738,7 @@ mod tests {
         index.va_event(Change::Apply(&va("a", "1", json!({}))));
         // A VA waiting for its PV is queued when the PV shows up.
         assert_eq!(
-            index.pv_event(Change::Apply(&pv("1", json!({})))),
+            index.pv_event(Change::Apply(&view(&pv("1", json!({}))))),
             [attach("a")]
         );
         // Our finalizer on a PV being deleted asks for processing.
@@ -730,7 +747,7 @@ mod tests {
             json!({"metadata": {"finalizers": [FINALIZER], "deletionTimestamp": "2024-01-01T00:00:00Z"}}),
         );
         assert_eq!(
-            index.pv_event(Change::Apply(&deleting)),
+            index.pv_event(Change::Apply(&view(&deleting))),
             [Work::Pv("pv-1".into())]
         );
         let (cached, referenced) = index.pv_view("pv-1").unwrap();
@@ -740,7 +757,7 @@ mod tests {
             "3",
             json!({"spec": {"csi": {"driver": "other"}}, "metadata": {"finalizers": null, "deletionTimestamp": null}}),
         );
-        assert!(index.pv_event(Change::Apply(&other)).is_empty());
+        assert!(index.pv_event(Change::Apply(&view(&other))).is_empty());
         assert!(index.pv_view("pv-1").is_none());
         assert_eq!(
             index.va_view("a").unwrap().pv,
@@ -780,7 +797,7 @@ mod tests {
     #[test]
     fn resync_and_reconcile() {
         let mut index = Index::new(DRIVER);
-        index.pv_event(Change::Apply(&pv("1", json!({}))));
+        index.pv_event(Change::Apply(&view(&pv("1", json!({})))));
         index.csinode_event(Change::Apply(&csinode(
             "node-1",
             json!([{"name": DRIVER, "nodeID": "nid-1"}]),

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use sidecar_kit::atom::Atom;
 use sidecar_kit::migration;
+use sidecar_kit::views::PvView;
 
 /// Annotation on the VolumeAttachment that remembers the node ID, for detaching after the
 /// node's CSINode is gone.
@@ -27,12 +28,7 @@ pub fn lease_name(driver: &str) -> String {
     sidecar_kit::leader::sanitize_name(&format!("external-attacher-leader-{driver}"))
 }
 
-/// Reference to a Secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretRef {
-    pub namespace: String,
-    pub name: String,
-}
+pub use sidecar_kit::views::SecretRef;
 
 /// `spec.csi` of a PersistentVolume (or of an inline volume spec).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -224,37 +220,39 @@ impl VolumeSpec {
 
 impl Pv {
     pub fn from_api(pv: &PersistentVolume) -> Self {
-        let meta = &pv.metadata;
-        let spec_of = |pv: &PersistentVolume| {
-            pv.spec
-                .as_ref()
-                .map(VolumeSpec::from_api)
-                .unwrap_or_default()
-        };
-        let plugin = pv.spec.as_ref().and_then(migration::in_tree_plugin);
-        let (spec, in_tree) = match plugin {
-            None => (spec_of(pv), None),
-            Some(plugin) => {
-                let (spec, error) = match migration::translate_in_tree_pv(pv) {
-                    Ok(translated) => (spec_of(translated.as_ref().unwrap_or(pv)), None),
-                    Err(err) => (spec_of(pv), Some(err.to_string())),
-                };
-                let driver = plugin.csi_driver.to_string();
-                (spec, Some(Box::new(InTree { driver, error })))
-            }
-        };
+        Self::from_view(&PvView::from_api(pv))
+    }
+
+    /// The attacher's projection of the process's shared view of a PV.
+    pub fn from_view(view: &PvView) -> Self {
+        let csi = view.csi.as_ref().map(|csi| CsiSource {
+            driver: csi.driver.clone(),
+            volume_handle: csi.volume_handle.clone(),
+            read_only: csi.read_only,
+            fs_type: csi.fs_type.clone(),
+            volume_attributes: csi.volume_attributes.clone(),
+            publish_secret: csi.publish_secret.clone(),
+        });
         Self {
-            name: meta.name.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
-            migrated_to: meta
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(migration::MIGRATED_TO_ANNOTATION))
-                .map(Atom::from),
-            spec,
-            in_tree,
+            name: view.name.clone(),
+            resource_version: view.resource_version.clone(),
+            deleting: view.deleting,
+            finalizers: view.finalizers.clone(),
+            migrated_to: view
+                .annotation(migration::MIGRATED_TO_ANNOTATION)
+                .map(Atom::new),
+            spec: VolumeSpec {
+                csi,
+                access_modes: view.access_modes.clone(),
+                block: view.volume_mode.as_deref() == Some("Block"),
+                mount_options: view.mount_options.clone(),
+            },
+            in_tree: view.in_tree.as_ref().map(|t| {
+                Box::new(InTree {
+                    driver: t.driver.to_string(),
+                    error: t.error.clone(),
+                })
+            }),
         }
     }
 

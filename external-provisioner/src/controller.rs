@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::pipeline::{Change, Pipeline, View};
 use sidecar_kit::shrink::ShrinkWhenSparse;
 use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
@@ -215,8 +215,13 @@ impl Controller {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI provisioner");
         let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
         self.feed::<StorageClass>(&mut pipeline, Index::class_event);
-        self.feed::<PersistentVolume>(&mut pipeline, Index::volume_event);
-        self.feed::<PersistentVolumeClaim>(&mut pipeline, Index::claim_event);
+        let distributed = self.index().distributed();
+        if distributed {
+            self.feed::<PersistentVolume>(&mut pipeline, Index::node_volume_event);
+        } else {
+            self.feed_view(&mut pipeline, Index::volume_event);
+        }
+        self.feed_view(&mut pipeline, Index::claim_event);
         if self.config.watch_topology {
             self.feed::<CSINode>(&mut pipeline, Index::csinode_event);
             self.feed::<Node>(&mut pipeline, Index::node_event);
@@ -291,6 +296,26 @@ impl Controller {
         let me = self.clone();
         pipeline.watch(
             Api::<K>::all(self.client.clone()),
+            watcher::Config::default(),
+            move |change| {
+                let work = apply(&mut me.index(), change);
+                me.enqueue(work);
+            },
+        );
+    }
+
+    /// [`feed`](Self::feed) of the process's shared views of a kind.
+    fn feed_view<V>(
+        self: &Arc<Self>,
+        pipeline: &mut Pipeline,
+        apply: fn(&mut Index, Change<&Arc<V>>) -> Vec<Work>,
+    ) where
+        V: View,
+        <V::Object as kube::Resource>::DynamicType: Default,
+    {
+        let me = self.clone();
+        pipeline.watch_view(
+            Api::all(self.client.clone()),
             watcher::Config::default(),
             move |change| {
                 let work = apply(&mut me.index(), change);
@@ -611,7 +636,7 @@ impl Controller {
         let key = uid.to_string();
         let policy = &self.config.policy;
         let index = self.index();
-        let Some(claim) = index.claim(uid).cloned() else {
+        let Some(claim) = index.claim(uid) else {
             self.claims.forget(&key);
             lock(&self.waiting).remove(uid);
             lock(&self.owners).remove(uid);
@@ -867,9 +892,16 @@ impl Controller {
                     let index = self.index();
                     let source = index.claim_named(&namespace, &name);
                     let pv = source
+                        .as_ref()
                         .filter(|s| !s.volume_name.is_empty())
                         .and_then(|s| index.volume(&s.volume_name));
-                    lookups.content = Some(sources::check_clone(claim, class, &name, source, pv));
+                    lookups.content = Some(sources::check_clone(
+                        claim,
+                        class,
+                        &name,
+                        source.as_ref(),
+                        pv.as_ref(),
+                    ));
                 }
                 _ => {}
             }
@@ -1453,7 +1485,7 @@ impl Controller {
         let key = name.to_string();
         let (volume, plan) = {
             let index = self.index();
-            let Some(volume) = index.volume(name).cloned() else {
+            let Some(volume) = index.volume(name) else {
                 self.volumes.forget(&key);
                 return;
             };

@@ -6,6 +6,7 @@
 //! write's response, and watch events older than what is stored are ignored.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
@@ -13,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sidecar_kit::atom::Atom;
 use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::shrink::ShrinkWhenSparse;
+use sidecar_kit::views::{ClaimView, PvView};
 
 use crate::model::{self, Claim, Class, SourceKey, SourceKind, Volume};
 use crate::sources::{Grant, ReferenceGrant, Snapshot, VolumeSnapshot};
@@ -42,13 +44,33 @@ struct Relists {
 }
 
 #[derive(Debug)]
+struct StoredVolume {
+    view: Arc<PvView>,
+    /// Distributed provisioning: accessible from this node (always true otherwise).
+    on_this_node: bool,
+}
+
+impl StoredVolume {
+    fn volume(&self) -> Volume {
+        Volume {
+            on_this_node: self.on_this_node,
+            ..Volume::from_view(&self.view)
+        }
+    }
+}
+
+#[derive(Debug)]
 pub struct Index {
     driver: String,
     /// Distributed provisioning: the driver's topology on this node; PVs not accessible from
     /// it belong to other nodes.
     node_topology: Option<BTreeMap<String, String>>,
-    claims: HashMap<String, Box<Claim>>,
-    volumes: HashMap<String, Box<Volume>>,
+    /// The process's shared views of the claims, by UID; the provisioner's [`Claim`] is
+    /// projected on reading.
+    claims: HashMap<String, Arc<ClaimView>>,
+    /// The process's shared views of the driver's PVs; the provisioner's [`Volume`] is
+    /// projected on reading.
+    volumes: HashMap<String, StoredVolume>,
     classes: HashMap<String, Class>,
     /// The driver's topology keys per CSINode (empty: the driver is not registered there).
     csinodes: HashMap<String, Vec<String>>,
@@ -115,16 +137,16 @@ impl Index {
         self.volumes.len()
     }
 
-    pub fn claim(&self, uid: &str) -> Option<&Claim> {
-        self.claims.get(uid).map(Box::as_ref)
+    pub fn claim(&self, uid: &str) -> Option<Claim> {
+        self.claims.get(uid).map(|view| Claim::from_view(view))
     }
 
     pub fn class(&self, name: &str) -> Option<&Class> {
         self.classes.get(name)
     }
 
-    pub fn volume(&self, name: &str) -> Option<&Volume> {
-        self.volumes.get(name).map(Box::as_ref)
+    pub fn volume(&self, name: &str) -> Option<Volume> {
+        self.volumes.get(name).map(StoredVolume::volume)
     }
 
     /// The node of a VolumeAttachment naming `pv`, if any.
@@ -137,20 +159,20 @@ impl Index {
     }
 
     /// Claims without a volume, whatever their class.
-    pub fn pending_claims(&self) -> impl Iterator<Item = &Claim> {
+    pub fn pending_claims(&self) -> impl Iterator<Item = Claim> + '_ {
         self.claims
             .values()
-            .map(Box::as_ref)
-            .filter(|c| c.pending.is_some())
+            .filter(|c| c.unbound.is_some())
+            .map(|view| Claim::from_view(view))
     }
 
     /// The claim `namespace/name`. Claims are kept by UID, so this looks through them all; it
     /// is asked only for the sources of clones.
-    pub fn claim_named(&self, namespace: &str, name: &str) -> Option<&Claim> {
+    pub fn claim_named(&self, namespace: &str, name: &str) -> Option<Claim> {
         self.claims
             .values()
-            .map(Box::as_ref)
             .find(|c| c.name == name && c.namespace == namespace)
+            .map(|view| Claim::from_view(view))
     }
 
     /// Whether a claim without a volume still names `source` as its data source.
@@ -190,27 +212,25 @@ impl Index {
     /// Every key, for a periodic resync.
     pub fn resync(&self) -> Vec<Work> {
         self.pending_claims()
-            .map(|c| Work::Claim(c.uid.clone()))
+            .map(|c| Work::Claim(c.uid))
             .chain(self.volumes.keys().map(|n| Work::Volume(n.clone())))
             .collect()
     }
 
     // --- Claims ---
 
-    pub fn claim_event(&mut self, change: Change<&PersistentVolumeClaim>) -> Vec<Work> {
+    pub fn claim_event(&mut self, change: Change<&Arc<ClaimView>>) -> Vec<Work> {
         let mut work = Vec::new();
         match change {
             Change::Apply(pvc) => self.apply_claim(pvc, &mut work),
             Change::Delete(pvc) => {
-                let uid = pvc.metadata.uid.clone().unwrap_or_default();
+                let uid = pvc.uid.clone();
                 self.remove_claim(&uid, &mut work);
                 work.push(Work::Claim(uid));
             }
             Change::Relist => self.relists.claims.start(),
             Change::Listed(pvc) => {
-                self.relists
-                    .claims
-                    .saw(pvc.metadata.uid.as_deref().unwrap_or_default());
+                self.relists.claims.saw(&pvc.uid);
                 self.apply_claim(pvc, &mut work);
             }
             Change::Relisted => {
@@ -225,14 +245,16 @@ impl Index {
         work
     }
 
-    fn apply_claim(&mut self, pvc: &PersistentVolumeClaim, work: &mut Vec<Work>) {
-        let claim = Claim::from_api(pvc);
-        let old = self.claims.get(&claim.uid).map(Box::as_ref);
+    fn apply_claim(&mut self, view: &Arc<ClaimView>, work: &mut Vec<Work>) {
+        let old = self.claims.get(&view.uid);
         if let Some(old) = old
-            && stale(&claim.resource_version, &old.resource_version)
+            && stale(&view.resource_version, &old.resource_version)
         {
             return;
         }
+        let claim = Claim::from_view(view);
+        let old = old.map(|old| Claim::from_view(old));
+        let old = old.as_ref();
         let old_source = old.and_then(Claim::source_key);
         let new_source = claim.source_key();
         let source_state = |c: &Claim| {
@@ -272,13 +294,14 @@ impl Index {
         if claim.pending.is_some() {
             work.push(Work::Claim(claim.uid.clone()));
         }
-        self.claims.insert(claim.uid.clone(), Box::new(claim));
+        self.claims.insert(claim.uid, view.clone());
     }
 
     fn remove_claim(&mut self, uid: &str, work: &mut Vec<Work>) {
-        let Some(claim) = self.claims.remove(uid) else {
+        let Some(view) = self.claims.remove(uid) else {
             return;
         };
+        let claim = Claim::from_view(&view);
         if let Some(key) = claim.source_key() {
             self.unlink(&key, uid);
             work.push(Work::Source(key));
@@ -316,23 +339,48 @@ impl Index {
             .claims
             .contains_key(pvc.metadata.uid.as_deref().unwrap_or_default())
         {
-            self.apply_claim(pvc, &mut ignored);
+            self.apply_claim(&Arc::new(ClaimView::from_api(pvc)), &mut ignored);
         }
     }
 
     // --- PersistentVolumes ---
 
-    pub fn volume_event(&mut self, change: Change<&PersistentVolume>) -> Vec<Work> {
+    pub fn volume_event(&mut self, change: Change<&Arc<PvView>>) -> Vec<Work> {
+        self.volume_change(change.map(|view| (view.clone(), true)))
+    }
+
+    /// [`volume_event`](Self::volume_event) for distributed provisioning, which needs the PVs'
+    /// node affinity: the shared views do not keep it, as no other controller reads it.
+    pub fn node_volume_event(&mut self, change: Change<&PersistentVolume>) -> Vec<Work> {
+        let change = change.map(|pv| (Arc::new(PvView::from_api(pv)), self.on_this_node(pv)));
+        self.volume_change(change)
+    }
+
+    fn on_this_node(&self, pv: &PersistentVolume) -> bool {
+        crate::topology::volume_is_accessible(
+            pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()),
+            self.node_topology.as_ref(),
+        )
+    }
+
+    /// Whether PV events must come with the node affinity ([`node_volume_event`]).
+    ///
+    /// [`node_volume_event`]: Self::node_volume_event
+    pub fn distributed(&self) -> bool {
+        self.node_topology.is_some()
+    }
+
+    fn volume_change(&mut self, change: Change<(Arc<PvView>, bool)>) -> Vec<Work> {
         let mut work = Vec::new();
         match change {
-            Change::Apply(pv) => self.apply_volume(pv, &mut work),
-            Change::Delete(pv) => {
-                self.volumes.remove(&name_of(&pv.metadata));
+            Change::Apply((view, on_this_node)) => self.apply_volume(view, on_this_node, &mut work),
+            Change::Delete((view, _)) => {
+                self.volumes.remove(&view.name);
             }
             Change::Relist => self.relists.volumes.start(),
-            Change::Listed(pv) => {
-                self.relists.volumes.saw(&name_of(&pv.metadata));
-                self.apply_volume(pv, &mut work);
+            Change::Listed((view, on_this_node)) => {
+                self.relists.volumes.saw(&view.name);
+                self.apply_volume(view, on_this_node, &mut work);
             }
             Change::Relisted => {
                 for name in self.relists.volumes.finish(self.volumes.keys()) {
@@ -344,26 +392,21 @@ impl Index {
         work
     }
 
-    fn apply_volume(&mut self, pv: &PersistentVolume, work: &mut Vec<Work>) {
-        let mut volume = Volume::from_api(pv);
-        if self.node_topology.is_some() {
-            volume.on_this_node = crate::topology::volume_is_accessible(
-                pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()),
-                self.node_topology.as_ref(),
-            );
-        }
+    fn apply_volume(&mut self, view: Arc<PvView>, on_this_node: bool, work: &mut Vec<Work>) {
+        let volume = Volume::from_view(&view);
         // The driver's own volumes: to delete, and to clone from.
         if !volume.owned_by(&self.driver) && volume.driver != self.driver {
             self.volumes.remove(&volume.name);
             return;
         }
         if let Some(old) = self.volumes.get(&volume.name)
-            && stale(&volume.resource_version, &old.resource_version)
+            && stale(&volume.resource_version, &old.view.resource_version)
         {
             return;
         }
         work.push(Work::Volume(volume.name.clone()));
-        self.volumes.insert(volume.name.clone(), Box::new(volume));
+        let stored = StoredVolume { view, on_this_node };
+        self.volumes.insert(volume.name, stored);
     }
 
     /// Stores a PV the controller created or patched. A patch of a PV the cache no longer holds
@@ -372,7 +415,8 @@ impl Index {
         let name = name_of(&pv.metadata);
         if created || self.volumes.contains_key(&name) {
             let mut ignored = Vec::new();
-            self.apply_volume(pv, &mut ignored);
+            let on_this_node = self.on_this_node(pv);
+            self.apply_volume(Arc::new(PvView::from_api(pv)), on_this_node, &mut ignored);
         }
     }
 
@@ -414,7 +458,7 @@ impl Index {
                     .as_deref()
                     .is_some_and(|sc| changed.iter().any(|name| name == sc))
             })
-            .map(|c| Work::Claim(c.uid.clone()))
+            .map(|c| Work::Claim(c.uid))
             .collect()
     }
 
@@ -613,7 +657,7 @@ impl Index {
                     .and_then(|s| s.namespace.as_ref())
                     .is_some_and(|ns| namespaces.contains(ns))
             })
-            .map(|c| Work::Claim(c.uid.clone()))
+            .map(|c| Work::Claim(c.uid))
             .collect()
     }
 }
@@ -656,6 +700,14 @@ mod tests {
         .unwrap()
     }
 
+    fn view(pv: &PersistentVolume) -> Arc<PvView> {
+        Arc::new(PvView::from_api(pv))
+    }
+
+    fn claim_view(pvc: &PersistentVolumeClaim) -> Arc<ClaimView> {
+        Arc::new(ClaimView::from_api(pvc))
+    }
+
     fn pv(name: &str, rv: &str, driver: &str) -> PersistentVolume {
         serde_json::from_value(json!({
             "metadata": {"name": name, "resourceVersion": rv,
@@ -669,17 +721,17 @@ mod tests {
     fn pending_claims_are_work_and_bound_ones_are_not() {
         let mut index = Index::new("d");
         assert_eq!(
-            index.claim_event(Change::Apply(&pvc("u1", "1", None, "fast"))),
+            index.claim_event(Change::Apply(&claim_view(&pvc("u1", "1", None, "fast")))),
             vec![Work::Claim("u1".into())]
         );
         assert!(
             index
-                .claim_event(Change::Apply(&pvc("u2", "1", Some("pv"), "fast")))
+                .claim_event(Change::Apply(&claim_view(&pvc("u2", "1", Some("pv"), "fast"))))
                 .is_empty()
         );
         assert!(
             index
-                .claim_event(Change::Apply(&pvc("u1", "0", Some("pv"), "fast")))
+                .claim_event(Change::Apply(&claim_view(&pvc("u1", "0", Some("pv"), "fast"))))
                 .is_empty()
         );
         assert!(
@@ -687,7 +739,7 @@ mod tests {
             "a stale event is ignored"
         );
         assert_eq!(
-            index.claim_event(Change::Delete(&pvc("u1", "2", None, "fast"))),
+            index.claim_event(Change::Delete(&claim_view(&pvc("u1", "2", None, "fast")))),
             vec![Work::Claim("u1".into())]
         );
         assert!(index.claim("u1").is_none());
@@ -696,10 +748,10 @@ mod tests {
     #[test]
     fn relist_drops_claims_deleted_while_the_watch_was_down() {
         let mut index = Index::new("d");
-        index.claim_event(Change::Apply(&pvc("u1", "1", None, "fast")));
-        index.claim_event(Change::Apply(&pvc("u2", "1", None, "fast")));
+        index.claim_event(Change::Apply(&claim_view(&pvc("u1", "1", None, "fast"))));
+        index.claim_event(Change::Apply(&claim_view(&pvc("u2", "1", None, "fast"))));
         index.claim_event(Change::Relist);
-        index.claim_event(Change::Listed(&pvc("u2", "2", None, "fast")));
+        index.claim_event(Change::Listed(&claim_view(&pvc("u2", "2", None, "fast"))));
         let work = index.claim_event(Change::Relisted);
         assert_eq!(work, vec![Work::Claim("u1".into())]);
         assert_eq!(index.claim_count(), 1);
@@ -709,16 +761,16 @@ mod tests {
     fn only_this_drivers_volumes_are_kept() {
         let mut index = Index::new("d");
         assert_eq!(
-            index.volume_event(Change::Apply(&pv("a", "1", "d"))),
+            index.volume_event(Change::Apply(&view(&pv("a", "1", "d")))),
             vec![Work::Volume("a".into())]
         );
         assert!(
             index
-                .volume_event(Change::Apply(&pv("b", "1", "other")))
+                .volume_event(Change::Apply(&view(&pv("b", "1", "other"))))
                 .is_empty()
         );
         assert_eq!(index.volume_count(), 1);
-        index.volume_event(Change::Delete(&pv("a", "2", "d")));
+        index.volume_event(Change::Delete(&view(&pv("a", "2", "d"))));
         index.store_volume(&pv("a", "3", "d"), false);
         assert!(
             !index.has_volume("a"),
@@ -731,8 +783,8 @@ mod tests {
     #[test]
     fn class_changes_requeue_their_pending_claims() {
         let mut index = Index::new("d");
-        index.claim_event(Change::Apply(&pvc("u1", "1", None, "fast")));
-        index.claim_event(Change::Apply(&pvc("u2", "1", None, "slow")));
+        index.claim_event(Change::Apply(&claim_view(&pvc("u1", "1", None, "fast"))));
+        index.claim_event(Change::Apply(&claim_view(&pvc("u2", "1", None, "slow"))));
         let sc: StorageClass = serde_json::from_value(json!({
             "metadata": {"name": "fast"}, "provisioner": "d"
         }))
@@ -750,7 +802,7 @@ mod tests {
     #[test]
     fn attachments_block_and_release_deletion() {
         let mut index = Index::new("d");
-        index.volume_event(Change::Apply(&pv("a", "1", "d")));
+        index.volume_event(Change::Apply(&view(&pv("a", "1", "d"))));
         let va: VolumeAttachment = serde_json::from_value(json!({
             "metadata": {"name": "va1"},
             "spec": {"attacher": "d", "nodeName": "n1", "source": {"persistentVolumeName": "a"}}

@@ -10,25 +10,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use sidecar_kit::atom::Atom;
 use sidecar_kit::migration;
+use sidecar_kit::views::{self, ClaimView, PvView};
 
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
-pub const ANN_MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
+pub const ANN_MIGRATED_TO: &str = migration::MIGRATED_TO_ANNOTATION;
 pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
-pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
-pub const ANN_DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
-pub const ANN_DELETION_SECRET_NAMESPACE: &str =
-    "volume.kubernetes.io/provisioner-deletion-secret-namespace";
-pub const ANN_MODIFY_SECRET_NAME: &str = "volume.kubernetes.io/controller-modify-secret-name";
-pub const ANN_MODIFY_SECRET_NAMESPACE: &str =
-    "volume.kubernetes.io/controller-modify-secret-namespace";
+pub const ANN_PROVISIONED_BY: &str = views::PROVISIONED_BY;
+pub const ANN_DELETION_SECRET_NAME: &str = views::DELETION_SECRET_NAME;
+pub const ANN_DELETION_SECRET_NAMESPACE: &str = views::DELETION_SECRET_NAMESPACE;
+pub const ANN_MODIFY_SECRET_NAME: &str = views::MODIFY_SECRET_NAME;
+pub const ANN_MODIFY_SECRET_NAMESPACE: &str = views::MODIFY_SECRET_NAMESPACE;
 /// The finalizer on the PersistentVolumes of volumes to delete.
 pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 /// Volume attribute naming the provisioner instance that created the volume.
 pub const PROVISIONER_ID_KEY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
-/// kubectl's copy of the applied object: large, and never needed.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The leader election Lease name, as upstream names it: the driver name with `/` replaced.
 pub fn lease_name(driver: &str) -> String {
@@ -40,7 +37,7 @@ fn name_of(meta: &ObjectMeta) -> String {
 }
 
 /// The finalizer that keeps a claim being cloned from until its clones have their volumes.
-pub const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+pub const CLONE_FINALIZER: &str = views::CLONE_FINALIZER;
 /// The finalizer that keeps a VolumeSnapshot being restored until its restores have volumes.
 pub const SNAPSHOT_FINALIZER: &str =
     "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
@@ -133,13 +130,13 @@ pub struct Claim {
 
 impl Claim {
     pub fn from_api(pvc: &PersistentVolumeClaim) -> Self {
-        let meta = &pvc.metadata;
-        let spec = pvc.spec.as_ref();
-        let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
-        let pending = (volume_name.is_empty()).then(|| {
-            let spec = spec.cloned().unwrap_or_default();
-            let mut annotations = meta.annotations.clone().unwrap_or_default();
-            annotations.remove(LAST_APPLIED);
+        Self::from_view(&ClaimView::from_api(pvc))
+    }
+
+    /// The provisioner's projection of the process's shared view of a claim.
+    pub fn from_view(view: &ClaimView) -> Self {
+        let pending = view.unbound.as_ref().map(|unbound| {
+            let spec = &unbound.spec;
             let data_source = spec
                 .data_source
                 .as_ref()
@@ -160,7 +157,7 @@ impl Claim {
                     })
                 });
             Box::new(ClaimSpec {
-                annotations,
+                annotations: unbound.annotations.clone(),
                 access_modes: spec.access_modes.clone().unwrap_or_default(),
                 block: spec.volume_mode.as_deref() == Some("Block"),
                 volume_mode: spec.volume_mode.clone(),
@@ -173,31 +170,16 @@ impl Claim {
             })
         });
         Self {
-            uid: meta.uid.clone().unwrap_or_default(),
-            namespace: Atom::from(meta.namespace.as_deref().unwrap_or_default()),
-            name: name_of(meta),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            volume_name,
-            phase: Atom::from(
-                pvc.status
-                    .as_ref()
-                    .and_then(|s| s.phase.as_deref())
-                    .unwrap_or_default(),
-            ),
-            deleting: meta.deletion_timestamp.is_some(),
-            clone_protected: meta
-                .finalizers
-                .iter()
-                .flatten()
-                .any(|f| f == CLONE_FINALIZER),
-            storage_class: spec
-                .and_then(|s| s.storage_class_name.as_deref())
-                .map(Atom::from),
-            request: spec
-                .and_then(|s| s.resources.as_ref())
-                .and_then(|r| r.requests.as_ref())
-                .and_then(|r| r.get("storage"))
-                .map(|q| Atom::from(q.0.as_str())),
+            uid: view.uid.clone(),
+            namespace: view.namespace.clone(),
+            name: view.name.clone(),
+            resource_version: view.resource_version.clone(),
+            volume_name: view.volume_name.clone(),
+            phase: view.phase.clone(),
+            deleting: view.deleting,
+            clone_protected: view.has_finalizer(CLONE_FINALIZER),
+            storage_class: view.storage_class.clone(),
+            request: view.request.clone(),
             pending,
         }
     }
@@ -334,67 +316,37 @@ pub struct Volume {
 
 impl Volume {
     pub fn from_api(pv: &PersistentVolume) -> Self {
-        let meta = &pv.metadata;
-        let annotations = meta.annotations.as_ref();
-        let annotation = |key: &str| annotations.and_then(|a| a.get(key));
-        // An in-tree volume of a plugin that has a CSI driver is seen as that driver's.
-        let (translated, translation_error) =
-            match pv.spec.as_ref().and_then(migration::in_tree_plugin) {
-                None => (None, None),
-                Some(_) => match migration::translate_in_tree_pv(pv) {
-                    Ok(translated) => (translated, None),
-                    Err(e) => (None, Some(e.to_string())),
-                },
-            };
-        let migrated = translated.is_some() || translation_error.is_some();
-        let spec = pv.spec.as_ref();
-        let csi = translated
-            .as_ref()
-            .and_then(|t| t.spec.as_ref())
-            .or(spec)
-            .and_then(|s| s.csi.as_ref());
-        let claim_ref = spec.and_then(|s| s.claim_ref.as_ref());
-        let deletion_secret = match (
-            annotation(ANN_DELETION_SECRET_NAME),
-            annotation(ANN_DELETION_SECRET_NAMESPACE),
-        ) {
-            (Some(name), Some(namespace)) => Some((namespace.clone(), name.clone())),
-            _ => None,
-        };
+        Self::from_view(&PvView::from_api(pv))
+    }
+
+    /// The provisioner's projection of the process's shared view of a PV. An in-tree volume of
+    /// a plugin that has a CSI driver is seen as that driver's.
+    pub fn from_view(view: &PvView) -> Self {
+        let claim_ref = view.claim_ref.as_deref();
         Self {
-            name: name_of(meta),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
-            phase: Atom::from(
-                pv.status
-                    .as_ref()
-                    .and_then(|s| s.phase.as_deref())
-                    .unwrap_or_default(),
-            ),
-            reclaim_policy: Atom::from(
-                spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
-                    .unwrap_or_default(),
-            ),
-            storage_class: Atom::from(
-                spec.and_then(|s| s.storage_class_name.as_deref())
-                    .unwrap_or_default(),
-            ),
-            driver: Atom::from(csi.map(|c| c.driver.as_str()).unwrap_or_default()),
-            volume_handle: csi.map(|c| c.volume_handle.clone()).unwrap_or_default(),
-            claim: claim_ref.map(|r| {
-                (
-                    Atom::from(r.namespace.as_deref().unwrap_or_default()),
-                    r.name.clone().unwrap_or_default(),
-                )
-            }),
-            claim_uid: claim_ref.and_then(|r| r.uid.clone()).unwrap_or_default(),
-            deletion_secret,
-            provisioned_by: annotation(ANN_PROVISIONED_BY).map(Atom::from),
-            migrated_to: annotation(ANN_MIGRATED_TO).map(Atom::from),
-            volume_mode: spec.and_then(|s| s.volume_mode.as_deref()).map(Atom::from),
-            migrated,
-            translation_error,
+            name: view.name.clone(),
+            resource_version: view.resource_version.clone(),
+            deleting: view.deleting,
+            finalizers: view.finalizers.clone(),
+            phase: view.phase.clone(),
+            reclaim_policy: view.reclaim_policy.clone(),
+            storage_class: view.storage_class.clone(),
+            driver: view
+                .csi
+                .as_ref()
+                .map(|c| c.driver.clone())
+                .unwrap_or_default(),
+            volume_handle: view.volume_handle().to_string(),
+            claim: claim_ref.map(|r| (r.namespace.clone(), r.name.clone())),
+            claim_uid: claim_ref.map(|r| r.uid.clone()).unwrap_or_default(),
+            deletion_secret: view
+                .secret_annotations(ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE)
+                .map(|s| (s.namespace, s.name)),
+            provisioned_by: view.annotation(ANN_PROVISIONED_BY).map(Atom::from),
+            migrated_to: view.annotation(ANN_MIGRATED_TO).map(Atom::from),
+            volume_mode: view.volume_mode.clone(),
+            migrated: view.in_tree.is_some(),
+            translation_error: view.in_tree.as_ref().and_then(|t| t.error.clone()),
             on_this_node: true,
         }
     }
@@ -457,6 +409,7 @@ pub fn attachment_of(va: &VolumeAttachment) -> Option<(String, String)> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use sidecar_kit::views::LAST_APPLIED;
 
     fn pvc(value: serde_json::Value) -> PersistentVolumeClaim {
         serde_json::from_value(value).unwrap()

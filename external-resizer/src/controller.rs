@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::pipeline::{self, Change, Pipeline};
 use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -177,8 +177,8 @@ impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI resizer");
         let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
-        self.feed(&mut pipeline, Index::claim_event);
-        self.feed(&mut pipeline, Index::pv_event);
+        self.feed_view(&mut pipeline, Index::claim_event);
+        self.feed_view(&mut pipeline, Index::pv_event);
         if self.config.handle_in_use {
             self.feed(&mut pipeline, Index::pod_event);
         }
@@ -220,6 +220,28 @@ impl Controller {
         let me = self.clone();
         pipeline.watch(
             Api::<K>::all(self.client.clone()),
+            watcher::Config::default().page_size(500),
+            move |change| {
+                let work = apply(&mut me.index(), change);
+                for key in work {
+                    me.queue.add(key, 0);
+                }
+            },
+        );
+    }
+
+    /// [`feed`](Self::feed) of the process's shared views of a kind.
+    fn feed_view<V>(
+        self: &Arc<Self>,
+        pipeline: &mut Pipeline,
+        apply: fn(&mut Index, Change<&Arc<V>>) -> Vec<String>,
+    ) where
+        V: pipeline::View,
+        <V::Object as kube::Resource>::DynamicType: Default,
+    {
+        let me = self.clone();
+        pipeline.watch_view(
+            Api::all(self.client.clone()),
             watcher::Config::default().page_size(500),
             move |change| {
                 let work = apply(&mut me.index(), change);

@@ -3,12 +3,14 @@
 //! No I/O here.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttributesClass;
 use kube::ResourceExt;
 use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::shrink::ShrinkWhenSparse;
+use sidecar_kit::views::{ClaimView, PvView};
 
 use crate::model::{Claim, PodClaims, Pv, Vac};
 
@@ -26,8 +28,12 @@ pub struct Index {
     driver: String,
     /// Gate `RecoverVolumeExpansionFailure`: a smaller request is a change to act on too.
     recover: bool,
-    claims: HashMap<String, Box<Claim>>,
-    pvs: HashMap<String, Box<Pv>>,
+    /// The process's shared views of the claims, by `namespace/name`; the resizer's [`Claim`]
+    /// is projected on reading.
+    claims: HashMap<String, Arc<ClaimView>>,
+    /// The process's shared views of this driver's PVs; the resizer's [`Pv`] is projected on
+    /// reading.
+    pvs: HashMap<String, Arc<PvView>>,
     pods: HashMap<String, PodClaims>,
     /// Running pods per claim key.
     users: HashMap<String, u32>,
@@ -45,6 +51,11 @@ struct Relists {
     pvs: Relist,
     pods: Relist,
     classes: Relist,
+}
+
+/// A claim's queue key, `namespace/name`.
+fn key_of(claim: &ClaimView) -> String {
+    format!("{}/{}", claim.namespace, claim.name)
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -88,12 +99,12 @@ impl Index {
     }
 
     pub fn view(&self, key: &str) -> Option<View> {
-        let claim = Claim::clone(self.claims.get(key)?);
+        let claim = Claim::from_view(self.claims.get(key)?);
         let pv = claim
             .volume_name
             .as_ref()
             .and_then(|name| self.pvs.get(name))
-            .map(|pv| Pv::clone(pv));
+            .and_then(|view| Pv::from_view(view, &self.driver));
         Some(View {
             in_use: self.users.get(key).is_some_and(|n| *n > 0),
             claim,
@@ -121,13 +132,14 @@ impl Index {
 
     /// Stores a claim as written by the resizer itself, so that the next step starts from it.
     pub fn store_claim(&mut self, pvc: &PersistentVolumeClaim) {
-        let claim = Claim::from_api(pvc);
-        self.claims.insert(claim.key(), Box::new(claim));
+        let view = ClaimView::from_api(pvc);
+        self.claims.insert(key_of(&view), Arc::new(view));
     }
 
     pub fn store_pv(&mut self, pv: &PersistentVolume) {
-        if let Some(pv) = Pv::from_api(pv, &self.driver) {
-            self.pvs.insert(pv.name.clone(), Box::new(pv));
+        let view = PvView::from_api(pv);
+        if Pv::from_view(&view, &self.driver).is_some() {
+            self.pvs.insert(view.name.clone(), Arc::new(view));
         }
     }
 
@@ -149,15 +161,15 @@ impl Index {
             || (new.bound && (old.class != new.class || new.modify_status.is_none()))
     }
 
-    pub fn claim_event(&mut self, change: Change<&PersistentVolumeClaim>) -> Vec<String> {
+    pub fn claim_event(&mut self, change: Change<&Arc<ClaimView>>) -> Vec<String> {
         match change {
             Change::Apply(pvc) => self.apply_claim(pvc),
             Change::Listed(pvc) => {
-                self.relist.claims.saw(&Claim::from_api(pvc).key());
+                self.relist.claims.saw(&key_of(pvc));
                 self.apply_claim(pvc)
             }
             Change::Delete(pvc) => {
-                let key = Claim::from_api(pvc).key();
+                let key = key_of(pvc);
                 self.remove_claim(&key);
                 vec![key]
             }
@@ -175,14 +187,15 @@ impl Index {
         }
     }
 
-    fn apply_claim(&mut self, pvc: &PersistentVolumeClaim) -> Vec<String> {
-        let claim = Claim::from_api(pvc);
-        let key = claim.key();
+    fn apply_claim(&mut self, view: &Arc<ClaimView>) -> Vec<String> {
+        let key = key_of(view);
         let work = match self.claims.get(&key) {
-            Some(old) if old.uid == claim.uid => self.claim_changed(old, &claim),
+            Some(old) if old.uid == view.uid => {
+                self.claim_changed(&Claim::from_view(old), &Claim::from_view(view))
+            }
             _ => true,
         };
-        self.claims.insert(key.clone(), Box::new(claim));
+        self.claims.insert(key.clone(), view.clone());
         if work { vec![key] } else { vec![] }
     }
 
@@ -199,15 +212,15 @@ impl Index {
         self.claims.contains_key(&key).then_some(key)
     }
 
-    pub fn pv_event(&mut self, change: Change<&PersistentVolume>) -> Vec<String> {
+    pub fn pv_event(&mut self, change: Change<&Arc<PvView>>) -> Vec<String> {
         match change {
             Change::Apply(pv) => self.apply_pv(pv),
             Change::Listed(pv) => {
-                self.relist.pvs.saw(&pv.name_any());
+                self.relist.pvs.saw(&pv.name);
                 self.apply_pv(pv)
             }
             Change::Delete(pv) => {
-                self.remove_pv(&pv.name_any());
+                self.remove_pv(&pv.name);
                 vec![]
             }
             Change::Relist => {
@@ -223,22 +236,22 @@ impl Index {
         }
     }
 
-    fn apply_pv(&mut self, api: &PersistentVolume) -> Vec<String> {
-        let Some(pv) = Pv::from_api(api, &self.driver) else {
+    fn apply_pv(&mut self, view: &Arc<PvView>) -> Vec<String> {
+        let Some(pv) = Pv::from_view(view, &self.driver) else {
             // No longer ours (or never was).
-            self.remove_pv(&api.name_any());
+            self.remove_pv(&view.name);
             return vec![];
         };
         let work = match self.pvs.get(&pv.name) {
             Some(old) => {
-                old.capacity != pv.capacity
-                    || old.claim_ref != pv.claim_ref
-                    || old.class != pv.class
+                old.capacity != view.capacity
+                    || old.claim_ref != view.claim_ref
+                    || old.attributes_class != view.attributes_class
             }
             None => true,
         };
         let claim = self.claim_of(&pv).filter(|_| work);
-        self.pvs.insert(pv.name.clone(), Box::new(pv));
+        self.pvs.insert(pv.name, view.clone());
         claim.into_iter().collect()
     }
 
@@ -344,14 +357,14 @@ impl Index {
             }
         };
         self.claims
-            .values()
-            .filter(|c| {
-                c.class.as_deref() == Some(name.as_str())
+            .iter()
+            .filter(|(_, c)| {
+                c.attributes_class.as_deref() == Some(name.as_str())
                     && c.modify_status
                         .as_ref()
                         .is_some_and(|s| s.status == "Pending")
             })
-            .map(|c| c.key())
+            .map(|(key, _)| key.clone())
             .collect()
     }
 }
@@ -360,6 +373,14 @@ impl Index {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn view(pv: &PersistentVolume) -> Arc<PvView> {
+        Arc::new(PvView::from_api(pv))
+    }
+
+    fn claim_view(pvc: &PersistentVolumeClaim) -> Arc<ClaimView> {
+        Arc::new(ClaimView::from_api(pvc))
+    }
 
     fn pvc(name: &str, request: &str, extra: serde_json::Value) -> PersistentVolumeClaim {
         let mut v = json!({
@@ -391,19 +412,29 @@ mod tests {
         for recover in [true, false] {
             let mut index = Index::new("d", recover);
             let c = pvc("c", "2Gi", with_class.clone());
-            assert_eq!(index.claim_event(Change::Apply(&c)), ["ns/c"], "new");
+            assert_eq!(
+                index.claim_event(Change::Apply(&claim_view(&c))),
+                ["ns/c"],
+                "new"
+            );
             let mut labelled = c.clone();
             labelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
             labelled.metadata.resource_version = Some("2".into());
             assert!(
-                index.claim_event(Change::Apply(&labelled)).is_empty(),
+                index
+                    .claim_event(Change::Apply(&claim_view(&labelled)))
+                    .is_empty(),
                 "labels"
             );
             let grown = pvc("c", "3Gi", with_class.clone());
-            assert_eq!(index.claim_event(Change::Apply(&grown)), ["ns/c"], "grown");
+            assert_eq!(
+                index.claim_event(Change::Apply(&claim_view(&grown))),
+                ["ns/c"],
+                "grown"
+            );
             let shrunk = pvc("c", "2Gi", with_class.clone());
             assert_eq!(
-                index.claim_event(Change::Apply(&shrunk)).len(),
+                index.claim_event(Change::Apply(&claim_view(&shrunk))).len(),
                 usize::from(recover),
                 "a smaller request counts only with recovery"
             );
@@ -411,10 +442,14 @@ mod tests {
         // Binding, and a bound claim without modify status (upstream's modify filter).
         let mut index = Index::new("d", true);
         let pending = pvc("c", "1Gi", json!({"status": {"phase": "Pending"}}));
-        index.claim_event(Change::Apply(&pending));
-        assert!(index.claim_event(Change::Apply(&pending)).is_empty());
+        index.claim_event(Change::Apply(&claim_view(&pending)));
+        assert!(
+            index
+                .claim_event(Change::Apply(&claim_view(&pending)))
+                .is_empty()
+        );
         assert_eq!(
-            index.claim_event(Change::Apply(&pvc("c", "1Gi", json!({})))),
+            index.claim_event(Change::Apply(&claim_view(&pvc("c", "1Gi", json!({}))))),
             ["ns/c"]
         );
     }
@@ -422,7 +457,7 @@ mod tests {
     #[test]
     fn a_claim_refused_as_in_use_is_queued_when_its_last_running_pod_ends() {
         let mut index = Index::new("d", true);
-        index.claim_event(Change::Apply(&pvc("c", "2Gi", json!({}))));
+        index.claim_event(Change::Apply(&claim_view(&pvc("c", "2Gi", json!({})))));
         index.pod_event(Change::Apply(&pod("p1", "c", "Running")));
         index.pod_event(Change::Apply(&pod("p2", "c", "Running")));
         assert!(index.view("ns/c").unwrap().in_use);
@@ -452,7 +487,7 @@ mod tests {
     #[test]
     fn only_this_drivers_volumes_are_kept_and_they_queue_their_claims() {
         let mut index = Index::new("d", true);
-        index.claim_event(Change::Apply(&pvc("c", "2Gi", json!({}))));
+        index.claim_event(Change::Apply(&claim_view(&pvc("c", "2Gi", json!({})))));
         let pv = |driver: &str, size: &str| -> PersistentVolume {
             serde_json::from_value(json!({
                 "metadata": {"name": "pv-c"},
@@ -463,13 +498,23 @@ mod tests {
         };
         assert!(
             index
-                .pv_event(Change::Apply(&pv("other", "1Gi")))
+                .pv_event(Change::Apply(&view(&pv("other", "1Gi"))))
                 .is_empty()
         );
         assert_eq!(index.pv_count(), 0);
-        assert_eq!(index.pv_event(Change::Apply(&pv("d", "1Gi"))), ["ns/c"]);
-        assert!(index.pv_event(Change::Apply(&pv("d", "1Gi"))).is_empty());
-        assert_eq!(index.pv_event(Change::Apply(&pv("d", "2Gi"))), ["ns/c"]);
+        assert_eq!(
+            index.pv_event(Change::Apply(&view(&pv("d", "1Gi")))),
+            ["ns/c"]
+        );
+        assert!(
+            index
+                .pv_event(Change::Apply(&view(&pv("d", "1Gi"))))
+                .is_empty()
+        );
+        assert_eq!(
+            index.pv_event(Change::Apply(&view(&pv("d", "2Gi")))),
+            ["ns/c"]
+        );
         assert!(index.view("ns/c").unwrap().pv.is_some());
     }
 }

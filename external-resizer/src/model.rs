@@ -3,28 +3,22 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition, Pod,
-};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttributesClass;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use sidecar_kit::atom::Atom;
-use sidecar_kit::migration;
 use sidecar_kit::quantity;
+use sidecar_kit::views::{self, ClaimView, PvView};
 
 /// Set on claims by kube-controller-manager's expand controller: which resizer expands them.
 /// Only in-tree volumes migrated to CSI need it.
-pub const STORAGE_RESIZER_ANNOTATION: &str = "volume.kubernetes.io/storage-resizer";
+pub const STORAGE_RESIZER_ANNOTATION: &str = views::STORAGE_RESIZER;
 /// Tells kubelet that no NodeExpandVolume is needed after the controller expansion.
-pub const NODE_EXPANSION_NOT_REQUIRED_ANNOTATION: &str =
-    "volume.kubernetes.io/node-expansion-not-required";
+pub const NODE_EXPANSION_NOT_REQUIRED_ANNOTATION: &str = views::NODE_EXPANSION_NOT_REQUIRED;
 /// The claim's capacity before an expansion that awaits the node (gate `AnnotateFsResize`).
-pub const PRE_RESIZE_CAPACITY_ANNOTATION: &str = "volume.alpha.kubernetes.io/pre-resize-capacity";
+pub const PRE_RESIZE_CAPACITY_ANNOTATION: &str = views::PRE_RESIZE_CAPACITY;
 /// The Secret of ControllerModifyVolume, written on PVs by the provisioner.
-pub const MODIFY_SECRET_NAME_ANNOTATION: &str =
-    "volume.kubernetes.io/controller-modify-secret-name";
-pub const MODIFY_SECRET_NAMESPACE_ANNOTATION: &str =
-    "volume.kubernetes.io/controller-modify-secret-namespace";
+pub const MODIFY_SECRET_NAME_ANNOTATION: &str = views::MODIFY_SECRET_NAME;
+pub const MODIFY_SECRET_NAMESPACE_ANNOTATION: &str = views::MODIFY_SECRET_NAMESPACE;
 
 /// Claim condition types of a resize; other conditions are never touched.
 pub const RESIZING: &str = "Resizing";
@@ -107,11 +101,6 @@ impl Size {
             bytes: i128::from(bytes),
         }
     }
-
-    fn of(map: Option<&BTreeMap<String, Quantity>>) -> Option<Self> {
-        map.and_then(|m| m.get("storage"))
-            .and_then(|q| Self::parse(&q.0))
-    }
 }
 
 /// A claim condition of the types the resizer writes.
@@ -126,20 +115,6 @@ pub struct Condition {
 }
 
 impl Condition {
-    fn from_api(c: &PersistentVolumeClaimCondition) -> Self {
-        Self {
-            type_: c.type_.clone(),
-            status: c.status.clone(),
-            reason: c.reason.clone().unwrap_or_default(),
-            message: c.message.clone().unwrap_or_default(),
-            last_transition_time: c
-                .last_transition_time
-                .as_ref()
-                .map(|t| t.0.to_string())
-                .unwrap_or_default(),
-        }
-    }
-
     fn is_ours(type_: &str) -> bool {
         RESIZE_CONDITIONS.contains(&type_)
             || type_ == MODIFYING_VOLUME
@@ -181,64 +156,52 @@ pub struct Claim {
 
 impl Claim {
     pub fn from_api(pvc: &PersistentVolumeClaim) -> Self {
-        let meta = &pvc.metadata;
-        let spec = pvc.spec.as_ref();
-        let status = pvc.status.as_ref();
-        let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+        Self::from_view(&ClaimView::from_api(pvc))
+    }
+
+    /// The resizer's projection of the process's shared view of a claim.
+    pub fn from_view(view: &ClaimView) -> Self {
+        let size = |text: &Option<Atom>| text.as_deref().and_then(Size::parse);
         Self {
-            namespace: Atom::new(meta.namespace.as_deref().unwrap_or_default()),
-            name: meta.name.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            bound: status.and_then(|s| s.phase.as_deref()) == Some("Bound"),
-            volume_name: spec
-                .and_then(|s| s.volume_name.clone())
-                .filter(|n| !n.is_empty()),
-            request: Size::of(
-                spec.and_then(|s| s.resources.as_ref())
-                    .and_then(|r| r.requests.as_ref()),
-            ),
-            capacity: Size::of(status.and_then(|s| s.capacity.as_ref())),
-            allocated: Size::of(status.and_then(|s| s.allocated_resources.as_ref())),
-            resize_status: status
-                .and_then(|s| s.allocated_resource_statuses.as_ref())
-                .and_then(|m| m.get("storage"))
-                .and_then(|s| ResizeStatus::parse(s)),
-            conditions: status
-                .and_then(|s| s.conditions.as_ref())
-                .into_iter()
-                .flatten()
+            namespace: view.namespace.clone(),
+            name: view.name.clone(),
+            uid: view.uid.clone(),
+            resource_version: view.resource_version.clone(),
+            bound: view.phase == "Bound",
+            volume_name: Some(view.volume_name.clone()).filter(|n| !n.is_empty()),
+            request: size(&view.request),
+            capacity: size(&view.capacity),
+            allocated: size(&view.allocated),
+            resize_status: view.resize_status.as_deref().and_then(ResizeStatus::parse),
+            conditions: view
+                .conditions
+                .iter()
                 .filter(|c| Condition::is_ours(&c.type_))
-                .map(Condition::from_api)
+                .map(|c| Condition {
+                    type_: c.type_.to_string(),
+                    status: c.status.to_string(),
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                    last_transition_time: c.last_transition_time.clone(),
+                })
                 .collect(),
-            condition_order: status
-                .and_then(|s| s.conditions.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|c| c.type_.clone())
+            condition_order: view
+                .conditions
+                .iter()
+                .map(|c| c.type_.to_string())
                 .collect(),
-            resizer: annotation(STORAGE_RESIZER_ANNOTATION).map(Atom::from),
-            node_expansion_not_required: annotation(NODE_EXPANSION_NOT_REQUIRED_ANNOTATION)
+            resizer: view.annotation(STORAGE_RESIZER_ANNOTATION).map(Atom::new),
+            node_expansion_not_required: view
+                .annotation(NODE_EXPANSION_NOT_REQUIRED_ANNOTATION)
                 .is_some(),
-            class: spec
-                .and_then(|s| s.volume_attributes_class_name.as_deref())
-                .filter(|c| !c.is_empty())
-                .map(Atom::new),
-            current_class: status
-                .and_then(|s| s.current_volume_attributes_class_name.as_deref())
-                .filter(|c| !c.is_empty())
-                .map(Atom::new),
-            modify_status: status
-                .and_then(|s| s.modify_volume_status.as_ref())
-                .map(|m| {
-                    Box::new(ModifyStatus {
-                        status: m.status.clone(),
-                        target: m
-                            .target_volume_attributes_class_name
-                            .clone()
-                            .filter(|t| !t.is_empty()),
-                    })
-                }),
+            class: view.attributes_class.clone(),
+            current_class: view.current_attributes_class.clone(),
+            modify_status: view.modify_status.as_ref().map(|m| {
+                Box::new(ModifyStatus {
+                    status: m.status.to_string(),
+                    target: m.target.as_ref().map(Atom::to_string),
+                })
+            }),
         }
     }
 
@@ -268,12 +231,7 @@ impl Claim {
     }
 }
 
-/// Reference to a Secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretRef {
-    pub namespace: String,
-    pub name: String,
-}
+pub use sidecar_kit::views::SecretRef;
 
 /// The claim a PV is bound to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -312,71 +270,43 @@ impl Pv {
     /// The projection of a PV that `driver` serves, natively or through CSI migration; `None`
     /// for others, which the resizer never caches.
     pub fn from_api(pv: &PersistentVolume, driver: &str) -> Option<Self> {
-        let spec = pv.spec.as_ref()?;
-        let native = spec.csi.as_ref().is_some_and(|csi| csi.driver == driver);
-        let migrates = !native
-            && spec.csi.is_none()
-            && migration::in_tree_plugin(spec).is_some_and(|p| p.csi_driver == driver);
-        if !native && !migrates {
+        Self::from_view(&PvView::from_api(pv), driver)
+    }
+
+    /// [`from_api`](Self::from_api) out of the process's shared view of the PV.
+    pub fn from_view(view: &PvView, driver: &str) -> Option<Self> {
+        let migrates = view.in_tree.as_ref().filter(|t| t.driver == driver);
+        let native = view.in_tree.is_none() && view.driver() == driver;
+        if !native && migrates.is_none() {
             return None;
         }
-        let (translated, translation_error) = if migrates {
-            match migration::translate_in_tree_pv(pv) {
-                Ok(Some(translated)) => (Some(translated), None),
-                Ok(None) => (None, Some("not a migratable in-tree volume".to_string())),
-                Err(err) => (None, Some(err.to_string())),
-            }
-        } else {
-            (None, None)
-        };
-        let seen = translated.as_ref().unwrap_or(pv);
-        let seen_spec = seen.spec.as_ref().unwrap_or(spec);
-        let csi = seen_spec.csi.as_ref();
-        let meta = &pv.metadata;
-        let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+        let csi = view.csi.as_ref();
         Some(Self {
-            name: meta.name.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            claim_ref: spec.claim_ref.as_ref().map(|r| ClaimRef {
-                namespace: r.namespace.clone().unwrap_or_default(),
-                name: r.name.clone().unwrap_or_default(),
-                uid: r.uid.clone().unwrap_or_default(),
+            name: view.name.clone(),
+            resource_version: view.resource_version.clone(),
+            claim_ref: view.claim_ref.as_ref().map(|r| ClaimRef {
+                namespace: r.namespace.to_string(),
+                name: r.name.clone(),
+                uid: r.uid.clone(),
             }),
-            capacity: Size::of(spec.capacity.as_ref()),
+            capacity: view.capacity.as_deref().and_then(Size::parse),
             driver: Atom::new(driver),
-            volume_handle: csi.map(|c| c.volume_handle.clone()).unwrap_or_default(),
-            fs_type: Atom::new(csi.and_then(|c| c.fs_type.as_deref()).unwrap_or_default()),
-            block: spec.volume_mode.as_deref() == Some("Block"),
-            access_modes: seen_spec
-                .access_modes
-                .iter()
-                .flatten()
-                .map(|m| Atom::new(m))
-                .collect(),
-            mount_options: spec.mount_options.clone().unwrap_or_default(),
-            expand_secret: csi
-                .and_then(|c| c.controller_expand_secret_ref.as_ref())
-                .map(|r| {
-                    Box::new(SecretRef {
-                        namespace: r.namespace.clone().unwrap_or_default(),
-                        name: r.name.clone().unwrap_or_default(),
-                    })
-                }),
-            modify_secret: match (
-                annotation(MODIFY_SECRET_NAME_ANNOTATION),
-                annotation(MODIFY_SECRET_NAMESPACE_ANNOTATION),
-            ) {
-                (Some(name), Some(namespace)) => Some(Box::new(SecretRef { namespace, name })),
-                _ => None,
-            },
-            class: spec
-                .volume_attributes_class_name
-                .as_deref()
-                .filter(|c| !c.is_empty())
-                .map(Atom::new),
-            pre_resize_capacity: annotation(PRE_RESIZE_CAPACITY_ANNOTATION).is_some(),
-            in_tree: migrates,
-            translation_error,
+            volume_handle: view.volume_handle().to_string(),
+            fs_type: csi.map(|c| c.fs_type.clone()).unwrap_or_default(),
+            block: view.volume_mode.as_deref() == Some("Block"),
+            access_modes: view.access_modes.clone(),
+            mount_options: view.mount_options.clone(),
+            expand_secret: csi.and_then(|c| c.expand_secret.clone()),
+            modify_secret: view
+                .secret_annotations(
+                    MODIFY_SECRET_NAME_ANNOTATION,
+                    MODIFY_SECRET_NAMESPACE_ANNOTATION,
+                )
+                .map(Box::new),
+            class: view.attributes_class.clone(),
+            pre_resize_capacity: view.annotation(PRE_RESIZE_CAPACITY_ANNOTATION).is_some(),
+            in_tree: migrates.is_some(),
+            translation_error: migrates.and_then(|t| t.error.clone()),
         })
     }
 

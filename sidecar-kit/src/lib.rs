@@ -26,6 +26,7 @@ pub mod pipeline;
 pub mod quantity;
 pub mod shrink;
 pub mod startup;
+pub mod views;
 pub mod watches;
 #[cfg(windows)]
 pub mod windows;

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::hash::Hash;
+use std::sync::Arc;
 
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -39,6 +40,16 @@ impl<T> Change<T> {
             Event::Init => Self::Relist,
             Event::InitApply(o) => Self::Listed(o),
             Event::InitDone => Self::Relisted,
+        }
+    }
+
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Change<U> {
+        match self {
+            Self::Apply(o) => Change::Apply(f(o)),
+            Self::Delete(o) => Change::Delete(f(o)),
+            Self::Relist => Change::Relist,
+            Self::Listed(o) => Change::Listed(f(o)),
+            Self::Relisted => Change::Relisted,
         }
     }
 
@@ -78,6 +89,14 @@ impl Relist {
             None => Vec::new(),
         }
     }
+}
+
+/// A projection of an API object that controllers of one process share (see
+/// [`Pipeline::watch_view`]): the union of the fields they read.
+pub trait View: Send + Sync + 'static {
+    type Object: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static;
+
+    fn of(object: &Self::Object) -> Self;
 }
 
 /// Watches (through a [`WatchHub`], shared with the other controllers of the process or not),
@@ -137,8 +156,32 @@ impl Pipeline {
     {
         self.expected += 1;
         let synced = Synced(self.synced_tx.clone());
-        self.subscriptions
-            .push(self.hub.subscribe(kind, api, config, apply, synced));
+        self.subscriptions.push(self.hub.subscribe(
+            kind,
+            api,
+            config,
+            std::convert::identity,
+            apply,
+            synced,
+        ));
+    }
+
+    /// Watches the objects of `V`'s kind as `V` views them: each object is projected once, and
+    /// every controller of the hub that watches the same view shares the projection.
+    pub fn watch_view<V, F>(&mut self, api: Api<V::Object>, config: watcher::Config, apply: F)
+    where
+        V: View,
+        <V::Object as kube::Resource>::DynamicType: Default,
+        F: FnMut(Change<&Arc<V>>) + Send + 'static,
+    {
+        let kind = <V::Object as kube::Resource>::kind(&Default::default()).to_string();
+        self.expected += 1;
+        let synced = Synced(self.synced_tx.clone());
+        let convert: fn(V::Object) -> Arc<V> = |object| Arc::new(V::of(&object));
+        self.subscriptions.push(
+            self.hub
+                .subscribe(kind, api, config, convert, apply, synced),
+        );
     }
 
     /// Waits until every watch has listed once; `false` if `shutdown` came first.

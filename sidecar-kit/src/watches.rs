@@ -41,30 +41,32 @@ impl Synced {
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Key {
     object: TypeId,
+    /// What subscribers receive: the objects, or a projection made once for all of them.
+    delivered: TypeId,
     url: String,
     labels: Option<String>,
     fields: Option<String>,
 }
 
-type Handler<K> = Box<dyn FnMut(Change<&K>) + Send>;
+type Handler<T> = Box<dyn FnMut(Change<&T>) + Send>;
 
-struct Subscriber<K> {
+struct Subscriber<T> {
     id: u64,
-    apply: Handler<K>,
+    apply: Handler<T>,
     synced: Option<Synced>,
     /// Set at the first list start the subscriber sees; changes before it are not its.
     listening: bool,
 }
 
-struct Shared<K> {
-    subscribers: Mutex<Vec<Subscriber<K>>>,
+struct Shared<T> {
+    subscribers: Mutex<Vec<Subscriber<T>>>,
     restart: Notify,
     task: Mutex<Option<AbortHandle>>,
 }
 
-impl<K> Shared<K> {
+impl<T> Shared<T> {
     /// Hands `change` to every listening subscriber; reports the ones whose first list is done.
-    async fn deliver(&self, change: Change<&K>) {
+    async fn deliver(&self, change: Change<&T>) {
         let mut reports = Vec::new();
         {
             let mut subscribers = lock(&self.subscribers);
@@ -124,21 +126,25 @@ impl WatchHub {
     /// Subscribes `apply` to the watch of `api`'s objects selected by `config`, starting it if
     /// it is not running; `synced` is told once the subscriber has seen a complete list.
     /// The subscription ends when the returned guard is dropped. `kind` names the objects in
-    /// the logs.
-    pub fn subscribe<K, F>(
+    /// the logs. Subscribers receive each object as `convert` makes it, once for all of them
+    /// (subscribers of one kind with different conversions get watches of their own).
+    pub fn subscribe<K, T, F>(
         &self,
         kind: String,
         api: Api<K>,
         config: watcher::Config,
+        convert: fn(K) -> T,
         apply: F,
         synced: Synced,
     ) -> Subscription
     where
         K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-        F: FnMut(Change<&K>) + Send + 'static,
+        T: Send + Sync + 'static,
+        F: FnMut(Change<&T>) + Send + 'static,
     {
         let key = Key {
             object: TypeId::of::<K>(),
+            delivered: TypeId::of::<T>(),
             url: api.resource_url().to_string(),
             labels: config.label_selector.clone(),
             fields: config.field_selector.clone(),
@@ -154,7 +160,7 @@ impl WatchHub {
         let existing = watches
             .get(&key)
             .cloned()
-            .and_then(|w| w.downcast::<Shared<K>>().ok());
+            .and_then(|w| w.downcast::<Shared<T>>().ok());
         let shared = match existing {
             Some(shared) => {
                 lock(&shared.subscribers).push(subscriber);
@@ -173,6 +179,7 @@ impl WatchHub {
                     kind,
                     api,
                     config,
+                    convert,
                     shared.clone(),
                     self.shared,
                     self.lists.clone(),
@@ -188,7 +195,7 @@ impl WatchHub {
         }
     }
 
-    fn leave<K: Send + 'static>(&self, key: &Key, shared: &Arc<Shared<K>>, id: u64) {
+    fn leave<T: Send + 'static>(&self, key: &Key, shared: &Arc<Shared<T>>, id: u64) {
         let mut watches = lock(&self.watches);
         let mut subscribers = lock(&shared.subscribers);
         subscribers.retain(|s| s.id != id);
@@ -226,11 +233,12 @@ impl Drop for Subscription {
 
 /// Runs the watch and hands its changes to the subscribers; lists again when one joins.
 /// Failed watches are logged and restarted with the watcher's backoff.
-async fn run<K>(
+async fn run<K, T>(
     kind: String,
     api: Api<K>,
     config: watcher::Config,
-    shared: Arc<Shared<K>>,
+    convert: fn(K) -> T,
+    shared: Arc<Shared<T>>,
     grace: bool,
     lists: Arc<AtomicU64>,
 ) where
@@ -250,7 +258,9 @@ async fn run<K>(
                 biased;
                 _ = shared.restart.notified() => break,
                 event = stream.next() => match event {
-                    Some(Ok(event)) => shared.deliver(Change::from_watcher(event).as_ref()).await,
+                    Some(Ok(event)) => {
+                        shared.deliver(Change::from_watcher(event).map(convert).as_ref()).await
+                    }
                     Some(Err(err)) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
                     None => return,
                 },

@@ -1,0 +1,531 @@
+//! Views of API objects shared by the controllers of one process: each holds the union of the
+//! fields the provisioner, the attacher and the resizer read (of PersistentVolumes and of
+//! PersistentVolumeClaims), is made once per watch event and
+//! is pointed at by every controller's index, which projects its own model out of it when it
+//! decides. A process of one controller holds the same view, so there is one code path.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec,
+    SecretReference,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::atom::Atom;
+use crate::migration;
+use crate::pipeline::View;
+
+/// Annotation naming the provisioner that made a PV.
+pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+/// Annotations naming the Secret for DeleteVolume.
+pub const DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
+pub const DELETION_SECRET_NAMESPACE: &str =
+    "volume.kubernetes.io/provisioner-deletion-secret-namespace";
+/// Annotations naming the Secret for ControllerModifyVolume.
+pub const MODIFY_SECRET_NAME: &str = "volume.kubernetes.io/controller-modify-secret-name";
+pub const MODIFY_SECRET_NAMESPACE: &str = "volume.kubernetes.io/controller-modify-secret-namespace";
+/// Annotation the resizer leaves while an expansion of an in-tree volume is rolled back.
+pub const PRE_RESIZE_CAPACITY: &str = "volume.alpha.kubernetes.io/pre-resize-capacity";
+
+/// The PV annotations any controller reads; the others are not kept.
+const PV_ANNOTATIONS: [&str; 7] = [
+    PROVISIONED_BY,
+    migration::MIGRATED_TO_ANNOTATION,
+    DELETION_SECRET_NAME,
+    DELETION_SECRET_NAMESPACE,
+    MODIFY_SECRET_NAME,
+    MODIFY_SECRET_NAMESPACE,
+    PRE_RESIZE_CAPACITY,
+];
+
+/// Reference to a Secret.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl SecretRef {
+    fn from_api(r: &SecretReference) -> Box<Self> {
+        Box::new(Self {
+            namespace: r.namespace.clone().unwrap_or_default(),
+            name: r.name.clone().unwrap_or_default(),
+        })
+    }
+}
+
+/// `spec.claimRef` of a PV.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub namespace: Atom,
+    pub name: String,
+    pub uid: String,
+}
+
+/// `spec.csi` of a PV (of its CSI translation, for an in-tree volume).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CsiView {
+    pub driver: Atom,
+    pub volume_handle: String,
+    pub read_only: bool,
+    pub fs_type: Atom,
+    pub volume_attributes: BTreeMap<String, String>,
+    // Boxed: most volumes have none, and every cached volume would carry the room for them.
+    pub publish_secret: Option<Box<SecretRef>>,
+    pub expand_secret: Option<Box<SecretRef>>,
+}
+
+/// How an in-tree PV translates to CSI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InTree {
+    /// The CSI driver that replaces its in-tree plugin.
+    pub driver: Atom,
+    /// Why the translation failed; the view then has no CSI source.
+    pub error: Option<String>,
+}
+
+/// A PersistentVolume. The spec of an in-tree volume with a migration path is the translated
+/// one, as the replacing CSI driver sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PvView {
+    pub name: String,
+    pub resource_version: String,
+    pub deleting: bool,
+    pub finalizers: Vec<Atom>,
+    /// `status.phase`.
+    pub phase: Atom,
+    pub reclaim_policy: Atom,
+    pub storage_class: Atom,
+    pub attributes_class: Option<Atom>,
+    /// `spec.capacity.storage` as written.
+    pub capacity: Option<Atom>,
+    pub claim_ref: Option<Box<ClaimRef>>,
+    /// `spec.volumeMode` as written.
+    pub volume_mode: Option<Atom>,
+    pub access_modes: Vec<Atom>,
+    pub mount_options: Vec<String>,
+    pub csi: Option<CsiView>,
+    // Boxed, as most volumes are not in-tree ones.
+    pub in_tree: Option<Box<InTree>>,
+    /// The annotations of [`PV_ANNOTATIONS`] the PV has.
+    annotations: Vec<(Atom, Atom)>,
+}
+
+impl PvView {
+    pub fn from_api(pv: &PersistentVolume) -> Self {
+        let meta = &pv.metadata;
+        let spec = pv.spec.as_ref();
+        let plugin = spec.and_then(migration::in_tree_plugin);
+        let (translated, in_tree) = match plugin {
+            None => (None, None),
+            Some(plugin) => {
+                let (translated, error) = match migration::translate_in_tree_pv(pv) {
+                    Ok(translated) => (translated, None),
+                    Err(err) => (None, Some(err.to_string())),
+                };
+                let driver = Atom::new(plugin.csi_driver);
+                (translated, Some(Box::new(InTree { driver, error })))
+            }
+        };
+        // What the driver sees: the translation of an in-tree volume, else the PV itself.
+        let seen: Option<&PersistentVolumeSpec> =
+            translated.as_ref().and_then(|t| t.spec.as_ref()).or(spec);
+        let annotations = meta
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(key, _)| PV_ANNOTATIONS.contains(&key.as_str()))
+            .map(|(key, value)| (Atom::new(key), Atom::new(value)))
+            .collect();
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
+            phase: Atom::from(
+                pv.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .unwrap_or_default(),
+            ),
+            reclaim_policy: Atom::from(
+                spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+                    .unwrap_or_default(),
+            ),
+            storage_class: Atom::from(
+                spec.and_then(|s| s.storage_class_name.as_deref())
+                    .unwrap_or_default(),
+            ),
+            attributes_class: spec
+                .and_then(|s| s.volume_attributes_class_name.as_deref())
+                .filter(|c| !c.is_empty())
+                .map(Atom::new),
+            capacity: spec
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage"))
+                .map(|q| Atom::new(&q.0)),
+            claim_ref: spec.and_then(|s| s.claim_ref.as_ref()).map(|r| {
+                Box::new(ClaimRef {
+                    namespace: Atom::from(r.namespace.as_deref().unwrap_or_default()),
+                    name: r.name.clone().unwrap_or_default(),
+                    uid: r.uid.clone().unwrap_or_default(),
+                })
+            }),
+            volume_mode: spec.and_then(|s| s.volume_mode.as_deref()).map(Atom::from),
+            access_modes: seen
+                .iter()
+                .flat_map(|s| s.access_modes.iter().flatten())
+                .map(Atom::from)
+                .collect(),
+            mount_options: spec
+                .and_then(|s| s.mount_options.clone())
+                .unwrap_or_default(),
+            csi: seen.and_then(|s| s.csi.as_ref()).map(|csi| CsiView {
+                driver: Atom::new(&csi.driver),
+                volume_handle: csi.volume_handle.clone(),
+                read_only: csi.read_only.unwrap_or(false),
+                fs_type: Atom::new(csi.fs_type.as_deref().unwrap_or_default()),
+                volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
+                publish_secret: csi
+                    .controller_publish_secret_ref
+                    .as_ref()
+                    .map(SecretRef::from_api),
+                expand_secret: csi
+                    .controller_expand_secret_ref
+                    .as_ref()
+                    .map(SecretRef::from_api),
+            }),
+            in_tree,
+            annotations,
+        }
+    }
+
+    /// The value of annotation `key`, one of those a view keeps.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        debug_assert!(PV_ANNOTATIONS.contains(&key), "{key} is not kept");
+        self.annotations
+            .iter()
+            .find(|(k, _)| k.as_str() == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The Secret named by a pair of name and namespace annotations, when both are there.
+    pub fn secret_annotations(&self, name: &str, namespace: &str) -> Option<SecretRef> {
+        Some(SecretRef {
+            name: self.annotation(name)?.to_string(),
+            namespace: self.annotation(namespace)?.to_string(),
+        })
+    }
+
+    /// The CSI driver that serves the volume, natively or through its translation; empty for an
+    /// in-tree volume without one.
+    pub fn driver(&self) -> &str {
+        self.csi.as_ref().map_or("", |c| c.driver.as_str())
+    }
+
+    pub fn volume_handle(&self) -> &str {
+        self.csi.as_ref().map_or("", |c| c.volume_handle.as_str())
+    }
+
+    pub fn has_finalizer(&self, finalizer: &str) -> bool {
+        self.finalizers.iter().any(|f| f == finalizer)
+    }
+}
+
+impl View for PvView {
+    type Object = PersistentVolume;
+
+    fn of(object: &PersistentVolume) -> Self {
+        Self::from_api(object)
+    }
+}
+
+/// Annotation naming the resizer a claim's expansion is for.
+pub const STORAGE_RESIZER: &str = "volume.kubernetes.io/storage-resizer";
+/// Annotation the resizer sets when the node has nothing to do after an expansion.
+pub const NODE_EXPANSION_NOT_REQUIRED: &str = "volume.kubernetes.io/node-expansion-not-required";
+/// The finalizer the provisioner puts on claims being cloned.
+pub const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+/// The annotation `kubectl apply` writes: the whole object again, read by no controller.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The annotations and finalizers of a bound claim that any controller reads.
+const CLAIM_ANNOTATIONS: [&str; 2] = [STORAGE_RESIZER, NODE_EXPANSION_NOT_REQUIRED];
+const CLAIM_FINALIZERS: [&str; 1] = [CLONE_FINALIZER];
+
+/// A claim condition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimCondition {
+    pub type_: Atom,
+    pub status: Atom,
+    pub reason: String,
+    pub message: String,
+    /// RFC 3339, as stored.
+    pub last_transition_time: String,
+}
+
+/// `status.modifyVolumeStatus`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModifyStatus {
+    /// `Pending`, `InProgress` or `Infeasible`.
+    pub status: Atom,
+    pub target: Option<Atom>,
+}
+
+/// What provisioning reads of a claim without a volume: most claims are bound, and keep none
+/// of it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Unbound {
+    pub spec: PersistentVolumeClaimSpec,
+    /// All the annotations, but `kubectl apply`'s copy of the object.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A PersistentVolumeClaim.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClaimView {
+    pub namespace: Atom,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub deleting: bool,
+    /// The finalizers of [`CLAIM_FINALIZERS`] the claim has.
+    pub finalizers: Vec<Atom>,
+    /// `status.phase`.
+    pub phase: Atom,
+    /// Empty while unbound.
+    pub volume_name: String,
+    pub storage_class: Option<Atom>,
+    /// `spec.resources.requests.storage`, as written.
+    pub request: Option<Atom>,
+    /// `status.capacity.storage`.
+    pub capacity: Option<Atom>,
+    /// `status.allocatedResources.storage`.
+    pub allocated: Option<Atom>,
+    /// `status.allocatedResourceStatuses.storage`.
+    pub resize_status: Option<Atom>,
+    pub conditions: Vec<ClaimCondition>,
+    pub attributes_class: Option<Atom>,
+    pub current_attributes_class: Option<Atom>,
+    pub modify_status: Option<Box<ModifyStatus>>,
+    /// The annotations of [`CLAIM_ANNOTATIONS`] the claim has.
+    annotations: Vec<(Atom, Atom)>,
+    /// Present while the claim has no volume.
+    pub unbound: Option<Box<Unbound>>,
+}
+
+impl ClaimView {
+    pub fn from_api(pvc: &PersistentVolumeClaim) -> Self {
+        let meta = &pvc.metadata;
+        let spec = pvc.spec.as_ref();
+        let status = pvc.status.as_ref();
+        let storage = |map: Option<&BTreeMap<String, Quantity>>| {
+            map.and_then(|m| m.get("storage")).map(|q| Atom::new(&q.0))
+        };
+        let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let unbound = volume_name.is_empty().then(|| {
+            let mut annotations = meta.annotations.clone().unwrap_or_default();
+            annotations.remove(LAST_APPLIED);
+            Box::new(Unbound {
+                spec: spec.cloned().unwrap_or_default(),
+                annotations,
+            })
+        });
+        let class_name = |name: Option<&str>| name.filter(|c| !c.is_empty()).map(Atom::new);
+        Self {
+            namespace: Atom::new(meta.namespace.as_deref().unwrap_or_default()),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            finalizers: meta
+                .finalizers
+                .iter()
+                .flatten()
+                .filter(|f| CLAIM_FINALIZERS.contains(&f.as_str()))
+                .map(Atom::from)
+                .collect(),
+            phase: Atom::new(status.and_then(|s| s.phase.as_deref()).unwrap_or_default()),
+            volume_name,
+            storage_class: spec
+                .and_then(|s| s.storage_class_name.as_deref())
+                .map(Atom::from),
+            request: storage(
+                spec.and_then(|s| s.resources.as_ref())
+                    .and_then(|r| r.requests.as_ref()),
+            ),
+            capacity: storage(status.and_then(|s| s.capacity.as_ref())),
+            allocated: storage(status.and_then(|s| s.allocated_resources.as_ref())),
+            resize_status: status
+                .and_then(|s| s.allocated_resource_statuses.as_ref())
+                .and_then(|m| m.get("storage"))
+                .map(|s| Atom::new(s)),
+            conditions: status
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|c| ClaimCondition {
+                    type_: Atom::new(&c.type_),
+                    status: Atom::new(&c.status),
+                    reason: c.reason.clone().unwrap_or_default(),
+                    message: c.message.clone().unwrap_or_default(),
+                    last_transition_time: c
+                        .last_transition_time
+                        .as_ref()
+                        .map(|t| t.0.to_string())
+                        .unwrap_or_default(),
+                })
+                .collect(),
+            attributes_class: class_name(
+                spec.and_then(|s| s.volume_attributes_class_name.as_deref()),
+            ),
+            current_attributes_class: class_name(
+                status.and_then(|s| s.current_volume_attributes_class_name.as_deref()),
+            ),
+            modify_status: status
+                .and_then(|s| s.modify_volume_status.as_ref())
+                .map(|m| {
+                    Box::new(ModifyStatus {
+                        status: Atom::new(&m.status),
+                        target: class_name(m.target_volume_attributes_class_name.as_deref()),
+                    })
+                }),
+            annotations: meta
+                .annotations
+                .iter()
+                .flatten()
+                .filter(|(key, _)| CLAIM_ANNOTATIONS.contains(&key.as_str()))
+                .map(|(key, value)| (Atom::new(key), Atom::new(value)))
+                .collect(),
+            unbound,
+        }
+    }
+
+    /// The value of annotation `key`, one of those a view keeps of every claim.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        debug_assert!(CLAIM_ANNOTATIONS.contains(&key), "{key} is not kept");
+        self.annotations
+            .iter()
+            .find(|(k, _)| k.as_str() == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn has_finalizer(&self, finalizer: &str) -> bool {
+        debug_assert!(
+            CLAIM_FINALIZERS.contains(&finalizer),
+            "{finalizer} is not kept"
+        );
+        self.finalizers.iter().any(|f| f == finalizer)
+    }
+}
+
+impl View for ClaimView {
+    type Object = PersistentVolumeClaim;
+
+    fn of(object: &PersistentVolumeClaim) -> Self {
+        Self::from_api(object)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pv(value: serde_json::Value) -> PersistentVolume {
+        serde_json::from_value(value).expect("a PV")
+    }
+
+    #[test]
+    fn keeps_the_fields_and_annotations_controllers_read() {
+        let view = PvView::from_api(&pv(json!({
+            "metadata": {"name": "pv-1", "resourceVersion": "9", "finalizers": ["f"],
+                         "annotations": {PROVISIONED_BY: "d", "unrelated": "x",
+                                         DELETION_SECRET_NAME: "s",
+                                         DELETION_SECRET_NAMESPACE: "ns"}},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "c",
+                     "claimRef": {"namespace": "default", "name": "c-1", "uid": "u"},
+                     "csi": {"driver": "d", "volumeHandle": "h", "fsType": "ext4",
+                             "controllerExpandSecretRef": {"name": "e", "namespace": "ens"}}},
+            "status": {"phase": "Bound"},
+        })));
+        assert_eq!(view.name, "pv-1");
+        assert_eq!(view.driver(), "d");
+        assert_eq!(view.volume_handle(), "h");
+        assert_eq!(view.capacity.as_deref(), Some("1Gi"));
+        assert_eq!(view.phase, "Bound");
+        assert_eq!(view.claim_ref.as_ref().map(|r| r.uid.as_str()), Some("u"));
+        assert_eq!(view.annotation(PROVISIONED_BY), Some("d"));
+        assert_eq!(
+            view.annotations.len(),
+            3,
+            "the unrelated annotation is not kept"
+        );
+        assert_eq!(
+            view.secret_annotations(DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE),
+            Some(SecretRef {
+                namespace: "ns".into(),
+                name: "s".into()
+            })
+        );
+        let csi = view.csi.as_ref().expect("a CSI source");
+        assert_eq!(
+            csi.expand_secret.as_ref().map(|s| s.name.as_str()),
+            Some("e")
+        );
+        assert!(view.in_tree.is_none());
+    }
+
+    #[test]
+    fn an_in_tree_volume_is_seen_through_its_translation() {
+        let view = PvView::from_api(&pv(json!({
+            "metadata": {"name": "pv-1", "labels": {
+                "topology.kubernetes.io/zone": "z1"}},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "gcePersistentDisk": {"pdName": "disk"}},
+        })));
+        let in_tree = view.in_tree.as_ref().expect("in-tree");
+        assert_eq!(in_tree.driver, "pd.csi.storage.gke.io");
+        assert_eq!(in_tree.error, None);
+        assert_eq!(view.driver(), "pd.csi.storage.gke.io");
+        assert!(view.volume_handle().ends_with("/disks/disk"));
+    }
+
+    #[test]
+    fn a_bound_claim_keeps_no_spec_and_only_the_annotations_read() {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "c", "uid": "u", "resourceVersion": "3",
+                         "finalizers": ["kubernetes.io/pvc-protection", CLONE_FINALIZER],
+                         "annotations": {STORAGE_RESIZER: "d", "pv.kubernetes.io/bind-completed": "yes"}},
+            "spec": {"volumeName": "pv-1", "resources": {"requests": {"storage": "2Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                       "conditions": [{"type": "Resizing", "status": "True"}]},
+        }))
+        .expect("a claim");
+        let view = ClaimView::from_api(&pvc);
+        assert!(view.unbound.is_none());
+        assert_eq!(view.annotation(STORAGE_RESIZER), Some("d"));
+        assert_eq!(view.annotations.len(), 1);
+        assert_eq!(view.finalizers, [CLONE_FINALIZER]);
+        assert!(view.has_finalizer(CLONE_FINALIZER));
+        assert_eq!(view.request.as_deref(), Some("2Gi"));
+        assert_eq!(view.capacity.as_deref(), Some("1Gi"));
+        assert_eq!(view.conditions[0].type_, "Resizing");
+    }
+
+    #[test]
+    fn an_unbound_claim_keeps_its_spec_and_annotations() {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "c",
+                         "annotations": {"a": "1", LAST_APPLIED: "{}"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "sc"},
+        }))
+        .expect("a claim");
+        let view = ClaimView::from_api(&pvc);
+        let unbound = view.unbound.as_ref().expect("unbound");
+        assert_eq!(unbound.annotations.len(), 1, "last-applied is dropped");
+        assert_eq!(unbound.spec.storage_class_name.as_deref(), Some("sc"));
+    }
+}
