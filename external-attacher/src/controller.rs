@@ -16,7 +16,8 @@ use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::{Pipeline, View};
+use sidecar_kit::pipeline::Pipeline;
+use sidecar_kit::views::View;
 use sidecar_kit::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -25,7 +26,7 @@ use crate::decide::{
     self, AttachPlan, DetachPlan, Phase, Policy, Problem, PvPatch, PvPlan, VaPlan,
 };
 use crate::index::{Change, Index, Lane, PvLookup, Work};
-use crate::model::{Pv, SecretRef, Va};
+use crate::model::{NEEDS, Pv, SecretRef, Va};
 
 /// Queue names, as upstream names them in the workqueue metrics.
 pub const VA_QUEUE: &str = "csi-attacher-va";
@@ -237,6 +238,7 @@ impl Controller {
         pipeline.watch_view(
             Api::all(self.client.clone()),
             watcher::Config::default(),
+            NEEDS,
             move |change| {
                 let work = apply(&mut me.index(), change);
                 me.enqueue(work);

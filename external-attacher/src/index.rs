@@ -15,7 +15,7 @@ use sidecar_kit::migration;
 use sidecar_kit::views::PvView;
 
 use crate::decide::{self, NodeLookup};
-use crate::model::{self, Pv, Va, VaSource, csinode_node_id};
+use crate::model::{self, NEEDS, Pv, Va, VaSource, csinode_node_id};
 
 /// Lanes of the VolumeAttachment queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -305,7 +305,7 @@ impl Index {
 
     /// Stores a PersistentVolume returned by a write (or a read), unless a newer one is cached.
     pub fn store_pv(&mut self, api: &PersistentVolume) {
-        let view = PvView::from_api(api);
+        let view = PvView::from_api(api, NEEDS);
         if let Some(old) = self.pvs.get(&view.name)
             && stale(&view.resource_version, &old.resource_version)
         {
@@ -496,7 +496,7 @@ mod tests {
     }
 
     fn view(pv: &PersistentVolume) -> Arc<PvView> {
-        Arc::new(PvView::from_api(pv))
+        Arc::new(PvView::from_api(pv, NEEDS))
     }
 
     fn csinode(name: &str, drivers: serde_json::Value) -> CSINode {

@@ -9,7 +9,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use sidecar_kit::atom::Atom;
 use sidecar_kit::migration;
-use sidecar_kit::views::PvView;
+use sidecar_kit::views::{Needs, PvView};
+
+/// What this controller reads of the process's shared views.
+pub const NEEDS: Needs = Needs::ATTACHER;
 
 /// Annotation on the VolumeAttachment that remembers the node ID, for detaching after the
 /// node's CSINode is gone.
@@ -220,7 +223,7 @@ impl VolumeSpec {
 
 impl Pv {
     pub fn from_api(pv: &PersistentVolume) -> Self {
-        Self::from_view(&PvView::from_api(pv))
+        Self::from_view(&PvView::from_api(pv, NEEDS))
     }
 
     /// The attacher's projection of the process's shared view of a PV.

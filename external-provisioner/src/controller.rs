@@ -19,8 +19,9 @@ use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::{Change, Pipeline, View};
+use sidecar_kit::pipeline::{Change, Pipeline};
 use sidecar_kit::shrink::ShrinkWhenSparse;
+use sidecar_kit::views::View;
 use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +32,7 @@ use crate::decide::{
 use crate::index::{Index, Work};
 use crate::journal::{Intent, Journal, Location};
 use crate::metrics::ProvisionMetrics;
-use crate::model::{self, Claim, Class, SecretRef, SourceKey, SourceKind};
+use crate::model::{self, Claim, Class, NEEDS, SecretRef, SourceKey, SourceKind};
 use crate::sources::{
     self, AttributesClass, Content, ReferenceGrant, SourceError, VolumeSnapshot,
     VolumeSnapshotContent,
@@ -317,6 +318,7 @@ impl Controller {
         pipeline.watch_view(
             Api::all(self.client.clone()),
             watcher::Config::default(),
+            NEEDS,
             move |change| {
                 let work = apply(&mut me.index(), change);
                 me.enqueue(work);

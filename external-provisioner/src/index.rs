@@ -16,7 +16,7 @@ use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::shrink::ShrinkWhenSparse;
 use sidecar_kit::views::{ClaimView, PvView};
 
-use crate::model::{self, Claim, Class, SourceKey, SourceKind, Volume};
+use crate::model::{self, Claim, Class, NEEDS, SourceKey, SourceKind, Volume};
 use crate::sources::{Grant, ReferenceGrant, Snapshot, VolumeSnapshot};
 use crate::topology::ClusterTopology;
 
@@ -339,7 +339,7 @@ impl Index {
             .claims
             .contains_key(pvc.metadata.uid.as_deref().unwrap_or_default())
         {
-            self.apply_claim(&Arc::new(ClaimView::from_api(pvc)), &mut ignored);
+            self.apply_claim(&Arc::new(ClaimView::from_api(pvc, NEEDS)), &mut ignored);
         }
     }
 
@@ -352,7 +352,8 @@ impl Index {
     /// [`volume_event`](Self::volume_event) for distributed provisioning, which needs the PVs'
     /// node affinity: the shared views do not keep it, as no other controller reads it.
     pub fn node_volume_event(&mut self, change: Change<&PersistentVolume>) -> Vec<Work> {
-        let change = change.map(|pv| (Arc::new(PvView::from_api(pv)), self.on_this_node(pv)));
+        let change =
+            change.map(|pv| (Arc::new(PvView::from_api(pv, NEEDS)), self.on_this_node(pv)));
         self.volume_change(change)
     }
 
@@ -416,7 +417,11 @@ impl Index {
         if created || self.volumes.contains_key(&name) {
             let mut ignored = Vec::new();
             let on_this_node = self.on_this_node(pv);
-            self.apply_volume(Arc::new(PvView::from_api(pv)), on_this_node, &mut ignored);
+            self.apply_volume(
+                Arc::new(PvView::from_api(pv, NEEDS)),
+                on_this_node,
+                &mut ignored,
+            );
         }
     }
 
@@ -701,11 +706,11 @@ mod tests {
     }
 
     fn view(pv: &PersistentVolume) -> Arc<PvView> {
-        Arc::new(PvView::from_api(pv))
+        Arc::new(PvView::from_api(pv, NEEDS))
     }
 
     fn claim_view(pvc: &PersistentVolumeClaim) -> Arc<ClaimView> {
-        Arc::new(ClaimView::from_api(pvc))
+        Arc::new(ClaimView::from_api(pvc, NEEDS))
     }
 
     fn pv(name: &str, rv: &str, driver: &str) -> PersistentVolume {
@@ -726,12 +731,22 @@ mod tests {
         );
         assert!(
             index
-                .claim_event(Change::Apply(&claim_view(&pvc("u2", "1", Some("pv"), "fast"))))
+                .claim_event(Change::Apply(&claim_view(&pvc(
+                    "u2",
+                    "1",
+                    Some("pv"),
+                    "fast"
+                ))))
                 .is_empty()
         );
         assert!(
             index
-                .claim_event(Change::Apply(&claim_view(&pvc("u1", "0", Some("pv"), "fast"))))
+                .claim_event(Change::Apply(&claim_view(&pvc(
+                    "u1",
+                    "0",
+                    Some("pv"),
+                    "fast"
+                ))))
                 .is_empty()
         );
         assert!(

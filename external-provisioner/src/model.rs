@@ -10,7 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use sidecar_kit::atom::Atom;
 use sidecar_kit::migration;
-use sidecar_kit::views::{self, ClaimView, PvView};
+use sidecar_kit::views::{self, ClaimView, Needs, PvView};
+
+/// What this controller reads of the process's shared views.
+pub const NEEDS: Needs = Needs::PROVISIONER;
 
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
@@ -130,7 +133,7 @@ pub struct Claim {
 
 impl Claim {
     pub fn from_api(pvc: &PersistentVolumeClaim) -> Self {
-        Self::from_view(&ClaimView::from_api(pvc))
+        Self::from_view(&ClaimView::from_api(pvc, NEEDS))
     }
 
     /// The provisioner's projection of the process's shared view of a claim.
@@ -316,7 +319,7 @@ pub struct Volume {
 
 impl Volume {
     pub fn from_api(pv: &PersistentVolume) -> Self {
-        Self::from_view(&PvView::from_api(pv))
+        Self::from_view(&PvView::from_api(pv, NEEDS))
     }
 
     /// The provisioner's projection of the process's shared view of a PV. An in-tree volume of

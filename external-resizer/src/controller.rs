@@ -21,7 +21,8 @@ use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::{self, Change, Pipeline};
+use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::views;
 use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +30,7 @@ use tonic::{Code, Status};
 
 use crate::decide::{self, ErrorClass, Memory, ModifyPlan, Policy, ResizePlan};
 use crate::index::{Index, View};
-use crate::model::{Claim, Pv, SecretRef, Size};
+use crate::model::{Claim, NEEDS, Pv, SecretRef, Size};
 
 /// Reporting component of the Events, followed by the driver name (upstream's
 /// `external-resizer <driver>`).
@@ -236,13 +237,14 @@ impl Controller {
         pipeline: &mut Pipeline,
         apply: fn(&mut Index, Change<&Arc<V>>) -> Vec<String>,
     ) where
-        V: pipeline::View,
+        V: views::View,
         <V::Object as kube::Resource>::DynamicType: Default,
     {
         let me = self.clone();
         pipeline.watch_view(
             Api::all(self.client.clone()),
             watcher::Config::default().page_size(500),
+            NEEDS,
             move |change| {
                 let work = apply(&mut me.index(), change);
                 for key in work {

@@ -12,7 +12,7 @@ use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::shrink::ShrinkWhenSparse;
 use sidecar_kit::views::{ClaimView, PvView};
 
-use crate::model::{Claim, PodClaims, Pv, Vac};
+use crate::model::{Claim, NEEDS, PodClaims, Pv, Vac};
 
 /// What the resizer looks at for a claim, as of one moment.
 #[derive(Clone, Debug)]
@@ -132,12 +132,12 @@ impl Index {
 
     /// Stores a claim as written by the resizer itself, so that the next step starts from it.
     pub fn store_claim(&mut self, pvc: &PersistentVolumeClaim) {
-        let view = ClaimView::from_api(pvc);
+        let view = ClaimView::from_api(pvc, NEEDS);
         self.claims.insert(key_of(&view), Arc::new(view));
     }
 
     pub fn store_pv(&mut self, pv: &PersistentVolume) {
-        let view = PvView::from_api(pv);
+        let view = PvView::from_api(pv, NEEDS);
         if Pv::from_view(&view, &self.driver).is_some() {
             self.pvs.insert(view.name.clone(), Arc::new(view));
         }
@@ -359,10 +359,12 @@ impl Index {
         self.claims
             .iter()
             .filter(|(_, c)| {
-                c.attributes_class.as_deref() == Some(name.as_str())
-                    && c.modify_status
-                        .as_ref()
-                        .is_some_and(|s| s.status == "Pending")
+                c.resize.as_ref().is_some_and(|r| {
+                    r.attributes_class.as_deref() == Some(name.as_str())
+                        && r.modify_status
+                            .as_ref()
+                            .is_some_and(|s| s.status == "Pending")
+                })
             })
             .map(|(key, _)| key.clone())
             .collect()
@@ -375,11 +377,11 @@ mod tests {
     use serde_json::json;
 
     fn view(pv: &PersistentVolume) -> Arc<PvView> {
-        Arc::new(PvView::from_api(pv))
+        Arc::new(PvView::from_api(pv, NEEDS))
     }
 
     fn claim_view(pvc: &PersistentVolumeClaim) -> Arc<ClaimView> {
-        Arc::new(ClaimView::from_api(pvc))
+        Arc::new(ClaimView::from_api(pvc, NEEDS))
     }
 
     fn pvc(name: &str, request: &str, extra: serde_json::Value) -> PersistentVolumeClaim {

@@ -7,7 +7,10 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVo
 use k8s_openapi::api::storage::v1::VolumeAttributesClass;
 use sidecar_kit::atom::Atom;
 use sidecar_kit::quantity;
-use sidecar_kit::views::{self, ClaimView, PvView};
+use sidecar_kit::views::{self, ClaimView, Needs, PvView};
+
+/// What this controller reads of the process's shared views.
+pub const NEEDS: Needs = Needs::RESIZER;
 
 /// Set on claims by kube-controller-manager's expand controller: which resizer expands them.
 /// Only in-tree volumes migrated to CSI need it.
@@ -156,12 +159,15 @@ pub struct Claim {
 
 impl Claim {
     pub fn from_api(pvc: &PersistentVolumeClaim) -> Self {
-        Self::from_view(&ClaimView::from_api(pvc))
+        Self::from_view(&ClaimView::from_api(pvc, NEEDS))
     }
 
     /// The resizer's projection of the process's shared view of a claim.
     pub fn from_view(view: &ClaimView) -> Self {
         let size = |text: &Option<Atom>| text.as_deref().and_then(Size::parse);
+        // Views made for a process with a resizer have these; an empty set reads as a claim
+        // without status.
+        let fields = view.resize.as_deref().cloned().unwrap_or_default();
         Self {
             namespace: view.namespace.clone(),
             name: view.name.clone(),
@@ -170,10 +176,13 @@ impl Claim {
             bound: view.phase == "Bound",
             volume_name: Some(view.volume_name.clone()).filter(|n| !n.is_empty()),
             request: size(&view.request),
-            capacity: size(&view.capacity),
-            allocated: size(&view.allocated),
-            resize_status: view.resize_status.as_deref().and_then(ResizeStatus::parse),
-            conditions: view
+            capacity: size(&fields.capacity),
+            allocated: size(&fields.allocated),
+            resize_status: fields
+                .resize_status
+                .as_deref()
+                .and_then(ResizeStatus::parse),
+            conditions: fields
                 .conditions
                 .iter()
                 .filter(|c| Condition::is_ours(&c.type_))
@@ -185,18 +194,18 @@ impl Claim {
                     last_transition_time: c.last_transition_time.clone(),
                 })
                 .collect(),
-            condition_order: view
+            condition_order: fields
                 .conditions
                 .iter()
                 .map(|c| c.type_.to_string())
                 .collect(),
-            resizer: view.annotation(STORAGE_RESIZER_ANNOTATION).map(Atom::new),
-            node_expansion_not_required: view
+            resizer: fields.annotation(STORAGE_RESIZER_ANNOTATION).map(Atom::new),
+            node_expansion_not_required: fields
                 .annotation(NODE_EXPANSION_NOT_REQUIRED_ANNOTATION)
                 .is_some(),
-            class: view.attributes_class.clone(),
-            current_class: view.current_attributes_class.clone(),
-            modify_status: view.modify_status.as_ref().map(|m| {
+            class: fields.attributes_class.clone(),
+            current_class: fields.current_attributes_class.clone(),
+            modify_status: fields.modify_status.as_ref().map(|m| {
                 Box::new(ModifyStatus {
                     status: m.status.to_string(),
                     target: m.target.as_ref().map(Atom::to_string),
@@ -270,7 +279,7 @@ impl Pv {
     /// The projection of a PV that `driver` serves, natively or through CSI migration; `None`
     /// for others, which the resizer never caches.
     pub fn from_api(pv: &PersistentVolume, driver: &str) -> Option<Self> {
-        Self::from_view(&PvView::from_api(pv), driver)
+        Self::from_view(&PvView::from_api(pv, NEEDS), driver)
     }
 
     /// [`from_api`](Self::from_api) out of the process's shared view of the PV.

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::views::{Needs, View};
 use crate::watches::{Subscription, Synced, WatchHub};
 use crate::workqueue::{Item, WorkQueue};
 
@@ -91,14 +92,6 @@ impl Relist {
     }
 }
 
-/// A projection of an API object that controllers of one process share (see
-/// [`Pipeline::watch_view`]): the union of the fields they read.
-pub trait View: Send + Sync + 'static {
-    type Object: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static;
-
-    fn of(object: &Self::Object) -> Self;
-}
-
 /// Watches (through a [`WatchHub`], shared with the other controllers of the process or not),
 /// and the workers started once every watch has synced.
 pub struct Pipeline {
@@ -156,20 +149,27 @@ impl Pipeline {
     {
         self.expected += 1;
         let synced = Synced(self.synced_tx.clone());
+        let identity: fn(K, Needs) -> K = |object, _| object;
         self.subscriptions.push(self.hub.subscribe(
             kind,
             api,
             config,
-            std::convert::identity,
+            (identity, Needs::NONE),
             apply,
             synced,
         ));
     }
 
     /// Watches the objects of `V`'s kind as `V` views them: each object is projected once, and
-    /// every controller of the hub that watches the same view shares the projection.
-    pub fn watch_view<V, F>(&mut self, api: Api<V::Object>, config: watcher::Config, apply: F)
-    where
+    /// every controller of the hub that watches the same view shares the projection, which
+    /// holds what all of them `need`.
+    pub fn watch_view<V, F>(
+        &mut self,
+        api: Api<V::Object>,
+        config: watcher::Config,
+        needs: Needs,
+        apply: F,
+    ) where
         V: View,
         <V::Object as kube::Resource>::DynamicType: Default,
         F: FnMut(Change<&Arc<V>>) + Send + 'static,
@@ -177,11 +177,16 @@ impl Pipeline {
         let kind = <V::Object as kube::Resource>::kind(&Default::default()).to_string();
         self.expected += 1;
         let synced = Synced(self.synced_tx.clone());
-        let convert: fn(V::Object) -> Arc<V> = |object| Arc::new(V::of(&object));
-        self.subscriptions.push(
-            self.hub
-                .subscribe(kind, api, config, convert, apply, synced),
-        );
+        let convert: fn(V::Object, Needs) -> Arc<V> =
+            |object, needs| Arc::new(V::of(&object, needs));
+        self.subscriptions.push(self.hub.subscribe(
+            kind,
+            api,
+            config,
+            (convert, needs),
+            apply,
+            synced,
+        ));
     }
 
     /// Waits until every watch has listed once; `false` if `shutdown` came first.

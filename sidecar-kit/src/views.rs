@@ -14,7 +14,54 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::atom::Atom;
 use crate::migration;
-use crate::pipeline::View;
+
+/// The controllers whose fields a view holds: a process keeps only what its controllers read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs(u8);
+
+impl Needs {
+    pub const NONE: Self = Self(0);
+    pub const PROVISIONER: Self = Self(1);
+    pub const ATTACHER: Self = Self(2);
+    pub const RESIZER: Self = Self(4);
+    pub const ALL: Self = Self(7);
+
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    pub fn from_bits(bits: u8) -> Self {
+        Self(bits & Self::ALL.0)
+    }
+
+    /// Whether any of `controllers` is among these.
+    pub fn any(self, controllers: Self) -> bool {
+        self.0 & controllers.0 != 0
+    }
+}
+
+impl std::ops::BitOr for Needs {
+    type Output = Self;
+
+    fn bitor(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+}
+
+/// A projection of an API object that the controllers of one process share (see
+/// [`Pipeline::watch_view`](crate::pipeline::Pipeline::watch_view)).
+pub trait View: Send + Sync + 'static {
+    type Object: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
+
+    /// The view of `object` with the fields `needs` read (others are left empty).
+    fn of(object: &Self::Object, needs: Needs) -> Self;
+}
 
 /// Annotation naming the provisioner that made a PV.
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
@@ -28,16 +75,24 @@ pub const MODIFY_SECRET_NAMESPACE: &str = "volume.kubernetes.io/controller-modif
 /// Annotation the resizer leaves while an expansion of an in-tree volume is rolled back.
 pub const PRE_RESIZE_CAPACITY: &str = "volume.alpha.kubernetes.io/pre-resize-capacity";
 
-/// The PV annotations any controller reads; the others are not kept.
-const PV_ANNOTATIONS: [&str; 7] = [
-    PROVISIONED_BY,
-    migration::MIGRATED_TO_ANNOTATION,
-    DELETION_SECRET_NAME,
-    DELETION_SECRET_NAMESPACE,
-    MODIFY_SECRET_NAME,
-    MODIFY_SECRET_NAMESPACE,
-    PRE_RESIZE_CAPACITY,
+/// The PV annotations the controllers read, and which read them; the others are not kept.
+const PV_ANNOTATIONS: [(&str, Needs); 7] = [
+    (PROVISIONED_BY, Needs::PROVISIONER),
+    (
+        migration::MIGRATED_TO_ANNOTATION,
+        Needs(Needs::PROVISIONER.0 | Needs::ATTACHER.0),
+    ),
+    (DELETION_SECRET_NAME, Needs::PROVISIONER),
+    (DELETION_SECRET_NAMESPACE, Needs::PROVISIONER),
+    (MODIFY_SECRET_NAME, Needs::RESIZER),
+    (MODIFY_SECRET_NAMESPACE, Needs::RESIZER),
+    (PRE_RESIZE_CAPACITY, Needs::RESIZER),
 ];
+
+/// Whether `key` is among `list`, for one of `needs`.
+fn wanted(list: &[(&str, Needs)], key: &str, needs: Needs) -> bool {
+    list.iter().any(|(k, by)| *k == key && needs.any(*by))
+}
 
 /// Reference to a Secret.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -86,7 +141,8 @@ pub struct InTree {
 }
 
 /// A PersistentVolume. The spec of an in-tree volume with a migration path is the translated
-/// one, as the replacing CSI driver sees it.
+/// one, as the replacing CSI driver sees it. Fields that cost memory of their own are left
+/// empty unless a controller that reads them runs (the [`Needs`] it was made with).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PvView {
     pub name: String,
@@ -113,7 +169,9 @@ pub struct PvView {
 }
 
 impl PvView {
-    pub fn from_api(pv: &PersistentVolume) -> Self {
+    pub fn from_api(pv: &PersistentVolume, needs: Needs) -> Self {
+        let provisioner_or_resizer = needs.any(Needs::PROVISIONER | Needs::RESIZER);
+        let attacher_or_resizer = needs.any(Needs::ATTACHER | Needs::RESIZER);
         let meta = &pv.metadata;
         let spec = pv.spec.as_ref();
         let plugin = spec.and_then(migration::in_tree_plugin);
@@ -135,14 +193,17 @@ impl PvView {
             .annotations
             .iter()
             .flatten()
-            .filter(|(key, _)| PV_ANNOTATIONS.contains(&key.as_str()))
+            .filter(|(key, _)| wanted(&PV_ANNOTATIONS, key, needs))
             .map(|(key, value)| (Atom::new(key), Atom::new(value)))
             .collect();
         Self {
             name: meta.name.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
+            finalizers: match needs.any(Needs::PROVISIONER | Needs::ATTACHER) {
+                true => meta.finalizers.iter().flatten().map(Atom::from).collect(),
+                false => Vec::new(),
+            },
             phase: Atom::from(
                 pv.status
                     .as_ref()
@@ -165,35 +226,45 @@ impl PvView {
                 .and_then(|s| s.capacity.as_ref())
                 .and_then(|c| c.get("storage"))
                 .map(|q| Atom::new(&q.0)),
-            claim_ref: spec.and_then(|s| s.claim_ref.as_ref()).map(|r| {
-                Box::new(ClaimRef {
-                    namespace: Atom::from(r.namespace.as_deref().unwrap_or_default()),
-                    name: r.name.clone().unwrap_or_default(),
-                    uid: r.uid.clone().unwrap_or_default(),
-                })
-            }),
+            claim_ref: spec
+                .and_then(|s| s.claim_ref.as_ref())
+                .filter(|_| provisioner_or_resizer)
+                .map(|r| {
+                    Box::new(ClaimRef {
+                        namespace: Atom::from(r.namespace.as_deref().unwrap_or_default()),
+                        name: r.name.clone().unwrap_or_default(),
+                        uid: r.uid.clone().unwrap_or_default(),
+                    })
+                }),
             volume_mode: spec.and_then(|s| s.volume_mode.as_deref()).map(Atom::from),
             access_modes: seen
                 .iter()
+                .filter(|_| attacher_or_resizer)
                 .flat_map(|s| s.access_modes.iter().flatten())
                 .map(Atom::from)
                 .collect(),
             mount_options: spec
                 .and_then(|s| s.mount_options.clone())
+                .filter(|_| attacher_or_resizer)
                 .unwrap_or_default(),
             csi: seen.and_then(|s| s.csi.as_ref()).map(|csi| CsiView {
                 driver: Atom::new(&csi.driver),
                 volume_handle: csi.volume_handle.clone(),
                 read_only: csi.read_only.unwrap_or(false),
                 fs_type: Atom::new(csi.fs_type.as_deref().unwrap_or_default()),
-                volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
+                volume_attributes: match needs.any(Needs::ATTACHER) {
+                    true => csi.volume_attributes.clone().unwrap_or_default(),
+                    false => BTreeMap::new(),
+                },
                 publish_secret: csi
                     .controller_publish_secret_ref
                     .as_ref()
+                    .filter(|_| needs.any(Needs::ATTACHER))
                     .map(SecretRef::from_api),
                 expand_secret: csi
                     .controller_expand_secret_ref
                     .as_ref()
+                    .filter(|_| needs.any(Needs::RESIZER))
                     .map(SecretRef::from_api),
             }),
             in_tree,
@@ -203,7 +274,10 @@ impl PvView {
 
     /// The value of annotation `key`, one of those a view keeps.
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        debug_assert!(PV_ANNOTATIONS.contains(&key), "{key} is not kept");
+        debug_assert!(
+            PV_ANNOTATIONS.iter().any(|(k, _)| *k == key),
+            "{key} is not kept"
+        );
         self.annotations
             .iter()
             .find(|(k, _)| k.as_str() == key)
@@ -236,8 +310,8 @@ impl PvView {
 impl View for PvView {
     type Object = PersistentVolume;
 
-    fn of(object: &PersistentVolume) -> Self {
-        Self::from_api(object)
+    fn of(object: &PersistentVolume, needs: Needs) -> Self {
+        Self::from_api(object, needs)
     }
 }
 
@@ -266,7 +340,7 @@ pub struct ClaimCondition {
 }
 
 /// `status.modifyVolumeStatus`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModifyStatus {
     /// `Pending`, `InProgress` or `Infeasible`.
     pub status: Atom,
@@ -282,23 +356,9 @@ pub struct Unbound {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// A PersistentVolumeClaim.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ClaimView {
-    pub namespace: Atom,
-    pub name: String,
-    pub uid: String,
-    pub resource_version: String,
-    pub deleting: bool,
-    /// The finalizers of [`CLAIM_FINALIZERS`] the claim has.
-    pub finalizers: Vec<Atom>,
-    /// `status.phase`.
-    pub phase: Atom,
-    /// Empty while unbound.
-    pub volume_name: String,
-    pub storage_class: Option<Atom>,
-    /// `spec.resources.requests.storage`, as written.
-    pub request: Option<Atom>,
+/// What only the resizer reads of a claim.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResizeFields {
     /// `status.capacity.storage`.
     pub capacity: Option<Atom>,
     /// `status.allocatedResources.storage`.
@@ -308,53 +368,17 @@ pub struct ClaimView {
     pub conditions: Vec<ClaimCondition>,
     pub attributes_class: Option<Atom>,
     pub current_attributes_class: Option<Atom>,
-    pub modify_status: Option<Box<ModifyStatus>>,
+    pub modify_status: Option<ModifyStatus>,
     /// The annotations of [`CLAIM_ANNOTATIONS`] the claim has.
     annotations: Vec<(Atom, Atom)>,
-    /// Present while the claim has no volume.
-    pub unbound: Option<Box<Unbound>>,
 }
 
-impl ClaimView {
-    pub fn from_api(pvc: &PersistentVolumeClaim) -> Self {
+impl ResizeFields {
+    fn from_api(pvc: &PersistentVolumeClaim) -> Self {
         let meta = &pvc.metadata;
-        let spec = pvc.spec.as_ref();
         let status = pvc.status.as_ref();
-        let storage = |map: Option<&BTreeMap<String, Quantity>>| {
-            map.and_then(|m| m.get("storage")).map(|q| Atom::new(&q.0))
-        };
-        let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
-        let unbound = volume_name.is_empty().then(|| {
-            let mut annotations = meta.annotations.clone().unwrap_or_default();
-            annotations.remove(LAST_APPLIED);
-            Box::new(Unbound {
-                spec: spec.cloned().unwrap_or_default(),
-                annotations,
-            })
-        });
         let class_name = |name: Option<&str>| name.filter(|c| !c.is_empty()).map(Atom::new);
         Self {
-            namespace: Atom::new(meta.namespace.as_deref().unwrap_or_default()),
-            name: meta.name.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta
-                .finalizers
-                .iter()
-                .flatten()
-                .filter(|f| CLAIM_FINALIZERS.contains(&f.as_str()))
-                .map(Atom::from)
-                .collect(),
-            phase: Atom::new(status.and_then(|s| s.phase.as_deref()).unwrap_or_default()),
-            volume_name,
-            storage_class: spec
-                .and_then(|s| s.storage_class_name.as_deref())
-                .map(Atom::from),
-            request: storage(
-                spec.and_then(|s| s.resources.as_ref())
-                    .and_then(|r| r.requests.as_ref()),
-            ),
             capacity: storage(status.and_then(|s| s.capacity.as_ref())),
             allocated: storage(status.and_then(|s| s.allocated_resources.as_ref())),
             resize_status: status
@@ -378,18 +402,18 @@ impl ClaimView {
                 })
                 .collect(),
             attributes_class: class_name(
-                spec.and_then(|s| s.volume_attributes_class_name.as_deref()),
+                pvc.spec
+                    .as_ref()
+                    .and_then(|s| s.volume_attributes_class_name.as_deref()),
             ),
             current_attributes_class: class_name(
                 status.and_then(|s| s.current_volume_attributes_class_name.as_deref()),
             ),
             modify_status: status
                 .and_then(|s| s.modify_volume_status.as_ref())
-                .map(|m| {
-                    Box::new(ModifyStatus {
-                        status: Atom::new(&m.status),
-                        target: class_name(m.target_volume_attributes_class_name.as_deref()),
-                    })
+                .map(|m| ModifyStatus {
+                    status: Atom::new(&m.status),
+                    target: class_name(m.target_volume_attributes_class_name.as_deref()),
                 }),
             annotations: meta
                 .annotations
@@ -398,17 +422,92 @@ impl ClaimView {
                 .filter(|(key, _)| CLAIM_ANNOTATIONS.contains(&key.as_str()))
                 .map(|(key, value)| (Atom::new(key), Atom::new(value)))
                 .collect(),
-            unbound,
         }
     }
 
-    /// The value of annotation `key`, one of those a view keeps of every claim.
+    /// The value of annotation `key`, one of those kept.
     pub fn annotation(&self, key: &str) -> Option<&str> {
         debug_assert!(CLAIM_ANNOTATIONS.contains(&key), "{key} is not kept");
         self.annotations
             .iter()
             .find(|(k, _)| k.as_str() == key)
             .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The `storage` entry of a resource list, as written.
+fn storage(map: Option<&BTreeMap<String, Quantity>>) -> Option<Atom> {
+    map.and_then(|m| m.get("storage")).map(|q| Atom::new(&q.0))
+}
+
+/// A PersistentVolumeClaim. What only one controller reads is boxed apart, present only when
+/// that controller runs (the [`Needs`] it was made with).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClaimView {
+    pub namespace: Atom,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub deleting: bool,
+    /// The finalizers of [`CLAIM_FINALIZERS`] the claim has.
+    pub finalizers: Vec<Atom>,
+    /// `status.phase`.
+    pub phase: Atom,
+    /// Empty while unbound.
+    pub volume_name: String,
+    pub storage_class: Option<Atom>,
+    /// `spec.resources.requests.storage`, as written.
+    pub request: Option<Atom>,
+    pub resize: Option<Box<ResizeFields>>,
+    /// For the provisioner, while the claim has no volume.
+    pub unbound: Option<Box<Unbound>>,
+}
+
+impl ClaimView {
+    pub fn from_api(pvc: &PersistentVolumeClaim, needs: Needs) -> Self {
+        let meta = &pvc.metadata;
+        let spec = pvc.spec.as_ref();
+        let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let unbound = (volume_name.is_empty() && needs.any(Needs::PROVISIONER)).then(|| {
+            let mut annotations = meta.annotations.clone().unwrap_or_default();
+            annotations.remove(LAST_APPLIED);
+            Box::new(Unbound {
+                spec: spec.cloned().unwrap_or_default(),
+                annotations,
+            })
+        });
+        Self {
+            namespace: Atom::new(meta.namespace.as_deref().unwrap_or_default()),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            finalizers: meta
+                .finalizers
+                .iter()
+                .flatten()
+                .filter(|f| CLAIM_FINALIZERS.contains(&f.as_str()))
+                .map(Atom::from)
+                .collect(),
+            phase: Atom::new(
+                pvc.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .unwrap_or_default(),
+            ),
+            volume_name,
+            storage_class: spec
+                .and_then(|s| s.storage_class_name.as_deref())
+                .map(Atom::from),
+            request: storage(
+                spec.and_then(|s| s.resources.as_ref())
+                    .and_then(|r| r.requests.as_ref()),
+            ),
+            resize: needs
+                .any(Needs::RESIZER)
+                .then(|| Box::new(ResizeFields::from_api(pvc))),
+            unbound,
+        }
     }
 
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
@@ -423,8 +522,8 @@ impl ClaimView {
 impl View for ClaimView {
     type Object = PersistentVolumeClaim;
 
-    fn of(object: &PersistentVolumeClaim) -> Self {
-        Self::from_api(object)
+    fn of(object: &PersistentVolumeClaim, needs: Needs) -> Self {
+        Self::from_api(object, needs)
     }
 }
 
@@ -439,18 +538,21 @@ mod tests {
 
     #[test]
     fn keeps_the_fields_and_annotations_controllers_read() {
-        let view = PvView::from_api(&pv(json!({
-            "metadata": {"name": "pv-1", "resourceVersion": "9", "finalizers": ["f"],
-                         "annotations": {PROVISIONED_BY: "d", "unrelated": "x",
-                                         DELETION_SECRET_NAME: "s",
-                                         DELETION_SECRET_NAMESPACE: "ns"}},
-            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                     "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "c",
-                     "claimRef": {"namespace": "default", "name": "c-1", "uid": "u"},
-                     "csi": {"driver": "d", "volumeHandle": "h", "fsType": "ext4",
-                             "controllerExpandSecretRef": {"name": "e", "namespace": "ens"}}},
-            "status": {"phase": "Bound"},
-        })));
+        let view = PvView::from_api(
+            &pv(json!({
+                "metadata": {"name": "pv-1", "resourceVersion": "9", "finalizers": ["f"],
+                             "annotations": {PROVISIONED_BY: "d", "unrelated": "x",
+                                             DELETION_SECRET_NAME: "s",
+                                             DELETION_SECRET_NAMESPACE: "ns"}},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                         "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "c",
+                         "claimRef": {"namespace": "default", "name": "c-1", "uid": "u"},
+                         "csi": {"driver": "d", "volumeHandle": "h", "fsType": "ext4",
+                                 "controllerExpandSecretRef": {"name": "e", "namespace": "ens"}}},
+                "status": {"phase": "Bound"},
+            })),
+            Needs::ALL,
+        );
         assert_eq!(view.name, "pv-1");
         assert_eq!(view.driver(), "d");
         assert_eq!(view.volume_handle(), "h");
@@ -476,16 +578,49 @@ mod tests {
             Some("e")
         );
         assert!(view.in_tree.is_none());
+        assert!(!view.access_modes.is_empty());
+    }
+
+    #[test]
+    fn a_view_keeps_only_what_its_controllers_read() {
+        let pv = pv(json!({
+            "metadata": {"name": "pv-1",
+                         "annotations": {PROVISIONED_BY: "d", PRE_RESIZE_CAPACITY: "1Gi"}},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "claimRef": {"namespace": "default", "name": "c-1", "uid": "u"},
+                     "csi": {"driver": "d", "volumeHandle": "h", "volumeAttributes": {"a": "b"}}},
+        }));
+        let attacher = PvView::from_api(&pv, Needs::ATTACHER);
+        assert!(attacher.claim_ref.is_none() && attacher.annotations.is_empty());
+        assert_eq!(
+            attacher.csi.as_ref().map(|c| c.volume_attributes.len()),
+            Some(1)
+        );
+        let provisioner = PvView::from_api(&pv, Needs::PROVISIONER);
+        assert!(provisioner.access_modes.is_empty());
+        assert_eq!(
+            provisioner.csi.as_ref().map(|c| c.volume_attributes.len()),
+            Some(0)
+        );
+        assert_eq!(provisioner.annotation(PROVISIONED_BY), Some("d"));
+        assert_eq!(provisioner.annotations.len(), 1);
+        let both = PvView::from_api(&pv, Needs::PROVISIONER | Needs::RESIZER);
+        assert_eq!(both.annotations.len(), 2);
+        assert!(both.claim_ref.is_some());
+        assert_eq!(provisioner.volume_handle(), both.volume_handle());
     }
 
     #[test]
     fn an_in_tree_volume_is_seen_through_its_translation() {
-        let view = PvView::from_api(&pv(json!({
-            "metadata": {"name": "pv-1", "labels": {
-                "topology.kubernetes.io/zone": "z1"}},
-            "spec": {"accessModes": ["ReadWriteOnce"],
-                     "gcePersistentDisk": {"pdName": "disk"}},
-        })));
+        let view = PvView::from_api(
+            &pv(json!({
+                "metadata": {"name": "pv-1", "labels": {
+                    "topology.kubernetes.io/zone": "z1"}},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "gcePersistentDisk": {"pdName": "disk"}},
+            })),
+            Needs::ALL,
+        );
         let in_tree = view.in_tree.as_ref().expect("in-tree");
         assert_eq!(in_tree.driver, "pd.csi.storage.gke.io");
         assert_eq!(in_tree.error, None);
@@ -504,15 +639,22 @@ mod tests {
                        "conditions": [{"type": "Resizing", "status": "True"}]},
         }))
         .expect("a claim");
-        let view = ClaimView::from_api(&pvc);
+        let view = ClaimView::from_api(&pvc, Needs::ALL);
         assert!(view.unbound.is_none());
-        assert_eq!(view.annotation(STORAGE_RESIZER), Some("d"));
-        assert_eq!(view.annotations.len(), 1);
         assert_eq!(view.finalizers, [CLONE_FINALIZER]);
         assert!(view.has_finalizer(CLONE_FINALIZER));
         assert_eq!(view.request.as_deref(), Some("2Gi"));
-        assert_eq!(view.capacity.as_deref(), Some("1Gi"));
-        assert_eq!(view.conditions[0].type_, "Resizing");
+        let resize = view.resize.as_ref().expect("the resizer's fields");
+        assert_eq!(resize.annotation(STORAGE_RESIZER), Some("d"));
+        assert_eq!(resize.annotations.len(), 1);
+        assert_eq!(resize.capacity.as_deref(), Some("1Gi"));
+        assert_eq!(resize.conditions[0].type_, "Resizing");
+        let provisioner = ClaimView::from_api(&pvc, Needs::PROVISIONER);
+        assert!(
+            provisioner.resize.is_none(),
+            "no resizer, no resizer fields"
+        );
+        assert_eq!(provisioner.request, view.request);
     }
 
     #[test]
@@ -523,9 +665,11 @@ mod tests {
             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "sc"},
         }))
         .expect("a claim");
-        let view = ClaimView::from_api(&pvc);
+        let view = ClaimView::from_api(&pvc, Needs::ALL);
         let unbound = view.unbound.as_ref().expect("unbound");
         assert_eq!(unbound.annotations.len(), 1, "last-applied is dropped");
         assert_eq!(unbound.spec.storage_class_name.as_deref(), Some("sc"));
+        let resizer = ClaimView::from_api(&pvc, Needs::RESIZER);
+        assert!(resizer.unbound.is_none(), "no provisioner, no spec kept");
     }
 }

@@ -7,7 +7,7 @@
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
 use crate::pipeline::Change;
+use crate::views::Needs;
 
 /// How long a shared watch waits before it lists, so that the controllers of one start-up
 /// subscribe before the list instead of each restarting it.
@@ -60,6 +61,9 @@ struct Subscriber<T> {
 
 struct Shared<T> {
     subscribers: Mutex<Vec<Subscriber<T>>>,
+    /// What the subscribers need of each object, together; a newcomer that needs more gets
+    /// it from the list its joining starts.
+    needs: AtomicU8,
     restart: Notify,
     task: Mutex<Option<AbortHandle>>,
 }
@@ -126,14 +130,15 @@ impl WatchHub {
     /// Subscribes `apply` to the watch of `api`'s objects selected by `config`, starting it if
     /// it is not running; `synced` is told once the subscriber has seen a complete list.
     /// The subscription ends when the returned guard is dropped. `kind` names the objects in
-    /// the logs. Subscribers receive each object as `convert` makes it, once for all of them
-    /// (subscribers of one kind with different conversions get watches of their own).
+    /// the logs. Subscribers receive each object as `convert` makes it, once for all of them,
+    /// with the union of what they need (subscribers of one kind with different conversions
+    /// get watches of their own).
     pub fn subscribe<K, T, F>(
         &self,
         kind: String,
         api: Api<K>,
         config: watcher::Config,
-        convert: fn(K) -> T,
+        (convert, needs): (fn(K, Needs) -> T, Needs),
         apply: F,
         synced: Synced,
     ) -> Subscription
@@ -164,6 +169,7 @@ impl WatchHub {
         let shared = match existing {
             Some(shared) => {
                 lock(&shared.subscribers).push(subscriber);
+                shared.needs.fetch_or(needs.bits(), Ordering::Relaxed);
                 // A list for the newcomer.
                 shared.restart.notify_one();
                 tracing::debug!(%kind, "another controller joins a shared watch");
@@ -172,6 +178,7 @@ impl WatchHub {
             None => {
                 let shared = Arc::new(Shared {
                     subscribers: Mutex::new(vec![subscriber]),
+                    needs: AtomicU8::new(needs.bits()),
                     restart: Notify::new(),
                     task: Mutex::new(None),
                 });
@@ -237,7 +244,7 @@ async fn run<K, T>(
     kind: String,
     api: Api<K>,
     config: watcher::Config,
-    convert: fn(K) -> T,
+    convert: fn(K, Needs) -> T,
     shared: Arc<Shared<T>>,
     grace: bool,
     lists: Arc<AtomicU64>,
@@ -259,7 +266,9 @@ async fn run<K, T>(
                 _ = shared.restart.notified() => break,
                 event = stream.next() => match event {
                     Some(Ok(event)) => {
-                        shared.deliver(Change::from_watcher(event).map(convert).as_ref()).await
+                        let needs = Needs::from_bits(shared.needs.load(Ordering::Relaxed));
+                        let change = Change::from_watcher(event).map(|o| convert(o, needs));
+                        shared.deliver(change.as_ref()).await
                     }
                     Some(Err(err)) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
                     None => return,
