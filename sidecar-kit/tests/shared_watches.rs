@@ -1,16 +1,17 @@
 //! Watches shared by the controllers of one process: one watch per kind for all of them, each
 //! controller sees every object, a controller that joins late gets a list of its own, and the
-//! watch goes on for those that stay.
+//! watch goes on for those that stay. A shared view holds what all its controllers read.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume};
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::views::{Needs, PvView};
 use sidecar_kit::watches::WatchHub;
 use testkit::apiserver::{Options, TestCluster, Verb};
 use tokio_util::sync::CancellationToken;
@@ -96,5 +97,88 @@ async fn controllers_of_one_process_share_one_watch_per_kind() {
     until_seen(&again_seen, &["a", "b", "c", "d"]).await;
     assert_eq!(hub.lists(), 3);
     again.stop().await;
+    cluster.cleanup().await.unwrap();
+}
+
+/// The views a pipeline of `hub` is handed, by name, for controllers that read `needs`.
+fn view_subscriber(
+    hub: &WatchHub,
+    api: &Api<PersistentVolume>,
+    needs: Needs,
+) -> (Pipeline, Arc<Mutex<Vec<Arc<PvView>>>>) {
+    let seen: Arc<Mutex<Vec<Arc<PvView>>>> = Arc::default();
+    let mut pipeline = Pipeline::with_watches(hub.clone());
+    let views = seen.clone();
+    pipeline.watch_view(
+        api.clone(),
+        watcher::Config::default(),
+        needs,
+        move |change: Change<&Arc<PvView>>| {
+            if let Change::Apply(view) | Change::Listed(view) = change {
+                views.lock().unwrap().push(view.clone());
+            }
+        },
+    );
+    (pipeline, seen)
+}
+
+async fn until_viewed(
+    seen: &Arc<Mutex<Vec<Arc<PvView>>>>,
+    what: &str,
+    test: impl Fn(&Arc<PvView>) -> bool,
+) -> Arc<PvView> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(view) = seen.lock().unwrap().iter().rev().find(|v| test(v)) {
+            return view.clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never saw {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_shared_view_holds_what_all_its_controllers_read() {
+    let cluster = TestCluster::start_with(Options::default()).await.unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
+    let name = format!("{}-view", cluster.namespace());
+    let pv = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain",
+                 "claimRef": {"namespace": cluster.namespace(), "name": "c", "uid": "u"},
+                 "csi": {"driver": "views.csi.test", "volumeHandle": "h"}},
+    }))
+    .unwrap();
+    pvs.create(&PostParams::default(), &pv).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let hub = WatchHub::shared();
+    let mine = |v: &Arc<PvView>| v.name == name;
+
+    // The provisioner alone: no access modes (it does not read them), its claim ref.
+    let (mut provisioner, provisioner_seen) = view_subscriber(&hub, &pvs, Needs::PROVISIONER);
+    assert!(provisioner.wait_synced(&shutdown).await);
+    let alone = until_viewed(&provisioner_seen, "the PV", mine).await;
+    assert!(alone.access_modes.is_empty());
+    assert!(alone.claim_ref.is_some());
+
+    // The attacher joins: the list that follows has both controllers' fields, in one view
+    // that both are handed.
+    let (mut attacher, attacher_seen) = view_subscriber(&hub, &pvs, Needs::ATTACHER);
+    assert!(attacher.wait_synced(&shutdown).await);
+    let joined = until_viewed(&attacher_seen, "the PV with both", |v| {
+        mine(v) && !v.access_modes.is_empty() && v.claim_ref.is_some()
+    })
+    .await;
+    let shared = until_viewed(&provisioner_seen, "the PV again", |v| {
+        mine(v) && Arc::ptr_eq(v, &joined)
+    })
+    .await;
+    assert!(!shared.access_modes.is_empty());
+    assert_eq!(hub.lists(), 2);
+
+    provisioner.stop().await;
+    attacher.stop().await;
+    pvs.delete(&name, &Default::default()).await.unwrap();
     cluster.cleanup().await.unwrap();
 }
