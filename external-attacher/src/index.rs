@@ -276,9 +276,15 @@ impl Index {
             self.pvs.remove(&pv.name);
             return;
         }
-        let changed_spec = old
-            .map(|old| Pv::from_view(old))
-            .is_none_or(|old| old.spec != pv.spec || old.in_tree != pv.in_tree);
+        // Compared on the views, what the attacher's spec is made of (in a shared view, a
+        // change of what only other controllers read just retries waiting attachments).
+        let changed_spec = old.is_none_or(|old| {
+            old.csi != view.csi
+                || old.access_modes != view.access_modes
+                || old.volume_mode != view.volume_mode
+                || old.mount_options != view.mount_options
+                || old.in_tree != view.in_tree
+        });
         if decide::pv_needs_processing(&pv, &self.driver, &self.finalizer) {
             work.push(Work::Pv(pv.name.clone()));
         }

@@ -233,22 +233,26 @@ impl Pv {
             volume_handle: csi.volume_handle.clone(),
             read_only: csi.read_only,
             fs_type: csi.fs_type.clone(),
-            volume_attributes: csi.volume_attributes.clone(),
+            volume_attributes: csi
+                .volume_attributes
+                .as_deref()
+                .cloned()
+                .unwrap_or_default(),
             publish_secret: csi.publish_secret.clone(),
         });
         Self {
             name: view.name.clone(),
             resource_version: view.resource_version.clone(),
             deleting: view.deleting,
-            finalizers: view.finalizers.clone(),
+            finalizers: view.finalizers.to_vec(),
             migrated_to: view
                 .annotation(migration::MIGRATED_TO_ANNOTATION)
                 .map(Atom::new),
             spec: VolumeSpec {
                 csi,
-                access_modes: view.access_modes.clone(),
+                access_modes: view.access_modes.to_vec(),
                 block: view.volume_mode.as_deref() == Some("Block"),
-                mount_options: view.mount_options.clone(),
+                mount_options: view.mount_options.to_vec(),
             },
             in_tree: view.in_tree.as_ref().map(|t| {
                 Box::new(InTree {

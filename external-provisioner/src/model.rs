@@ -330,7 +330,7 @@ impl Volume {
             name: view.name.clone(),
             resource_version: view.resource_version.clone(),
             deleting: view.deleting,
-            finalizers: view.finalizers.clone(),
+            finalizers: view.finalizers.to_vec(),
             phase: view.phase.clone(),
             reclaim_policy: view.reclaim_policy.clone(),
             storage_class: view.storage_class.clone(),

@@ -303,8 +303,8 @@ impl Pv {
             volume_handle: view.volume_handle().to_string(),
             fs_type: csi.map(|c| c.fs_type.clone()).unwrap_or_default(),
             block: view.volume_mode.as_deref() == Some("Block"),
-            access_modes: view.access_modes.clone(),
-            mount_options: view.mount_options.clone(),
+            access_modes: view.access_modes.to_vec(),
+            mount_options: view.mount_options.to_vec(),
             expand_secret: csi.and_then(|c| c.expand_secret.clone()),
             modify_secret: view
                 .secret_annotations(

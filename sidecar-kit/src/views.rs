@@ -125,7 +125,8 @@ pub struct CsiView {
     pub volume_handle: String,
     pub read_only: bool,
     pub fs_type: Atom,
-    pub volume_attributes: BTreeMap<String, String>,
+    /// Boxed, and only for the attacher, as most volumes have none.
+    pub volume_attributes: Option<Box<BTreeMap<String, String>>>,
     // Boxed: most volumes have none, and every cached volume would carry the room for them.
     pub publish_secret: Option<Box<SecretRef>>,
     pub expand_secret: Option<Box<SecretRef>>,
@@ -148,7 +149,8 @@ pub struct PvView {
     pub name: String,
     pub resource_version: String,
     pub deleting: bool,
-    pub finalizers: Vec<Atom>,
+    // Boxed slices rather than vectors: a cached view never grows, and saves their capacity.
+    pub finalizers: Box<[Atom]>,
     /// `status.phase`.
     pub phase: Atom,
     pub reclaim_policy: Atom,
@@ -159,13 +161,13 @@ pub struct PvView {
     pub claim_ref: Option<Box<ClaimRef>>,
     /// `spec.volumeMode` as written.
     pub volume_mode: Option<Atom>,
-    pub access_modes: Vec<Atom>,
-    pub mount_options: Vec<String>,
+    pub access_modes: Box<[Atom]>,
+    pub mount_options: Box<[String]>,
     pub csi: Option<CsiView>,
     // Boxed, as most volumes are not in-tree ones.
     pub in_tree: Option<Box<InTree>>,
     /// The annotations of [`PV_ANNOTATIONS`] the PV has.
-    annotations: Vec<(Atom, Atom)>,
+    annotations: Box<[(Atom, Atom)]>,
 }
 
 impl PvView {
@@ -202,7 +204,7 @@ impl PvView {
             deleting: meta.deletion_timestamp.is_some(),
             finalizers: match needs.any(Needs::PROVISIONER | Needs::ATTACHER) {
                 true => meta.finalizers.iter().flatten().map(Atom::from).collect(),
-                false => Vec::new(),
+                false => Box::default(),
             },
             phase: Atom::from(
                 pv.status
@@ -244,18 +246,20 @@ impl PvView {
                 .map(Atom::from)
                 .collect(),
             mount_options: spec
-                .and_then(|s| s.mount_options.clone())
+                .and_then(|s| s.mount_options.as_deref())
                 .filter(|_| attacher_or_resizer)
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                .into(),
             csi: seen.and_then(|s| s.csi.as_ref()).map(|csi| CsiView {
                 driver: Atom::new(&csi.driver),
                 volume_handle: csi.volume_handle.clone(),
                 read_only: csi.read_only.unwrap_or(false),
                 fs_type: Atom::new(csi.fs_type.as_deref().unwrap_or_default()),
-                volume_attributes: match needs.any(Needs::ATTACHER) {
-                    true => csi.volume_attributes.clone().unwrap_or_default(),
-                    false => BTreeMap::new(),
-                },
+                volume_attributes: csi
+                    .volume_attributes
+                    .as_ref()
+                    .filter(|a| !a.is_empty() && needs.any(Needs::ATTACHER))
+                    .map(|a| Box::new(a.clone())),
                 publish_secret: csi
                     .controller_publish_secret_ref
                     .as_ref()
@@ -450,7 +454,7 @@ pub struct ClaimView {
     pub resource_version: String,
     pub deleting: bool,
     /// The finalizers of [`CLAIM_FINALIZERS`] the claim has.
-    pub finalizers: Vec<Atom>,
+    pub finalizers: Box<[Atom]>,
     /// `status.phase`.
     pub phase: Atom,
     /// Empty while unbound.
@@ -592,16 +596,11 @@ mod tests {
         }));
         let attacher = PvView::from_api(&pv, Needs::ATTACHER);
         assert!(attacher.claim_ref.is_none() && attacher.annotations.is_empty());
-        assert_eq!(
-            attacher.csi.as_ref().map(|c| c.volume_attributes.len()),
-            Some(1)
-        );
+        let attributes = |v: &PvView| v.csi.as_ref().and_then(|c| c.volume_attributes.clone());
+        assert_eq!(attributes(&attacher).map(|a| a.len()), Some(1));
         let provisioner = PvView::from_api(&pv, Needs::PROVISIONER);
         assert!(provisioner.access_modes.is_empty());
-        assert_eq!(
-            provisioner.csi.as_ref().map(|c| c.volume_attributes.len()),
-            Some(0)
-        );
+        assert_eq!(attributes(&provisioner), None);
         assert_eq!(provisioner.annotation(PROVISIONED_BY), Some("d"));
         assert_eq!(provisioner.annotations.len(), 1);
         let both = PvView::from_api(&pv, Needs::PROVISIONER | Needs::RESIZER);
@@ -641,7 +640,7 @@ mod tests {
         .expect("a claim");
         let view = ClaimView::from_api(&pvc, Needs::ALL);
         assert!(view.unbound.is_none());
-        assert_eq!(view.finalizers, [CLONE_FINALIZER]);
+        assert_eq!(&*view.finalizers, [CLONE_FINALIZER]);
         assert!(view.has_finalizer(CLONE_FINALIZER));
         assert_eq!(view.request.as_deref(), Some("2Gi"));
         let resize = view.resize.as_ref().expect("the resizer's fields");
