@@ -305,10 +305,6 @@ impl PvView {
     pub fn volume_handle(&self) -> &str {
         self.csi.as_ref().map_or("", |c| c.volume_handle.as_str())
     }
-
-    pub fn has_finalizer(&self, finalizer: &str) -> bool {
-        self.finalizers.iter().any(|f| f == finalizer)
-    }
 }
 
 impl View for PvView {
