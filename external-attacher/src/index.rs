@@ -76,7 +76,7 @@ pub struct VaView {
 #[derive(Debug, Default)]
 struct Relist {
     vas: Option<HashSet<String>>,
-    pvs: Option<HashSet<String>>,
+    pvs: Option<HashSet<Arc<str>>>,
     nodes: Option<HashSet<String>>,
 }
 
@@ -90,7 +90,7 @@ pub struct Index {
     /// VolumeAttachments (of any driver) naming each PV.
     pv_refs: HashMap<String, HashSet<String>>,
     /// The process's shared views of the PVs; the attacher's [`Pv`] is projected on reading.
-    pvs: HashMap<String, Arc<PvView>>,
+    pvs: HashMap<Arc<str>, Arc<PvView>>,
     /// This driver's node ID in each CSINode (`None`: the driver is not registered there).
     nodes: HashMap<String, Option<String>>,
     relist: Relist,
@@ -246,7 +246,7 @@ impl Index {
         match change {
             Change::Apply(pv) => self.apply_pv(pv, &mut work),
             Change::Delete(pv) => {
-                self.pvs.remove(&pv.name);
+                self.pvs.remove(&*pv.name);
             }
             Change::Relist => self.relist.pvs = Some(HashSet::new()),
             Change::Listed(pv) => {
@@ -265,7 +265,7 @@ impl Index {
     }
 
     fn apply_pv(&mut self, view: &Arc<PvView>, work: &mut Vec<Work>) {
-        let old = self.pvs.get(&view.name);
+        let old = self.pvs.get(&*view.name);
         if let Some(old) = old
             && stale(&view.resource_version, &old.resource_version)
         {
@@ -273,7 +273,7 @@ impl Index {
         }
         let pv = Pv::from_view(view);
         if !pv.concerns(&self.driver, &self.finalizer) {
-            self.pvs.remove(&pv.name);
+            self.pvs.remove(&*view.name);
             return;
         }
         // Compared on the views, what the attacher's spec is made of (in a shared view, a
@@ -292,7 +292,7 @@ impl Index {
             // Attachments that failed for want of this PV can go on now.
             work.extend(self.waiting_on_pv(&pv.name));
         }
-        self.pvs.insert(pv.name, view.clone());
+        self.pvs.insert(view.name.clone(), view.clone());
     }
 
     fn waiting_on_pv(&self, pv: &str) -> Vec<Work> {
@@ -312,7 +312,7 @@ impl Index {
     /// Stores a PersistentVolume returned by a write (or a read), unless a newer one is cached.
     pub fn store_pv(&mut self, api: &PersistentVolume) {
         let view = PvView::from_api(api, NEEDS);
-        if let Some(old) = self.pvs.get(&view.name)
+        if let Some(old) = self.pvs.get(&*view.name)
             && stale(&view.resource_version, &old.resource_version)
         {
             return;
@@ -321,9 +321,9 @@ impl Index {
         // Being deleted without finalizers: the write completed the deletion.
         let gone = pv.deleting && pv.finalizers.is_empty();
         if !gone && pv.concerns(&self.driver, &self.finalizer) {
-            self.pvs.insert(pv.name, Arc::new(view));
+            self.pvs.insert(view.name.clone(), Arc::new(view));
         } else {
-            self.pvs.remove(&pv.name);
+            self.pvs.remove(&*view.name);
         }
     }
 
@@ -384,7 +384,7 @@ impl Index {
     pub fn va_view(&self, name: &str) -> Option<VaView> {
         let va = self.vas.get(name)?;
         let pv = match &va.source {
-            VaSource::Pv(pv) => match self.pvs.get(pv) {
+            VaSource::Pv(pv) => match self.pvs.get(pv.as_str()) {
                 Some(cached) => PvLookup::Cached(Box::new(Pv::from_view(cached))),
                 None => PvLookup::Uncached(pv.clone()),
             },
@@ -434,7 +434,7 @@ impl Index {
                 _ => continue,
             };
             let (driver, handle, migrated) = match &va.source {
-                VaSource::Pv(pv) => match self.pvs.get(pv).and_then(|pv| {
+                VaSource::Pv(pv) => match self.pvs.get(pv.as_str()).and_then(|pv| {
                     let migrated = pv.in_tree.is_some();
                     pv.csi
                         .as_ref()

@@ -241,7 +241,7 @@ impl Pv {
             publish_secret: csi.publish_secret.clone(),
         });
         Self {
-            name: view.name.clone(),
+            name: view.name.to_string(),
             resource_version: view.resource_version.clone(),
             deleting: view.deleting,
             finalizers: view.finalizers.to_vec(),

@@ -122,8 +122,8 @@ struct Controller {
     pvs: Api<PersistentVolume>,
     csi: CsiClient,
     index: Mutex<Index>,
-    claims: WorkQueue<String>,
-    volumes: WorkQueue<String>,
+    claims: WorkQueue<Arc<str>>,
+    volumes: WorkQueue<Arc<str>>,
     sources: WorkQueue<SourceKey>,
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// Claims waiting for their data source to change, with the message they were told.
@@ -547,7 +547,7 @@ impl Controller {
             match self.cleanup(&volume.volume_id, &secrets).await {
                 Ok(()) => {
                     self.finish(uid);
-                    self.claims.forget(&key);
+                    self.claims.forget(&*key);
                 }
                 Err(status) => {
                     let failure = Failure::new(
@@ -639,7 +639,7 @@ impl Controller {
         let policy = &self.config.policy;
         let index = self.index();
         let Some(claim) = index.claim(uid) else {
-            self.claims.forget(&key);
+            self.claims.forget(&*key);
             lock(&self.waiting).remove(uid);
             lock(&self.owners).remove(uid);
             self.events.forget_object(uid);
@@ -669,7 +669,7 @@ impl Controller {
                 }
             }
             lock(&self.owners).remove(uid);
-            self.claims.forget(&key);
+            self.claims.forget(&*key);
             return Selected::Stop;
         }
         let Some(class) = class else {
@@ -723,7 +723,7 @@ impl Controller {
             Fit::Never => {
                 tracing::debug!(claim = %claim.key(), "its class's allowed topologies exclude this node");
                 lock(&self.owners).remove(&uid);
-                self.claims.forget(&uid);
+                self.claims.forget(&*uid);
                 return;
             }
             Fit::NotNow => {
@@ -740,7 +740,7 @@ impl Controller {
             }
             Ok(false) => {
                 lock(&self.owners).remove(&uid);
-                self.claims.forget(&uid);
+                self.claims.forget(&*uid);
             }
             Err(err) if api_code(&err) == Some(409) => {
                 tracing::debug!(claim = %claim.key(), "conflict while claiming it; trying again");
@@ -1043,7 +1043,7 @@ impl Controller {
                         &failure.message,
                     );
                 }
-                self.claims.forget(&key);
+                self.claims.forget(&*key);
                 return;
             }
             State::Wait => {
@@ -1061,7 +1061,7 @@ impl Controller {
                         ),
                     );
                 }
-                self.claims.forget(&key);
+                self.claims.forget(&*key);
                 return;
             }
             _ => {
@@ -1094,7 +1094,7 @@ impl Controller {
             match self.reschedule(claim).await {
                 Ok(()) => {
                     tracing::info!(claim = %claim.key(), error = %failure.message, "asked the scheduler for another node");
-                    self.claims.forget(&key);
+                    self.claims.forget(&*key);
                     return;
                 }
                 Err(err) => {
@@ -1183,7 +1183,7 @@ impl Controller {
                         return self.flight_failed(&flight, failure).await;
                     }
                     self.finish(&key);
-                    self.claims.forget(&key);
+                    self.claims.forget(&*key);
                     return;
                 }
                 Ok(None) | Err(_) => {
@@ -1211,7 +1211,7 @@ impl Controller {
         self.finish(&key);
         lock(&self.infeasible).remove(&key);
         lock(&self.waiting).remove(&key);
-        self.claims.forget(&key);
+        self.claims.forget(&*key);
         if let Some(metrics) = &self.config.metrics {
             metrics.provision(
                 &flight.class,
@@ -1488,7 +1488,7 @@ impl Controller {
         let (volume, plan) = {
             let index = self.index();
             let Some(volume) = index.volume(name) else {
-                self.volumes.forget(&key);
+                self.volumes.forget(&*key);
                 return;
             };
             let attached = if self.config.watch_attachments {
@@ -1517,7 +1517,7 @@ impl Controller {
             VolumePlan::Delete(plan) => self.delete_volume(&volume, plan).await,
         };
         match result {
-            Ok(()) => self.volumes.forget(&key),
+            Ok(()) => self.volumes.forget(&*key),
             Err(message) => {
                 let delay = self.volumes.add_rate_limited(key, 0);
                 tracing::info!(persistent_volume = name, error = %message, retry_in = ?delay, "volume sync failed");

@@ -23,10 +23,10 @@ use crate::topology::ClusterTopology;
 /// A key to process.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Work {
-    /// A claim, by UID.
-    Claim(String),
-    /// A PersistentVolume, by name.
-    Volume(String),
+    /// A claim, by UID (shared with the claim's view).
+    Claim(Arc<str>),
+    /// A PersistentVolume, by name (shared with the PV's view).
+    Volume(Arc<str>),
     /// A data source whose protection finalizer may be due for removal.
     Source(SourceKey),
 }
@@ -67,10 +67,10 @@ pub struct Index {
     node_topology: Option<BTreeMap<String, String>>,
     /// The process's shared views of the claims, by UID; the provisioner's [`Claim`] is
     /// projected on reading.
-    claims: HashMap<String, Arc<ClaimView>>,
+    claims: HashMap<Arc<str>, Arc<ClaimView>>,
     /// The process's shared views of the driver's PVs; the provisioner's [`Volume`] is
     /// projected on reading.
-    volumes: HashMap<String, StoredVolume>,
+    volumes: HashMap<Arc<str>, StoredVolume>,
     classes: HashMap<String, Class>,
     /// The driver's topology keys per CSINode (empty: the driver is not registered there).
     csinodes: HashMap<String, Vec<String>>,
@@ -171,7 +171,7 @@ impl Index {
     pub fn claim_named(&self, namespace: &str, name: &str) -> Option<Claim> {
         self.claims
             .values()
-            .find(|c| c.name == name && c.namespace == namespace)
+            .find(|c| c.name() == name && c.namespace == namespace)
             .map(|view| Claim::from_view(view))
     }
 
@@ -211,8 +211,10 @@ impl Index {
 
     /// Every key, for a periodic resync.
     pub fn resync(&self) -> Vec<Work> {
-        self.pending_claims()
-            .map(|c| Work::Claim(c.uid))
+        self.claims
+            .values()
+            .filter(|c| c.unbound.is_some())
+            .map(|c| Work::Claim(c.uid.clone()))
             .chain(self.volumes.keys().map(|n| Work::Volume(n.clone())))
             .collect()
     }
@@ -230,7 +232,7 @@ impl Index {
             }
             Change::Relist => self.relists.claims.start(),
             Change::Listed(pvc) => {
-                self.relists.claims.saw(&pvc.uid);
+                self.relists.claims.saw(pvc.uid.clone());
                 self.apply_claim(pvc, &mut work);
             }
             Change::Relisted => {
@@ -292,9 +294,9 @@ impl Index {
             work.push(Work::Source(as_source));
         }
         if claim.pending.is_some() {
-            work.push(Work::Claim(claim.uid.clone()));
+            work.push(Work::Claim(view.uid.clone()));
         }
-        self.claims.insert(claim.uid, view.clone());
+        self.claims.insert(view.uid.clone(), view.clone());
     }
 
     fn remove_claim(&mut self, uid: &str, work: &mut Vec<Work>) {
@@ -328,7 +330,7 @@ impl Index {
     /// Queues the claims that wait for `source`.
     fn requeue_users(&self, source: &SourceKey, work: &mut Vec<Work>) {
         if let Some(users) = self.by_source.get(source) {
-            work.extend(users.iter().cloned().map(Work::Claim));
+            work.extend(users.iter().map(|uid| Work::Claim(uid.as_str().into())));
         }
     }
 
@@ -380,7 +382,7 @@ impl Index {
             }
             Change::Relist => self.relists.volumes.start(),
             Change::Listed((view, on_this_node)) => {
-                self.relists.volumes.saw(&view.name);
+                self.relists.volumes.saw(view.name.clone());
                 self.apply_volume(view, on_this_node, &mut work);
             }
             Change::Relisted => {
@@ -397,24 +399,25 @@ impl Index {
         let volume = Volume::from_view(&view);
         // The driver's own volumes: to delete, and to clone from.
         if !volume.owned_by(&self.driver) && volume.driver != self.driver {
-            self.volumes.remove(&volume.name);
+            self.volumes.remove(&*view.name);
             return;
         }
-        if let Some(old) = self.volumes.get(&volume.name)
+        if let Some(old) = self.volumes.get(&*view.name)
             && stale(&volume.resource_version, &old.view.resource_version)
         {
             return;
         }
-        work.push(Work::Volume(volume.name.clone()));
-        let stored = StoredVolume { view, on_this_node };
-        self.volumes.insert(volume.name, stored);
+        work.push(Work::Volume(view.name.clone()));
+        let name = view.name.clone();
+        self.volumes
+            .insert(name, StoredVolume { view, on_this_node });
     }
 
     /// Stores a PV the controller created or patched. A patch of a PV the cache no longer holds
     /// (deleted meanwhile) does not bring it back.
     pub fn store_volume(&mut self, pv: &PersistentVolume, created: bool) {
         let name = name_of(&pv.metadata);
-        if created || self.volumes.contains_key(&name) {
+        if created || self.volumes.contains_key(name.as_str()) {
             let mut ignored = Vec::new();
             let on_this_node = self.on_this_node(pv);
             self.apply_volume(
@@ -437,7 +440,7 @@ impl Index {
         match change {
             Change::Apply(sc) | Change::Listed(sc) => {
                 if matches!(change, Change::Listed(_)) {
-                    self.relists.classes.saw(&name_of(&sc.metadata));
+                    self.relists.classes.saw(name_of(&sc.metadata));
                 }
                 let class = Class::from_api(sc);
                 if self.classes.get(&class.name) != Some(&class) {
@@ -463,7 +466,7 @@ impl Index {
                     .as_deref()
                     .is_some_and(|sc| changed.iter().any(|name| name == sc))
             })
-            .map(|c| Work::Claim(c.uid))
+            .map(|c| Work::Claim(c.uid.into()))
             .collect()
     }
 
@@ -474,7 +477,7 @@ impl Index {
             Change::Apply(n) | Change::Listed(n) => {
                 let name = name_of(&n.metadata);
                 if matches!(change, Change::Listed(_)) {
-                    self.relists.csinodes.saw(&name);
+                    self.relists.csinodes.saw(name.as_str());
                 }
                 let keys = model::csinode_topology_keys(n, &self.driver).unwrap_or_default();
                 self.csinodes.insert(name, keys);
@@ -497,7 +500,7 @@ impl Index {
             Change::Apply(n) | Change::Listed(n) => {
                 let name = name_of(&n.metadata);
                 if matches!(change, Change::Listed(_)) {
-                    self.relists.nodes.saw(&name);
+                    self.relists.nodes.saw(name.as_str());
                 }
                 self.nodes.insert(name, model::node_labels(n));
             }
@@ -520,16 +523,16 @@ impl Index {
         let mut work = Vec::new();
         let detach = |index: &mut Self, name: &str, work: &mut Vec<Work>| {
             if let Some((pv, _)) = index.attachments.remove(name)
-                && index.volumes.contains_key(&pv)
+                && let Some((name, _)) = index.volumes.get_key_value(pv.as_str())
             {
-                work.push(Work::Volume(pv));
+                work.push(Work::Volume(name.clone()));
             }
         };
         match change {
             Change::Apply(va) | Change::Listed(va) => {
                 let name = name_of(&va.metadata);
                 if matches!(change, Change::Listed(_)) {
-                    self.relists.attachments.saw(&name);
+                    self.relists.attachments.saw(name.as_str());
                 }
                 match model::attachment_of(va) {
                     Some(link) => {
@@ -560,7 +563,7 @@ impl Index {
                 let snapshot = Snapshot::from_api(vs);
                 let key = (snapshot.namespace.clone(), snapshot.name.clone());
                 if matches!(change, Change::Listed(_)) {
-                    self.relists.snapshots.saw(&format!("{}/{}", key.0, key.1));
+                    self.relists.snapshots.saw(format!("{}/{}", key.0, key.1));
                 }
                 if let Some(old) = self.snapshots.get(&key)
                     && (stale(&snapshot.resource_version, &old.resource_version)
@@ -622,7 +625,7 @@ impl Index {
                 let grant = Grant::from_api(rg);
                 let key = (grant.namespace.clone(), name_of(&rg.metadata));
                 if matches!(change, Change::Listed(_)) {
-                    self.relists.grants.saw(&format!("{}/{}", key.0, key.1));
+                    self.relists.grants.saw(format!("{}/{}", key.0, key.1));
                 }
                 if self.grants.get(&key) != Some(&grant) {
                     namespaces.insert(key.0.clone());
@@ -662,7 +665,7 @@ impl Index {
                     .and_then(|s| s.namespace.as_ref())
                     .is_some_and(|ns| namespaces.contains(ns))
             })
-            .map(|c| Work::Claim(c.uid))
+            .map(|c| Work::Claim(c.uid.into()))
             .collect()
     }
 }

@@ -173,9 +173,9 @@ impl Claim {
             })
         });
         Self {
-            uid: view.uid.clone(),
+            uid: view.uid.to_string(),
             namespace: view.namespace.clone(),
-            name: view.name.clone(),
+            name: view.name().to_string(),
             resource_version: view.resource_version.clone(),
             volume_name: view.volume_name.clone(),
             phase: view.phase.clone(),
@@ -327,7 +327,7 @@ impl Volume {
     pub fn from_view(view: &PvView) -> Self {
         let claim_ref = view.claim_ref.as_deref();
         Self {
-            name: view.name.clone(),
+            name: view.name.to_string(),
             resource_version: view.resource_version.clone(),
             deleting: view.deleting,
             finalizers: view.finalizers.to_vec(),

@@ -127,7 +127,7 @@ struct Controller {
     pvs: Api<PersistentVolume>,
     csi: CsiClient,
     index: Mutex<Index>,
-    queue: WorkQueue<String>,
+    queue: WorkQueue<Arc<str>>,
     memos: Mutex<HashMap<String, Memo>>,
     events: Recorder,
 }
@@ -170,6 +170,9 @@ fn now() -> String {
     Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// How an index takes one watch event: the keys of the claims to work on.
+type Apply<T> = fn(&mut Index, Change<&T>) -> Vec<Arc<str>>;
+
 impl Controller {
     fn index(&self) -> MutexGuard<'_, Index> {
         lock(&self.index)
@@ -210,11 +213,8 @@ impl Controller {
         self.stop(pipeline).await;
     }
 
-    fn feed<K>(
-        self: &Arc<Self>,
-        pipeline: &mut Pipeline,
-        apply: fn(&mut Index, Change<&K>) -> Vec<String>,
-    ) where
+    fn feed<K>(self: &Arc<Self>, pipeline: &mut Pipeline, apply: Apply<K>)
+    where
         K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default,
     {
@@ -232,11 +232,8 @@ impl Controller {
     }
 
     /// [`feed`](Self::feed) of the process's shared views of a kind.
-    fn feed_view<V>(
-        self: &Arc<Self>,
-        pipeline: &mut Pipeline,
-        apply: fn(&mut Index, Change<&Arc<V>>) -> Vec<String>,
-    ) where
+    fn feed_view<V>(self: &Arc<Self>, pipeline: &mut Pipeline, apply: Apply<Arc<V>>)
+    where
         V: views::View,
         <V::Object as kube::Resource>::DynamicType: Default,
     {
@@ -291,7 +288,7 @@ impl Controller {
         let Some(view) = self.index().view(key) else {
             tracing::debug!(claim = key, "claim is gone");
             lock(&self.memos).remove(key);
-            self.queue.forget(&key.to_string());
+            self.queue.forget(key);
             return;
         };
         let resized = self.resize(key, &view).await;
@@ -314,7 +311,7 @@ impl Controller {
                 }
             }
         }
-        let key = key.to_string();
+        let key: Arc<str> = key.into();
         if failed {
             let delay = self.queue.add_rate_limited(key.clone(), 0);
             tracing::debug!(claim = %key, retry_in = ?delay, "retrying");

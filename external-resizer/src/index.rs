@@ -30,10 +30,10 @@ pub struct Index {
     recover: bool,
     /// The process's shared views of the claims, by `namespace/name`; the resizer's [`Claim`]
     /// is projected on reading.
-    claims: HashMap<String, Arc<ClaimView>>,
+    claims: HashMap<Arc<str>, Arc<ClaimView>>,
     /// The process's shared views of this driver's PVs; the resizer's [`Pv`] is projected on
     /// reading.
-    pvs: HashMap<String, Arc<PvView>>,
+    pvs: HashMap<Arc<str>, Arc<PvView>>,
     pods: HashMap<String, PodClaims>,
     /// Running pods per claim key.
     users: HashMap<String, u32>,
@@ -51,11 +51,6 @@ struct Relists {
     pvs: Relist,
     pods: Relist,
     classes: Relist,
-}
-
-/// A claim's queue key, `namespace/name`.
-fn key_of(claim: &ClaimView) -> String {
-    format!("{}/{}", claim.namespace, claim.name)
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -94,7 +89,7 @@ impl Index {
     }
 
     /// Every cached claim, for the periodic resync.
-    pub fn claim_keys(&self) -> Vec<String> {
+    pub fn claim_keys(&self) -> Vec<Arc<str>> {
         self.claims.keys().cloned().collect()
     }
 
@@ -103,7 +98,7 @@ impl Index {
         let pv = claim
             .volume_name
             .as_ref()
-            .and_then(|name| self.pvs.get(name))
+            .and_then(|name| self.pvs.get(name.as_str()))
             .and_then(|view| Pv::from_view(view, &self.driver));
         Some(View {
             in_use: self.users.get(key).is_some_and(|n| *n > 0),
@@ -133,7 +128,7 @@ impl Index {
     /// Stores a claim as written by the resizer itself, so that the next step starts from it.
     pub fn store_claim(&mut self, pvc: &PersistentVolumeClaim) {
         let view = ClaimView::from_api(pvc, NEEDS);
-        self.claims.insert(key_of(&view), Arc::new(view));
+        self.claims.insert(view.key.clone(), Arc::new(view));
     }
 
     pub fn store_pv(&mut self, pv: &PersistentVolume) {
@@ -161,17 +156,16 @@ impl Index {
             || (new.bound && (old.class != new.class || new.modify_status.is_none()))
     }
 
-    pub fn claim_event(&mut self, change: Change<&Arc<ClaimView>>) -> Vec<String> {
+    pub fn claim_event(&mut self, change: Change<&Arc<ClaimView>>) -> Vec<Arc<str>> {
         match change {
             Change::Apply(pvc) => self.apply_claim(pvc),
             Change::Listed(pvc) => {
-                self.relist.claims.saw(&key_of(pvc));
+                self.relist.claims.saw(pvc.key.clone());
                 self.apply_claim(pvc)
             }
             Change::Delete(pvc) => {
-                let key = key_of(pvc);
-                self.remove_claim(&key);
-                vec![key]
+                self.remove_claim(&pvc.key);
+                vec![pvc.key.clone()]
             }
             Change::Relist => {
                 self.relist.claims.start();
@@ -187,8 +181,8 @@ impl Index {
         }
     }
 
-    fn apply_claim(&mut self, view: &Arc<ClaimView>) -> Vec<String> {
-        let key = key_of(view);
+    fn apply_claim(&mut self, view: &Arc<ClaimView>) -> Vec<Arc<str>> {
+        let key = view.key.clone();
         let work = match self.claims.get(&key) {
             Some(old) if old.uid == view.uid => {
                 self.claim_changed(&Claim::from_view(old), &Claim::from_view(view))
@@ -206,17 +200,18 @@ impl Index {
     }
 
     /// The claim a PV is bound to, if it is cached: a PV that appears or grows may unblock it.
-    fn claim_of(&self, pv: &Pv) -> Option<String> {
+    fn claim_of(&self, pv: &Pv) -> Option<Arc<str>> {
         let r = pv.claim_ref.as_ref()?;
         let key = format!("{}/{}", r.namespace, r.name);
-        self.claims.contains_key(&key).then_some(key)
+        let (key, _) = self.claims.get_key_value(key.as_str())?;
+        Some(key.clone())
     }
 
-    pub fn pv_event(&mut self, change: Change<&Arc<PvView>>) -> Vec<String> {
+    pub fn pv_event(&mut self, change: Change<&Arc<PvView>>) -> Vec<Arc<str>> {
         match change {
             Change::Apply(pv) => self.apply_pv(pv),
             Change::Listed(pv) => {
-                self.relist.pvs.saw(&pv.name);
+                self.relist.pvs.saw(pv.name.clone());
                 self.apply_pv(pv)
             }
             Change::Delete(pv) => {
@@ -236,13 +231,13 @@ impl Index {
         }
     }
 
-    fn apply_pv(&mut self, view: &Arc<PvView>) -> Vec<String> {
+    fn apply_pv(&mut self, view: &Arc<PvView>) -> Vec<Arc<str>> {
         let Some(pv) = Pv::from_view(view, &self.driver) else {
             // No longer ours (or never was).
             self.remove_pv(&view.name);
             return vec![];
         };
-        let work = match self.pvs.get(&pv.name) {
+        let work = match self.pvs.get(&*view.name) {
             Some(old) => {
                 old.capacity != view.capacity
                     || old.claim_ref != view.claim_ref
@@ -251,7 +246,7 @@ impl Index {
             None => true,
         };
         let claim = self.claim_of(&pv).filter(|_| work);
-        self.pvs.insert(pv.name, view.clone());
+        self.pvs.insert(view.name.clone(), view.clone());
         claim.into_iter().collect()
     }
 
@@ -261,7 +256,7 @@ impl Index {
         }
     }
 
-    fn count_users(&mut self, pod: &PodClaims, delta: i32) -> Vec<String> {
+    fn count_users(&mut self, pod: &PodClaims, delta: i32) -> Vec<Arc<str>> {
         if pod.terminated {
             return vec![];
         }
@@ -273,7 +268,7 @@ impl Index {
             if *count == 0 {
                 self.users.remove(&key);
                 if self.in_use_refusals.contains(&key) {
-                    freed.push(key);
+                    freed.push(key.into());
                 }
             }
         }
@@ -282,11 +277,11 @@ impl Index {
 
     /// Pods only count while they run; a claim refused as in use is queued when its last
     /// running pod ends or goes.
-    pub fn pod_event(&mut self, change: Change<&Pod>) -> Vec<String> {
+    pub fn pod_event(&mut self, change: Change<&Pod>) -> Vec<Arc<str>> {
         match change {
             Change::Apply(pod) => self.apply_pod(pod),
             Change::Listed(pod) => {
-                self.relist.pods.saw(&pod_key(pod));
+                self.relist.pods.saw(pod_key(pod));
                 self.apply_pod(pod)
             }
             Change::Delete(pod) => self.remove_pod(&pod_key(pod)),
@@ -301,7 +296,7 @@ impl Index {
         }
     }
 
-    fn apply_pod(&mut self, pod: &Pod) -> Vec<String> {
+    fn apply_pod(&mut self, pod: &Pod) -> Vec<Arc<str>> {
         let key = pod_key(pod);
         let new = PodClaims::from_api(pod);
         let old = match &new {
@@ -321,7 +316,7 @@ impl Index {
         freed
     }
 
-    fn remove_pod(&mut self, key: &str) -> Vec<String> {
+    fn remove_pod(&mut self, key: &str) -> Vec<Arc<str>> {
         let Some(old) = self.pods.remove(key) else {
             return vec![];
         };
@@ -332,11 +327,11 @@ impl Index {
     }
 
     /// Classes change rarely; a claim waiting for a class that now exists is queued.
-    pub fn class_event(&mut self, change: Change<&VolumeAttributesClass>) -> Vec<String> {
+    pub fn class_event(&mut self, change: Change<&VolumeAttributesClass>) -> Vec<Arc<str>> {
         let name = match change {
             Change::Apply(vac) | Change::Listed(vac) => {
                 let vac = Vac::from_api(vac);
-                self.relist.classes.saw(&vac.name);
+                self.relist.classes.saw(vac.name.as_str());
                 let name = vac.name.clone();
                 self.classes.insert(name.clone(), vac);
                 name
@@ -416,7 +411,7 @@ mod tests {
             let c = pvc("c", "2Gi", with_class.clone());
             assert_eq!(
                 index.claim_event(Change::Apply(&claim_view(&c))),
-                ["ns/c"],
+                [Arc::<str>::from("ns/c")],
                 "new"
             );
             let mut labelled = c.clone();
@@ -431,7 +426,7 @@ mod tests {
             let grown = pvc("c", "3Gi", with_class.clone());
             assert_eq!(
                 index.claim_event(Change::Apply(&claim_view(&grown))),
-                ["ns/c"],
+                [Arc::<str>::from("ns/c")],
                 "grown"
             );
             let shrunk = pvc("c", "2Gi", with_class.clone());
@@ -452,7 +447,7 @@ mod tests {
         );
         assert_eq!(
             index.claim_event(Change::Apply(&claim_view(&pvc("c", "1Gi", json!({}))))),
-            ["ns/c"]
+            [Arc::<str>::from("ns/c")]
         );
     }
 
@@ -473,7 +468,7 @@ mod tests {
         assert!(index.blocked_by_pods("ns/c"), "p2 still runs");
         assert_eq!(
             index.pod_event(Change::Delete(&pod("p2", "c", "Running"))),
-            ["ns/c"]
+            [Arc::<str>::from("ns/c")]
         );
         assert!(!index.blocked_by_pods("ns/c"));
         assert!(!index.view("ns/c").unwrap().in_use);
@@ -506,7 +501,7 @@ mod tests {
         assert_eq!(index.pv_count(), 0);
         assert_eq!(
             index.pv_event(Change::Apply(&view(&pv("d", "1Gi")))),
-            ["ns/c"]
+            [Arc::<str>::from("ns/c")]
         );
         assert!(
             index
@@ -515,7 +510,7 @@ mod tests {
         );
         assert_eq!(
             index.pv_event(Change::Apply(&view(&pv("d", "2Gi")))),
-            ["ns/c"]
+            [Arc::<str>::from("ns/c")]
         );
         assert!(index.view("ns/c").unwrap().pv.is_some());
     }

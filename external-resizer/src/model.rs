@@ -171,8 +171,8 @@ impl Claim {
         let fields = view.resize.as_deref().unwrap_or(&none);
         Self {
             namespace: view.namespace.clone(),
-            name: view.name.clone(),
-            uid: view.uid.clone(),
+            name: view.name().to_string(),
+            uid: view.uid.to_string(),
             resource_version: view.resource_version.clone(),
             bound: view.phase == "Bound",
             volume_name: Some(view.volume_name.clone()).filter(|n| !n.is_empty()),
@@ -292,7 +292,7 @@ impl Pv {
         }
         let csi = view.csi.as_ref();
         Some(Self {
-            name: view.name.clone(),
+            name: view.name.to_string(),
             resource_version: view.resource_version.clone(),
             claim_ref: view.claim_ref.as_ref().map(|r| ClaimRef {
                 namespace: r.namespace.to_string(),

@@ -95,7 +95,7 @@ impl Index {
             Change::Apply(object) | Change::Listed(object) => {
                 let content = Content::from_api(object);
                 if matches!(change, Change::Listed(_)) {
-                    self.content_relist.saw(&content.name);
+                    self.content_relist.saw(content.name.as_str());
                 }
                 // Contents of other drivers are kept out of the cache: only their names matter.
                 if content.driver != self.driver {
@@ -151,7 +151,7 @@ impl Index {
             Change::Apply(object) | Change::Listed(object) => {
                 let class = Class::from_api(object);
                 if matches!(change, Change::Listed(_)) {
-                    self.class_relist.saw(&class.name);
+                    self.class_relist.saw(class.name.as_str());
                 }
                 self.classes.insert(class.name.clone(), class);
             }
@@ -211,7 +211,7 @@ impl Index {
             Change::Apply(object) | Change::Listed(object) => {
                 let content = GroupContent::from_api(object);
                 if matches!(change, Change::Listed(_)) {
-                    groups.content_relist.saw(&content.name);
+                    groups.content_relist.saw(content.name.as_str());
                 }
                 if content.driver != self.driver {
                     return groups
@@ -255,7 +255,7 @@ impl Index {
             Change::Apply(object) | Change::Listed(object) => {
                 let class = GroupClass::from_api(object);
                 if matches!(change, Change::Listed(_)) {
-                    groups.class_relist.saw(&class.name);
+                    groups.class_relist.saw(class.name.as_str());
                 }
                 groups.classes.insert(class.name.clone(), class);
             }

@@ -3,6 +3,7 @@
 //! queues. A sidecar configures one [`Pipeline`] with its watches and worker pools and keeps
 //! its own decisions; this module knows nothing of what the keys mean.
 
+use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::future::Future;
 use std::hash::Hash;
@@ -66,10 +67,12 @@ impl<T> Change<T> {
 }
 
 /// The names seen during a re-list, to find the objects that went away while the watch was
-/// down (their delete events are lost).
+/// down (their delete events are lost). Names are held as the shared strings the caches key
+/// by: a re-list of thousands of objects then allocates no name of its own, whose freeing
+/// would leave holes between the cached objects that the allocator cannot give back.
 #[derive(Debug, Default)]
 pub struct Relist {
-    seen: Option<HashSet<String>>,
+    seen: Option<HashSet<Arc<str>>>,
 }
 
 impl Relist {
@@ -77,16 +80,22 @@ impl Relist {
         self.seen = Some(HashSet::new());
     }
 
-    pub fn saw(&mut self, name: &str) {
+    pub fn saw(&mut self, name: impl Into<Arc<str>>) {
         if let Some(seen) = self.seen.as_mut() {
-            seen.insert(name.to_string());
+            seen.insert(name.into());
         }
     }
 
     /// Ends the re-list: of `known`, the names it did not list.
-    pub fn finish<'a>(&mut self, known: impl Iterator<Item = &'a String>) -> Vec<String> {
+    pub fn finish<'a, K>(&mut self, known: impl Iterator<Item = &'a K>) -> Vec<K>
+    where
+        K: Borrow<str> + Clone + 'a,
+    {
         match self.seen.take() {
-            Some(seen) => known.filter(|n| !seen.contains(*n)).cloned().collect(),
+            Some(seen) => known
+                .filter(|n| !seen.contains((*n).borrow()))
+                .cloned()
+                .collect(),
             None => Vec::new(),
         }
     }
@@ -263,5 +272,17 @@ mod tests {
         relist.saw("c");
         assert_eq!(relist.finish(known.iter()), vec!["b".to_string()]);
         assert!(relist.finish(known.iter()).is_empty(), "finished once");
+    }
+
+    #[test]
+    fn a_relist_of_shared_names_hands_back_the_cache_own_keys() {
+        let known: Vec<Arc<str>> = vec!["a".into(), "b".into()];
+        let mut relist = Relist::default();
+        relist.start();
+        relist.saw(known[0].clone());
+        assert_eq!(Arc::strong_count(&known[0]), 2, "held, not copied");
+        let gone = relist.finish(known.iter());
+        assert!(Arc::ptr_eq(&gone[0], &known[1]));
+        assert_eq!(Arc::strong_count(&known[0]), 1, "let go once finished");
     }
 }

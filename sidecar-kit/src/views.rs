@@ -5,6 +5,7 @@
 //! decides. A process of one controller holds the same view, so there is one code path.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec,
@@ -146,7 +147,8 @@ pub struct InTree {
 /// empty unless a controller that reads them runs (the [`Needs`] it was made with).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PvView {
-    pub name: String,
+    /// Shared with the keys of the indexes, queues and re-lists that name the PV.
+    pub name: Arc<str>,
     pub resource_version: String,
     pub deleting: bool,
     // Boxed slices rather than vectors: a cached view never grows, and saves their capacity.
@@ -199,7 +201,7 @@ impl PvView {
             .map(|(key, value)| (Atom::new(key), Atom::new(value)))
             .collect();
         Self {
-            name: meta.name.clone().unwrap_or_default(),
+            name: meta.name.as_deref().unwrap_or_default().into(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
             finalizers: match needs.any(Needs::PROVISIONER | Needs::ATTACHER) {
@@ -445,8 +447,11 @@ fn storage(map: Option<&BTreeMap<String, Quantity>>) -> Option<Atom> {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClaimView {
     pub namespace: Atom,
-    pub name: String,
-    pub uid: String,
+    /// `namespace/name`: the claim's key in the caches and queues that name it so, which
+    /// share it.
+    pub key: Arc<str>,
+    /// Shared with the keys of the indexes, queues and re-lists that name the claim by UID.
+    pub uid: Arc<str>,
     pub resource_version: String,
     pub deleting: bool,
     /// The finalizers of [`CLAIM_FINALIZERS`] the claim has.
@@ -468,6 +473,7 @@ impl ClaimView {
         let meta = &pvc.metadata;
         let spec = pvc.spec.as_ref();
         let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let namespace = meta.namespace.as_deref().unwrap_or_default();
         let unbound = (volume_name.is_empty() && needs.any(Needs::PROVISIONER)).then(|| {
             let mut annotations = meta.annotations.clone().unwrap_or_default();
             annotations.remove(LAST_APPLIED);
@@ -477,9 +483,9 @@ impl ClaimView {
             })
         });
         Self {
-            namespace: Atom::new(meta.namespace.as_deref().unwrap_or_default()),
-            name: meta.name.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
+            namespace: Atom::new(namespace),
+            key: format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default()).into(),
+            uid: meta.uid.as_deref().unwrap_or_default().into(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
             finalizers: meta
@@ -508,6 +514,11 @@ impl ClaimView {
                 .then(|| Box::new(ResizeFields::from_api(pvc))),
             unbound,
         }
+    }
+
+    pub fn name(&self) -> &str {
+        let namespace = self.namespace.len();
+        self.key.get(namespace + 1..).unwrap_or_default()
     }
 
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
@@ -553,7 +564,7 @@ mod tests {
             })),
             Needs::ALL,
         );
-        assert_eq!(view.name, "pv-1");
+        assert_eq!(&*view.name, "pv-1");
         assert_eq!(view.driver(), "d");
         assert_eq!(view.volume_handle(), "h");
         assert_eq!(view.capacity.as_deref(), Some("1Gi"));
@@ -635,6 +646,7 @@ mod tests {
         }))
         .expect("a claim");
         let view = ClaimView::from_api(&pvc, Needs::ALL);
+        assert_eq!((&*view.key, view.name(), &*view.uid), ("ns/c", "c", "u"));
         assert!(view.unbound.is_none());
         assert_eq!(&*view.finalizers, [CLONE_FINALIZER]);
         assert!(view.has_finalizer(CLONE_FINALIZER));

@@ -14,6 +14,7 @@
 //! Metrics ([`WorkQueueMetrics`]) use client-go's workqueue names and `name` label, plus per-lane
 //! depth and oldest-item age, and the number of keys waiting for their backoff.
 
+use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::Hash;
@@ -355,7 +356,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Queues `key` in `lane` (or moves it there), unless it is already queued.
-    pub fn add(&self, key: K, lane: usize) {
+    pub fn add(&self, key: impl Into<K>, lane: usize) {
+        let key = key.into();
         let lane = self.lane_index(lane);
         let outcome = self.state().add(key, lane, Instant::now());
         if matches!(outcome, AddOutcome::Queued | AddOutcome::Deferred)
@@ -369,7 +371,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Queues `key` after `delay`; an earlier pending delay of the same key wins.
-    pub fn add_after(&self, key: K, lane: usize, delay: Duration) {
+    pub fn add_after(&self, key: impl Into<K>, lane: usize, delay: Duration) {
+        let key = key.into();
         if delay.is_zero() {
             return self.add(key, lane);
         }
@@ -380,7 +383,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Queues `key` after its next backoff delay; returns that delay.
-    pub fn add_rate_limited(&self, key: K, lane: usize) -> Duration {
+    pub fn add_rate_limited(&self, key: impl Into<K>, lane: usize) -> Duration {
+        let key = key.into();
         let delay = {
             let mut state = self.state();
             let failures = state.failures.entry(key.clone()).or_insert(0);
@@ -395,12 +399,18 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Resets the backoff of `key` (after a success).
-    pub fn forget(&self, key: &K) {
+    pub fn forget<Q: Hash + Eq + ?Sized>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+    {
         self.state().failures.remove(key);
     }
 
     /// How many times `key` has failed since its last success.
-    pub fn failures(&self, key: &K) -> u32 {
+    pub fn failures<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> u32
+    where
+        K: Borrow<Q>,
+    {
         self.state().failures.get(key).copied().unwrap_or(0)
     }
 
@@ -800,9 +810,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn duplicates_are_queued_once() {
         let q = queue(&["a"]);
-        q.add("x".into(), 0);
-        q.add("x".into(), 0);
-        q.add("y".into(), 0);
+        q.add("x", 0);
+        q.add("x", 0);
+        q.add("y", 0);
         assert_eq!(q.len(), 2);
         assert_eq!(next(&q).await.key, "x");
         assert_eq!(next(&q).await.key, "y");
@@ -812,9 +822,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_key_is_never_processed_twice_at_once() {
         let q = queue(&["a"]);
-        q.add("x".into(), 0);
+        q.add("x", 0);
         let item = next(&q).await;
-        q.add("x".into(), 0);
+        q.add("x", 0);
         assert!(ready_now(&q).is_none(), "must wait for done");
         q.done(&item.key);
         assert_eq!(next(&q).await.key, "x");
@@ -826,8 +836,8 @@ mod tests {
         for i in 0..5 {
             q.add(format!("d{i}"), 1);
         }
-        q.add("a0".into(), 0);
-        q.add("a1".into(), 0);
+        q.add("a0", 0);
+        q.add("a1", 0);
         let order: Vec<String> = [(); 5].iter().map(|_| ready_now(&q).unwrap().key).collect();
         assert_eq!(order, ["a0", "d0", "a1", "d1", "d2"]);
     }
@@ -835,8 +845,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn adding_to_another_lane_moves_the_key() {
         let q = queue(&["attach", "detach"]);
-        q.add("x".into(), 0);
-        q.add("x".into(), 1);
+        q.add("x", 0);
+        q.add("x", 1);
         let snapshot = q.snapshot();
         assert_eq!(snapshot.lanes[0].depth, 0);
         assert_eq!(snapshot.lanes[1].depth, 1);
@@ -848,8 +858,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn rate_limited_keys_wait_their_backoff() {
         let q = queue(&["a"]);
-        assert_eq!(q.add_rate_limited("x".into(), 0), Duration::from_secs(1));
-        assert_eq!(q.add_rate_limited("x".into(), 0), Duration::from_secs(2));
+        assert_eq!(q.add_rate_limited("x", 0), Duration::from_secs(1));
+        assert_eq!(q.add_rate_limited("x", 0), Duration::from_secs(2));
         assert!(ready_now(&q).is_none());
         assert_eq!(q.snapshot().delayed, 1);
         let started = Instant::now();
@@ -860,19 +870,19 @@ mod tests {
         q.done(&item.key);
         assert_eq!(q.failures(&"x".to_string()), 2);
         q.forget(&"x".to_string());
-        assert_eq!(q.add_rate_limited("x".into(), 0), Duration::from_secs(1));
+        assert_eq!(q.add_rate_limited("x", 0), Duration::from_secs(1));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_waiting_worker_wakes_for_an_earlier_delay() {
         let q = queue(&["a"]);
-        q.add_after("late".into(), 0, Duration::from_secs(100));
+        q.add_after("late", 0, Duration::from_secs(100));
         let worker = {
             let q = q.clone();
             tokio::spawn(async move { next(&q).await })
         };
         tokio::task::yield_now().await;
-        q.add_after("early".into(), 0, Duration::from_secs(5));
+        q.add_after("early", 0, Duration::from_secs(5));
         let started = Instant::now();
         let item = worker.await.unwrap();
         assert_eq!(item.key, "early");
@@ -889,14 +899,14 @@ mod tests {
         tokio::task::yield_now().await;
         q.shut_down();
         assert!(worker.await.unwrap().is_none());
-        q.add("x".into(), 0);
+        q.add("x", 0);
         assert!(q.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn wait_idle_waits_for_processing_keys() {
         let q = queue(&["a"]);
-        q.add("x".into(), 0);
+        q.add("x", 0);
         let item = next(&q).await;
         let idle = {
             let q = q.clone();
@@ -926,8 +936,8 @@ mod tests {
             },
             Some(&metrics),
         );
-        q.add("x".into(), 0);
-        q.add("y".into(), 1);
+        q.add("x", 0);
+        q.add("y", 1);
         tokio::time::advance(Duration::from_secs(3)).await;
         let item = next(&q).await;
         q.add_rate_limited(item.key.clone(), 0);

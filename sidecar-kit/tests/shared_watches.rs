@@ -153,7 +153,7 @@ async fn a_shared_view_holds_what_all_its_controllers_read() {
     pvs.create(&PostParams::default(), &pv).await.unwrap();
     let shutdown = CancellationToken::new();
     let hub = WatchHub::shared();
-    let mine = |v: &Arc<PvView>| v.name == name;
+    let mine = |v: &Arc<PvView>| *v.name == *name;
 
     // The provisioner alone: no access modes (it does not read them), its claim ref.
     let (mut provisioner, provisioner_seen) = view_subscriber(&hub, &pvs, Needs::PROVISIONER);

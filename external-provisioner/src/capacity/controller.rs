@@ -474,7 +474,7 @@ impl Running {
         let work = match change {
             Change::Apply(sc) | Change::Listed(sc) => {
                 let view = ClassView::from_api(sc);
-                relist.saw(&view.name);
+                relist.saw(view.name.clone());
                 state.tracker.set_class(&view)
             }
             Change::Delete(sc) => state
@@ -501,7 +501,7 @@ impl Running {
         let changed = match change {
             Change::Apply(node) | Change::Listed(node) => {
                 let name = node.metadata.name.clone().unwrap_or_default();
-                relist.saw(&name);
+                relist.saw(name.as_str());
                 state.topology.set_node(&name, model::node_labels(node))
             }
             Change::Delete(node) => state
@@ -531,7 +531,7 @@ impl Running {
         let changed = match change {
             Change::Apply(n) | Change::Listed(n) => {
                 let name = n.metadata.name.clone().unwrap_or_default();
-                relist.saw(&name);
+                relist.saw(name.as_str());
                 state
                     .topology
                     .set_csinode(&name, model::csinode_topology_keys(n, &driver))
@@ -580,7 +580,7 @@ impl Running {
         let work = match change {
             Change::Apply(o) | Change::Listed(o) => {
                 let s = stored(o);
-                relist.saw(&s.name);
+                relist.saw(s.name.as_str());
                 state.tracker.object_applied(s)
             }
             Change::Delete(o) => state
