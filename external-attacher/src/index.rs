@@ -44,6 +44,7 @@ pub enum Work {
 }
 
 pub use sidecar_kit::pipeline::Change;
+use sidecar_kit::pipeline::Relist;
 
 /// A VolumeAttachment whose status disagrees with the driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,10 +75,10 @@ pub struct VaView {
 }
 
 #[derive(Debug, Default)]
-struct Relist {
-    vas: Option<HashSet<String>>,
-    pvs: Option<HashSet<Arc<str>>>,
-    nodes: Option<HashSet<String>>,
+struct Relists {
+    vas: Relist,
+    pvs: Relist,
+    nodes: Relist,
 }
 
 #[derive(Debug)]
@@ -93,7 +94,7 @@ pub struct Index {
     pvs: HashMap<Arc<str>, Arc<PvView>>,
     /// This driver's node ID in each CSINode (`None`: the driver is not registered there).
     nodes: HashMap<String, Option<String>>,
-    relist: Relist,
+    relist: Relists,
 }
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -115,7 +116,7 @@ impl Index {
             pv_refs: HashMap::new(),
             pvs: HashMap::new(),
             nodes: HashMap::new(),
-            relist: Relist::default(),
+            relist: Relists::default(),
         }
     }
 
@@ -134,25 +135,15 @@ impl Index {
         match change {
             Change::Apply(va) => self.apply_va(va, &mut work),
             Change::Delete(va) => self.remove_va(&name_of(&va.metadata), &mut work),
-            Change::Relist => self.relist.vas = Some(HashSet::new()),
+            Change::Relist => self.relist.vas.start(),
             Change::Listed(va) => {
-                if let Some(seen) = self.relist.vas.as_mut() {
-                    seen.insert(name_of(&va.metadata));
-                }
+                self.relist.vas.saw(name_of(&va.metadata));
                 self.apply_va(va, &mut work);
             }
             Change::Relisted => {
-                if let Some(seen) = self.relist.vas.take() {
-                    let gone: Vec<String> = self
-                        .va_pvs
-                        .keys()
-                        .chain(self.vas.keys())
-                        .filter(|name| !seen.contains(*name))
-                        .cloned()
-                        .collect();
-                    for name in gone {
-                        self.remove_va(&name, &mut work);
-                    }
+                let known = self.va_pvs.keys().chain(self.vas.keys());
+                for name in self.relist.vas.finish(known) {
+                    self.remove_va(&name, &mut work);
                 }
             }
         }
@@ -248,16 +239,14 @@ impl Index {
             Change::Delete(pv) => {
                 self.pvs.remove(&*pv.name);
             }
-            Change::Relist => self.relist.pvs = Some(HashSet::new()),
+            Change::Relist => self.relist.pvs.start(),
             Change::Listed(pv) => {
-                if let Some(seen) = self.relist.pvs.as_mut() {
-                    seen.insert(pv.name.clone());
-                }
+                self.relist.pvs.saw(pv.name.clone());
                 self.apply_pv(pv, &mut work);
             }
             Change::Relisted => {
-                if let Some(seen) = self.relist.pvs.take() {
-                    self.pvs.retain(|name, _| seen.contains(name));
+                for name in self.relist.pvs.finish(self.pvs.keys()) {
+                    self.pvs.remove(&name);
                 }
             }
         }
@@ -336,16 +325,14 @@ impl Index {
             Change::Delete(node) => {
                 self.nodes.remove(&name_of(&node.metadata));
             }
-            Change::Relist => self.relist.nodes = Some(HashSet::new()),
+            Change::Relist => self.relist.nodes.start(),
             Change::Listed(node) => {
-                if let Some(seen) = self.relist.nodes.as_mut() {
-                    seen.insert(name_of(&node.metadata));
-                }
+                self.relist.nodes.saw(name_of(&node.metadata));
                 self.apply_node(node, &mut work);
             }
             Change::Relisted => {
-                if let Some(seen) = self.relist.nodes.take() {
-                    self.nodes.retain(|name, _| seen.contains(name));
+                for name in self.relist.nodes.finish(self.nodes.keys()) {
+                    self.nodes.remove(&name);
                 }
             }
         }

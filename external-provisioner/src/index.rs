@@ -78,7 +78,7 @@ pub struct Index {
     /// VolumeAttachment name → (PV name, node name).
     attachments: HashMap<String, (String, String)>,
     /// The claims without a volume that name each snapshot or claim as their data source.
-    by_source: HashMap<SourceKey, BTreeSet<String>>,
+    by_source: HashMap<SourceKey, BTreeSet<Arc<str>>>,
     /// VolumeSnapshots by namespace and name, when they are watched.
     snapshots: HashMap<(String, String), Snapshot>,
     /// ReferenceGrants by namespace and name, when they are watched.
@@ -160,10 +160,11 @@ impl Index {
 
     /// Claims without a volume, whatever their class.
     pub fn pending_claims(&self) -> impl Iterator<Item = Claim> + '_ {
-        self.claims
-            .values()
-            .filter(|c| c.unbound.is_some())
-            .map(|view| Claim::from_view(view))
+        self.pending_views().map(|view| Claim::from_view(view))
+    }
+
+    fn pending_views(&self) -> impl Iterator<Item = &Arc<ClaimView>> {
+        self.claims.values().filter(|c| c.unbound.is_some())
     }
 
     /// The claim `namespace/name`. Claims are kept by UID, so this looks through them all; it
@@ -211,9 +212,7 @@ impl Index {
 
     /// Every key, for a periodic resync.
     pub fn resync(&self) -> Vec<Work> {
-        self.claims
-            .values()
-            .filter(|c| c.unbound.is_some())
+        self.pending_views()
             .map(|c| Work::Claim(c.uid.clone()))
             .chain(self.volumes.keys().map(|n| Work::Volume(n.clone())))
             .collect()
@@ -278,7 +277,7 @@ impl Index {
                 self.by_source
                     .entry(key.clone())
                     .or_default()
-                    .insert(claim.uid.clone());
+                    .insert(view.uid.clone());
             }
         }
         let as_source = (
@@ -330,7 +329,7 @@ impl Index {
     /// Queues the claims that wait for `source`.
     fn requeue_users(&self, source: &SourceKey, work: &mut Vec<Work>) {
         if let Some(users) = self.by_source.get(source) {
-            work.extend(users.iter().map(|uid| Work::Claim(uid.as_str().into())));
+            work.extend(users.iter().cloned().map(Work::Claim));
         }
     }
 
