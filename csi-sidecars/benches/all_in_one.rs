@@ -2,9 +2,10 @@
 //! snapshotter, livenessprobe) as five processes and as one all-in-one process
 //! (`--controllers=*,livenessprobe`), each layout against an API server of its own that holds
 //! `BENCH_PAIRS` (default 50000) bound PVC+PV pairs: lists and watches at start-up, resident
-//! memory once every controller has done its first operation, then after `BENCH_OPS` (default
+//! memory once every controller has done its first operation, has worked off what start-up
+//! queued and has given back what it could (idle), then the same after `BENCH_OPS` (default
 //! 1000) claims provisioned, attached, expanded and snapshotted (at unlimited QPS, so that the
-//! run measures the processes, not the rate limit).
+//! run measures the processes, not the rate limit). Every pair is still bound at the end.
 //!
 //! `cargo bench -p csi-sidecars --bench all_in_one`; `BENCH_ONLY=separate|aio` runs one layout.
 //! `BENCH_BINS=$PWD/target/release` (after `cargo build --release --bins`) runs the five processes
@@ -23,8 +24,11 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use testkit::apiserver::{ApiServer, Options, Verb};
-use testkit::measure::{Usage, clock_ticks, env_usize, free_port, http_get, usage};
+use testkit::measure::{
+    Usage, clock_ticks, env_usize, free_port, http_get, until_queues_empty, until_settled, usage,
+};
 use testkit::mockdriver::{MockDriver, MockHandle};
+use testkit::pairs::Pairs;
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
@@ -34,6 +38,11 @@ const NAMESPACE: &str = "default";
 const CLASS: &str = "bench";
 const SNAPSHOT_CLASS: &str = "bench-snap";
 const NODES: usize = 10;
+const PAIRS: Pairs = Pairs {
+    driver: DRIVER,
+    class: CLASS,
+    namespace: NAMESPACE,
+};
 const PARALLEL: usize = 64;
 /// Longest wait for one phase.
 const WAIT_LIMIT: Duration = Duration::from_secs(900);
@@ -50,14 +59,14 @@ fn snapshot_api(client: &kube::Client, kind: &str, plural: &str, ns: bool) -> Ap
     }
 }
 
-async fn create<K>(api: &Api<K>, object: Value)
+async fn create<K>(api: &Api<K>, object: Value) -> K
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
     let object: K = serde_json::from_value(object).expect("a valid object");
     api.create(&PostParams::default(), &object)
         .await
-        .expect("created");
+        .expect("created")
 }
 
 /// Polls `count` until it reaches `want`, at most [`WAIT_LIMIT`]; the time it took.
@@ -126,49 +135,21 @@ impl World {
             .await;
         }
         let fill = Instant::now();
-        let pvs: Api<PersistentVolume> = Api::all(client.clone());
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, NAMESPACE);
-        futures::stream::iter(0..pairs)
-            .map(|i| {
-                let (pvs, pvcs) = (pvs.clone(), pvcs.clone());
-                async move {
-                    let name = format!("pair-{i}");
-                    let uid = format!("00000000-0000-0000-0000-{i:012}");
-                    create(&pvs, json!({
-                        "metadata": {"name": format!("pvc-{uid}"),
-                            "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
-                            "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER}},
-                        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": CLASS,
-                            "claimRef": {"namespace": NAMESPACE, "name": name, "uid": uid},
-                            "csi": {"driver": DRIVER, "volumeHandle": format!("vol-{i}")}}
-                    }))
-                    .await;
-                    create(
-                        &pvcs,
-                        json!({
-                            "metadata": {"name": name, "annotations": {
-                                "volume.kubernetes.io/storage-provisioner": DRIVER,
-                                "pv.kubernetes.io/bind-completed": "yes"}},
-                            "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"],
-                                "volumeName": format!("pvc-{uid}"),
-                                "resources": {"requests": {"storage": "1Gi"}}}
-                        }),
-                    )
-                    .await;
-                }
-            })
-            .buffer_unordered(PARALLEL)
-            .collect::<Vec<_>>()
-            .await;
-        (
-            Self {
-                api,
-                mock,
-                _dir: dir,
-            },
-            fill.elapsed(),
-        )
+        PAIRS.fill(&client, pairs).await.expect("the pairs made");
+        let world = Self {
+            api,
+            mock,
+            _dir: dir,
+        };
+        until("pairs bound", pairs, || world.bound_pairs()).await;
+        (world, fill.elapsed())
+    }
+
+    async fn bound_pairs(&self) -> usize {
+        PAIRS
+            .bound(&self.api.client())
+            .await
+            .expect("the pairs listed")
     }
 
     /// A sidecar process: `first` names the sidecar or the selection; every controller without
@@ -462,24 +443,34 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
         .filter(|(k, _)| k.verb == Verb::Watch)
         .map(|(_, n)| n)
         .sum();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let drained = until_queues_empty(&ports, WAIT_LIMIT).await;
+    until_settled(&pids, WAIT_LIMIT).await;
     let idle = total(&pids, ticks);
-    let each: Vec<String> = sidecars
-        .iter()
-        .zip(&pids)
-        .map(|(sidecar, pid)| format!("{sidecar} {}", mib(usage(*pid, ticks).rss_kib)))
-        .collect();
+    let each = || -> Vec<String> {
+        sidecars
+            .iter()
+            .zip(&pids)
+            .map(|(sidecar, pid)| format!("{sidecar} {}", mib(usage(*pid, ticks).rss_kib)))
+            .collect()
+    };
+    let each_idle = each();
     let stages = world.operate("op", ops).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    until_queues_empty(&ports, WAIT_LIMIT).await;
+    until_settled(&pids, WAIT_LIMIT).await;
     let after = total(&pids, ticks);
+    let each_after = each();
+    // Every pair is still bound, and so is every claim the run made.
+    let bound = world.bound_pairs().await;
+    assert_eq!(bound, pairs + 1 + ops, "bound pairs after the run");
     println!(
         "## {label}: {} process(es), {pairs} pairs (filled in {:.0} s)",
         pids.len(),
         fill.as_secs_f64()
     );
     println!(
-        "start-up to a claim provisioned, attached, grown and snapshotted: {:.1} s; lists {reads} (the benchmark's own included), watches {watches}",
-        ready.as_secs_f64()
+        "start-up to a claim provisioned, attached, grown and snapshotted: {:.1} s, to every queue empty: {:.1} s more; lists {reads} (the benchmark's own included), watches {watches}",
+        ready.as_secs_f64(),
+        drained.as_secs_f64()
     );
     println!(
         "RSS idle {} (anon {}, file {}); after {ops} of each operation {} (anon {}), peaks summed {}; CPU {:.1} s",
@@ -491,7 +482,11 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
         mib(after.peak_rss_kib),
         after.cpu_seconds
     );
-    println!("RSS idle of each: {}", each.join(", "));
+    println!(
+        "RSS of each, idle: {}; after: {}",
+        each_idle.join(", "),
+        each_after.join(", ")
+    );
     println!(
         "{ops} provisioned {:.1} s, attached {:.1} s, expanded {:.1} s, snapshotted {:.1} s",
         stages[0].as_secs_f64(),

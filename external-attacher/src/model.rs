@@ -235,9 +235,9 @@ impl Pv {
             fs_type: csi.fs_type.clone(),
             volume_attributes: csi
                 .volume_attributes
-                .as_deref()
-                .cloned()
-                .unwrap_or_default(),
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
             publish_secret: csi.publish_secret.clone(),
         });
         Self {

@@ -27,8 +27,12 @@ use kube::api::{
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Options, Verb};
-use testkit::measure::{clock_ticks, env_usize, free_port, http_get, percentile, usage};
+use testkit::measure::{
+    clock_ticks, env_usize, free_port, http_get, percentile, until_queues_empty, until_settled,
+    usage,
+};
 use testkit::mockdriver::{MockDriver, MockHandle};
+use testkit::pairs::Pairs;
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
@@ -407,41 +411,18 @@ async fn burst_run(count: usize, settle: Duration) {
 async fn idle_run(pairs: usize) {
     let bench = Bench::start().await;
     let client = bench.api.client();
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, NAMESPACE);
+    let made = Pairs {
+        driver: DRIVER,
+        class: CLASS,
+        namespace: NAMESPACE,
+    };
     let fill = Instant::now();
-    futures::stream::iter(0..pairs)
-        .map(|i| {
-            let (pvs, pvcs) = (pvs.clone(), pvcs.clone());
-            async move {
-                let name = format!("pair-{i}");
-                let uid = format!("00000000-0000-0000-0000-{i:012}");
-                let pv: PersistentVolume = serde_json::from_value(json!({
-                    "metadata": {"name": format!("pvc-{uid}"), "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
-                        "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER,
-                            "volume.kubernetes.io/provisioner-deletion-secret-name": "",
-                            "volume.kubernetes.io/provisioner-deletion-secret-namespace": ""}},
-                    "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Delete", "storageClassName": CLASS,
-                        "claimRef": {"namespace": NAMESPACE, "name": name, "uid": uid},
-                        "csi": {"driver": DRIVER, "volumeHandle": format!("vol-{i}"), "fsType": "ext4",
-                            "volumeAttributes": {"storage.kubernetes.io/csiProvisionerIdentity": "1700000000000-1-hostpath.csi.k8s.io"}}}
-                }))
-                .unwrap();
-                pvs.create(&PostParams::default(), &pv).await.unwrap();
-                let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-                    "metadata": {"name": name, "annotations": {"volume.kubernetes.io/storage-provisioner": DRIVER,
-                        "pv.kubernetes.io/bind-completed": "yes"}},
-                    "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"], "volumeName": format!("pvc-{uid}"),
-                        "resources": {"requests": {"storage": "1Gi"}}}
-                }))
-                .unwrap();
-                pvcs.create(&PostParams::default(), &pvc).await.unwrap();
-            }
-        })
-        .buffer_unordered(PARALLEL)
-        .collect::<Vec<_>>()
-        .await;
+    made.fill(&client, pairs).await.unwrap();
+    let bound = || async { made.bound(&client).await.unwrap() };
+    while bound().await < pairs {
+        assert!(fill.elapsed() < WAIT_LIMIT, "the pairs are not bound");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let fill = fill.elapsed();
 
     // Baseline: the same binary with nothing to cache (another API server).
@@ -449,7 +430,7 @@ async fn idle_run(pairs: usize) {
     let port = free_port().unwrap();
     let child = empty.spawn(port, &["--kube-api-qps=-1"]);
     ready(port).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    until_settled(&[child.id().unwrap()], WAIT_LIMIT).await;
     let baseline = usage(child.id().unwrap(), empty.ticks);
     drop(child);
 
@@ -462,8 +443,15 @@ async fn idle_run(pairs: usize) {
     let marker = bench.create_claims("marker", 1).await;
     bench.wait_bound(&marker).await;
     let synced = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Idle: what start-up queued is worked off, and what it freed is given back.
+    until_queues_empty(&[port], WAIT_LIMIT).await;
+    until_settled(&[pid], WAIT_LIMIT).await;
     let loaded = usage(pid, bench.ticks);
+    assert_eq!(
+        bound().await,
+        pairs + 1,
+        "every pair and the marker still bound"
+    );
     let per_pair = (loaded.rss_kib.saturating_sub(baseline.rss_kib)) as f64 * 1024.0 / pairs as f64;
     println!(
         "## idle with {pairs} bound PVC+PV pairs (filled in {:.1} s)",

@@ -354,7 +354,7 @@ impl Index {
         self.claims
             .iter()
             .filter(|(_, c)| {
-                c.resize.as_ref().is_some_and(|r| {
+                c.resize().is_some_and(|r| {
                     r.attributes_class.as_deref() == Some(name.as_str())
                         && r.modify_status
                             .as_ref()

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVo
 use k8s_openapi::api::storage::v1::VolumeAttributesClass;
 use sidecar_kit::atom::Atom;
 use sidecar_kit::quantity;
-use sidecar_kit::views::{self, ClaimView, Needs, PvView, ResizeFields};
+use sidecar_kit::views::{self, ClaimView, Needs, PvView};
 
 /// What this controller reads of the process's shared views.
 pub const NEEDS: Needs = Needs::RESIZER;
@@ -167,8 +167,7 @@ impl Claim {
         let size = |text: &Option<Atom>| text.as_deref().and_then(Size::parse);
         // Views made for a process with a resizer have these; an empty set reads as a claim
         // without status.
-        let none = ResizeFields::default();
-        let fields = view.resize.as_deref().unwrap_or(&none);
+        let fields = view.resize().unwrap_or_default();
         Self {
             namespace: view.namespace.clone(),
             name: view.name().to_string(),

@@ -4,6 +4,7 @@
 //! is pointed at by every controller's index, which projects its own model out of it when it
 //! decides. A process of one controller holds the same view, so there is one code path.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -126,8 +127,10 @@ pub struct CsiView {
     pub volume_handle: String,
     pub read_only: bool,
     pub fs_type: Atom,
-    /// Boxed, and only for the attacher, as most volumes have none.
-    pub volume_attributes: Option<Box<BTreeMap<String, String>>>,
+    /// Only for the attacher. Interned: the provisioner writes its identity into every volume
+    /// it makes, and a map of its own in each cached volume would cost more than the rest of
+    /// the view.
+    pub volume_attributes: Box<[(Atom, Atom)]>,
     // Boxed: most volumes have none, and every cached volume would carry the room for them.
     pub publish_secret: Option<Box<SecretRef>>,
     pub expand_secret: Option<Box<SecretRef>>,
@@ -259,9 +262,11 @@ impl PvView {
                 fs_type: Atom::new(csi.fs_type.as_deref().unwrap_or_default()),
                 volume_attributes: csi
                     .volume_attributes
-                    .as_ref()
-                    .filter(|a| !a.is_empty() && needs.any(Needs::ATTACHER))
-                    .map(|a| Box::new(a.clone())),
+                    .iter()
+                    .flatten()
+                    .filter(|_| needs.any(Needs::ATTACHER))
+                    .map(|(key, value)| (Atom::new(key), Atom::new(value)))
+                    .collect(),
                 publish_secret: csi
                     .controller_publish_secret_ref
                     .as_ref()
@@ -427,6 +432,15 @@ impl ResizeFields {
         }
     }
 
+    /// The fields of a claim whose status holds nothing the resizer reads but a capacity
+    /// written as `request` is.
+    fn at_request(request: &Option<Atom>) -> Self {
+        Self {
+            capacity: request.clone(),
+            ..Self::default()
+        }
+    }
+
     /// The value of annotation `key`, one of those kept.
     pub fn annotation(&self, key: &str) -> Option<&str> {
         debug_assert!(CLAIM_ANNOTATIONS.contains(&key), "{key} is not kept");
@@ -463,7 +477,12 @@ pub struct ClaimView {
     pub storage_class: Option<Atom>,
     /// `spec.resources.requests.storage`, as written.
     pub request: Option<Atom>,
-    pub resize: Option<Box<ResizeFields>>,
+    /// The resizer's fields (see [`ClaimView::resize`]): absent when no resizer runs, and when
+    /// all a claim holds of them is a capacity as written in its request, as most bound claims
+    /// do, which saves them a box of their own.
+    resize: Option<Box<ResizeFields>>,
+    /// Made for a resizer: an absent `resize` then stands for the capacity at the request.
+    for_resizer: bool,
     /// For the provisioner, while the claim has no volume.
     pub unbound: Option<Box<Unbound>>,
 }
@@ -474,6 +493,10 @@ impl ClaimView {
         let spec = pvc.spec.as_ref();
         let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
         let namespace = meta.namespace.as_deref().unwrap_or_default();
+        let request = storage(
+            spec.and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref()),
+        );
         let unbound = (volume_name.is_empty() && needs.any(Needs::PROVISIONER)).then(|| {
             let mut annotations = meta.annotations.clone().unwrap_or_default();
             annotations.remove(LAST_APPLIED);
@@ -505,14 +528,23 @@ impl ClaimView {
             storage_class: spec
                 .and_then(|s| s.storage_class_name.as_deref())
                 .map(Atom::from),
-            request: storage(
-                spec.and_then(|s| s.resources.as_ref())
-                    .and_then(|r| r.requests.as_ref()),
-            ),
             resize: needs
                 .any(Needs::RESIZER)
-                .then(|| Box::new(ResizeFields::from_api(pvc))),
+                .then(|| ResizeFields::from_api(pvc))
+                .filter(|fields| *fields != ResizeFields::at_request(&request))
+                .map(Box::new),
+            for_resizer: needs.any(Needs::RESIZER),
+            request,
             unbound,
+        }
+    }
+
+    /// What the resizer reads of the claim; `None` when the view was made without it.
+    pub fn resize(&self) -> Option<Cow<'_, ResizeFields>> {
+        match (&self.resize, self.for_resizer) {
+            (Some(fields), _) => Some(Cow::Borrowed(fields)),
+            (None, true) => Some(Cow::Owned(ResizeFields::at_request(&self.request))),
+            (None, false) => None,
         }
     }
 
@@ -603,11 +635,14 @@ mod tests {
         }));
         let attacher = PvView::from_api(&pv, Needs::ATTACHER);
         assert!(attacher.claim_ref.is_none() && attacher.annotations.is_empty());
-        let attributes = |v: &PvView| v.csi.as_ref().and_then(|c| c.volume_attributes.clone());
-        assert_eq!(attributes(&attacher).map(|a| a.len()), Some(1));
+        let attributes = |v: &PvView| v.csi.as_ref().map(|c| c.volume_attributes.clone());
+        assert_eq!(
+            attributes(&attacher).as_deref(),
+            Some(&[(Atom::new("a"), Atom::new("b"))][..])
+        );
         let provisioner = PvView::from_api(&pv, Needs::PROVISIONER);
         assert!(provisioner.access_modes.is_empty());
-        assert_eq!(attributes(&provisioner), None);
+        assert_eq!(attributes(&provisioner).as_deref(), Some(&[][..]));
         assert_eq!(provisioner.annotation(PROVISIONED_BY), Some("d"));
         assert_eq!(provisioner.annotations.len(), 1);
         let both = PvView::from_api(&pv, Needs::PROVISIONER | Needs::RESIZER);
@@ -651,17 +686,45 @@ mod tests {
         assert_eq!(&*view.finalizers, [CLONE_FINALIZER]);
         assert!(view.has_finalizer(CLONE_FINALIZER));
         assert_eq!(view.request.as_deref(), Some("2Gi"));
-        let resize = view.resize.as_ref().expect("the resizer's fields");
+        let resize = view.resize().expect("the resizer's fields");
         assert_eq!(resize.annotation(STORAGE_RESIZER), Some("d"));
         assert_eq!(resize.annotations.len(), 1);
         assert_eq!(resize.capacity.as_deref(), Some("1Gi"));
         assert_eq!(resize.conditions[0].type_, "Resizing");
         let provisioner = ClaimView::from_api(&pvc, Needs::PROVISIONER);
         assert!(
-            provisioner.resize.is_none(),
+            provisioner.resize().is_none(),
             "no resizer, no resizer fields"
         );
         assert_eq!(provisioner.request, view.request);
+    }
+
+    #[test]
+    fn a_claim_at_its_requested_capacity_keeps_no_resizer_fields_of_its_own() {
+        let claim = |capacity: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": "c", "uid": "u"},
+                "spec": {"volumeName": "pv-1", "resources": {"requests": {"storage": "1Gi"}}},
+                "status": {"phase": "Bound", "capacity": {"storage": capacity},
+                           "accessModes": ["ReadWriteOnce"]},
+            }))
+            .expect("a claim")
+        };
+        let at_request = ClaimView::from_api(&claim("1Gi"), Needs::ALL);
+        assert!(at_request.resize.is_none(), "nothing boxed");
+        let fields = at_request.resize().expect("the resizer's fields");
+        assert_eq!(*fields, ResizeFields::at_request(&Some(Atom::new("1Gi"))));
+        assert_eq!(fields.capacity.as_deref(), Some("1Gi"));
+        // Written otherwise: the same size to a resizer's parser, but kept as written.
+        let written_otherwise = ClaimView::from_api(&claim("1073741824"), Needs::ALL);
+        let fields = written_otherwise.resize().expect("the resizer's fields");
+        assert!(matches!(fields, Cow::Borrowed(_)), "boxed");
+        assert_eq!(fields.capacity.as_deref(), Some("1073741824"));
+        assert!(
+            ClaimView::from_api(&claim("1Gi"), Needs::PROVISIONER)
+                .resize()
+                .is_none()
+        );
     }
 
     #[test]

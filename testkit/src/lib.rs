@@ -7,6 +7,7 @@ pub mod kubelet;
 pub mod leaks;
 pub mod measure;
 pub mod mockdriver;
+pub mod pairs;
 pub mod process;
 pub mod rng;
 #[cfg(unix)]

@@ -94,6 +94,73 @@ pub fn usage(pid: u32, ticks: f64) -> Usage {
     }
 }
 
+/// Whether a sidecar's `/metrics` text shows no work queued or being worked on: every
+/// `workqueue_depth` and `workqueue_unfinished_work_seconds` sample is zero.
+pub fn queues_empty(metrics: &str) -> bool {
+    !metrics.lines().any(|line| {
+        (line.starts_with("workqueue_depth{")
+            || line.starts_with("workqueue_unfinished_work_seconds{"))
+            && line
+                .rsplit_once(' ')
+                .and_then(|(_, v)| v.parse::<f64>().ok())
+                .is_none_or(|v| v != 0.0)
+    })
+}
+
+/// Waits until the sidecars serving `/metrics` on `ports` all have empty queues (see
+/// [`queues_empty`]); how long that took. Panics after `limit`.
+pub async fn until_queues_empty(ports: &[u16], limit: Duration) -> Duration {
+    let start = std::time::Instant::now();
+    loop {
+        let mut busy = Vec::new();
+        for port in ports {
+            match http_get(*port, "/metrics").await {
+                Some((200, body)) if queues_empty(&body) => {}
+                _ => busy.push(*port),
+            }
+        }
+        if busy.is_empty() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "queues still busy after {limit:?} on ports {busy:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How long a resident set must not shrink to count as settled: longer than two periods of
+/// the sidecars' check for memory to give back after a burst (10 s), so that a measurement is
+/// not taken just before a trim.
+pub const SETTLED_FOR: Duration = Duration::from_secs(25);
+
+/// Waits until the summed resident set of `pids` has not shrunk by more than a few pages for
+/// [`SETTLED_FOR`]. Panics after `limit`.
+pub async fn until_settled(pids: &[u32], limit: Duration) {
+    let rss = || {
+        pids.iter()
+            .map(|pid| usage(*pid, 100.0).rss_kib)
+            .sum::<u64>()
+    };
+    let start = std::time::Instant::now();
+    let mut lowest = rss();
+    let mut since = std::time::Instant::now();
+    while since.elapsed() < SETTLED_FOR {
+        assert!(
+            start.elapsed() < limit,
+            "the resident set still shrinks after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = rss();
+        // 256 KiB or less is a few pages touched or given back, not a trim.
+        if now + 256 < lowest {
+            since = std::time::Instant::now();
+        }
+        lowest = lowest.min(now);
+    }
+}
+
 /// The `p` quantile (0..=1) of sorted durations, nearest rank.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -113,6 +180,27 @@ mod tests {
         assert_eq!(percentile(&d, 0.5), Duration::from_millis(51));
         assert_eq!(percentile(&d, 0.99), Duration::from_millis(99));
         assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn queues_are_empty_when_every_depth_and_unfinished_work_is_zero() {
+        let idle = "# HELP workqueue_depth Current depth\n\
+                    workqueue_depth{name=\"claims\"} 0\n\
+                    workqueue_unfinished_work_seconds{name=\"claims\"} 0\n\
+                    workqueue_adds_total{name=\"claims\"} 7\n";
+        assert!(queues_empty(idle));
+        assert!(!queues_empty(&idle.replace(
+            "depth{name=\"claims\"} 0",
+            "depth{name=\"claims\"} 3"
+        )));
+        assert!(!queues_empty(&idle.replace(
+            "seconds{name=\"claims\"} 0",
+            "seconds{name=\"claims\"} 0.25"
+        )));
+        assert!(
+            !queues_empty("workqueue_depth{name=\"claims\"} x"),
+            "unreadable is busy"
+        );
     }
 
     #[tokio::test]
