@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use sidecar_kit::migration;
 use sidecar_kit::views::PvView;
+use sidecar_kit::viewtable::ViewTable;
 
 use crate::decide::{self, NodeLookup};
 use crate::model::{self, NEEDS, Pv, Va, VaSource, csinode_node_id};
@@ -91,7 +92,7 @@ pub struct Index {
     /// VolumeAttachments (of any driver) naming each PV.
     pv_refs: HashMap<String, HashSet<String>>,
     /// The process's shared views of the PVs; the attacher's [`Pv`] is projected on reading.
-    pvs: HashMap<Arc<str>, Arc<PvView>>,
+    pvs: ViewTable<PvView>,
     /// This driver's node ID in each CSINode (`None`: the driver is not registered there).
     nodes: HashMap<String, Option<String>>,
     relist: Relists,
@@ -114,7 +115,7 @@ impl Index {
             vas: HashMap::new(),
             va_pvs: HashMap::new(),
             pv_refs: HashMap::new(),
-            pvs: HashMap::new(),
+            pvs: ViewTable::new(|p| &p.name),
             nodes: HashMap::new(),
             relist: Relists::default(),
         }
@@ -237,7 +238,7 @@ impl Index {
         match change {
             Change::Apply(pv) => self.apply_pv(pv, &mut work),
             Change::Delete(pv) => {
-                self.pvs.remove(&*pv.name);
+                self.pvs.remove(&pv.name);
             }
             Change::Relist => self.relist.pvs.start(),
             Change::Listed(pv) => {
@@ -254,7 +255,7 @@ impl Index {
     }
 
     fn apply_pv(&mut self, view: &Arc<PvView>, work: &mut Vec<Work>) {
-        let old = self.pvs.get(&*view.name);
+        let old = self.pvs.get(&view.name);
         if let Some(old) = old
             && stale(&view.resource_version, &old.resource_version)
         {
@@ -262,7 +263,7 @@ impl Index {
         }
         let pv = Pv::from_view(view);
         if !pv.concerns(&self.driver, &self.finalizer) {
-            self.pvs.remove(&*view.name);
+            self.pvs.remove(&view.name);
             return;
         }
         // Compared on the views, what the attacher's spec is made of (in a shared view, a
@@ -281,7 +282,7 @@ impl Index {
             // Attachments that failed for want of this PV can go on now.
             work.extend(self.waiting_on_pv(&pv.name));
         }
-        self.pvs.insert(view.name.clone(), view.clone());
+        self.pvs.insert(view.clone());
     }
 
     fn waiting_on_pv(&self, pv: &str) -> Vec<Work> {
@@ -301,7 +302,7 @@ impl Index {
     /// Stores a PersistentVolume returned by a write (or a read), unless a newer one is cached.
     pub fn store_pv(&mut self, api: &PersistentVolume) {
         let view = PvView::from_api(api, NEEDS);
-        if let Some(old) = self.pvs.get(&*view.name)
+        if let Some(old) = self.pvs.get(&view.name)
             && stale(&view.resource_version, &old.resource_version)
         {
             return;
@@ -310,9 +311,9 @@ impl Index {
         // Being deleted without finalizers: the write completed the deletion.
         let gone = pv.deleting && pv.finalizers.is_empty();
         if !gone && pv.concerns(&self.driver, &self.finalizer) {
-            self.pvs.insert(view.name.clone(), Arc::new(view));
+            self.pvs.insert(Arc::new(view));
         } else {
-            self.pvs.remove(&*view.name);
+            self.pvs.remove(&view.name);
         }
     }
 

@@ -15,6 +15,7 @@ use sidecar_kit::atom::Atom;
 use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::shrink::ShrinkWhenSparse;
 use sidecar_kit::views::{ClaimView, PvView};
+use sidecar_kit::viewtable::ViewTable;
 
 use crate::model::{self, Claim, Class, NEEDS, SourceKey, SourceKind, Volume};
 use crate::sources::{Grant, ReferenceGrant, Snapshot, VolumeSnapshot};
@@ -67,7 +68,7 @@ pub struct Index {
     node_topology: Option<BTreeMap<String, String>>,
     /// The process's shared views of the claims, by UID; the provisioner's [`Claim`] is
     /// projected on reading.
-    claims: HashMap<Arc<str>, Arc<ClaimView>>,
+    claims: ViewTable<ClaimView>,
     /// The process's shared views of the driver's PVs; the provisioner's [`Volume`] is
     /// projected on reading.
     volumes: HashMap<Arc<str>, StoredVolume>,
@@ -103,7 +104,7 @@ impl Index {
         Self {
             driver: driver.to_string(),
             node_topology: None,
-            claims: HashMap::new(),
+            claims: ViewTable::new(|c| &c.uid),
             volumes: HashMap::new(),
             classes: HashMap::new(),
             csinodes: HashMap::new(),
@@ -295,7 +296,7 @@ impl Index {
         if claim.pending.is_some() {
             work.push(Work::Claim(view.uid.clone()));
         }
-        self.claims.insert(view.uid.clone(), view.clone());
+        self.claims.insert(view.clone());
     }
 
     fn remove_claim(&mut self, uid: &str, work: &mut Vec<Work>) {

@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::shrink::ShrinkWhenSparse;
 use sidecar_kit::views::{ClaimView, PvView};
+use sidecar_kit::viewtable::ViewTable;
 
 use crate::model::{Claim, NEEDS, PodClaims, Pv, Vac};
 
@@ -30,10 +31,10 @@ pub struct Index {
     recover: bool,
     /// The process's shared views of the claims, by `namespace/name`; the resizer's [`Claim`]
     /// is projected on reading.
-    claims: HashMap<Arc<str>, Arc<ClaimView>>,
+    claims: ViewTable<ClaimView>,
     /// The process's shared views of this driver's PVs; the resizer's [`Pv`] is projected on
     /// reading.
-    pvs: HashMap<Arc<str>, Arc<PvView>>,
+    pvs: ViewTable<PvView>,
     pods: HashMap<String, PodClaims>,
     /// Running pods per claim key.
     users: HashMap<String, u32>,
@@ -66,8 +67,8 @@ impl Index {
         Self {
             driver: driver.to_string(),
             recover,
-            claims: HashMap::new(),
-            pvs: HashMap::new(),
+            claims: ViewTable::new(|c| &c.key),
+            pvs: ViewTable::new(|p| &p.name),
             pods: HashMap::new(),
             users: HashMap::new(),
             in_use_refusals: HashSet::new(),
@@ -128,13 +129,13 @@ impl Index {
     /// Stores a claim as written by the resizer itself, so that the next step starts from it.
     pub fn store_claim(&mut self, pvc: &PersistentVolumeClaim) {
         let view = ClaimView::from_api(pvc, NEEDS);
-        self.claims.insert(view.key.clone(), Arc::new(view));
+        self.claims.insert(Arc::new(view));
     }
 
     pub fn store_pv(&mut self, pv: &PersistentVolume) {
         let view = PvView::from_api(pv, NEEDS);
         if Pv::from_view(&view, &self.driver).is_some() {
-            self.pvs.insert(view.name.clone(), Arc::new(view));
+            self.pvs.insert(Arc::new(view));
         }
     }
 
@@ -189,7 +190,7 @@ impl Index {
             }
             _ => true,
         };
-        self.claims.insert(key.clone(), view.clone());
+        self.claims.insert(view.clone());
         if work { vec![key] } else { vec![] }
     }
 
@@ -203,8 +204,7 @@ impl Index {
     fn claim_of(&self, pv: &Pv) -> Option<Arc<str>> {
         let r = pv.claim_ref.as_ref()?;
         let key = format!("{}/{}", r.namespace, r.name);
-        let (key, _) = self.claims.get_key_value(key.as_str())?;
-        Some(key.clone())
+        Some(self.claims.get(&key)?.key.clone())
     }
 
     pub fn pv_event(&mut self, change: Change<&Arc<PvView>>) -> Vec<Arc<str>> {
@@ -237,7 +237,7 @@ impl Index {
             self.remove_pv(&view.name);
             return vec![];
         };
-        let work = match self.pvs.get(&*view.name) {
+        let work = match self.pvs.get(&view.name) {
             Some(old) => {
                 old.capacity != view.capacity
                     || old.claim_ref != view.claim_ref
@@ -246,7 +246,7 @@ impl Index {
             None => true,
         };
         let claim = self.claim_of(&pv).filter(|_| work);
-        self.pvs.insert(view.name.clone(), view.clone());
+        self.pvs.insert(view.clone());
         claim.into_iter().collect()
     }
 

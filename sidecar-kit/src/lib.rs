@@ -27,6 +27,7 @@ pub mod quantity;
 pub mod shrink;
 pub mod startup;
 pub mod views;
+pub mod viewtable;
 pub mod watches;
 #[cfg(windows)]
 pub mod windows;
