@@ -5,7 +5,7 @@
 //! which PV each VolumeAttachment names. Objects written by the controller are stored from the
 //! write's response, and watch events older than what is stored are ignored.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -45,22 +45,6 @@ struct Relists {
 }
 
 #[derive(Debug)]
-struct StoredVolume {
-    view: Arc<PvView>,
-    /// Distributed provisioning: accessible from this node (always true otherwise).
-    on_this_node: bool,
-}
-
-impl StoredVolume {
-    fn volume(&self) -> Volume {
-        Volume {
-            on_this_node: self.on_this_node,
-            ..Volume::from_view(&self.view)
-        }
-    }
-}
-
-#[derive(Debug)]
 pub struct Index {
     driver: String,
     /// Distributed provisioning: the driver's topology on this node; PVs not accessible from
@@ -71,7 +55,10 @@ pub struct Index {
     claims: ViewTable<ClaimView>,
     /// The process's shared views of the driver's PVs; the provisioner's [`Volume`] is
     /// projected on reading.
-    volumes: HashMap<Arc<str>, StoredVolume>,
+    volumes: ViewTable<PvView>,
+    /// Distributed provisioning: the volumes of `volumes` not accessible from this node (none
+    /// otherwise).
+    off_node: HashSet<Arc<str>>,
     classes: HashMap<String, Class>,
     /// The driver's topology keys per CSINode (empty: the driver is not registered there).
     csinodes: HashMap<String, Vec<String>>,
@@ -105,7 +92,8 @@ impl Index {
             driver: driver.to_string(),
             node_topology: None,
             claims: ViewTable::new(|c| &c.uid),
-            volumes: HashMap::new(),
+            volumes: ViewTable::new(|v| &v.name),
+            off_node: HashSet::new(),
             classes: HashMap::new(),
             csinodes: HashMap::new(),
             nodes: HashMap::new(),
@@ -147,7 +135,10 @@ impl Index {
     }
 
     pub fn volume(&self, name: &str) -> Option<Volume> {
-        self.volumes.get(name).map(StoredVolume::volume)
+        self.volumes.get(name).map(|view| Volume {
+            on_this_node: !self.off_node.contains(name),
+            ..Volume::from_view(view)
+        })
     }
 
     /// The node of a VolumeAttachment naming `pv`, if any.
@@ -377,9 +368,7 @@ impl Index {
         let mut work = Vec::new();
         match change {
             Change::Apply((view, on_this_node)) => self.apply_volume(view, on_this_node, &mut work),
-            Change::Delete((view, _)) => {
-                self.volumes.remove(&view.name);
-            }
+            Change::Delete((view, _)) => self.forget_volume(&view.name),
             Change::Relist => self.relists.volumes.start(),
             Change::Listed((view, on_this_node)) => {
                 self.relists.volumes.saw(view.name.clone());
@@ -387,30 +376,39 @@ impl Index {
             }
             Change::Relisted => {
                 for name in self.relists.volumes.finish(self.volumes.keys()) {
-                    self.volumes.remove(&name);
+                    self.forget_volume(&name);
                 }
             }
         }
         self.volumes.shrink_when_sparse();
+        self.off_node.shrink_when_sparse();
         work
+    }
+
+    fn forget_volume(&mut self, name: &str) {
+        self.volumes.remove(name);
+        self.off_node.remove(name);
     }
 
     fn apply_volume(&mut self, view: Arc<PvView>, on_this_node: bool, work: &mut Vec<Work>) {
         let volume = Volume::from_view(&view);
         // The driver's own volumes: to delete, and to clone from.
         if !volume.owned_by(&self.driver) && volume.driver != self.driver {
-            self.volumes.remove(&*view.name);
+            self.forget_volume(&view.name);
             return;
         }
-        if let Some(old) = self.volumes.get(&*view.name)
-            && stale(&volume.resource_version, &old.view.resource_version)
+        if let Some(old) = self.volumes.get(&view.name)
+            && stale(&volume.resource_version, &old.resource_version)
         {
             return;
         }
         work.push(Work::Volume(view.name.clone()));
-        let name = view.name.clone();
-        self.volumes
-            .insert(name, StoredVolume { view, on_this_node });
+        if on_this_node {
+            self.off_node.remove(&view.name);
+        } else {
+            self.off_node.insert(view.name.clone());
+        }
+        self.volumes.insert(view);
     }
 
     /// Stores a PV the controller created or patched. A patch of a PV the cache no longer holds
@@ -523,9 +521,9 @@ impl Index {
         let mut work = Vec::new();
         let detach = |index: &mut Self, name: &str, work: &mut Vec<Work>| {
             if let Some((pv, _)) = index.attachments.remove(name)
-                && let Some((name, _)) = index.volumes.get_key_value(pv.as_str())
+                && let Some(view) = index.volumes.get(&pv)
             {
-                work.push(Work::Volume(name.clone()));
+                work.push(Work::Volume(view.name.clone()));
             }
         };
         match change {
@@ -723,6 +721,32 @@ mod tests {
             "spec": {"csi": {"driver": driver, "volumeHandle": "h"}}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_node_knows_which_of_its_driver_volumes_it_can_reach() {
+        let topology: BTreeMap<String, String> = [("zone".to_string(), "a".to_string())].into();
+        let mut index = Index::for_node("d", "n1", Some(&topology));
+        let in_zone = |name: &str, rv: &str, zone: &str| -> PersistentVolume {
+            let mut pv = pv(name, rv, "d");
+            pv.spec.get_or_insert_default().node_affinity = serde_json::from_value(json!({
+                "required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": [zone]}]}]}
+            }))
+            .unwrap();
+            pv
+        };
+        index.node_volume_event(Change::Apply(&in_zone("here", "1", "a")));
+        index.node_volume_event(Change::Apply(&in_zone("there", "1", "b")));
+        let reach = |index: &Index, name: &str| index.volume(name).map(|v| v.on_this_node);
+        assert_eq!(reach(&index, "here"), Some(true));
+        assert_eq!(reach(&index, "there"), Some(false));
+        index.node_volume_event(Change::Apply(&in_zone("there", "2", "a")));
+        assert_eq!(reach(&index, "there"), Some(true), "moved into reach");
+        index.node_volume_event(Change::Apply(&in_zone("there", "3", "b")));
+        index.node_volume_event(Change::Delete(&in_zone("there", "4", "b")));
+        assert_eq!(reach(&index, "there"), None);
+        assert!(index.off_node.is_empty(), "forgotten with the volume");
     }
 
     #[test]
