@@ -130,8 +130,8 @@ pub async fn prepare(
     let kube_config =
         &sidecar_kit::kube::as_program(kube_config, "csi-attacher", env!("CARGO_PKG_VERSION"));
     let kube_flags = &cli.common.kube;
-    let client = sidecar_kit::kube::client(
-        kube_config.clone(),
+    let client = host.connections.client(
+        kube_config,
         kube_flags.kube_api_qps,
         kube_flags.kube_api_burst,
     )?;
@@ -146,8 +146,8 @@ pub async fn prepare(
     config.queue_metrics = Some(host.queue_metrics.clone());
     config.watches = host.watches.clone();
     let election = if cli.common.leader_election.leader_election {
-        let le_client = sidecar_kit::kube::client(
-            kube_config.clone(),
+        let le_client = host.connections.client(
+            kube_config,
             kube_flags.kube_api_qps,
             kube_flags.kube_api_burst,
         )?;

@@ -274,8 +274,8 @@ pub async fn prepare(
     let mut kube_config =
         sidecar_kit::kube::as_program(kube_config, "csi-provisioner", env!("CARGO_PKG_VERSION"));
     sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
-    let clients = sidecar_kit::kube::clients(
-        kube_config.clone(),
+    let clients = host.connections.clients(
+        &kube_config,
         kube_flags.kube_api_qps,
         kube_flags.kube_api_burst,
     )?;
@@ -291,8 +291,8 @@ pub async fn prepare(
     config.metrics = Some(ProvisionMetrics::register(host.metrics.registry())?);
     config.event_client = Some(clients.background);
     config.watches = host.watches.clone();
-    config.journal_client = Some(sidecar_kit::kube::client(
-        kube_config.clone(),
+    config.journal_client = Some(host.connections.client(
+        &kube_config,
         sidecar_kit::journal::QPS,
         sidecar_kit::journal::BURST,
     )?);
@@ -313,8 +313,8 @@ pub async fn prepare(
     // beside the claims controller while leading. See capacity.rs.
     let capacity = if cli.enable_capacity {
         use crate::capacity::controller as cap;
-        let cap_client = sidecar_kit::kube::client(
-            kube_config.clone(),
+        let cap_client = host.connections.client(
+            &kube_config,
             cli.kube_api_capacity_qps,
             cli.kube_api_capacity_burst,
         )?;
@@ -340,8 +340,8 @@ pub async fn prepare(
     };
 
     let election = if cli.leader_election() {
-        let le_client = sidecar_kit::kube::client(
-            kube_config,
+        let le_client = host.connections.client(
+            &kube_config,
             kube_flags.kube_api_qps,
             kube_flags.kube_api_burst,
         )?;

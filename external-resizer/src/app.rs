@@ -148,8 +148,8 @@ pub async fn prepare(
     let mut kube_config =
         sidecar_kit::kube::as_program(kube_config, "csi-resizer", env!("CARGO_PKG_VERSION"));
     sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
-    let client = sidecar_kit::kube::client(
-        kube_config.clone(),
+    let client = host.connections.client(
+        &kube_config,
         kube_flags.kube_api_qps,
         kube_flags.kube_api_burst,
     )?;
@@ -185,8 +185,8 @@ pub async fn prepare(
     config.queue_metrics = Some(host.queue_metrics.clone());
     config.watches = host.watches.clone();
     let election = if cli.common.leader_election.leader_election {
-        let le_client = sidecar_kit::kube::client(
-            kube_config,
+        let le_client = host.connections.client(
+            &kube_config,
             kube_flags.kube_api_qps,
             kube_flags.kube_api_burst,
         )?;

@@ -136,8 +136,8 @@ pub async fn prepare(
     let kube_config =
         &sidecar_kit::kube::as_program(kube_config, "csi-snapshotter", env!("CARGO_PKG_VERSION"));
     let kube_flags = &cli.common.kube;
-    let client = sidecar_kit::kube::client(
-        kube_config.clone(),
+    let client = host.connections.client(
+        kube_config,
         kube_flags.kube_api_qps,
         kube_flags.kube_api_burst,
     )?;
@@ -164,14 +164,14 @@ pub async fn prepare(
     });
     config.node = node;
     config.watches = host.watches.clone();
-    let journal_client = sidecar_kit::kube::client(
-        kube_config.clone(),
+    let journal_client = host.connections.client(
+        kube_config,
         sidecar_kit::journal::QPS,
         sidecar_kit::journal::BURST,
     )?;
     let election = if cli.common.leader_election.leader_election {
-        let le_client = sidecar_kit::kube::client(
-            kube_config.clone(),
+        let le_client = host.connections.client(
+            kube_config,
             kube_flags.kube_api_qps,
             kube_flags.kube_api_burst,
         )?;

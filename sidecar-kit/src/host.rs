@@ -15,6 +15,7 @@ use crate::consolidated;
 use crate::csi::CsiClient;
 use crate::flags::{HttpFlags, KubeFlags};
 use crate::http::{HttpError, HttpPlan, Routes};
+use crate::kube::Connections;
 use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use crate::metrics::{CsiMetrics, MetricsError};
 use crate::startup::{self, Greeting, StartupError};
@@ -47,6 +48,8 @@ pub struct Host {
     pub metrics: CsiMetrics,
     pub queue_metrics: WorkQueueMetrics,
     pub watches: WatchHub,
+    /// The connections to the API server every client of the process shares.
+    pub connections: Connections,
     leader_metrics: LeaderMetrics,
 }
 
@@ -56,6 +59,7 @@ impl Host {
     pub async fn start(
         greeting: Greeting<'_>,
         watches: WatchHub,
+        connections: Connections,
         shutdown: &CancellationToken,
     ) -> Result<Option<Self>, HostError> {
         let metrics = CsiMetrics::new()?;
@@ -69,6 +73,7 @@ impl Host {
             leader_metrics: LeaderMetrics::register(metrics.registry())?,
             metrics,
             watches,
+            connections,
         }))
     }
 }
@@ -120,7 +125,9 @@ where
 {
     let plan = HttpPlan::from_flags(http)?;
     let config = crate::kube::load_config(kube).await?;
-    let Some(host) = Host::start(greeting, WatchHub::default(), &shutdown).await? else {
+    let connections = Connections::new(&config)?;
+    let Some(host) = Host::start(greeting, WatchHub::default(), connections, &shutdown).await?
+    else {
         return Ok(());
     };
     let controller = prepare(host.clone(), config).await?;

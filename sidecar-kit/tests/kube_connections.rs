@@ -1,0 +1,101 @@
+//! The connections clients of one process share, counted by a real HTTP server.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use sidecar_kit::kube::Connections;
+use tokio::net::TcpListener;
+use tokio::sync::Barrier;
+
+const VERSION: &str = r#"{"major":"1","minor":"37","gitVersion":"v1.37.0"}"#;
+
+/// Connections the server accepted, and how many of them are still open.
+#[derive(Default)]
+struct Counts {
+    accepted: AtomicUsize,
+    open: AtomicUsize,
+}
+
+/// A server answering `/version`; with `together`, each answer waits until that many requests
+/// have arrived, so that they are all in flight at once.
+async fn counting_server(together: Option<usize>) -> (String, Arc<Counts>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let counts = Arc::new(Counts::default());
+    let barrier = together.map(|n| Arc::new(Barrier::new(n)));
+    let seen = counts.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            seen.accepted.fetch_add(1, Ordering::SeqCst);
+            seen.open.fetch_add(1, Ordering::SeqCst);
+            let seen = seen.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |_request| {
+                    let barrier = barrier.clone();
+                    async move {
+                        if let Some(barrier) = barrier {
+                            barrier.wait().await;
+                        }
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(VERSION))))
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+                seen.open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (url, counts)
+}
+
+#[tokio::test]
+async fn the_clients_of_one_process_share_their_connections() {
+    let (url, counts) = counting_server(None).await;
+    let config = kube::Config::new(url.parse().unwrap());
+    let connections = Connections::new(&config).unwrap();
+    let work = connections.clients(&config, -1.0, 1).unwrap();
+    let lease = connections.client(&config, -1.0, 1).unwrap();
+    for client in [&work.main, &work.background, &lease, &work.main] {
+        client.apiserver_version().await.unwrap();
+    }
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 1);
+
+    // Clients built apart each connect on their own.
+    let apart = sidecar_kit::kube::client(config.clone(), -1.0, 1).unwrap();
+    apart.apiserver_version().await.unwrap();
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn after_a_burst_at_most_25_connections_stay_open() {
+    const BURST: usize = 40;
+    let (url, counts) = counting_server(Some(BURST)).await;
+    let config = kube::Config::new(url.parse().unwrap());
+    let client = Connections::new(&config)
+        .unwrap()
+        .client(&config, -1.0, 1)
+        .unwrap();
+    let requests = (0..BURST).map(|_| {
+        let client = client.clone();
+        async move { client.apiserver_version().await }
+    });
+    for answer in futures::future::join_all(requests).await {
+        answer.unwrap();
+    }
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), BURST);
+    // The connections beyond the pool's idle limit close once they are returned.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while counts.open.load(Ordering::SeqCst) > 25 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counts.open.load(Ordering::SeqCst), 25);
+}
