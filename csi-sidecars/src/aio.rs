@@ -680,10 +680,7 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
         greeting.identity_timeout = greeting.identity_timeout.max(other.identity_timeout);
         greeting.max_log_length = greeting.max_log_length.max(other.max_log_length);
     }
-    // One pool of connections to the API server for every controller, each with its own rate
-    // limits on top.
-    let connections = sidecar_kit::kube::Connections::new(&kube_config)?;
-    let Some(host) = Host::start(greeting, WatchHub::shared(), connections, &shutdown).await?
+    let Some(host) = Host::start(greeting, WatchHub::shared(), &kube_config, &shutdown).await?
     else {
         return Ok(());
     };

@@ -34,6 +34,8 @@ pub enum HostError {
     Http(#[from] HttpError),
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
+    #[error(transparent)]
+    Kube(#[from] crate::kube::KubeError),
     #[error("the {0} controller stopped before the process was asked to")]
     Stopped(&'static str),
     #[error("a controller failed: {0}")]
@@ -55,13 +57,15 @@ pub struct Host {
 
 impl Host {
     /// Connects to the driver, waits for it and learns its name; `None` when `shutdown` came
-    /// first. `watches` is a hub of its own for a single sidecar, a shared one for several.
+    /// first. `watches` is a hub of its own for a single sidecar, a shared one for several;
+    /// the connections to `kube`'s API server are the process's.
     pub async fn start(
         greeting: Greeting<'_>,
         watches: WatchHub,
-        connections: Connections,
+        kube: &kube::Config,
         shutdown: &CancellationToken,
     ) -> Result<Option<Self>, HostError> {
+        let connections = Connections::new(kube)?;
         let metrics = CsiMetrics::new()?;
         let Some(driver) = startup::greet_driver(greeting, &metrics, shutdown).await? else {
             return Ok(None);
@@ -125,9 +129,7 @@ where
 {
     let plan = HttpPlan::from_flags(http)?;
     let config = crate::kube::load_config(kube).await?;
-    let connections = Connections::new(&config)?;
-    let Some(host) = Host::start(greeting, WatchHub::default(), connections, &shutdown).await?
-    else {
+    let Some(host) = Host::start(greeting, WatchHub::default(), &config, &shutdown).await? else {
         return Ok(());
     };
     let controller = prepare(host.clone(), config).await?;

@@ -180,7 +180,21 @@ impl Connections {
 
     /// What kube's own builder puts in front of its connections: the server's address,
     /// retries of 429/503/504 when the configuration asks for them, credentials, headers.
-    fn builder(&self, config: &kube::Config) -> Result<ClientBuilder<impl ApiService>, KubeError> {
+    fn builder(
+        &self,
+        config: &kube::Config,
+    ) -> Result<
+        ClientBuilder<
+            impl Service<
+                Request<Body>,
+                Response = Response<Incoming>,
+                Error = BoxError,
+                Future: Send + 'static,
+            > + Send
+            + 'static,
+        >,
+        KubeError,
+    > {
         let service = ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(
@@ -231,31 +245,6 @@ impl Connections {
             .build();
         Ok(Clients { main, background })
     }
-}
-
-/// The service stack of a client before its rate limit.
-trait ApiService:
-    Service<Request<Body>, Response = Response<Incoming>, Error = BoxError, Future: Send + 'static>
-    + Send
-    + 'static
-{
-}
-
-impl<S> ApiService for S where
-    S: Service<
-            Request<Body>,
-            Response = Response<Incoming>,
-            Error = BoxError,
-            Future: Send + 'static,
-        > + Send
-        + 'static
-{
-}
-
-/// A client with its own rate limiter and its own connections (see [`Connections`] for
-/// clients that share them).
-pub fn client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client, KubeError> {
-    Connections::new(&config)?.client(&config, qps, burst)
 }
 
 /// Two clients sharing one rate limit: `main` for the work (it waits for its turn, first come

@@ -70,7 +70,10 @@ async fn the_clients_of_one_process_share_their_connections() {
     assert_eq!(counts.accepted.load(Ordering::SeqCst), 1);
 
     // Clients built apart each connect on their own.
-    let apart = sidecar_kit::kube::client(config.clone(), -1.0, 1).unwrap();
+    let apart = Connections::new(&config)
+        .unwrap()
+        .client(&config, -1.0, 1)
+        .unwrap();
     apart.apiserver_version().await.unwrap();
     assert_eq!(counts.accepted.load(Ordering::SeqCst), 2);
 }

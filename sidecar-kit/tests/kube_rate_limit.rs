@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sidecar_kit::http::{HttpServer, Reply, Routes};
+use sidecar_kit::kube::Connections;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -39,7 +40,10 @@ async fn send(client: &kube::Client, count: usize) -> Duration {
 async fn qps_and_burst_are_honoured() {
     let (url, arrivals, _shutdown) = recording_server().await;
     let config = kube::Config::new(url.parse().unwrap());
-    let client = sidecar_kit::kube::client(config, 20.0, 5).unwrap();
+    let client = Connections::new(&config)
+        .unwrap()
+        .client(&config, 20.0, 5)
+        .unwrap();
 
     let elapsed = send(&client, 25).await;
     let arrivals = arrivals.lock().unwrap().clone();
@@ -65,10 +69,10 @@ async fn qps_and_burst_are_honoured() {
 #[tokio::test]
 async fn negative_qps_is_unlimited() {
     let (url, arrivals, _shutdown) = recording_server().await;
-    let limited =
-        sidecar_kit::kube::client(kube::Config::new(url.parse().unwrap()), 2.0, 1).unwrap();
-    let unlimited =
-        sidecar_kit::kube::client(kube::Config::new(url.parse().unwrap()), -1.0, 1).unwrap();
+    let config = kube::Config::new(url.parse().unwrap());
+    let connections = Connections::new(&config).unwrap();
+    let limited = connections.client(&config, 2.0, 1).unwrap();
+    let unlimited = connections.client(&config, -1.0, 1).unwrap();
     // Three requests at 2 QPS with burst 1 need a second; unlimited ones need no waiting at all.
     let slow = send(&limited, 3).await;
     let fast = send(&unlimited, 3).await;
