@@ -41,7 +41,7 @@ pub enum KubeError {
     EnvKubeconfig(kube::config::KubeconfigError),
     #[error("cannot build the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
-    #[error("the kubeconfig's proxy-url {0} is not supported")]
+    #[error("the kubeconfig's proxy-url (host {0:?}) is not supported")]
     Proxy(String),
     #[error("invalid --master {url:?}: {message}")]
     Master { url: String, message: String },
@@ -160,7 +160,10 @@ impl Connections {
     /// them may differ from `config` in headers and credentials only.
     pub fn new(config: &kube::Config) -> Result<Self, KubeError> {
         if let Some(proxy) = &config.proxy_url {
-            return Err(KubeError::Proxy(proxy.to_string()));
+            // Only the host: the URL's user part may hold a password.
+            return Err(KubeError::Proxy(
+                proxy.host().unwrap_or_default().to_string(),
+            ));
         }
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -509,6 +512,15 @@ macro_rules! custom_resource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proxy_is_refused_without_showing_its_password() {
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        config.proxy_url = Some("http://user:hunter2@proxy.example:3128".parse().unwrap());
+        let message = Connections::new(&config).unwrap_err().to_string();
+        assert!(message.contains("proxy.example"), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
+    }
 
     #[test]
     fn the_user_agent_names_the_program_as_client_go_does() {
