@@ -114,12 +114,12 @@ struct Controller {
     pvs: Api<PersistentVolume>,
     csi: CsiClient,
     index: Mutex<Index>,
-    va_queue: WorkQueue<String>,
-    pv_queue: WorkQueue<String>,
+    va_queue: WorkQueue<Arc<str>>,
+    pv_queue: WorkQueue<Arc<str>>,
     /// VolumeAttachments the reconciler found out of sync with the driver, with what the driver
     /// said (published or not): processed even when their status says there is nothing to do,
     /// unless the status has come to agree with the driver meanwhile.
-    forced: Mutex<HashMap<String, bool>>,
+    forced: Mutex<HashMap<Arc<str>, bool>>,
     events: Recorder,
     last_backlog_report: Mutex<Option<tokio::time::Instant>>,
 }
@@ -273,7 +273,7 @@ impl Controller {
 
     // --- VolumeAttachments ---
 
-    async fn va_work(&self, item: Item<String>) {
+    async fn va_work(&self, item: Item<Arc<str>>) {
         if item.waited > BACKLOG_WARNING && self.backlog_report_due() {
             tracing::warn!(
                 volume_attachment = %item.key,
@@ -289,7 +289,7 @@ impl Controller {
     async fn sync_va(&self, name: &str) {
         let Some(view) = self.index().va_view(name) else {
             tracing::debug!(volume_attachment = name, "VolumeAttachment is gone");
-            self.va_queue.forget(&name.to_string());
+            self.va_queue.forget(name);
             return;
         };
         let va = view.va;
@@ -320,7 +320,7 @@ impl Controller {
             VaPlan::Fail(phase, problem) => (phase, Err(Failure::Problem(problem))),
         };
         match result {
-            Ok(()) => self.va_queue.forget(&name.to_string()),
+            Ok(()) => self.va_queue.forget(name),
             Err(failure) => self.failed(&va, lane, forced, phase, failure).await,
         }
     }
@@ -533,22 +533,22 @@ impl Controller {
     // --- PersistentVolumes ---
 
     async fn sync_pv(&self, name: &str) {
-        let key = name.to_string();
+        let key = name;
         let Some((pv, referenced)) = self.index().pv_view(name) else {
-            self.pv_queue.forget(&key);
+            self.pv_queue.forget(key);
             return;
         };
         let PvPlan::RemoveFinalizer(patch) = decide::plan_pv(&self.config.policy, &pv, referenced)
         else {
-            self.pv_queue.forget(&key);
+            self.pv_queue.forget(key);
             return;
         };
         match self.patch_pv(&patch).await {
             Ok(()) => {
                 tracing::debug!(persistent_volume = name, "removed finalizer");
-                self.pv_queue.forget(&key);
+                self.pv_queue.forget(key);
             }
-            Err(err) if api_code(&err) == Some(404) => self.pv_queue.forget(&key),
+            Err(err) if api_code(&err) == Some(404) => self.pv_queue.forget(key),
             Err(err) => {
                 let delay = self.pv_queue.add_rate_limited(key, 0);
                 tracing::warn!(persistent_volume = name, error = %api_message(&err), retry_in = ?delay, "failed to remove finalizer from PersistentVolume");

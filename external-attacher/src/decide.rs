@@ -305,10 +305,10 @@ fn node_id(
     }
     Err(match node {
         NodeLookup::DriverMissing => Problem::DriverNotOnNode {
-            node: va.node_name.clone(),
+            node: va.node_name.to_string(),
             driver: policy.driver.clone(),
         },
-        _ => Problem::NoCsiNode(va.node_name.clone()),
+        _ => Problem::NoCsiNode(va.node_name.to_string()),
     })
 }
 
@@ -452,6 +452,7 @@ pub fn out_of_sync(
 mod tests {
     use super::*;
     use crate::model::SecretRef;
+    use sidecar_kit::atom::{Atom, List};
 
     const DRIVER: &str = "hostpath.csi.k8s.io";
     const FINALIZER: &str = "external-attacher/hostpath-csi-k8s-io";
@@ -489,7 +490,7 @@ mod tests {
             name: "pv-1".into(),
             resource_version: "5".into(),
             deleting: false,
-            finalizers: vec![],
+            finalizers: List::default(),
             migrated_to: None,
             spec: spec(),
             in_tree: None,
@@ -502,7 +503,7 @@ mod tests {
             uid: "u".into(),
             resource_version: "9".into(),
             deleting: false,
-            finalizers: vec![],
+            finalizers: List::default(),
             node_id_annotation: None,
             attacher: "hostpath.csi.k8s.io".into(),
             node_name: "node-1".into(),
@@ -573,10 +574,10 @@ mod tests {
     #[test]
     fn repeated_attach_writes_nothing_already_present() {
         let mut va = va();
-        va.finalizers = vec!["other".into(), FINALIZER.into()];
+        va.finalizers = List::new(&[Atom::new("other"), Atom::new(FINALIZER)]);
         va.node_id_annotation = Some("nid-1".into());
         let mut pv = pv();
-        pv.finalizers = vec![FINALIZER.into()];
+        pv.finalizers = List::new(&[Atom::new(FINALIZER)]);
         let plan = attach_plan(plan_va(&policy(), &va, Some(&pv), &found(), false));
         assert_eq!(plan.pv_finalizer, None);
         assert_eq!(plan.va_metadata, None);
@@ -603,9 +604,9 @@ mod tests {
         // the server merges them into its current list, so concurrent writers (pv-protection,
         // the binder) neither conflict with them nor lose their finalizers.
         let mut pv = pv();
-        pv.finalizers = vec!["kubernetes.io/pv-protection".into()];
+        pv.finalizers = List::new(&[Atom::new("kubernetes.io/pv-protection")]);
         let mut va = va();
-        va.finalizers = vec!["example.com/other".into()];
+        va.finalizers = List::new(&[Atom::new("example.com/other")]);
         let plan = attach_plan(plan_va(&policy(), &va, Some(&pv), &found(), false));
         assert_eq!(
             plan.pv_finalizer.unwrap().patch,
@@ -617,12 +618,22 @@ mod tests {
                 "annotations": {"csi.alpha.kubernetes.io/node-id": "nid-1"}}}))
         );
 
-        pv.finalizers.push(FINALIZER.into());
+        pv.finalizers = pv
+            .finalizers
+            .iter()
+            .cloned()
+            .chain([Atom::new(FINALIZER)])
+            .collect();
         pv.deleting = true;
         let PvPlan::RemoveFinalizer(removal) = plan_pv(&policy(), &pv, false) else {
             panic!("expected a removal");
         };
-        va.finalizers.push(FINALIZER.into());
+        va.finalizers = va
+            .finalizers
+            .iter()
+            .cloned()
+            .chain([Atom::new(FINALIZER)])
+            .collect();
         va.deleting = true;
         let detach = detach_plan(plan_va(&policy(), &va, Some(&pv), &found(), false));
         for patch in [removal.patch, detach.remove_finalizer] {
@@ -790,7 +801,7 @@ mod tests {
         let mut va = va();
         va.deleting = true;
         va.attached = true;
-        va.finalizers = vec![FINALIZER.into()];
+        va.finalizers = List::new(&[Atom::new(FINALIZER)]);
         let plan = detach_plan(plan_va(&policy(), &va, Some(&pv()), &found(), false));
         assert_eq!(plan.request.volume_id, "vol-1");
         assert_eq!(plan.request.node_id, "nid-1");
@@ -800,9 +811,9 @@ mod tests {
         );
 
         // The response of the removal decides: gone without finalizers, kept by others.
-        va.finalizers = vec![];
+        va.finalizers = List::default();
         assert!(!outlives_detach(&va));
-        va.finalizers = vec!["keep".into()];
+        va.finalizers = List::new(&[Atom::new("keep")]);
         assert!(outlives_detach(&va), "the object outlives our finalizer");
     }
 
@@ -823,7 +834,7 @@ mod tests {
         );
 
         // The node ID falls back to the annotation when the CSINode or the driver is gone.
-        deleting.finalizers = vec![FINALIZER.into()];
+        deleting.finalizers = List::new(&[Atom::new(FINALIZER)]);
         deleting.node_id_annotation = Some("nid-old".into());
         for lookup in [NodeLookup::NoCsiNode, NodeLookup::DriverMissing] {
             let plan = detach_plan(plan_va(&policy(), &deleting, Some(&pv()), &lookup, false));
@@ -921,7 +932,10 @@ mod tests {
     #[test]
     fn pv_finalizer_removal() {
         let mut pv = pv();
-        pv.finalizers = vec!["kubernetes.io/pv-protection".into(), FINALIZER.into()];
+        pv.finalizers = List::new(&[
+            Atom::new("kubernetes.io/pv-protection"),
+            Atom::new(FINALIZER),
+        ]);
         assert_eq!(
             plan_pv(&policy(), &pv, false),
             PvPlan::Nothing,
@@ -942,7 +956,7 @@ mod tests {
                 patch: json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}}),
             })
         );
-        pv.finalizers = vec!["other".into()];
+        pv.finalizers = List::new(&[Atom::new("other")]);
         assert_eq!(plan_pv(&policy(), &pv, false), PvPlan::Nothing);
     }
 
@@ -977,7 +991,7 @@ mod tests {
 
         let mut deleting = va();
         deleting.deleting = true;
-        deleting.finalizers = vec![FINALIZER.into()];
+        deleting.finalizers = List::new(&[Atom::new(FINALIZER)]);
         let plan = detach_plan(plan_va(&p, &deleting, Some(&pv), &found(), false));
         assert!(plan.migrated);
         assert_eq!(plan.request.volume_id, "c-1");
@@ -1003,7 +1017,7 @@ mod tests {
     #[test]
     fn rolled_back_migration_releases_the_pv_finalizer() {
         let mut rolled_back = in_tree_pv(json!({"metadata": {"name": "pv-1"}}));
-        rolled_back.finalizers = vec![FINALIZER.into()];
+        rolled_back.finalizers = List::new(&[Atom::new(FINALIZER)]);
         assert!(pv_needs_processing(&rolled_back, DRIVER, FINALIZER));
         assert!(matches!(
             plan_pv(&policy(), &rolled_back, false),
@@ -1012,7 +1026,7 @@ mod tests {
         assert_eq!(plan_pv(&policy(), &rolled_back, true), PvPlan::Nothing);
 
         let mut migrated = in_tree_pv(json!({}));
-        migrated.finalizers = vec![FINALIZER.into()];
+        migrated.finalizers = List::new(&[Atom::new(FINALIZER)]);
         assert!(!pv_needs_processing(&migrated, DRIVER, FINALIZER));
         assert_eq!(plan_pv(&policy(), &migrated, false), PvPlan::Nothing);
 

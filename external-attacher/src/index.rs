@@ -40,8 +40,8 @@ impl Lane {
 /// A key to process.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Work {
-    Va { name: String, lane: Lane },
-    Pv(String),
+    Va { name: Arc<str>, lane: Lane },
+    Pv(Arc<str>),
 }
 
 pub use sidecar_kit::pipeline::Change;
@@ -50,7 +50,7 @@ use sidecar_kit::pipeline::Relist;
 /// A VolumeAttachment whose status disagrees with the driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutOfSync {
-    pub name: String,
+    pub name: Arc<str>,
     pub lane: Lane,
     /// What the driver said: published to the node or not.
     pub published: bool,
@@ -86,11 +86,12 @@ struct Relists {
 pub struct Index {
     driver: String,
     finalizer: String,
-    vas: HashMap<String, Va>,
+    /// Names are shared, each held once for all the maps.
+    vas: HashMap<Arc<str>, Va>,
     /// PV named by each VolumeAttachment of any driver.
-    va_pvs: HashMap<String, String>,
+    va_pvs: HashMap<Arc<str>, Arc<str>>,
     /// VolumeAttachments (of any driver) naming each PV.
-    pv_refs: HashMap<String, HashSet<String>>,
+    pv_refs: HashMap<Arc<str>, HashSet<Arc<str>>>,
     /// The process's shared views of the PVs; the attacher's [`Pv`] is projected on reading.
     pvs: ViewTable<PvView>,
     /// This driver's node ID in each CSINode (`None`: the driver is not registered there).
@@ -152,12 +153,15 @@ impl Index {
     }
 
     fn apply_va(&mut self, api: &VolumeAttachment, work: &mut Vec<Work>) {
-        let name = name_of(&api.metadata);
+        let name = self.shared_va_name(&name_of(&api.metadata));
         self.link_pv(&name, api.spec.source.persistent_volume_name.as_deref());
         if api.spec.attacher != self.driver {
             return;
         }
-        let va = Va::from_api(api);
+        let va = Va {
+            name: name.clone(),
+            ..Va::from_api(api)
+        };
         if let Some(old) = self.vas.get(&va.name) {
             if stale(&va.resource_version, &old.resource_version) {
                 return;
@@ -170,15 +174,32 @@ impl Index {
             }
         }
         work.push(Work::Va {
-            name: va.name.clone(),
+            name: name.clone(),
             lane: Lane::of(&va),
         });
         self.vas.insert(name, va);
     }
 
-    fn link_pv(&mut self, va: &str, pv: Option<&str>) {
+    /// The name of VolumeAttachment `name` as the maps already hold it, else a new one.
+    fn shared_va_name(&self, name: &str) -> Arc<str> {
+        match self.va_pvs.get_key_value(name) {
+            Some((shared, _)) => shared.clone(),
+            None => match self.vas.get_key_value(name) {
+                Some((shared, _)) => shared.clone(),
+                None => name.into(),
+            },
+        }
+    }
+
+    fn link_pv(&mut self, va: &Arc<str>, pv: Option<&str>) {
         let old = match pv {
-            Some(pv) => self.va_pvs.insert(va.to_string(), pv.to_string()),
+            Some(pv) => {
+                let pv = match self.pv_refs.get_key_value(pv) {
+                    Some((shared, _)) => shared.clone(),
+                    None => pv.into(),
+                };
+                self.va_pvs.insert(va.clone(), pv)
+            }
             None => self.va_pvs.remove(va),
         };
         if old.as_deref() == pv {
@@ -187,11 +208,11 @@ impl Index {
         if let Some(old) = old {
             self.unref_pv(&old, va);
         }
-        if let Some(pv) = pv {
+        if let Some(pv) = self.va_pvs.get(va) {
             self.pv_refs
-                .entry(pv.to_string())
+                .entry(pv.clone())
                 .or_default()
-                .insert(va.to_string());
+                .insert(va.clone());
         }
     }
 
@@ -276,7 +297,7 @@ impl Index {
                 || old.in_tree != view.in_tree
         });
         if decide::pv_needs_processing(&pv, &self.driver, &self.finalizer) {
-            work.push(Work::Pv(pv.name.clone()));
+            work.push(Work::Pv(view.name.clone()));
         }
         if changed_spec {
             // Attachments that failed for want of this PV can go on now.
@@ -401,9 +422,11 @@ impl Index {
         let pvs = self
             .pvs
             .values()
-            .map(|view| Pv::from_view(view))
-            .filter(|pv| decide::pv_needs_processing(pv, &self.driver, &self.finalizer))
-            .map(|pv| Work::Pv(pv.name));
+            .filter(|view| {
+                let pv = Pv::from_view(view);
+                decide::pv_needs_processing(&pv, &self.driver, &self.finalizer)
+            })
+            .map(|view| Work::Pv(view.name.clone()));
         vas.chain(pvs).collect()
     }
 

@@ -2,12 +2,13 @@
 //! projected out of the API objects so that the cache holds only these.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-use sidecar_kit::atom::Atom;
+use sidecar_kit::atom::{Atom, List};
 use sidecar_kit::migration;
 use sidecar_kit::views::{Needs, PvView};
 
@@ -61,7 +62,7 @@ pub struct Pv {
     pub name: String,
     pub resource_version: String,
     pub deleting: bool,
-    pub finalizers: Vec<Atom>,
+    pub finalizers: List<Atom>,
     /// Annotation `pv.kubernetes.io/migrated-to`: the driver the PV controller migrated it to.
     pub migrated_to: Option<Atom>,
     pub spec: VolumeSpec,
@@ -92,14 +93,15 @@ pub enum VaSource {
 /// A VolumeAttachment of this driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Va {
-    pub name: String,
+    /// Shared with the keys of the index's maps.
+    pub name: Arc<str>,
     pub uid: String,
     pub resource_version: String,
     pub deleting: bool,
-    pub finalizers: Vec<String>,
+    pub finalizers: List<Atom>,
     pub node_id_annotation: Option<String>,
-    pub attacher: String,
-    pub node_name: String,
+    pub attacher: Atom,
+    pub node_name: Atom,
     pub source: VaSource,
     pub attached: bool,
     pub attachment_metadata: BTreeMap<String, String>,
@@ -119,17 +121,17 @@ impl Va {
         };
         let status = va.status.as_ref();
         Self {
-            name: meta.name.clone().unwrap_or_default(),
+            name: meta.name.as_deref().unwrap_or_default().into(),
             uid: meta.uid.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
             node_id_annotation: meta
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(NODE_ID_ANNOTATION).cloned()),
-            attacher: va.spec.attacher.clone(),
-            node_name: va.spec.node_name.clone(),
+            attacher: Atom::new(&va.spec.attacher),
+            node_name: Atom::new(&va.spec.node_name),
             source,
             attached: status.is_some_and(|s| s.attached),
             attachment_metadata: status
@@ -172,7 +174,12 @@ impl Va {
         let mut masked = newer.clone();
         let ours = |va: &Va| va.finalizers.iter().any(|f| f == finalizer);
         if ours(newer) && !ours(self) {
-            masked.finalizers.retain(|f| f != finalizer);
+            masked.finalizers = newer
+                .finalizers
+                .iter()
+                .filter(|f| *f != finalizer)
+                .cloned()
+                .collect();
         }
         if self.node_id_annotation.is_none() {
             masked.node_id_annotation = None;
@@ -184,7 +191,7 @@ impl Va {
         ObjectReference {
             api_version: Some("storage.k8s.io/v1".into()),
             kind: Some("VolumeAttachment".into()),
-            name: Some(self.name.clone()),
+            name: Some(self.name.to_string()),
             uid: Some(self.uid.clone()).filter(|u| !u.is_empty()),
             resource_version: Some(self.resource_version.clone()).filter(|r| !r.is_empty()),
             ..Default::default()
@@ -244,7 +251,7 @@ impl Pv {
             name: view.name.to_string(),
             resource_version: view.resource_version.clone(),
             deleting: view.deleting,
-            finalizers: view.finalizers.to_vec(),
+            finalizers: view.finalizers.clone(),
             migrated_to: view
                 .annotation(migration::MIGRATED_TO_ANNOTATION)
                 .map(Atom::new),
@@ -348,9 +355,9 @@ mod tests {
             "status": {"attached": true, "attachmentMetadata": {"k": "v"},
                        "attachError": {"message": "m"}},
         })));
-        assert_eq!(va.name, "va-1");
+        assert_eq!(&*va.name, "va-1");
         assert!(va.deleting);
-        assert_eq!(va.finalizers, ["a"]);
+        assert_eq!(&va.finalizers[..], [Atom::new("a")]);
         assert_eq!(va.node_id_annotation.as_deref(), Some("n-1"));
         assert_eq!(va.source, VaSource::Pv("pv-1".into()));
         assert!(va.attached && va.attach_error && !va.detach_error);

@@ -2,6 +2,8 @@
 //! what the index keeps of each VolumeSnapshotContent and VolumeSnapshotClass. No I/O.
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::LazyLock;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -168,9 +170,10 @@ pub struct Content {
     pub being_deleted: bool,
     pub group_member: bool,
     pub secret: SecretAnnotations,
-    /// The annotations and labels besides those the snapshotter writes itself: a change to them
-    /// is a change to act on (the snapshot-controller's being-deleted annotation, a secret).
-    pub other_metadata: BTreeMap<String, String>,
+    /// A fingerprint of the annotations and labels besides those the snapshotter writes itself:
+    /// a change to them is a change to act on (the snapshot-controller's being-deleted
+    /// annotation, a secret), and nothing else reads them, so their text is not kept.
+    pub other_metadata: u64,
     pub driver: String,
     /// `Delete` or `Retain`.
     pub deletion_policy: String,
@@ -181,21 +184,23 @@ pub struct Content {
     pub status: Option<ContentStatus>,
 }
 
+/// The fingerprint of a content's annotations (but [`BEING_CREATED`]) and labels: equal
+/// metadata, equal fingerprints; keyed once per process, so that no label can be chosen to hide
+/// a change.
+fn metadata_fingerprint(meta: &ObjectMeta) -> u64 {
+    static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    let annotations = meta.annotations.iter().flatten();
+    let annotations = annotations.filter(|(key, _)| *key != BEING_CREATED);
+    KEYS.hash_one((annotations.collect::<Vec<_>>(), &meta.labels))
+}
+
 impl Content {
     pub fn from_api(object: &VolumeSnapshotContent) -> Self {
         let meta = &object.metadata;
         let annotations = meta.annotations.as_ref();
         let annotation = |key: &str| annotations.and_then(|a| a.get(key));
         let secret = secret_annotations(annotations, SECRET_NAME, SECRET_NAMESPACE);
-        let mut other_metadata = BTreeMap::new();
-        for (key, value) in annotations.into_iter().flatten() {
-            if key != BEING_CREATED {
-                other_metadata.insert(format!("a:{key}"), value.clone());
-            }
-        }
-        for (key, value) in meta.labels.iter().flatten() {
-            other_metadata.insert(format!("l:{key}"), value.clone());
-        }
+        let other_metadata = metadata_fingerprint(meta);
         let spec = &object.spec;
         Self {
             name: meta.name.clone().unwrap_or_default(),
@@ -535,12 +540,60 @@ mod tests {
             }
         );
         assert_eq!(content.snapshot_ref.uid, "vs-uid");
-        assert!(
-            !content
-                .other_metadata
-                .contains_key(&format!("a:{BEING_CREATED}"))
+        // The metadata's fingerprint follows every annotation and label but our own.
+        let with = |change: &dyn Fn(&mut VolumeSnapshotContent)| {
+            let mut changed = object.clone();
+            change(&mut changed);
+            Content::from_api(&changed).other_metadata
+        };
+        assert_eq!(
+            with(&|o| {
+                o.metadata
+                    .annotations
+                    .as_mut()
+                    .unwrap()
+                    .remove(BEING_CREATED);
+            }),
+            content.other_metadata
         );
-        assert_eq!(content.other_metadata[&format!("l:{MANAGED_BY}")], "node-1");
+        assert_ne!(
+            with(&|o| {
+                o.metadata
+                    .annotations
+                    .as_mut()
+                    .unwrap()
+                    .remove(BEING_DELETED);
+            }),
+            content.other_metadata
+        );
+        assert_ne!(
+            with(&|o| {
+                o.metadata
+                    .labels
+                    .as_mut()
+                    .unwrap()
+                    .insert(MANAGED_BY.into(), "node-2".into());
+            }),
+            content.other_metadata
+        );
+        assert_ne!(
+            with(&|o| {
+                let value = o
+                    .metadata
+                    .labels
+                    .as_mut()
+                    .unwrap()
+                    .remove(MANAGED_BY)
+                    .unwrap();
+                o.metadata
+                    .annotations
+                    .as_mut()
+                    .unwrap()
+                    .insert(MANAGED_BY.into(), value);
+            }),
+            content.other_metadata,
+            "a label is not an annotation"
+        );
         assert_eq!(
             lease_name("hostpath.csi.k8s.io"),
             "external-snapshotter-leader-hostpath-csi-k8s-io"

@@ -1,5 +1,7 @@
-//! Shared strings for caches: the values that repeat across thousands of cached objects
-//! (namespaces, phases, class and driver names, finalizers) are stored once and pointed at.
+//! Shared values for caches: the values that repeat across thousands of cached objects
+//! (namespaces, phases, class and driver names, finalizers, and whole lists of them such as a
+//! volume's attributes, which the provisioner writes alike into every volume it makes) are
+//! stored once and pointed at.
 
 use std::borrow::Borrow;
 use std::collections::HashSet;
@@ -12,38 +14,52 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Atom(Arc<str>);
 
-/// The interned values, and the size at which values no one holds any more are dropped.
-struct Table {
-    atoms: HashSet<Arc<str>>,
+/// The interned values of one type, and the size at which values no one holds any more are
+/// dropped.
+pub struct Interner<T: ?Sized> {
+    values: HashSet<Arc<T>>,
     prune_at: usize,
 }
 
-static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
-    Mutex::new(Table {
-        atoms: HashSet::new(),
-        prune_at: MIN_PRUNE,
-    })
-});
 const MIN_PRUNE: usize = 1024;
+
+impl<T: ?Sized + Eq + Hash> Interner<T> {
+    fn new() -> Self {
+        Self {
+            values: HashSet::new(),
+            prune_at: MIN_PRUNE,
+        }
+    }
+
+    /// The stored value equal to `value`, stored first (as `make` makes it) if there is none.
+    fn intern(&mut self, value: &T, make: impl FnOnce(&T) -> Arc<T>) -> Arc<T> {
+        if let Some(existing) = self.values.get(value) {
+            return existing.clone();
+        }
+        // Values taken from user objects can be many and short-lived: forget the ones only
+        // the table still holds, at sizes doubling from the last survivors.
+        if self.values.len() >= self.prune_at {
+            self.values.retain(|v| Arc::strong_count(v) > 1);
+            self.prune_at = (self.values.len() * 2).max(MIN_PRUNE);
+        }
+        let stored = make(value);
+        self.values.insert(stored.clone());
+        stored
+    }
+}
+
+fn lock<T: ?Sized>(table: &Mutex<Interner<T>>) -> std::sync::MutexGuard<'_, Interner<T>> {
+    table.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+static ATOMS: LazyLock<Mutex<Interner<str>>> = LazyLock::new(|| Mutex::new(Interner::new()));
 
 impl Atom {
     pub fn new(text: &str) -> Self {
         if text.is_empty() {
             return Self::default();
         }
-        let mut table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(existing) = table.atoms.get(text) {
-            return Self(existing.clone());
-        }
-        // Values taken from user objects can be many and short-lived: forget the ones only
-        // the table still holds, at sizes doubling from the last survivors.
-        if table.atoms.len() >= table.prune_at {
-            table.atoms.retain(|a| Arc::strong_count(a) > 1);
-            table.prune_at = (table.atoms.len() * 2).max(MIN_PRUNE);
-        }
-        let atom: Arc<str> = Arc::from(text);
-        table.atoms.insert(atom.clone());
-        Self(atom)
+        Self(lock(&ATOMS).intern(text, |t| Arc::from(t)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -151,6 +167,66 @@ impl<'de> serde::Deserialize<'de> for Atom {
     }
 }
 
+/// The values whose lists can be interned ([`List`]): each type keeps its own table.
+pub trait Listed: Eq + Hash + Send + Sync + Sized + 'static {
+    fn lists() -> &'static Mutex<Interner<[Self]>>;
+}
+
+impl Listed for Atom {
+    fn lists() -> &'static Mutex<Interner<[Self]>> {
+        static LISTS: LazyLock<Mutex<Interner<[Atom]>>> =
+            LazyLock::new(|| Mutex::new(Interner::new()));
+        &LISTS
+    }
+}
+
+impl Listed for (Atom, Atom) {
+    fn lists() -> &'static Mutex<Interner<[Self]>> {
+        static LISTS: LazyLock<Mutex<Interner<[(Atom, Atom)]>>> =
+            LazyLock::new(|| Mutex::new(Interner::new()));
+        &LISTS
+    }
+}
+
+/// An interned list (as a boxed slice, but equal lists share one allocation): a cached object's
+/// finalizers, access modes, attributes or annotations are most often the same as thousands of
+/// others', and a list of their own would cost each of them an allocation.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct List<T: Listed>(Arc<[T]>);
+
+impl<T: Listed + Clone> List<T> {
+    pub fn new(items: &[T]) -> Self {
+        Self(lock(T::lists()).intern(items, |i| Arc::from(i)))
+    }
+}
+
+impl<T: Listed + Clone> Default for List<T> {
+    fn default() -> Self {
+        Self::new(&[])
+    }
+}
+
+impl<T: Listed + Clone> FromIterator<T> for List<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(items: I) -> Self {
+        let items: Vec<T> = items.into_iter().collect();
+        Self::new(&items)
+    }
+}
+
+impl<T: Listed> Deref for List<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+impl<T: Listed + fmt::Debug> fmt::Debug for List<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,15 +251,29 @@ mod tests {
         for i in 0..(3 * MIN_PRUNE) {
             let _ = Atom::new(&format!("transient-again-{i}"));
         }
-        let table = TABLE.lock().unwrap();
+        let table = lock(&ATOMS);
         assert!(
-            table.atoms.len() < 3 * MIN_PRUNE,
+            table.values.len() < 3 * MIN_PRUNE,
             "pruned: {}",
-            table.atoms.len()
+            table.values.len()
         );
-        assert!(table.atoms.contains("kept-across-pruning"));
+        assert!(table.values.contains("kept-across-pruning"));
         drop(table);
         assert!(Arc::ptr_eq(&kept.0, &Atom::new("kept-across-pruning").0));
+    }
+
+    #[test]
+    fn equal_lists_share_one_allocation() {
+        let pair = |k: &str, v: &str| (Atom::new(k), Atom::new(v));
+        let a: List<(Atom, Atom)> = [pair("identity", "list-test-1")].into_iter().collect();
+        let b = List::new(&[pair("identity", "list-test-1")]);
+        assert!(Arc::ptr_eq(&a.0, &b.0));
+        assert_eq!(&a[..], &[pair("identity", "list-test-1")]);
+        let other = List::new(&[pair("identity", "list-test-2")]);
+        assert_ne!(a, other);
+        let empty: List<Atom> = std::iter::empty().collect();
+        assert!(empty.is_empty());
+        assert!(Arc::ptr_eq(&empty.0, &List::<Atom>::default().0));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! cluster-scoped objects go to the `default` namespace, as client-go puts them.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -68,22 +69,20 @@ pub enum Write {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Key {
-    kind: Option<String>,
-    namespace: Option<String>,
-    name: Option<String>,
-    uid: Option<String>,
-    event_type: EventType,
-    reason: String,
-    message: String,
-}
+/// What makes an occurrence a repeat of another: its object, type, reason and message, as a
+/// 128-bit fingerprint (two independently keyed hashes) rather than their text, which would
+/// cost every remembered Event half a kilobyte or more. A new event is taken for a repeat of
+/// one of the [`CORRELATOR_CAPACITY`] remembered with a chance of 2^-116.
+type Key = u128;
 
 #[derive(Clone, Debug)]
 struct Seen {
-    namespace: String,
-    name: String,
+    /// When the Event was created: its name's suffix (the rest comes from the object, the
+    /// same for every repeat).
+    created: i128,
     count: i32,
+    /// The object's UID, hashed, for [`Correlator::forget_object`].
+    uid: u64,
 }
 
 /// Folds repeated events into one; pure, the writer task does the I/O.
@@ -93,6 +92,7 @@ pub struct Correlator {
     seen: HashMap<Key, Seen>,
     order: VecDeque<Key>,
     capacity: usize,
+    hashers: [RandomState; 2],
 }
 
 fn truncate(message: &str) -> String {
@@ -106,6 +106,25 @@ fn truncate(message: &str) -> String {
     message[..cut].to_string()
 }
 
+/// The namespace of the Events about `object`: its own, or `default` for a cluster-scoped one.
+fn event_namespace(object: &ObjectReference) -> String {
+    object
+        .namespace
+        .clone()
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_string())
+}
+
+/// The name of the Event about `object` created at `created` (nanoseconds), as client-go
+/// names them.
+fn event_name(object: &ObjectReference, created: i128) -> String {
+    format!(
+        "{}.{:x}",
+        object.name.as_deref().unwrap_or("unknown"),
+        created
+    )
+}
+
 impl Correlator {
     pub fn new(reporter: Reporter, capacity: usize) -> Self {
         Self {
@@ -113,31 +132,39 @@ impl Correlator {
             seen: HashMap::new(),
             order: VecDeque::new(),
             capacity: capacity.max(1),
+            hashers: [RandomState::new(), RandomState::new()],
         }
     }
 
-    fn key(occurrence: &Occurrence, message: &str) -> Key {
+    fn key(&self, occurrence: &Occurrence, message: &str) -> Key {
         let o = &occurrence.object;
-        Key {
-            kind: o.kind.clone(),
-            namespace: o.namespace.clone(),
-            name: o.name.clone(),
-            uid: o.uid.clone(),
-            event_type: occurrence.kind,
-            reason: occurrence.reason.clone(),
-            message: message.to_string(),
-        }
+        let fields = (
+            &o.kind,
+            &o.namespace,
+            &o.name,
+            &o.uid,
+            occurrence.kind,
+            &occurrence.reason,
+            message,
+        );
+        let [high, low] = &self.hashers;
+        (u128::from(high.hash_one(fields)) << 64) | u128::from(low.hash_one(fields))
+    }
+
+    fn uid_hash(&self, uid: &str) -> u64 {
+        self.hashers[0].hash_one(uid)
     }
 
     /// The write for `occurrence` at `now`: a new Event, or a patch of the one it repeats.
     pub fn next(&mut self, occurrence: &Occurrence, now: Timestamp) -> Write {
         let message = truncate(&occurrence.message);
-        let key = Self::key(occurrence, &message);
+        let key = self.key(occurrence, &message);
+        let object = &occurrence.object;
         if let Some(seen) = self.seen.get_mut(&key) {
             seen.count = seen.count.saturating_add(1);
             return Write::Patch {
-                namespace: seen.namespace.clone(),
-                name: seen.name.clone(),
+                namespace: event_namespace(object),
+                name: event_name(object, seen.created),
                 patch: serde_json::json!({
                     "count": seen.count,
                     "lastTimestamp": Time(now),
@@ -145,35 +172,26 @@ impl Correlator {
                 }),
             };
         }
-        let object = &occurrence.object;
-        let namespace = object
-            .namespace
-            .clone()
-            .filter(|ns| !ns.is_empty())
-            .unwrap_or_else(|| "default".to_string());
-        let name = format!(
-            "{}.{:x}",
-            object.name.as_deref().unwrap_or("unknown"),
-            now.as_nanosecond()
-        );
+        let created = now.as_nanosecond();
         if self.order.len() >= self.capacity
             && let Some(oldest) = self.order.pop_front()
         {
             self.seen.remove(&oldest);
         }
-        self.order.push_back(key.clone());
+        let uid = self.uid_hash(object.uid.as_deref().unwrap_or_default());
+        self.order.push_back(key);
         self.seen.insert(
             key,
             Seen {
-                namespace: namespace.clone(),
-                name: name.clone(),
+                created,
                 count: 1,
+                uid,
             },
         );
         Write::Create(Box::new(Event {
             metadata: ObjectMeta {
-                name: Some(name),
-                namespace: Some(namespace),
+                name: Some(event_name(object, created)),
+                namespace: Some(event_namespace(object)),
                 ..Default::default()
             },
             involved_object: object.clone(),
@@ -196,7 +214,7 @@ impl Correlator {
     /// Forgets the Event that `occurrence` would repeat (it was deleted or expired), so that the
     /// next occurrence creates a new one.
     pub fn forget(&mut self, occurrence: &Occurrence) {
-        let key = Self::key(occurrence, &truncate(&occurrence.message));
+        let key = self.key(occurrence, &truncate(&occurrence.message));
         if self.seen.remove(&key).is_some() {
             self.order.retain(|k| k != &key);
         }
@@ -204,13 +222,14 @@ impl Correlator {
 
     /// Forgets every Event about the object with `uid`, which will have no more (it is gone, or
     /// done with what its Events report). Without this, the Events of a burst of objects would
-    /// be remembered until [`CORRELATOR_CAPACITY`] newer ones pushed them out: about 3 MiB.
+    /// be remembered until [`CORRELATOR_CAPACITY`] newer ones pushed them out.
     pub fn forget_object(&mut self, uid: &str) {
-        let about = |key: &Key| key.uid.as_deref() == Some(uid);
+        let uid = self.uid_hash(uid);
         let before = self.seen.len();
-        self.seen.retain(|key, _| !about(key));
+        self.seen.retain(|_, seen| seen.uid != uid);
         if self.seen.len() != before {
-            self.order.retain(|key| !about(key));
+            let seen = &self.seen;
+            self.order.retain(|key| seen.contains_key(key));
             self.seen.shrink_when_sparse();
             self.order.shrink_when_sparse();
         }
@@ -447,7 +466,8 @@ mod tests {
             "{} of {full}",
             c.seen.capacity()
         );
-        assert!(c.order.capacity() < 100, "{}", c.order.capacity());
+        let order_bytes = c.order.capacity() * size_of::<Key>();
+        assert!(order_bytes <= 4096, "{order_bytes} bytes kept");
         c.forget_object("unknown");
     }
 

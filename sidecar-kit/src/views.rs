@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::atom::Atom;
+use crate::atom::{Atom, List};
 use crate::migration;
 
 /// The controllers whose fields a view holds: a process keeps only what its controllers read.
@@ -127,10 +127,9 @@ pub struct CsiView {
     pub volume_handle: String,
     pub read_only: bool,
     pub fs_type: Atom,
-    /// Only for the attacher. Interned: the provisioner writes its identity into every volume
-    /// it makes, and a map of its own in each cached volume would cost more than the rest of
-    /// the view.
-    pub volume_attributes: Box<[(Atom, Atom)]>,
+    /// Only for the attacher. Interned, the whole list: the provisioner writes its identity
+    /// into every volume it makes, so most volumes of a driver have the same.
+    pub volume_attributes: List<(Atom, Atom)>,
     // Boxed: most volumes have none, and every cached volume would carry the room for them.
     pub publish_secret: Option<Box<SecretRef>>,
     pub expand_secret: Option<Box<SecretRef>>,
@@ -154,8 +153,8 @@ pub struct PvView {
     pub name: Arc<str>,
     pub resource_version: String,
     pub deleting: bool,
-    // Boxed slices rather than vectors: a cached view never grows, and saves their capacity.
-    pub finalizers: Box<[Atom]>,
+    // Interned lists: a cached view never grows, and most views' lists equal many others'.
+    pub finalizers: List<Atom>,
     /// `status.phase`.
     pub phase: Atom,
     pub reclaim_policy: Atom,
@@ -166,13 +165,13 @@ pub struct PvView {
     pub claim_ref: Option<Box<ClaimRef>>,
     /// `spec.volumeMode` as written.
     pub volume_mode: Option<Atom>,
-    pub access_modes: Box<[Atom]>,
+    pub access_modes: List<Atom>,
     pub mount_options: Box<[String]>,
     pub csi: Option<CsiView>,
     // Boxed, as most volumes are not in-tree ones.
     pub in_tree: Option<Box<InTree>>,
     /// The annotations of [`PV_ANNOTATIONS`] the PV has.
-    annotations: Box<[(Atom, Atom)]>,
+    annotations: List<(Atom, Atom)>,
 }
 
 impl PvView {
@@ -209,7 +208,7 @@ impl PvView {
             deleting: meta.deletion_timestamp.is_some(),
             finalizers: match needs.any(Needs::PROVISIONER | Needs::ATTACHER) {
                 true => meta.finalizers.iter().flatten().map(Atom::from).collect(),
-                false => Box::default(),
+                false => List::default(),
             },
             phase: Atom::from(
                 pv.status
@@ -469,7 +468,7 @@ pub struct ClaimView {
     pub resource_version: String,
     pub deleting: bool,
     /// The finalizers of [`CLAIM_FINALIZERS`] the claim has.
-    pub finalizers: Box<[Atom]>,
+    pub finalizers: List<Atom>,
     /// `status.phase`.
     pub phase: Atom,
     /// Empty while unbound.

@@ -175,9 +175,7 @@ fn changes_to_act_on() {
     assert!(should_enqueue(&old, &deleted));
     let mut annotated = old.clone();
     annotated.resource_version = "5".into();
-    annotated
-        .other_metadata
-        .insert(format!("a:{}", model::BEING_DELETED), "yes".into());
+    annotated.other_metadata = old.other_metadata.wrapping_add(1);
     assert!(should_enqueue(&old, &annotated));
     let member = Content {
         group_member: true,
