@@ -457,6 +457,15 @@ mod tests {
     const DRIVER: &str = "hostpath.csi.k8s.io";
     const FINALIZER: &str = "external-attacher/hostpath-csi-k8s-io";
 
+    /// `finalizers` and the attacher's own.
+    fn with_ours(finalizers: &[Atom]) -> List<Atom> {
+        finalizers
+            .iter()
+            .cloned()
+            .chain([Atom::new(FINALIZER)])
+            .collect()
+    }
+
     fn policy() -> Policy {
         Policy {
             driver: "hostpath.csi.k8s.io".into(),
@@ -618,22 +627,12 @@ mod tests {
                 "annotations": {"csi.alpha.kubernetes.io/node-id": "nid-1"}}}))
         );
 
-        pv.finalizers = pv
-            .finalizers
-            .iter()
-            .cloned()
-            .chain([Atom::new(FINALIZER)])
-            .collect();
+        pv.finalizers = with_ours(&pv.finalizers);
         pv.deleting = true;
         let PvPlan::RemoveFinalizer(removal) = plan_pv(&policy(), &pv, false) else {
             panic!("expected a removal");
         };
-        va.finalizers = va
-            .finalizers
-            .iter()
-            .cloned()
-            .chain([Atom::new(FINALIZER)])
-            .collect();
+        va.finalizers = with_ours(&va.finalizers);
         va.deleting = true;
         let detach = detach_plan(plan_va(&policy(), &va, Some(&pv), &found(), false));
         for patch in [removal.patch, detach.remove_finalizer] {

@@ -52,7 +52,10 @@ fn lock<T: ?Sized>(table: &Mutex<Interner<T>>) -> std::sync::MutexGuard<'_, Inte
     table.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-static ATOMS: LazyLock<Mutex<Interner<str>>> = LazyLock::new(|| Mutex::new(Interner::new()));
+/// A process-wide interner of one type.
+type Table<T> = LazyLock<Mutex<Interner<T>>>;
+
+static ATOMS: Table<str> = LazyLock::new(|| Mutex::new(Interner::new()));
 
 impl Atom {
     pub fn new(text: &str) -> Self {
@@ -174,16 +177,14 @@ pub trait Listed: Eq + Hash + Send + Sync + Sized + 'static {
 
 impl Listed for Atom {
     fn lists() -> &'static Mutex<Interner<[Self]>> {
-        static LISTS: LazyLock<Mutex<Interner<[Atom]>>> =
-            LazyLock::new(|| Mutex::new(Interner::new()));
+        static LISTS: Table<[Atom]> = LazyLock::new(|| Mutex::new(Interner::new()));
         &LISTS
     }
 }
 
 impl Listed for (Atom, Atom) {
     fn lists() -> &'static Mutex<Interner<[Self]>> {
-        static LISTS: LazyLock<Mutex<Interner<[(Atom, Atom)]>>> =
-            LazyLock::new(|| Mutex::new(Interner::new()));
+        static LISTS: Table<[(Atom, Atom)]> = LazyLock::new(|| Mutex::new(Interner::new()));
         &LISTS
     }
 }
