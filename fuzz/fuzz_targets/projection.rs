@@ -199,7 +199,7 @@ fn attachment(input: &[u8]) {
     if let Some(pv) = model.pv_name() {
         assert_eq!(
             attachment_of(&va),
-            Some((pv.to_string(), model.node_name.clone()))
+            Some((pv.to_string(), model.node_name.to_string()))
         );
     }
     let _ = model.object_ref();
