@@ -146,7 +146,10 @@ fn resizer_claim(input: &[u8]) {
         return;
     };
     let claim = external_resizer::model::Claim::from_api(&pvc);
-    assert_eq!(claim, external_resizer::model::Claim::from_api(&again(&pvc)));
+    assert_eq!(
+        claim,
+        external_resizer::model::Claim::from_api(&again(&pvc))
+    );
     let _ = external_resizer::decide::needs_resize(&claim);
     let _ = claim.object_ref();
 }
@@ -163,7 +166,10 @@ fn resizer_volume(input: &[u8]) {
         let Some(resizer) = external_resizer::model::Pv::from_api(&pv, driver) else {
             continue;
         };
-        assert_eq!(Some(resizer.clone()), external_resizer::model::Pv::from_api(&again(&pv), driver));
+        assert_eq!(
+            Some(resizer.clone()),
+            external_resizer::model::Pv::from_api(&again(&pv), driver)
+        );
         // (A PV with both a CSI and an in-tree source, which the API server refuses, is native
         // to the resizer and migrated to the provisioner.)
         assert!(!resizer.in_tree || provisioner.migrated);
@@ -184,7 +190,10 @@ fn pod(input: &[u8]) {
         .as_ref()
         .and_then(|s| s.volumes.as_ref())
         .is_some_and(|v| v.iter().any(|v| v.persistent_volume_claim.is_some()));
-    assert_eq!(external_resizer::model::PodClaims::from_api(&pod).is_some(), mounts);
+    assert_eq!(
+        external_resizer::model::PodClaims::from_api(&pod).is_some(),
+        mounts
+    );
 }
 
 fn attachment(input: &[u8]) {
@@ -285,7 +294,10 @@ fn group_content(input: &[u8]) {
     if let decide::GroupPlan::Check { snapshot_ids, .. } = &plan
         && content.pre_provisioned.is_none()
     {
-        assert!(!snapshot_ids.is_empty(), "a cut group is read with its members");
+        assert!(
+            !snapshot_ids.is_empty(),
+            "a cut group is read with its members"
+        );
     }
     assert_eq!(
         decide::group_finalizer_removal(&content).is_some(),
