@@ -533,24 +533,23 @@ impl Controller {
     // --- PersistentVolumes ---
 
     async fn sync_pv(&self, name: &str) {
-        let key = name;
         let Some((pv, referenced)) = self.index().pv_view(name) else {
-            self.pv_queue.forget(key);
+            self.pv_queue.forget(name);
             return;
         };
         let PvPlan::RemoveFinalizer(patch) = decide::plan_pv(&self.config.policy, &pv, referenced)
         else {
-            self.pv_queue.forget(key);
+            self.pv_queue.forget(name);
             return;
         };
         match self.patch_pv(&patch).await {
             Ok(()) => {
                 tracing::debug!(persistent_volume = name, "removed finalizer");
-                self.pv_queue.forget(key);
+                self.pv_queue.forget(name);
             }
-            Err(err) if api_code(&err) == Some(404) => self.pv_queue.forget(key),
+            Err(err) if api_code(&err) == Some(404) => self.pv_queue.forget(name),
             Err(err) => {
-                let delay = self.pv_queue.add_rate_limited(key, 0);
+                let delay = self.pv_queue.add_rate_limited(name, 0);
                 tracing::warn!(persistent_volume = name, error = %api_message(&err), retry_in = ?delay, "failed to remove finalizer from PersistentVolume");
             }
         }

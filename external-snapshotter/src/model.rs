@@ -2,7 +2,7 @@
 //! what the index keeps of each VolumeSnapshotContent and VolumeSnapshotClass. No I/O.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::LazyLock;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -185,13 +185,19 @@ pub struct Content {
 }
 
 /// The fingerprint of a content's annotations (but [`BEING_CREATED`]) and labels: equal
-/// metadata, equal fingerprints; keyed once per process, so that no label can be chosen to hide
-/// a change.
+/// metadata, equal fingerprints (absent or empty alike); keyed once per process, so that no
+/// label can be chosen to hide a change.
 fn metadata_fingerprint(meta: &ObjectMeta) -> u64 {
     static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    let mut hasher = KEYS.build_hasher();
     let annotations = meta.annotations.iter().flatten();
-    let annotations = annotations.filter(|(key, _)| *key != BEING_CREATED);
-    KEYS.hash_one((annotations.collect::<Vec<_>>(), &meta.labels))
+    for (key, value) in annotations.filter(|(key, _)| *key != BEING_CREATED) {
+        ('a', key, value).hash(&mut hasher);
+    }
+    for (key, value) in meta.labels.iter().flatten() {
+        ('l', key, value).hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 impl Content {

@@ -141,8 +141,8 @@ type Transport = BoxCloneSyncService<Request<Body>, Response<Incoming>, BoxError
 ///
 /// A client built on its own keeps a pool of its own, and each keeps every connection a burst
 /// opened for 90 s, with its buffers: after 300 operations of each controller, an all-in-one
-/// process held 120 more connections to the API server than when idle. Sharing one pool reuses them across
-/// controllers (and between a controller's work, its Events and its Lease), and beyond
+/// process held 120 more connections to the API server than when idle. Sharing one pool reuses
+/// them across controllers (and between a controller's work, its Events and its Lease), and beyond
 /// [`IDLE_PER_HOST`] they close once idle. Each client keeps its own rate limit on top.
 #[derive(Clone)]
 pub struct Connections {
