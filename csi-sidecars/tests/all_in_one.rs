@@ -732,3 +732,98 @@ async fn a_single_sidecar_and_an_all_in_one_replica_never_both_lead_a_controller
     mock.shutdown().await.unwrap();
     cluster.cleanup().await.unwrap();
 }
+
+/// A controller that loses its Lease ends the process even while another controller's worker
+/// waits on a request the API server never answers: the others get a bounded drain, not the
+/// time of their slowest call.
+#[tokio::test]
+async fn a_lost_lease_ends_the_process_within_the_renew_deadline_and_a_bounded_drain() {
+    use testkit::apiserver::{Hang, RequestMatch};
+    let cluster = TestCluster::start().await.unwrap();
+    let Some(faults) = cluster.faults() else {
+        eprintln!("skipped on a real cluster: it injects API server faults");
+        return cluster.cleanup().await.unwrap();
+    };
+    let client = cluster.client();
+    let ns = cluster.namespace().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, mock) = driver_for(&cluster, "drain", dir.path()).await;
+    let mut child = start(
+        tokio::process::Command::new(BIN),
+        [
+            "--controllers=provisioner,attacher".to_string(),
+            format!("--csi-address={}", mock.endpoint()),
+            format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+            "--leader-election".to_string(),
+            format!("--leader-election-namespace={ns}"),
+            "--leader-election-lease-duration=3s".to_string(),
+            "--leader-election-renew-deadline=2s".to_string(),
+            "--leader-election-retry-period=500ms".to_string(),
+        ],
+        Stdio::null(),
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let sanitized = driver.replace('.', "-");
+    let attacher_lease = format!("external-attacher-leader-{sanitized}");
+    for lease in [&sanitized, &attacher_lease] {
+        eventually(&format!("the Lease {lease}"), || async {
+            leases
+                .get_opt(lease)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.spec?.holder_identity)
+        })
+        .await;
+    }
+
+    // An attacher worker waits on a status patch that is never answered.
+    faults.hang_next(
+        RequestMatch::new(Verb::Patch, "volumeattachments").subresource("status"),
+        1,
+        Hang::BeforeServing,
+    );
+    create(
+        &Api::<CSINode>::all(client.clone()),
+        json!({"metadata": {"name": "drain-node"}, "spec": {"drivers": [{"name": driver, "nodeID": "nid-1"}]}}),
+    )
+    .await;
+    let pv = cluster.cluster_name("drain-pv");
+    create(
+        &Api::<PersistentVolume>::all(client.clone()),
+        json!({"metadata": {"name": pv}, "spec": {"capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Retain",
+            "csi": {"driver": driver, "volumeHandle": "vol-1"}}}),
+    )
+    .await;
+    create(
+        &Api::<VolumeAttachment>::all(client.clone()),
+        json!({"metadata": {"name": cluster.cluster_name("drain-va")}, "spec": {"attacher": driver,
+            "nodeName": "drain-node", "source": {"persistentVolumeName": pv}}}),
+    )
+    .await;
+    eventually("the hung status patch", || async {
+        (faults.pending_hangs() == 0).then_some(())
+    })
+    .await;
+
+    // The provisioner's Lease can no longer be renewed.
+    faults.fail_next(
+        RequestMatch::new(Verb::Update, "leases").name(&sanitized),
+        u32::MAX,
+        500,
+    );
+    let lost = Instant::now();
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("the process exits")
+        .unwrap();
+    let took = lost.elapsed();
+    assert_eq!(status.code(), Some(1));
+    // Retry period + renew deadline + the drain, with room for a slow machine; well short of
+    // the hung request's own deadline.
+    assert!(took < Duration::from_secs(15), "exited after {took:?}");
+    faults.clear();
+    mock.shutdown().await.unwrap();
+    cluster.cleanup().await.unwrap();
+}

@@ -3,6 +3,7 @@
 mod common;
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use common::*;
 use csi_proto::methods::identity::GET_PLUGIN_INFO;
@@ -413,5 +414,43 @@ async fn a_migration_target_labels_its_calls_migrated() {
     );
     sigterm(&running.child);
     assert_eq!(running.exit().await.0, 0);
+    env.stop().await;
+}
+
+/// A VolumeAttachment status patch the API server accepts and never answers, on a connection
+/// it keeps open: the attachment whose patch hung is attached within a minute all the same,
+/// its patch retried on a new connection.
+#[tokio::test]
+async fn a_status_patch_that_is_never_answered_does_not_stop_attaching() {
+    use testkit::apiserver::{Hang, RequestMatch, Verb};
+    let env = Env::without_controller(mock()).await;
+    if skip_on_real_cluster(&env, "it injects API faults") {
+        return env.stop().await;
+    }
+    let running = spawn(&[
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--csi-address={}", env.mock.endpoint()),
+    ]);
+    env.create_csinode("node-1", "nid-1").await;
+    env.attached_volume(1).await;
+    env.api_faults().hang_next(
+        RequestMatch::new(Verb::Patch, "volumeattachments").subresource("status"),
+        1,
+        Hang::BeforeServing,
+    );
+    let handle = env.create_volume("vol-2").await;
+    env.create_csi_pv("pv-2", &handle).await;
+    env.create_pv_va("va-2", "pv-2", "node-1").await;
+    let faults = env.api_faults();
+    eventually("the hung status patch", || async {
+        (faults.pending_hangs() == 0).then_some(())
+    })
+    .await;
+    env.wait_va_within("va-2", Duration::from_secs(60), attached)
+        .await;
+    env.attached_volume(3).await;
+    sigterm(&running.child);
+    let (code, stderr) = running.exit().await;
+    assert_eq!(code, 0, "{stderr}");
     env.stop().await;
 }

@@ -224,3 +224,60 @@ async fn leads_under_its_lease_and_releases_it_on_sigterm() {
 async fn wait(mut child: Child) -> Option<i32> {
     child.wait().await.ok()?.code()
 }
+
+/// Requests the API server accepts and never answers, on connections it keeps open (as a
+/// black-holed network leaves them): the journal's update, an Event and a PV create, one after
+/// another. Each costs its claim one timed-out call, retried on a new connection: the claim
+/// whose request hung and the claim after it are both provisioned within a minute.
+#[tokio::test]
+async fn requests_that_are_never_answered_do_not_stop_provisioning() {
+    use testkit::apiserver::{Hang, RequestMatch, Verb};
+    let mut env = Env::without_controller(mock()).await;
+    let Some(faults) = env.cluster.faults() else {
+        eprintln!("skipped on a real cluster: it injects API server faults");
+        return env.stop().await;
+    };
+    let mut child = spawn(&env, &["--retry-interval-max=1s".to_string()]);
+    let class = env.create_class(json!({})).await;
+    env.create_claim("warm", &class, json!({})).await;
+    env.wait_bound("warm").await;
+    let journal = format!("{}-journal", lease_name(&env.driver));
+    let limit = std::time::Duration::from_secs(60);
+    for (n, (what, on, at)) in [
+        (
+            "the journal's update (written, never answered)",
+            RequestMatch::new(Verb::Update, "configmaps").name(&journal),
+            Hang::AfterServing,
+        ),
+        (
+            "an Event",
+            RequestMatch::new(Verb::Create, "events"),
+            Hang::BeforeServing,
+        ),
+        (
+            "a PV create",
+            RequestMatch::new(Verb::Create, "persistentvolumes"),
+            Hang::BeforeServing,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        faults.hang_next(on, 1, at);
+        let hung = format!("hung-{n}");
+        env.create_claim(&hung, &class, json!({})).await;
+        eventually(&format!("the hang of {what}"), || async {
+            (faults.pending_hangs() == 0).then_some(())
+        })
+        .await;
+        let next = format!("next-{n}");
+        env.create_claim(&next, &class, json!({})).await;
+        env.wait_bound_within(&hung, limit).await;
+        env.wait_bound_within(&next, limit).await;
+        env.wait_event(&next, "ProvisioningSucceeded", "").await;
+    }
+    assert_eq!(env.driver_volumes().len(), 7, "one volume per claim");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    env.stop().await;
+}

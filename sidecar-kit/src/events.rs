@@ -289,7 +289,13 @@ async fn write_events(client: kube::Client, reporter: Reporter, mut rx: mpsc::Re
             }
         };
         let write = correlator.next(&occurrence, Timestamp::now());
-        if let Err(err) = apply(&client, write).await {
+        let mut written = apply(&client, write.clone()).await;
+        if matches!(&written, Err(err) if !matches!(err, kube::Error::Api(_))) {
+            // No answer at all (a connection lost, or silent past its deadline): once more, on
+            // a new connection.
+            written = apply(&client, write).await;
+        }
+        if let Err(err) = written {
             // An Event that vanished (expired after its TTL) is created anew next time.
             correlator.forget(&occurrence);
             if is_not_found(&err) {

@@ -7,8 +7,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::consolidated;
@@ -233,7 +235,15 @@ pub async fn supervise(
     run_all(electors, shutdown).await
 }
 
-/// Each controller stops with the process, or makes the process stop.
+/// How long the other controllers of a process get to stop once one of them has ended (its
+/// Lease lost, its task failed) before the process ends without them. After a lost Lease
+/// another replica may lead within the lease duration less the renew deadline (5 s by
+/// default), so the rest must not go on working much longer than that: in-flight work is left
+/// to the next leader (a create call to the intent journal).
+pub const DRAIN: Duration = Duration::from_secs(5);
+
+/// Each controller stops with the process, or makes the process stop: once one ends first, the
+/// others are stopped and given [`DRAIN`] before they are abandoned.
 async fn run_all(
     electors: Vec<(&'static str, Option<LeaderElector>, Run)>,
     shutdown: CancellationToken,
@@ -254,7 +264,25 @@ async fn run_all(
         });
     }
     let mut outcome = Ok(());
-    while let Some(joined) = running.join_next().await {
+    let mut drain_until = None;
+    loop {
+        let next = running.join_next();
+        let joined = match drain_until {
+            None => next.await,
+            Some(deadline) => match tokio::time::timeout_at(deadline, next).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    tracing::error!(
+                        controllers = running.len(),
+                        drain = ?DRAIN,
+                        "controllers still working after the drain; stopping without them"
+                    );
+                    running.abort_all();
+                    break;
+                }
+            },
+        };
+        let Some(joined) = joined else { break };
         let (name, result) = match joined {
             Ok(done) => done,
             Err(err) => ("controller", Err(HostError::Panicked(err.to_string()))),
@@ -273,6 +301,7 @@ async fn run_all(
             }
             if outcome.is_err() {
                 stop.cancel();
+                drain_until = Some(Instant::now() + DRAIN);
             }
         }
     }

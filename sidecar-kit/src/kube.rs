@@ -19,8 +19,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::{Instant, Sleep};
 use tower::retry::RetryLayer;
 use tower::util::BoxCloneSyncService;
-use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Layer, Service, ServiceBuilder};
 
+use crate::deadline::{Bounded, Deadline};
 use crate::flags::KubeFlags;
 
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +135,27 @@ pub fn api_code(err: &kube::Error) -> Option<u16> {
 /// (`idleConnsPerHost`); the others close as soon as they are returned.
 const IDLE_PER_HOST: usize = 25;
 
-type Transport = BoxCloneSyncService<Request<Body>, Response<Incoming>, BoxError>;
+/// TCP keepalive of every API server connection, as client-go's dialer sets it: an idle
+/// connection whose peer is gone is noticed within [`KEEPALIVE_IDLE`] plus
+/// [`KEEPALIVE_PROBES`] × [`KEEPALIVE_INTERVAL`] (90 s), not when the kernel gives up hours later.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+const KEEPALIVE_PROBES: u32 = 4;
+
+/// An answer of the API server, its body bounded in time.
+type Answer = Response<Bounded<Incoming>>;
+
+type Transport = BoxCloneSyncService<Request<Body>, Answer, BoxError>;
+
+/// The TCP connector of API server connections.
+fn tcp_connector() -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_keepalive(Some(KEEPALIVE_IDLE));
+    http.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(KEEPALIVE_PROBES));
+    http
+}
 
 /// The connections of a process to its API server, shared by every client it makes from them,
 /// as client-go shares one transport between the clients of one TLS configuration.
@@ -165,9 +186,7 @@ impl Connections {
                 proxy.host().unwrap_or_default().to_string(),
             ));
         }
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        let tls = config.rustls_https_connector_with_connector(http)?;
+        let tls = config.rustls_https_connector_with_connector(tcp_connector())?;
         let mut connector = TimeoutConnector::new(tls);
         connector.set_connect_timeout(config.connect_timeout);
         connector.set_read_timeout(config.read_timeout);
@@ -177,7 +196,7 @@ impl Connections {
             .pool_max_idle_per_host(IDLE_PER_HOST)
             .build(connector);
         Ok(Self {
-            transport: BoxCloneSyncService::new(pool.map_err(BoxError::from)),
+            transport: BoxCloneSyncService::new(Deadline::new(pool)),
         })
     }
 
@@ -188,12 +207,8 @@ impl Connections {
         config: &kube::Config,
     ) -> Result<
         ClientBuilder<
-            impl Service<
-                Request<Body>,
-                Response = Response<Incoming>,
-                Error = BoxError,
-                Future: Send + 'static,
-            > + Send
+            impl Service<Request<Body>, Response = Answer, Error = BoxError, Future: Send + 'static>
+            + Send
             + 'static,
         >,
         KubeError,
@@ -520,6 +535,33 @@ mod tests {
         let message = Connections::new(&config).unwrap_err().to_string();
         assert!(message.contains("proxy.example"), "{message}");
         assert!(!message.contains("hunter2"), "{message}");
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[tokio::test]
+    async fn api_connections_send_tcp_keepalives() {
+        use std::os::fd::AsRawFd;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let stream = tower::ServiceExt::oneshot(tcp_connector(), uri)
+            .await
+            .unwrap();
+        let fd = stream.inner().as_raw_fd();
+        let option = |level, name| {
+            let mut value: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `fd` is an open socket, and value/len describe a c_int.
+            let rc =
+                unsafe { libc::getsockopt(fd, level, name, (&raw mut value).cast(), &raw mut len) };
+            assert_eq!(rc, 0);
+            value
+        };
+        assert_eq!(option(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(option(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 30);
+        assert_eq!(option(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 15);
+        assert_eq!(option(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 4);
     }
 
     #[test]

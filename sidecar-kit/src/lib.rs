@@ -8,6 +8,7 @@ pub mod atom;
 pub mod connection;
 pub mod consolidated;
 pub mod csi;
+pub mod deadline;
 pub mod endpoint;
 pub mod events;
 pub mod flags;

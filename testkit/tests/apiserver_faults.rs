@@ -194,3 +194,85 @@ async fn unreachable_cuts_connections_and_watches_until_cleared() {
     assert!(!faults.is_unreachable());
     vas.get("before").await.unwrap();
 }
+
+/// Sends one HTTP/1.1 request on a connection of its own and returns the connection.
+async fn send_raw(
+    server: &ApiServer,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.addr(),
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Whether anything (an answer or the end of the connection) arrives within `wait`.
+async fn silent_for(stream: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(wait, stream.read(&mut byte))
+        .await
+        .is_err()
+}
+
+#[tokio::test]
+async fn hung_requests_keep_their_connection_open_and_are_never_answered() {
+    use testkit::apiserver::Hang;
+    let server = ApiServer::start().await.unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(server.client());
+    let faults = server.faults();
+    let creates = RequestMatch::new(Verb::Create, "volumeattachments");
+    let body = |name: &str| serde_json::to_string(&va(name)).unwrap();
+    let path = "/apis/storage.k8s.io/v1/volumeattachments";
+
+    faults.hang_next(creates.clone(), 1, Hang::BeforeServing);
+    let mut before = send_raw(&server, "POST", path, &body("before")).await;
+    assert!(silent_for(&mut before, Duration::from_secs(1)).await);
+    assert_eq!(faults.pending_hangs(), 0);
+    assert!(vas.get_opt("before").await.unwrap().is_none(), "not served");
+
+    faults.hang_next(creates, 1, Hang::AfterServing);
+    let mut after = send_raw(&server, "POST", path, &body("after")).await;
+    assert!(silent_for(&mut after, Duration::from_secs(1)).await);
+    assert!(vas.get_opt("after").await.unwrap().is_some(), "served");
+    // Both connections are still open, silent.
+    assert!(silent_for(&mut before, Duration::from_millis(100)).await);
+    assert!(silent_for(&mut after, Duration::from_millis(100)).await);
+    // The hangs were used up: the next create is answered.
+    vas.create(&PostParams::default(), &va("next"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_frozen_server_answers_nothing_until_thawed() {
+    use tokio::io::AsyncReadExt;
+    let server = ApiServer::start().await.unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(server.client());
+    vas.create(&PostParams::default(), &va("a")).await.unwrap();
+    let faults = server.faults();
+    faults.set_frozen(true);
+    // A new connection is accepted, its request read by nobody.
+    let mut stream = send_raw(
+        &server,
+        "GET",
+        "/apis/storage.k8s.io/v1/volumeattachments/a",
+        "",
+    )
+    .await;
+    assert!(silent_for(&mut stream, Duration::from_secs(1)).await);
+    faults.set_frozen(false);
+    let mut answer = vec![0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+}

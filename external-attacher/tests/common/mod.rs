@@ -78,12 +78,21 @@ pub fn error_code_options() -> Options {
 }
 
 /// Polls `check` until it yields a value, failing the test after [`WAIT`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
+    eventually_within(what, WAIT, check).await
+}
+
+/// Polls `check` until it yields a value, failing the test after `limit`.
+pub async fn eventually_within<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(value) = check().await {
             return value;
@@ -428,9 +437,19 @@ impl Env {
         name: &str,
         condition: impl Fn(&VolumeAttachment) -> bool,
     ) -> VolumeAttachment {
+        self.wait_va_within(name, WAIT, condition).await
+    }
+
+    /// [`Env::wait_va`] for at most `limit`.
+    pub async fn wait_va_within(
+        &self,
+        name: &str,
+        limit: Duration,
+        condition: impl Fn(&VolumeAttachment) -> bool,
+    ) -> VolumeAttachment {
         let vas = self.vas();
         let name = &self.n(name);
-        eventually(&format!("VolumeAttachment {name}"), || {
+        eventually_within(&format!("VolumeAttachment {name}"), limit, || {
             let vas = vas.clone();
             let name = name.to_string();
             let condition = &condition;

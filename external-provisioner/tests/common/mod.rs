@@ -33,12 +33,21 @@ pub const DRIVER: &str = "hostpath.csi.k8s.io";
 pub const WAIT: Duration = Duration::from_secs(30);
 
 /// Polls `check` until it yields a value, failing the test after [`WAIT`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
+    eventually_within(what, WAIT, check).await
+}
+
+/// Polls `check` until it yields a value, failing the test after `limit`.
+pub async fn eventually_within<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(value) = check().await {
             return value;
@@ -269,9 +278,14 @@ impl Env {
 
     /// Waits until the claim is bound; returns its PV.
     pub async fn wait_bound(&self, claim: &str) -> PersistentVolume {
+        self.wait_bound_within(claim, WAIT).await
+    }
+
+    /// Waits at most `limit` until the claim is bound; returns its PV.
+    pub async fn wait_bound_within(&self, claim: &str, limit: Duration) -> PersistentVolume {
         let pvcs = self.pvcs();
         let pvs = self.pvs();
-        eventually(&format!("claim {claim} bound"), || {
+        eventually_within(&format!("claim {claim} bound"), limit, || {
             let (pvcs, pvs) = (pvcs.clone(), pvs.clone());
             let claim = claim.to_string();
             async move {

@@ -1,4 +1,5 @@
-//! Fault injection: failing requests, adding latency, closing watches.
+//! Fault injection: failing requests, adding latency, requests that are never answered,
+//! closing watches, a server that is unreachable or frozen.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -86,10 +87,35 @@ struct Failure {
     error: ApiError,
 }
 
+/// Where a hanging request stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hang {
+    /// Accepted and never served: nothing is written, no answer comes.
+    BeforeServing,
+    /// Served (a write takes effect), but the answer never comes.
+    AfterServing,
+}
+
+#[derive(Debug)]
+struct Hanging {
+    on: RequestMatch,
+    remaining: u32,
+    at: Hang,
+}
+
 #[derive(Debug, Default)]
 struct State {
     failures: Vec<Failure>,
     latencies: Vec<(RequestMatch, Duration)>,
+    hangs: Vec<Hanging>,
+}
+
+/// What the faults make of one request.
+#[derive(Debug, Default)]
+pub(crate) struct Verdict {
+    pub delay: Duration,
+    pub error: Option<ApiError>,
+    pub hang: Option<Hang>,
 }
 
 /// Handle to inject faults into a running server. Cheap to clone.
@@ -99,6 +125,8 @@ pub struct Faults {
     store: Arc<Mutex<Store>>,
     /// While true the server is unreachable: open connections are cut, new ones closed at once.
     unreachable: tokio::sync::watch::Sender<bool>,
+    /// While true the server is frozen: see [`Faults::set_frozen`].
+    frozen: tokio::sync::watch::Sender<bool>,
 }
 
 impl Faults {
@@ -107,7 +135,39 @@ impl Faults {
             state: Arc::default(),
             store,
             unreachable: tokio::sync::watch::Sender::new(false),
+            frozen: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Freezes the server, as `kill -STOP` freezes kube-apiserver: connections stay open and
+    /// new ones are accepted (the kernel completes their handshakes), but nothing is read from
+    /// them or answered, watches included, until `false` thaws it; then everything goes on
+    /// where it stopped.
+    pub fn set_frozen(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+
+    /// Follows [`set_frozen`](Self::set_frozen), for the connection tasks.
+    pub(crate) fn freezing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.frozen.subscribe()
+    }
+
+    /// The next `times` matching requests are never answered, while their connections stay
+    /// open (as on a connection the network black-holes after the request went out); `at`
+    /// says whether they take effect first.
+    pub fn hang_next(&self, on: RequestMatch, times: u32, at: Hang) {
+        self.with(|s| {
+            s.hangs.push(Hanging {
+                on,
+                remaining: times,
+                at,
+            })
+        });
+    }
+
+    /// How many injected hangs have not fired yet.
+    pub fn pending_hangs(&self) -> u32 {
+        self.with(|s| s.hangs.iter().map(|h| h.remaining).sum())
     }
 
     /// Makes the server unreachable, as while a kube-apiserver restarts: every open connection
@@ -162,10 +222,12 @@ impl Faults {
         self.with(|s| s.latencies.push((on, delay)));
     }
 
-    /// Removes all injected failures and latencies and makes the server reachable again.
+    /// Removes all injected failures, latencies and hangs, and makes the server reachable and
+    /// thawed again. Requests already hanging stay so.
     pub fn clear(&self) {
         self.with(|s| *s = State::default());
         self.set_unreachable(false);
+        self.set_frozen(false);
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -200,8 +262,8 @@ impl Faults {
         self.store().compact();
     }
 
-    /// The delay and the injected error (if any) for one request; consumes one failure.
-    pub(crate) fn check(&self, req: &RequestInfo<'_>) -> (Duration, Option<ApiError>) {
+    /// What happens to one request: its delay, the injected error or hang (consuming one).
+    pub(crate) fn check(&self, req: &RequestInfo<'_>) -> Verdict {
         self.with(|s| {
             let delay = s
                 .latencies
@@ -218,7 +280,19 @@ impl Faults {
                     f.error.clone()
                 });
             s.failures.retain(|f| f.remaining > 0);
-            (delay, error)
+            let hang = if error.is_some() {
+                None
+            } else {
+                s.hangs
+                    .iter_mut()
+                    .find(|h| h.remaining > 0 && h.on.matches(req))
+                    .map(|h| {
+                        h.remaining -= 1;
+                        h.at
+                    })
+            };
+            s.hangs.retain(|h| h.remaining > 0);
+            Verdict { delay, error, hang }
         })
     }
 }
@@ -253,26 +327,30 @@ mod tests {
             2,
             500,
         );
-        assert!(f.check(&info(Verb::Patch, None, Some("va"))).1.is_none());
+        assert!(
+            f.check(&info(Verb::Patch, None, Some("va")))
+                .error
+                .is_none()
+        );
         assert!(
             f.check(&info(Verb::Patch, Some("status"), Some("other")))
-                .1
+                .error
                 .is_none()
         );
         let e = f
             .check(&info(Verb::Patch, Some("status"), Some("va")))
-            .1
+            .error
             .unwrap();
         assert_eq!((e.code, e.reason), (500, "InternalError"));
         assert_eq!(f.pending_failures(), 1);
         assert!(
             f.check(&info(Verb::Patch, Some("status"), Some("va")))
-                .1
+                .error
                 .is_some()
         );
         assert!(
             f.check(&info(Verb::Patch, Some("status"), Some("va")))
-                .1
+                .error
                 .is_none()
         );
         f.add_latency(
@@ -280,14 +358,34 @@ mod tests {
             Duration::from_millis(5),
         );
         assert_eq!(
-            f.check(&info(Verb::Get, None, None)).0,
+            f.check(&info(Verb::Get, None, None)).delay,
             Duration::from_millis(5)
         );
         assert_eq!(
-            f.check(&info(Verb::Get, Some("status"), None)).0,
+            f.check(&info(Verb::Get, Some("status"), None)).delay,
             Duration::ZERO
         );
         f.clear();
-        assert_eq!(f.check(&info(Verb::Get, None, None)).0, Duration::ZERO);
+        assert_eq!(f.check(&info(Verb::Get, None, None)).delay, Duration::ZERO);
+    }
+
+    #[test]
+    fn hangs_fire_the_requested_number_of_times_after_failures() {
+        let store = Arc::new(Mutex::new(Store::new(
+            Arc::new(Registry::builtin()),
+            10,
+            10,
+        )));
+        let f = Faults::new(store);
+        let on = RequestMatch::new(Verb::Patch, "volumeattachments").subresource("status");
+        f.hang_next(on.clone(), 1, Hang::AfterServing);
+        f.fail_next(on, 1, 500);
+        let status = info(Verb::Patch, Some("status"), Some("va"));
+        assert!(f.check(&info(Verb::Patch, None, Some("va"))).hang.is_none());
+        let first = f.check(&status);
+        assert!(first.error.is_some() && first.hang.is_none());
+        assert_eq!(f.check(&status).hang, Some(Hang::AfterServing));
+        assert_eq!(f.pending_hangs(), 0);
+        assert!(f.check(&status).hang.is_none());
     }
 }

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::counters::{RequestCounters, Verb};
 use super::discovery::{self, IncludeObject};
 use super::error::ApiError;
-use super::faults::{Faults, RequestInfo};
+use super::faults::{Faults, Hang, RequestInfo};
 use super::protobuf;
 use super::registry::{Kind, KindId, Registry};
 use super::selector::{FieldSelector, LabelSelector};
@@ -467,13 +467,38 @@ async fn resource(
         name: path.name.as_deref(),
         namespace: path.namespace.as_deref(),
     };
-    let (delay, injected) = shared.faults.check(&info);
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
+    let verdict = shared.faults.check(&info);
+    if !verdict.delay.is_zero() {
+        tokio::time::sleep(verdict.delay).await;
     }
-    if let Some(e) = injected {
+    if let Some(e) = verdict.error {
         return Err(e);
     }
+    if verdict.hang == Some(Hang::BeforeServing) {
+        return hang_up(shared).await;
+    }
+    let answer = serve_verb(shared, req, path, &q, verb, &k).await;
+    if verdict.hang == Some(Hang::AfterServing) {
+        return hang_up(shared).await;
+    }
+    answer
+}
+
+/// A request that is never answered: it waits until the server shuts down.
+async fn hang_up(shared: &Arc<Shared>) -> Result<Response<Body>, ApiError> {
+    shared.shutdown.cancelled().await;
+    Err(ApiError::from_code(503, "the server is shutting down"))
+}
+
+/// Serves one resource request that has passed the faults.
+async fn serve_verb(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    path: ResourcePath,
+    q: &HashMap<String, String>,
+    verb: Verb,
+    k: &Kind,
+) -> Result<Response<Body>, ApiError> {
     let rendering = negotiate(req.headers())?;
     if rendering == Rendering::Protobuf
         && !protobuf::supported(&k.api_version(), k.kind)
@@ -505,28 +530,28 @@ async fn resource(
                     let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
                     json_response(
                         200,
-                        &discovery::table([&*obj], meta, include_object(&q)?, true),
+                        &discovery::table([&*obj], meta, include_object(q)?, true),
                     )
                 }
             })
         }
         Verb::List => list(
             shared,
-            &k,
+            k,
             path.kind,
-            &q,
+            q,
             path.namespace.as_deref(),
             rendering,
         ),
-        Verb::Watch => watch(shared, &k, path.kind, &q, path.namespace, rendering),
+        Verb::Watch => watch(shared, k, path.kind, q, path.namespace, rendering),
         Verb::Create => {
-            let dry = dry_run(&q)?;
+            let dry = dry_run(q)?;
             let obj = read_json(req).await?;
             let created = shared.store().create(path.kind, &ns, obj, dry)?;
             Ok(object_response(201, rendering, &created))
         }
         Verb::Update => {
-            let dry = dry_run(&q)?;
+            let dry = dry_run(q)?;
             let obj = read_json(req).await?;
             let updated = shared
                 .store()
@@ -534,7 +559,7 @@ async fn resource(
             Ok(object_response(200, rendering, &updated))
         }
         Verb::Patch => {
-            let dry = dry_run(&q)?;
+            let dry = dry_run(q)?;
             let content_type = req
                 .headers()
                 .get(header::CONTENT_TYPE)
@@ -568,12 +593,12 @@ async fn resource(
         }
         Verb::Delete => {
             let (pre, body_dry) = delete_options(req).await?;
-            let dry = dry_run(&q)? || body_dry;
+            let dry = dry_run(q)? || body_dry;
             let outcome = shared.store().delete(path.kind, &ns, &name, &pre, dry)?;
             Ok(match outcome {
                 Deleted::Removed(obj) if !k.custom => status_body(
                     200,
-                    &deleted_status(&k, &obj),
+                    &deleted_status(k, &obj),
                     rendering == Rendering::Protobuf,
                 ),
                 Deleted::Removed(obj) | Deleted::Pending(obj) => {
@@ -583,8 +608,8 @@ async fn resource(
         }
         Verb::DeleteCollection => {
             let (pre, body_dry) = delete_options(req).await?;
-            let dry = dry_run(&q)? || body_dry;
-            let query = list_query(&k, &q, path.namespace.as_deref())?;
+            let dry = dry_run(q)? || body_dry;
+            let query = list_query(k, q, path.namespace.as_deref())?;
             let mut store = shared.store();
             let page = store.list(
                 path.kind,
@@ -608,9 +633,9 @@ async fn resource(
             drop(store);
             let meta = json!({"resourceVersion": rv.to_string()});
             Ok(match rendering {
-                Rendering::Protobuf => list_response(&k, &items, meta),
+                Rendering::Protobuf => list_response(k, &items, meta),
                 Rendering::Json | Rendering::Table => {
-                    respond(200, "application/json", list_bytes(&k, &items, meta))
+                    respond(200, "application/json", list_bytes(k, &items, meta))
                 }
             })
         }

@@ -38,7 +38,7 @@ use tokio_util::task::TaskTracker;
 pub use cluster::TestCluster;
 pub use counters::{CounterKey, RequestCounters, Verb};
 pub use error::ApiError;
-pub use faults::{Faults, RequestMatch};
+pub use faults::{Faults, Hang, RequestMatch};
 pub use gates::{FeatureGates, Gate};
 pub use registry::Registry;
 
@@ -287,6 +287,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
         let shared = shared.clone();
         tracker.spawn(async move {
             let token = shared.shutdown.clone();
+            let mut freezing = shared.faults.freezing();
             let svc = service_fn(move |req| {
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(http::handle(shared, req).await) }
@@ -294,14 +295,21 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
             let builder = auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
             tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = token.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            loop {
+                // While frozen the connection is not polled: what the client sends waits in
+                // the socket, and nothing is answered.
+                let frozen = *freezing.borrow_and_update();
+                tokio::select! {
+                    _ = conn.as_mut(), if !frozen => break,
+                    _ = token.cancelled() => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                        break;
+                    }
+                    // Dropping the connection closes its socket with requests and watches open.
+                    _ = async { reachability.wait_for(|unreachable| *unreachable).await.map(|_| ()) } => break,
+                    changed = freezing.changed() => if changed.is_err() { break },
                 }
-                // Dropping the connection closes its socket with requests and watches open.
-                _ = async { reachability.wait_for(|unreachable| *unreachable).await.map(|_| ()) } => {}
             }
         });
     }
