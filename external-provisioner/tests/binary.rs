@@ -281,3 +281,103 @@ async fn requests_that_are_never_answered_do_not_stop_provisioning() {
     child.wait().await.unwrap();
     env.stop().await;
 }
+
+/// One client of the attack: sends part of a request (a header of `padding` bytes, never
+/// finished), then a byte every 200 ms until the server closes the connection; how long it was
+/// kept open.
+async fn hold_a_partial_request(port: u16, padding: usize) -> std::time::Duration {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = std::time::Instant::now();
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return started.elapsed();
+    };
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: {}",
+        "a".repeat(padding)
+    );
+    let (mut reader, mut writer) = stream.split();
+    let mut buffer = [0u8; 512];
+    let closed = async {
+        loop {
+            match reader.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    let trickle = async {
+        let _ = writer.write_all(head.as_bytes()).await;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let _ = writer.write_all(b"a").await;
+        }
+    };
+    tokio::select! {
+        _ = closed => {}
+        _ = trickle => {}
+    }
+    started.elapsed()
+}
+
+/// Whoever reaches `--http-endpoint` (any pod, in most clusters) opens 300 connections, half of
+/// them sending a 256 KiB header, half trickling one: every one is closed within the header
+/// timeout (10 s), the process grows by less than 8 MiB, and the leader health check answers
+/// throughout.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn slow_and_bloated_http_clients_cannot_exhaust_the_endpoint() {
+    use std::time::{Duration, Instant};
+    use testkit::measure::{clock_ticks, usage};
+    let env = Env::without_controller(mock()).await;
+    let port = free_port().unwrap();
+    let mut child = spawn(
+        &env,
+        &[
+            format!("--http-endpoint=127.0.0.1:{port}"),
+            "--leader-election".into(),
+        ],
+    );
+    let pid = child.id().unwrap();
+    eventually("the leader health check", || async {
+        http_get(port, "/healthz/leader-election")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let ticks = clock_ticks();
+    let before = usage(pid, ticks).rss_kib;
+    let attackers: Vec<_> = (0..300)
+        .map(|n| {
+            let padding = if n % 2 == 0 { 256 * 1024 } else { 16 };
+            tokio::spawn(hold_a_partial_request(port, padding))
+        })
+        .collect();
+    let started = Instant::now();
+    let mut peak = before;
+    let mut probes = 0;
+    while attackers.iter().any(|a| !a.is_finished()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "attack connections still open"
+        );
+        let probe = http_get(port, "/healthz/leader-election").await;
+        assert_eq!(
+            probe.map(|(status, _)| status),
+            Some(200),
+            "probe {probes} during the attack"
+        );
+        probes += 1;
+        peak = peak.max(usage(pid, ticks).rss_kib);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for attacker in attackers {
+        let held = attacker.await.unwrap();
+        assert!(held < Duration::from_secs(15), "a connection held {held:?}");
+    }
+    let growth = peak.saturating_sub(before);
+    eprintln!("RSS {before} KiB before, {peak} KiB at the peak; {probes} probes answered");
+    assert!(growth < 8 * 1024, "RSS grew by {growth} KiB");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    env.stop().await;
+}

@@ -1,17 +1,20 @@
-//! The sidecars' HTTP endpoint: metrics and health checks on one small hyper server.
+//! The sidecars' HTTP endpoint: metrics and health checks on one small hyper server, bounded in
+//! connections, time and memory (see [`Limits`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -181,6 +184,89 @@ pub fn listen_target(address: &str) -> Result<String, HttpError> {
     }
 }
 
+/// The bounds of the HTTP endpoint: anybody who can reach the port (any pod, in most clusters)
+/// can open connections, and none of them may cost the sidecar more than a few KiB or keep a
+/// slot for long. The kubelet's probes and Prometheus send one small request and read a small
+/// answer at once; nothing else is served.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// Connections open at once. A new one beyond it closes an old one (see
+    /// [`OpenConnections::admit`]), so that a probe is served however many connections someone
+    /// else holds.
+    connections: usize,
+    /// Time to send a request's header, from the connection's start or from the end of the
+    /// previous answer: the bound of a slow sender and of an idle kept-alive connection alike.
+    header_read: Duration,
+    /// The most a request's header may take, which is also the most buffered per connection
+    /// while reading it (hyper's smallest buffer); a larger one is answered 431 and closed.
+    request_bytes: usize,
+    /// The longest a connection is kept, whatever it does (a client that reads its answer too
+    /// slowly).
+    lifetime: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            connections: 64,
+            header_read: Duration::from_secs(10),
+            request_bytes: 8 * 1024,
+            lifetime: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Header fields a request may have (a probe sends about five).
+const MAX_HEADERS: usize = 32;
+
+/// The connections being served, oldest first, each with the token that closes it and whether
+/// it has sent a whole request yet.
+#[derive(Default)]
+struct OpenConnections {
+    next: u64,
+    open: BTreeMap<u64, (CancellationToken, Arc<AtomicBool>)>,
+}
+
+impl OpenConnections {
+    /// Makes room for a new connection and registers it; its id, the token that closes it and
+    /// the flag that it has sent a request. Beyond `limit`, the oldest connection that has not
+    /// sent a whole request yet is closed (else the oldest of all): a client that asks and
+    /// reads, as the kubelet and Prometheus do, keeps its slot.
+    fn admit(
+        &mut self,
+        limit: usize,
+        shutdown: &CancellationToken,
+    ) -> (u64, CancellationToken, Arc<AtomicBool>) {
+        while self.open.len() >= limit.max(1) {
+            let silent = self
+                .open
+                .iter()
+                .find(|(_, (_, asked))| !asked.load(Ordering::Relaxed))
+                .map(|(id, _)| *id);
+            let oldest = silent.or_else(|| self.open.keys().next().copied());
+            if let Some((close, _)) = oldest.and_then(|id| self.open.remove(&id)) {
+                tracing::debug!("HTTP connection limit reached; closing the oldest connection");
+                close.cancel();
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        let close = shutdown.child_token();
+        let asked = Arc::new(AtomicBool::new(false));
+        self.open.insert(id, (close.clone(), asked.clone()));
+        (id, close, asked)
+    }
+
+    fn leave(&mut self, id: u64) {
+        self.open.remove(&id);
+    }
+}
+
+fn lock(open: &Mutex<OpenConnections>) -> std::sync::MutexGuard<'_, OpenConnections> {
+    open.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A server bound to its address, ready to serve.
 pub struct HttpServer {
     listener: TcpListener,
@@ -219,8 +305,13 @@ impl HttpServer {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` is cancelled.
+    /// Serves until `shutdown` is cancelled, within [`Limits`].
     pub async fn serve(self, shutdown: CancellationToken) {
+        self.serve_within(Limits::default(), shutdown).await;
+    }
+
+    async fn serve_within(self, limits: Limits, shutdown: CancellationToken) {
+        let open = Arc::new(Mutex::new(OpenConnections::default()));
         loop {
             let accepted = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -233,19 +324,27 @@ impl HttpServer {
                     continue;
                 }
             };
+            let (id, close, asked) = lock(&open).admit(limits.connections, &shutdown);
             let routes = self.routes.clone();
-            let shutdown = shutdown.clone();
+            let open = open.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request| {
+                    asked.store(true, Ordering::Relaxed);
                     let routes = routes.clone();
                     async move { Ok::<_, Infallible>(routes.answer(request).await) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_read)
+                    .max_buf_size(limits.request_bytes)
+                    .max_headers(MAX_HEADERS)
                     .serve_connection(TokioIo::new(stream), service);
                 tokio::select! {
                     _ = connection => {}
-                    _ = shutdown.cancelled() => {}
+                    _ = close.cancelled() => {}
+                    _ = tokio::time::sleep(limits.lifetime) => {}
                 }
+                lock(&open).leave(id);
             });
         }
     }
@@ -328,6 +427,146 @@ impl HttpPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// A server on 127.0.0.1 with `limits`, answering `ok` on `/healthz`.
+    async fn serve(limits: Limits) -> (SocketAddr, CancellationToken) {
+        let routes = Routes::new().route(HEALTH_PATH, || async { Reply::ok() });
+        let server = HttpServer::bind("127.0.0.1:0", routes).await.unwrap();
+        let address = server.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        tokio::spawn(server.serve_within(limits, shutdown.clone()));
+        (address, shutdown)
+    }
+
+    fn quick() -> Limits {
+        Limits {
+            connections: 4,
+            header_read: Duration::from_millis(300),
+            request_bytes: 8 * 1024,
+            lifetime: Duration::from_secs(5),
+        }
+    }
+
+    /// Reads until the server closes the connection; what it sent, or `None` if it was still
+    /// open after `wait`.
+    async fn until_closed(stream: &mut TcpStream, wait: Duration) -> Option<String> {
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(wait, async {
+            let mut buffer = [0u8; 1024];
+            loop {
+                match stream.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&buffer[..n]),
+                }
+            }
+        });
+        read.await.ok()?;
+        Some(String::from_utf8_lossy(&seen).into_owned())
+    }
+
+    async fn healthz(address: SocketAddr) -> String {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_header_sent_too_slowly_closes_the_connection() {
+        let (address, _shutdown) = serve(quick()).await;
+        let mut slow = TcpStream::connect(address).await.unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let seen = until_closed(&mut slow, Duration::from_secs(5)).await;
+        assert!(seen.is_some(), "still open");
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        assert!(healthz(address).await.starts_with("HTTP/1.1 200"));
+    }
+
+    #[tokio::test]
+    async fn an_idle_kept_alive_connection_is_closed() {
+        let (address, _shutdown) = serve(quick()).await;
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let seen = until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    }
+
+    #[tokio::test]
+    async fn a_request_header_past_the_limit_is_refused() {
+        let (address, _shutdown) = serve(quick()).await;
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        let padding = "a".repeat(64 * 1024);
+        let request = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {padding}\r\n\r\n");
+        // The server may close before everything is written.
+        let _ = stream.write_all(request.as_bytes()).await;
+        let seen = until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(seen.starts_with("HTTP/1.1 431"), "{seen}");
+    }
+
+    #[tokio::test]
+    async fn past_the_connection_limit_a_silent_connection_makes_room_for_a_probe() {
+        let limits = Limits {
+            header_read: Duration::from_secs(30),
+            ..quick()
+        };
+        let (address, _shutdown) = serve(limits).await;
+        // The oldest connection asked and read its answer, and is kept alive.
+        let mut client = TcpStream::connect(address).await.unwrap();
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0u8; 12];
+        client.read_exact(&mut answer).await.unwrap();
+        // The others never finish a request.
+        let mut silent = Vec::new();
+        for _ in 1..limits.connections {
+            let mut stream = TcpStream::connect(address).await.unwrap();
+            stream.write_all(b"GET /").await.unwrap();
+            silent.push(stream);
+        }
+        assert!(healthz(address).await.starts_with("HTTP/1.1 200"));
+        // The oldest silent connection made room; the client and the newer ones are open.
+        let first = until_closed(&mut silent[0], Duration::from_secs(5)).await;
+        assert_eq!(first.as_deref(), Some(""));
+        for stream in [&mut client, &mut silent[limits.connections - 2]] {
+            let open = until_closed(stream, Duration::from_millis(200)).await;
+            assert_eq!(open, None, "closed");
+        }
+    }
+
+    #[tokio::test]
+    async fn no_connection_outlives_its_lifetime() {
+        let limits = Limits {
+            header_read: Duration::from_secs(30),
+            lifetime: Duration::from_millis(300),
+            ..quick()
+        };
+        let (address, _shutdown) = serve(limits).await;
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream.write_all(b"GET /").await.unwrap();
+        assert!(
+            until_closed(&mut stream, Duration::from_secs(5))
+                .await
+                .is_some()
+        );
+    }
 
     #[test]
     fn listen_targets() {
