@@ -30,7 +30,7 @@ use crate::decide::{
     self, Created, DeletionSecret, Failure, Lookups, Policy, Prepared, State, VolumePlan,
 };
 use crate::index::{Index, Work};
-use crate::journal::{Intent, Journal, Location};
+use crate::journal::{self, Intent, Journal, Location, Rejected};
 use crate::metrics::ProvisionMetrics;
 use crate::model::{self, Claim, Class, NEEDS, SecretRef, SourceKey, SourceKind};
 use crate::sources::{
@@ -352,6 +352,10 @@ impl Controller {
             "taking up unfinished provisionings from the intent journal"
         );
         for (uid, intent) in intents {
+            if let Err(rejected) = self.check_intent(&uid, &intent).await {
+                self.reject_intent(&uid, &rejected);
+                continue;
+            }
             if self.index().has_volume(&intent.prepared.pv.name) {
                 // The PV was written: the intent is done.
                 self.journal.forget(&uid);
@@ -370,6 +374,47 @@ impl Controller {
             );
             self.claims.add(uid, 0);
         }
+    }
+
+    /// Whether a recorded intent is one this provisioner would have recorded: see
+    /// [`crate::journal`]. While its claim exists, the claim's request is prepared again
+    /// (without topology, which follows the nodes) and must agree with the recorded one.
+    async fn check_intent(&self, uid: &str, intent: &Intent) -> Result<(), Rejected> {
+        journal::check_recorded(&self.config.policy, uid, intent)?;
+        let Some(claim) = self.index().claim(uid) else {
+            return Ok(());
+        };
+        let class_name = claim.storage_class.as_deref().unwrap_or_default();
+        let Some(class) = self.index().class(class_name).cloned() else {
+            return Err(Rejected::Unverifiable(format!(
+                "storageclass.storage.k8s.io {class_name:?} not found"
+            )));
+        };
+        let lookups = self.lookups(&claim, &class).await;
+        let policy = Policy {
+            topology: false,
+            ..self.config.policy.clone()
+        };
+        let now = decide::prepare(&policy, &claim, &class, &*self.index(), &lookups)
+            .map_err(|failure| Rejected::Unverifiable(failure.message))?;
+        journal::check_against(intent, &claim, &class.name, &now)
+    }
+
+    /// Drops an entry of the journal that is not what this provisioner records, saying so in
+    /// the log and in a Warning Event on the journal's ConfigMap.
+    fn reject_intent(&self, uid: &str, rejected: &Rejected) {
+        tracing::warn!(key = %uid, reason = %rejected, "dropping an intent journal entry this provisioner did not record; nothing is asked of the driver for it");
+        if let Some(location) = &self.config.journal {
+            self.events.record(
+                location.object_ref(),
+                EventType::Warning,
+                journal::REJECTED_REASON,
+                &format!(
+                    "Dropped intent journal entry {uid:?}: {rejected}; nothing was asked of the driver for it"
+                ),
+            );
+        }
+        self.journal.forget(uid);
     }
 
     /// A CreateVolume is answered for sure and its outcome settled.

@@ -985,4 +985,4 @@ mod request_bytes {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -199,3 +199,210 @@ async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes
     }
     env.stop().await;
 }
+
+/// Writes `entries` as the journal's data, replacing what is there.
+async fn write_entries(env: &Env, entries: &journal::Entries) {
+    let api = Api::<ConfigMap>::namespaced(env.client(), &env.namespace());
+    let mut journal = api.get("provisioner-journal").await.unwrap();
+    journal.data = Some(entries.clone());
+    api.replace(
+        "provisioner-journal",
+        &kube::api::PostParams::default(),
+        &journal,
+    )
+    .await
+    .unwrap();
+}
+
+/// Whoever can write ConfigMaps in the journal's namespace forges entries out of genuine ones:
+/// one under another claim's UID, one naming another tenant's volume for a claim that does not
+/// exist, one cloning that volume into a live claim, one reading a secret the claim's class
+/// does not name. Each is dropped with a Warning Event on the journal; the driver sees none of
+/// them: the claims are provisioned as their classes say, and the other volume is untouched.
+#[tokio::test]
+async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
+    use csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+    use csi_proto::v1::{
+        CreateVolumeRequest, VolumeCapability, VolumeContentSource, volume_content_source,
+    };
+    use external_provisioner::model::SecretRef;
+    use k8s_openapi::api::core::v1::Secret;
+    use sidecar_kit::csi::CallOptions;
+    use testkit::leaks::distinctive_secret;
+
+    let mut env = Env::without_controller(mock()).await;
+    let ns = env.namespace();
+    // Another tenant's volume at the driver, which no PV of the cluster names.
+    let victim = env
+        .csi
+        .create_volume(
+            CreateVolumeRequest {
+                name: "tenant-b-data".into(),
+                volume_capabilities: vec![VolumeCapability {
+                    access_mode: Some(AccessMode {
+                        mode: access_mode::Mode::SingleNodeWriter as i32,
+                    }),
+                    access_type: Some(AccessType::Mount(MountVolume::default())),
+                }],
+                ..Default::default()
+            },
+            CallOptions::timeout(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id;
+    let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
+    let mut stolen = String::new();
+    for name in ["alice-prov", "bob-prov", "carol-prov", "tenant-b-admin"] {
+        let password = distinctive_secret();
+        if name == "tenant-b-admin" {
+            stolen = password.clone();
+        }
+        let secret: Secret = serde_json::from_value(
+            json!({"metadata": {"name": name}, "stringData": {"password": password}}),
+        )
+        .unwrap();
+        secrets
+            .create(&kube::api::PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+    let class = env
+        .create_class(json!({"parameters": {
+            "csi.storage.k8s.io/provisioner-secret-name": "${pvc.name}-prov",
+            "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+        }}))
+        .await;
+
+    // Genuine intents: the answers of three CreateVolume calls are lost, then the provisioner
+    // crashes.
+    let mut config = env.config(&[]).await;
+    config.journal = Some(env.journal_location());
+    config.backoff = Backoff {
+        start: Duration::from_secs(60),
+        max: Duration::from_secs(60),
+    };
+    env.launch(config);
+    env.mock
+        .faults()
+        .lose_answers(CREATE_VOLUME, 3, Code::DeadlineExceeded);
+    let mut uid = std::collections::HashMap::new();
+    for name in ["alice", "bob", "carol"] {
+        let claim = env.create_claim(name, &class, json!({})).await;
+        uid.insert(name, claim.metadata.uid.unwrap());
+    }
+    let calls = env.mock.calls().clone();
+    eventually("three unanswered CreateVolume calls", || {
+        let n = calls.count(CREATE_VOLUME);
+        async move { (n >= 3).then_some(()) }
+    })
+    .await;
+    env.crash().await;
+    let (genuine, bad) = journal::decode::<journal::Intent>(&entries(&env).await);
+    assert!(bad.is_empty());
+    let intent = |name: &str| {
+        genuine
+            .iter()
+            .find(|(key, _)| key == &uid[name])
+            .map(|(_, intent)| intent.clone())
+            .unwrap()
+    };
+
+    let mut forged = journal::Entries::new();
+    let text = |intent: &journal::Intent| serde_json::to_string(intent).unwrap();
+    // Alice's intent under Bob's UID.
+    forged.insert(uid["bob"].clone(), text(&intent("alice")));
+    // A claim that does not exist, whose "volume" is the other tenant's: a replay would find
+    // it by name and delete it.
+    let gone = "0b5ae7e0-0000-4000-8000-00000000dead".to_string();
+    let mut foreign = intent("alice");
+    foreign.claim.uid = gone.clone();
+    foreign.prepared.pv.claim_ref.uid = Some(gone.clone());
+    foreign.prepared.request.name = "tenant-b-data".into();
+    foreign.prepared.pv.name = "tenant-b-data".into();
+    forged.insert(gone, text(&foreign));
+    // Alice's volume cloned from the other tenant's.
+    let mut clone = intent("alice");
+    clone.prepared.request.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Volume(
+            volume_content_source::VolumeSource {
+                volume_id: victim.clone(),
+            },
+        )),
+    });
+    forged.insert(uid["alice"].clone(), text(&clone));
+    // Carol's CreateVolume with the other tenant's credentials.
+    let mut borrowed = intent("carol");
+    borrowed.prepared.provisioner_secret = Some(SecretRef {
+        namespace: ns.clone(),
+        name: "tenant-b-admin".into(),
+    });
+    forged.insert(uid["carol"].clone(), text(&borrowed));
+    write_entries(&env, &forged).await;
+
+    let before = env.mock.calls().count(CREATE_VOLUME);
+    restart_with_journal(&mut env).await;
+    for name in ["alice", "bob", "carol"] {
+        env.wait_bound(name).await;
+    }
+    eventually("every forged entry dropped", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    let rejected = eventually("a Warning Event per forged entry", || async {
+        let events = env.events_for(&ns, "provisioner-journal").await;
+        let rejected: Vec<String> = events
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(journal::REJECTED_REASON))
+            .filter_map(|e| e.message)
+            .collect();
+        (rejected.len() == 4).then_some(rejected)
+    })
+    .await;
+    for part in [
+        "is the intent of claim UID",
+        "volume name \"tenant-b-data\"",
+        "volume content source",
+        "provisioner secret reference",
+    ] {
+        assert!(
+            rejected.iter().any(|m| m.contains(part)),
+            "no Event says {part:?}: {rejected:?}"
+        );
+    }
+
+    // The driver saw each claim's own request once more, and nothing else.
+    let calls = env.mock.calls().of(CREATE_VOLUME);
+    let replayed: Vec<_> = calls.iter().skip(before as usize).collect();
+    let mut names: Vec<String> = replayed
+        .iter()
+        .map(|call| {
+            let request: serde_json::Value = serde_json::from_str(&call.request).unwrap();
+            assert!(
+                request.get("volumeContentSource").is_none()
+                    && request.get("volume_content_source").is_none(),
+                "a content source reached the driver: {request}"
+            );
+            assert!(
+                !call.carries_secret("password", &stolen),
+                "the other tenant's secret reached the driver"
+            );
+            request["name"].as_str().unwrap().to_string()
+        })
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = ["alice", "bob", "carol"]
+        .iter()
+        .map(|name| format!("pvc-{}", uid[name]))
+        .collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0);
+    assert!(
+        env.driver_volumes_by_id().contains(&victim),
+        "the other tenant's volume is untouched"
+    );
+    env.stop().await;
+}

@@ -77,6 +77,23 @@ pub struct Location {
     pub name: String,
 }
 
+impl Location {
+    /// The journal's ConfigMap, as the Events about its entries name it.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// Reason of the Warning Event about a journal entry that is dropped unread: it is not what the
+/// sidecar records (a forgery, or written by another version or configuration).
+pub const REJECTED_REASON: &str = "JournalEntryRejected";
+
 /// The longest object name the API server accepts (a DNS subdomain).
 const MAX_NAME: usize = 253;
 

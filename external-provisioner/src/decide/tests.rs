@@ -6,7 +6,7 @@ use crate::topology::NodeMaps;
 
 /// The policy of upstream's default flags, for driver `d` with a controller that creates and
 /// deletes volumes.
-fn policy() -> Policy {
+pub(crate) fn policy() -> Policy {
     let cli: crate::flags::Cli = clap::Parser::parse_from(["csi-provisioner"]);
     let caps = Capabilities {
         controller_service: true,
@@ -16,7 +16,7 @@ fn policy() -> Policy {
     crate::app::config(&cli, "d", caps, "1-2-d", "instance").policy
 }
 
-fn claim(spec: serde_json::Value) -> Claim {
+pub(crate) fn claim(spec: serde_json::Value) -> Claim {
     Claim::from_api(
         &serde_json::from_value(json!({
             "metadata": {"name": "data", "namespace": "ns", "uid": "1234-abcd", "resourceVersion": "3",
@@ -27,7 +27,7 @@ fn claim(spec: serde_json::Value) -> Claim {
     )
 }
 
-fn class(params: &[(&str, &str)]) -> Class {
+pub(crate) fn class(params: &[(&str, &str)]) -> Class {
     Class {
         name: "fast".into(),
         uid: "sc-uid".into(),
@@ -43,11 +43,15 @@ fn class(params: &[(&str, &str)]) -> Class {
 }
 
 /// Prepares a claim that needs neither the cluster's nodes nor any lookup.
-fn prepare_alone(policy: &Policy, claim: &Claim, class: &Class) -> Result<Prepared, Failure> {
+pub(crate) fn prepare_alone(
+    policy: &Policy,
+    claim: &Claim,
+    class: &Class,
+) -> Result<Prepared, Failure> {
     prepare(policy, claim, class, &NodeMaps::EMPTY, &Lookups::default())
 }
 
-fn basic_claim() -> Claim {
+pub(crate) fn basic_claim() -> Claim {
     claim(
         json!({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": "1Gi"}}}),
