@@ -28,6 +28,7 @@ use tonic::Status;
 
 use crate::decide::{self, Answer, Plan};
 use crate::index::Index;
+use crate::journal::{self, Rejected};
 use crate::model::{
     self, Class, Content, SecretRef, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
     VolumeSnapshotClass, VolumeSnapshotContent,
@@ -114,6 +115,9 @@ impl SnapshotMetrics {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Intent {
     pub content_uid: String,
+    /// The VolumeSnapshot's UID, which [`Intent::name`] is derived from.
+    #[serde(default)]
+    pub snapshot_uid: String,
     pub name: String,
     pub source_volume: String,
     pub parameters: BTreeMap<String, String>,
@@ -363,19 +367,78 @@ impl Controller {
         for (key, recorded) in intents {
             match (recorded, key.strip_prefix(groups::KEY_PREFIX)) {
                 (Recorded::Group(intent), Some(name)) => {
-                    lock(&self.group_intents).insert(name.to_string(), intent);
-                    self.group_queue.add(name.to_string(), 0);
+                    match self.check_group_intent(name, &intent) {
+                        Ok(()) => {
+                            lock(&self.group_intents).insert(name.to_string(), intent);
+                            self.group_queue.add(name.to_string(), 0);
+                        }
+                        Err(rejected) => self.reject_intent(&key, &rejected),
+                    }
                 }
-                (Recorded::Snapshot(intent), None) => {
-                    lock(&self.intents).insert(key.clone(), intent);
-                    self.queue.add(key, 0);
-                }
+                (Recorded::Snapshot(intent), None) => match self.check_intent(&key, &intent) {
+                    Ok(()) => {
+                        lock(&self.intents).insert(key.clone(), intent);
+                        self.queue.add(key, 0);
+                    }
+                    Err(rejected) => self.reject_intent(&key, &rejected),
+                },
                 _ => {
                     tracing::warn!(%key, "dropping an intent journal entry of the wrong kind");
                     self.journal.forget(&key);
                 }
             }
         }
+    }
+
+    /// Whether the recorded intent for content `name` is one this snapshotter would have
+    /// recorded (see [`crate::journal`]).
+    fn check_intent(&self, name: &str, intent: &Intent) -> Result<(), Rejected> {
+        let naming = &self.config.naming;
+        journal::check_name(
+            decide::snapshot_name(&naming.prefix, &intent.snapshot_uid, naming.uuid_length),
+            &intent.name,
+        )?;
+        let live = self
+            .index()
+            .view(name)
+            .filter(|(content, _)| content.uid == intent.content_uid);
+        let Some((content, class)) = live else {
+            return match self
+                .index()
+                .content_bound_to(&intent.snapshot_uid, &intent.content_uid)
+            {
+                Some(owner) => Err(Rejected::Owned(owner)),
+                None => Ok(()),
+            };
+        };
+        journal::check_bound(&content.snapshot_ref.uid, &intent.snapshot_uid)?;
+        let (now, _) = self
+            .create_input(&content, class.as_ref())
+            .map_err(Rejected::Unverifiable)?;
+        journal::check_parts([
+            ("snapshot name", intent.name == now.name),
+            ("source volume", intent.source_volume == now.source_volume),
+            ("parameters", intent.parameters == now.parameters),
+            ("secret reference", intent.secret == now.secret),
+            ("deletion policy", intent.delete == now.delete),
+        ])
+    }
+
+    /// Drops an entry of the journal that is not what this snapshotter records, saying so in
+    /// the log and in a Warning Event on the journal's ConfigMap.
+    fn reject_intent(&self, key: &str, rejected: &Rejected) {
+        tracing::warn!(%key, reason = %rejected, "dropping an intent journal entry this snapshotter did not record; nothing is asked of the driver for it");
+        if let Some(location) = &self.config.journal {
+            self.events.record(
+                location.object_ref(),
+                EventType::Warning,
+                sidecar_kit::journal::REJECTED_REASON,
+                &format!(
+                    "Dropped intent journal entry {key:?}: {rejected}; nothing was asked of the driver for it"
+                ),
+            );
+        }
+        self.journal.forget(key);
     }
 
     /// One content: what it needs next; retried with backoff until done.
@@ -693,6 +756,7 @@ impl Controller {
         Ok((
             Intent {
                 content_uid: content.uid.clone(),
+                snapshot_uid: content.snapshot_ref.uid.clone(),
                 name,
                 source_volume,
                 parameters,

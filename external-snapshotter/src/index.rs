@@ -78,6 +78,15 @@ impl Index {
             .collect()
     }
 
+    /// The content (of any driver) with UID `content_uid` or bound to the VolumeSnapshot with
+    /// UID `snapshot_uid`, if one exists: the snapshot derived from that UID is its.
+    pub fn content_bound_to(&self, snapshot_uid: &str, content_uid: &str) -> Option<String> {
+        self.contents
+            .values()
+            .find(|c| c.uid == content_uid || c.snapshot_ref.uid == snapshot_uid)
+            .map(|c| c.name.clone())
+    }
+
     /// Stores a content the snapshotter wrote, unless the cache already has a newer version.
     pub fn store(&mut self, object: &VolumeSnapshotContent) {
         let content = Content::from_api(object);
@@ -186,6 +195,16 @@ impl Index {
     /// The names of the group contents of this driver, for the periodic resync.
     pub fn group_content_names(&self) -> Vec<String> {
         self.groups.contents.keys().cloned().collect()
+    }
+
+    /// The group content with UID `content_uid` or bound to the VolumeGroupSnapshot with UID
+    /// `group_uid`, if one exists.
+    pub fn group_content_bound_to(&self, group_uid: &str, content_uid: &str) -> Option<String> {
+        self.groups
+            .contents
+            .values()
+            .find(|c| c.uid == content_uid || c.group_ref.uid == group_uid)
+            .map(|c| c.name.clone())
     }
 
     /// Stores a group content the snapshotter wrote, unless the cache has a newer version.

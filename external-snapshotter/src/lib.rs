@@ -15,4 +15,5 @@ pub mod decide;
 pub mod entry;
 pub mod flags;
 pub mod index;
+pub mod journal;
 pub mod model;

@@ -328,3 +328,94 @@ async fn a_group_content_gone_during_its_call_leaves_no_group_snapshot() {
     let state = env.mock.state();
     assert!(state.group_snapshots.is_empty() && state.snapshots.is_empty());
 }
+
+/// Forged group entries seeded while the snapshotter is down: one naming another group's
+/// snapshot for a group content that does not exist, one recording the group UID a live group
+/// content is bound to. Both are dropped with a Warning Event; the live group is untouched.
+#[tokio::test]
+async fn forged_group_journal_entries_are_dropped_and_never_reach_the_driver() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Event};
+    let mut env = Env::start(MockDriver::builder(), with_groups).await;
+    env.group_class("gclass", "Delete", json!({})).await;
+    let volumes: Vec<String> = two_labelled_claims(&env).await.into_iter().collect();
+    let uid = env.group_snapshot("g", "db", "gclass").await;
+    let name = format!("groupsnapcontent-{uid}");
+    env.group_content_until(&name, "the group ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    env.kill().await;
+    let intent = |group_uid: &str| {
+        json!({"content_uid": "c0ffee00-0000-4000-8000-000000000001",
+            "group_snapshot_uid": group_uid, "name": format!("groupsnapshot-{uid}"),
+            "source_volumes": volumes, "parameters": {}, "secret": null, "delete": true})
+        .to_string()
+    };
+    let journals: kube::Api<ConfigMap> = kube::Api::namespaced(env.client(), env.ns());
+    let journal = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("snapshotter-journal".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                (
+                    "G_groupsnapcontent-forged-name".to_string(),
+                    intent("c0ffee00-0000-4000-8000-000000000002"),
+                ),
+                ("G_groupsnapcontent-forged-owner".to_string(), intent(&uid)),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    match journals.get_opt("snapshotter-journal").await.unwrap() {
+        Some(existing) => {
+            let journal = ConfigMap {
+                metadata: existing.metadata,
+                ..journal
+            };
+            journals
+                .replace("snapshotter-journal", &PostParams::default(), &journal)
+                .await
+                .unwrap();
+        }
+        None => {
+            journals
+                .create(&PostParams::default(), &journal)
+                .await
+                .unwrap();
+        }
+    }
+    env.run();
+    let rejected = eventually("a Warning Event per forged entry", || async {
+        let events = kube::Api::<Event>::namespaced(env.client(), env.ns())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        let rejected: Vec<String> = events
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("snapshotter-journal"))
+            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::journal::REJECTED_REASON))
+            .filter_map(|e| e.message)
+            .collect();
+        (rejected.len() == 2).then_some(rejected)
+    })
+    .await;
+    assert!(
+        rejected
+            .iter()
+            .any(|m| m.contains("is not the one derived from the UID it records")),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected
+            .iter()
+            .any(|m| m.contains(&format!("belongs to content {name:?}"))),
+        "{rejected:?}"
+    );
+    assert_eq!(env.mock.calls().count(DELETE_GROUP), 0);
+    assert_eq!(env.mock.state().group_snapshots.len(), 1, "untouched");
+    env.stop().await;
+}

@@ -153,3 +153,152 @@ async fn a_restart_lets_a_content_that_still_exists_carry_on() {
     })
     .await;
 }
+
+/// Whoever can write ConfigMaps in the journal's namespace forges entries while the snapshotter
+/// is down: one naming another content's snapshot for a content that does not exist, one
+/// recording the VolumeSnapshot UID another content is bound to, and one giving a live
+/// content's genuine intent the credentials of another tenant. Each is dropped with a Warning
+/// Event on the journal, and the driver sees none of them: the other snapshot is untouched,
+/// nothing is deleted, and no call carries the other tenant's secret.
+#[tokio::test]
+async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
+    use k8s_openapi::api::core::v1::{Event, Secret};
+    use kube::api::{ListParams, PostParams};
+    use testkit::leaks::distinctive_secret;
+
+    let mut env = Env::start(MockDriver::builder(), |c| {
+        c.backoff = Backoff {
+            start: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+        };
+    })
+    .await;
+    let ns = env.ns().to_string();
+    let stolen = distinctive_secret();
+    let secret: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "tenant-b-admin"}, "stringData": {"password": stolen}}),
+    )
+    .unwrap();
+    Api::<Secret>::namespaced(env.client(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    env.class("class", "Delete", json!({})).await;
+    let volume = env.bound_claim("data").await;
+    // Another tenant's snapshot, ready, its content live.
+    let victim_uid = env.snapshot("victim", "data", "class").await;
+    let victim_content = format!("snapcontent-{victim_uid}");
+    env.content_of(&victim_uid).await;
+    env.content_until(&victim_content, "the other snapshot ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    // A genuine intent of a live content: the answer to its CreateSnapshot is lost.
+    env.mock
+        .faults()
+        .lose_answers(CREATE, 1, Code::DeadlineExceeded);
+    let live_uid = env.snapshot("live", "data", "class").await;
+    let live_content = format!("snapcontent-{live_uid}");
+    env.content_of(&live_uid).await;
+    env.content_until(&live_content, "the lost answer reported", |c| {
+        c["status"]["error"]["message"].is_string()
+    })
+    .await;
+    env.kill().await;
+
+    let journals: Api<ConfigMap> = Api::namespaced(env.client(), &ns);
+    let mut journal = journals.get("snapshotter-journal").await.unwrap();
+    let entries = journal.data.clone().unwrap_or_default();
+    let mut genuine: serde_json::Value = serde_json::from_str(&entries[&live_content]).unwrap();
+    assert_eq!(genuine["snapshot_uid"], live_uid.as_str());
+    let mut forged = std::collections::BTreeMap::new();
+    let intent = |content_uid: &str, snapshot_uid: &str, name: &str| {
+        json!({"content_uid": content_uid, "snapshot_uid": snapshot_uid, "name": name,
+            "source_volume": volume, "parameters": {}, "secret": null, "delete": true})
+        .to_string()
+    };
+    // The other tenant's snapshot, by name, for a content that does not exist.
+    forged.insert(
+        "snapcontent-forged-name".to_string(),
+        intent(
+            "c0ffee00-0000-4000-8000-000000000001",
+            "c0ffee00-0000-4000-8000-000000000002",
+            &format!("snapshot-{victim_uid}"),
+        ),
+    );
+    // The VolumeSnapshot UID the other tenant's content is bound to, named consistently.
+    forged.insert(
+        "snapcontent-forged-owner".to_string(),
+        intent(
+            "c0ffee00-0000-4000-8000-000000000003",
+            &victim_uid,
+            &format!("snapshot-{victim_uid}"),
+        ),
+    );
+    // The live content's intent with another tenant's credentials.
+    genuine["secret"] = json!({"namespace": ns, "name": "tenant-b-admin"});
+    forged.insert(live_content.clone(), genuine.to_string());
+    journal.data = Some(forged);
+    journals
+        .replace("snapshotter-journal", &PostParams::default(), &journal)
+        .await
+        .unwrap();
+
+    let creates_before = env.mock.calls().count(CREATE);
+    env.run();
+    env.content_until(&live_content, "the live content ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    eventually("every forged entry dropped", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    let rejected = eventually("a Warning Event per forged entry", || async {
+        let events = Api::<Event>::namespaced(env.client(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        let rejected: Vec<String> = events
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("snapshotter-journal"))
+            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::journal::REJECTED_REASON))
+            .filter_map(|e| e.message)
+            .collect();
+        (rejected.len() == 3).then_some(rejected)
+    })
+    .await;
+    for part in [
+        "is not the one derived from the UID it records",
+        &format!("belongs to content {victim_content:?}"),
+        "secret reference",
+    ] {
+        assert!(
+            rejected.iter().any(|m| m.contains(part)),
+            "no Event says {part:?}: {rejected:?}"
+        );
+    }
+    assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
+    let victim_handle = env.content(&victim_content).await["status"]["snapshotHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        env.mock.state().snapshots.contains_key(&victim_handle),
+        "the other tenant's snapshot is untouched"
+    );
+    let calls = env.mock.calls().of(CREATE);
+    assert_eq!(
+        calls.len() as u64,
+        creates_before + 1,
+        "the live content asked once more, nothing else"
+    );
+    for call in &calls {
+        assert!(
+            !call.carries_secret("password", &stolen),
+            "the other tenant's secret reached the driver"
+        );
+    }
+    env.stop().await;
+}

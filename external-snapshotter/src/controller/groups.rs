@@ -19,6 +19,7 @@ use tonic::Status;
 
 use super::{Controller, Failure, lock, now, now_ns};
 use crate::decide::{self, GroupAnswer, GroupPlan};
+use crate::journal;
 use crate::model::{self, GroupClass, GroupContent, SecretRef, SnapshotInfo};
 
 /// The group queue's name in the workqueue metrics, as upstream's.
@@ -38,6 +39,9 @@ pub struct GroupNaming {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupIntent {
     pub content_uid: String,
+    /// The VolumeGroupSnapshot's UID, which [`GroupIntent::name`] is derived from.
+    #[serde(default)]
+    pub group_snapshot_uid: String,
     pub name: String,
     pub source_volumes: Vec<String>,
     pub parameters: BTreeMap<String, String>,
@@ -233,6 +237,7 @@ impl Controller {
         )?;
         Ok(GroupIntent {
             content_uid: content.uid.clone(),
+            group_snapshot_uid: content.group_ref.uid.clone(),
             name,
             source_volumes: content.volume_handles.clone(),
             parameters,
@@ -537,6 +542,55 @@ impl Controller {
         if lock(&self.group_intents).remove(name).is_some() {
             self.journal.forget(&journal_key(name));
         }
+    }
+
+    /// Whether the recorded intent for group content `name` is one this snapshotter would
+    /// have recorded (see [`crate::journal`]).
+    pub(super) fn check_group_intent(
+        &self,
+        name: &str,
+        intent: &GroupIntent,
+    ) -> Result<(), journal::Rejected> {
+        let Some(naming) = &self.config.groups else {
+            return Err(journal::Rejected::Unverifiable(
+                "group snapshots are off (the CSIVolumeGroupSnapshot gate)".into(),
+            ));
+        };
+        journal::check_name(
+            decide::group_snapshot_name(
+                &naming.prefix,
+                &intent.group_snapshot_uid,
+                naming.uuid_length,
+            ),
+            &intent.name,
+        )?;
+        let live = self
+            .index()
+            .group_view(name)
+            .filter(|(content, _)| content.uid == intent.content_uid);
+        let Some((content, class)) = live else {
+            return match self
+                .index()
+                .group_content_bound_to(&intent.group_snapshot_uid, &intent.content_uid)
+            {
+                Some(owner) => Err(journal::Rejected::Owned(owner)),
+                None => Ok(()),
+            };
+        };
+        journal::check_bound(&content.group_ref.uid, &intent.group_snapshot_uid)?;
+        let now = self
+            .group_input(&content, class.as_ref(), naming)
+            .map_err(journal::Rejected::Unverifiable)?;
+        journal::check_parts([
+            ("group snapshot name", intent.name == now.name),
+            (
+                "source volumes",
+                intent.source_volumes == now.source_volumes,
+            ),
+            ("parameters", intent.parameters == now.parameters),
+            ("secret reference", intent.secret == now.secret),
+            ("deletion policy", intent.delete == now.delete),
+        ])
     }
 
     /// A group content that is gone: if a CreateVolumeGroupSnapshot for it may have cut a
