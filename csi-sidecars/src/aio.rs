@@ -672,7 +672,9 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
     };
     let common = first.common();
     let http = HttpPlan::from_flags(&common.http)?;
-    let kube_config = sidecar_kit::kube::load_config(&common.kube).await?;
+    let kube_config =
+        sidecar_kit::kube::load_config(&common.kube, sidecar_kit::kube::KubeconfigRule::FlagFirst)
+            .await?;
     let mut greeting = first.greeting();
     for controller in &selection.controllers[1..] {
         let other = controller.greeting();

@@ -113,3 +113,26 @@ async fn the_livenessprobe_serves_through_it() {
     child.wait().await.unwrap();
     mock.shutdown().await.unwrap();
 }
+
+/// Each sidecar of the multi-call binary reads its kubeconfig by its upstream's rule; the
+/// all-in-one process, which has no upstream, lets the flag win and falls back to
+/// `$KUBECONFIG`, then to the in-cluster configuration.
+#[tokio::test]
+async fn each_binary_keeps_its_kubeconfig_rule() {
+    use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
+    let csi = "--csi-address=/nonexistent/csi.sock";
+    let cases: [(&[&str], [testkit::process::KubeconfigRead; 3]); 6] = [
+        (&["provisioner", csi], [Environment, Environment, Flag]),
+        (&["attacher", csi], [Flag, InCluster, Flag]),
+        (&["resizer", csi], [Flag, InCluster, Flag]),
+        (&["snapshotter", csi], [Flag, InCluster, Flag]),
+        (
+            &["--controllers=provisioner,attacher", csi],
+            [Flag, Environment, Flag],
+        ),
+        (&["--controllers=*", csi], [Flag, Environment, Flag]),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(kubeconfig_reads(BIN, args).await, expected, "{args:?}");
+    }
+}

@@ -9,6 +9,7 @@ use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
 use sidecar_kit::host::{self, Controller, Host, HostError};
 use sidecar_kit::identity::{self, IdentityError};
+use sidecar_kit::kube::KubeconfigRule;
 use sidecar_kit::leader::{self, ElectionConfig};
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
@@ -172,6 +173,7 @@ pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError
     host::serve_single(
         &cli.common.http,
         &cli.common.kube,
+        KubeconfigRule::FlagOnly,
         greeting(cli),
         |host, config| async move { prepare(cli, &host, &config).await },
         |routes| routes,

@@ -454,3 +454,12 @@ async fn a_status_patch_that_is_never_answered_does_not_stop_attaching() {
     assert_eq!(code, 0, "{stderr}");
     env.stop().await;
 }
+
+/// Upstream's attacher reads `--kubeconfig`, else the in-cluster configuration, and never
+/// `$KUBECONFIG`; so does this one.
+#[tokio::test]
+async fn kubeconfig_comes_from_the_flag_only() {
+    use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
+    let reads = kubeconfig_reads(BIN, &["--csi-address=/nonexistent/csi.sock"]).await;
+    assert_eq!(reads, [Flag, InCluster, Flag]);
+}

@@ -11,6 +11,7 @@ use sidecar_kit::events::Reporter;
 use sidecar_kit::host::{self, Controller, Host, HostError};
 use sidecar_kit::http::{Reply, Routes};
 use sidecar_kit::identity::{self, IdentityError};
+use sidecar_kit::kube::KubeconfigRule;
 use sidecar_kit::leader::{self, ElectionConfig};
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
@@ -386,15 +387,11 @@ pub fn pprof_routes(cli: &Cli) -> impl FnOnce(Routes) -> Routes {
 
 /// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
 pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let mut kube_flags = cli.common.kube.clone();
-    // Upstream's provisioner lets $KUBECONFIG win over --kubeconfig.
-    if let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
-        kube_flags.kubeconfig = path.to_string_lossy().into_owned();
-    }
     let cli = &cli;
     host::serve_single(
         &cli.common.http,
-        &kube_flags,
+        &cli.common.kube,
+        KubeconfigRule::EnvironmentFirst,
         greeting(cli),
         |host, config| async move { prepare(cli, &host, &config).await },
         pprof_routes(cli),

@@ -381,3 +381,82 @@ async fn slow_and_bloated_http_clients_cannot_exhaust_the_endpoint() {
     child.wait().await.unwrap();
     env.stop().await;
 }
+
+/// Upstream's provisioner lets `$KUBECONFIG` win over `--kubeconfig`; so does this one.
+#[tokio::test]
+async fn kubeconfig_from_the_environment_wins_over_the_flag() {
+    use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
+    let reads = kubeconfig_reads(BIN, &["--csi-address=/nonexistent/csi.sock"]).await;
+    assert_eq!(reads, [Environment, Environment, Flag]);
+}
+
+/// Replaces a token file as the kubelet does: a new file renamed over the old.
+fn write_token(path: &std::path::Path, token: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, token).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+/// A projected service-account token rotated while the provisioner runs: the kubelet puts a
+/// new file in place of the old, and the API server refuses the old token from then on. The
+/// provisioner goes on leading and provisioning past its renew deadline, without a restart.
+#[tokio::test]
+async fn a_rotated_service_account_token_is_used_without_a_restart() {
+    use std::time::{Duration, Instant};
+    use testkit::apiserver::kubeconfig_with_token_file;
+    let mut env = Env::without_controller(mock()).await;
+    let Some(url) = env.cluster.server().map(|server| server.url()) else {
+        eprintln!("skipped on a real cluster: it rotates the API server's tokens");
+        return env.stop().await;
+    };
+    let accept = |env: &Env, tokens| {
+        if let Some(server) = env.cluster.server() {
+            server.accept_tokens(tokens);
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    write_token(&token, "sa-token-1");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_with_token_file(&url, &token)).unwrap();
+    accept(&env, Some(&["sa-token-1"]));
+    let mut command = Command::new(BIN);
+    command
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!(
+            "--csi-address={}",
+            env.mock.socket_path().display()
+        ))
+        .arg("--leader-election")
+        .arg(format!("--leader-election-namespace={}", env.namespace()));
+    let mut child = testkit::process::spawn_sidecar(&mut command, Stdio::null()).unwrap();
+    let class = env.create_class(json!({})).await;
+    env.create_claim("before", &class, json!({})).await;
+    env.wait_bound("before").await;
+    let leases: Api<Lease> = Api::namespaced(env.client(), &env.namespace());
+    let holder = |lease: Lease| lease.spec?.holder_identity.filter(|h| !h.is_empty());
+    let leader = holder(leases.get(&lease_name(&env.driver)).await.unwrap()).unwrap();
+
+    write_token(&token, "sa-token-2");
+    accept(&env, Some(&["sa-token-2"]));
+    let rotated = Instant::now();
+    env.create_claim("after", &class, json!({})).await;
+    env.wait_bound("after").await;
+    // Past the renew deadline (10 s): a provisioner refused that long would have lost its Lease.
+    while rotated.elapsed() < Duration::from_secs(12) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let renewed = leases.get(&lease_name(&env.driver)).await.unwrap();
+    let renew_time = renewed.spec.as_ref().and_then(|s| s.renew_time.clone());
+    assert_eq!(holder(renewed), Some(leader), "still the leader");
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(renew_time.unwrap().0);
+    assert!(
+        age < k8s_openapi::jiff::SignedDuration::from_secs(10),
+        "renewed {age:?} ago"
+    );
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    accept(&env, None);
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    env.stop().await;
+}

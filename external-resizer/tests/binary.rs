@@ -93,3 +93,12 @@ async fn the_binary_expands_a_claim_and_serves_upstreams_metrics() {
     );
     child.start_kill().unwrap();
 }
+
+/// Upstream's resizer reads `--kubeconfig`, else the in-cluster configuration, and never
+/// `$KUBECONFIG`; so does this one.
+#[tokio::test]
+async fn kubeconfig_comes_from_the_flag_only() {
+    use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
+    let reads = kubeconfig_reads(BIN, &["--csi-address=/nonexistent/csi.sock"]).await;
+    assert_eq!(reads, [Flag, InCluster, Flag]);
+}

@@ -186,3 +186,12 @@ async fn a_driver_without_group_snapshots_gets_its_group_contents_left_alone() {
     assert_eq!(env.mock.calls().count(CREATE_GROUP), 0);
     child.start_kill().unwrap();
 }
+
+/// Upstream's snapshotter reads `--kubeconfig`, else the in-cluster configuration, and never
+/// `$KUBECONFIG`; so does this one.
+#[tokio::test]
+async fn kubeconfig_comes_from_the_flag_only() {
+    use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
+    let reads = kubeconfig_reads(BIN, &["--csi-address=/nonexistent/csi.sock"]).await;
+    assert_eq!(reads, [Flag, InCluster, Flag]);
+}

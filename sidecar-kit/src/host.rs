@@ -17,7 +17,7 @@ use crate::consolidated;
 use crate::csi::CsiClient;
 use crate::flags::{HttpFlags, KubeFlags};
 use crate::http::{HttpError, HttpPlan, Routes};
-use crate::kube::Connections;
+use crate::kube::{Connections, KubeconfigRule};
 use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use crate::metrics::{CsiMetrics, MetricsError};
 use crate::startup::{self, Greeting, StartupError};
@@ -119,6 +119,7 @@ impl Controller {
 pub async fn serve_single<E, P, Fut>(
     http: &HttpFlags,
     kube: &KubeFlags,
+    kubeconfig: KubeconfigRule,
     greeting: Greeting<'_>,
     prepare: P,
     extra_routes: impl FnOnce(Routes) -> Routes,
@@ -130,7 +131,7 @@ where
     E: From<HttpError> + From<crate::kube::KubeError> + From<HostError>,
 {
     let plan = HttpPlan::from_flags(http)?;
-    let config = crate::kube::load_config(kube).await?;
+    let config = crate::kube::load_config(kube, kubeconfig).await?;
     let Some(host) = Host::start(greeting, WatchHub::default(), &config, &shutdown).await? else {
         return Ok(());
     };

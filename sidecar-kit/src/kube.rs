@@ -1,6 +1,6 @@
 //! The Kubernetes client: configuration from `--kubeconfig`, `$KUBECONFIG` or the pod's service
-//! account, and a client-side token-bucket rate limit honouring `--kube-api-qps` and
-//! `--kube-api-burst` as client-go's does.
+//! account (each binary with its upstream's [`KubeconfigRule`]), and a client-side token-bucket
+//! rate limit honouring `--kube-api-qps` and `--kube-api-burst` as client-go's does.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,6 +23,7 @@ use tower::{BoxError, Layer, Service, ServiceBuilder};
 
 use crate::deadline::{Bounded, Deadline};
 use crate::flags::KubeFlags;
+use crate::token::{TokenFile, TokenLayer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -38,14 +39,23 @@ pub enum KubeError {
     },
     #[error("no kubeconfig given and no in-cluster configuration: {0}")]
     InCluster(#[from] kube::config::InClusterError),
-    #[error("invalid kubeconfig from $KUBECONFIG: {0}")]
-    EnvKubeconfig(kube::config::KubeconfigError),
     #[error("cannot build the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
     #[error("the kubeconfig's proxy-url (host {0:?}) is not supported")]
     Proxy(String),
     #[error("invalid --master {url:?}: {message}")]
     Master { url: String, message: String },
+    #[error(transparent)]
+    Token(#[from] crate::token::TokenError),
+}
+
+/// The token file `auth` authenticates with: the one kube would read, when it would (an auth
+/// provider, a user name and password or an inline token come first, as in client-go).
+fn token_file(auth: &kube::config::AuthInfo) -> Option<&str> {
+    let other = auth.auth_provider.is_some()
+        || (auth.username.is_some() && auth.password.is_some())
+        || auth.token.is_some();
+    auth.token_file.as_deref().filter(|_| !other)
 }
 
 /// Points the configuration at `--master` when given (upstream's out-of-cluster override of the
@@ -63,26 +73,54 @@ pub fn override_master(config: &mut kube::Config, master: &str) -> Result<(), Ku
     Ok(())
 }
 
-/// Loads the client configuration: `--kubeconfig`, else `$KUBECONFIG`, else in-cluster.
-pub async fn load_config(flags: &KubeFlags) -> Result<kube::Config, KubeError> {
-    let options = KubeConfigOptions::default();
-    if !flags.kubeconfig.is_empty() {
-        let path = flags.kubeconfig.clone();
-        let kubeconfig =
-            Kubeconfig::read_from(&path).map_err(|source| KubeError::ReadKubeconfig {
-                path: path.clone(),
-                source,
-            })?;
-        return kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-            .await
-            .map_err(|source| KubeError::Kubeconfig { path, source });
+/// Which kubeconfig a binary reads, when `--kubeconfig` and `$KUBECONFIG` may each name one.
+/// Every single sidecar keeps its upstream's rule, so that a pod spec means what it meant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubeconfigRule {
+    /// `--kubeconfig`, else the in-cluster configuration; `$KUBECONFIG` is not read (upstream's
+    /// attacher, resizer and snapshotter).
+    FlagOnly,
+    /// `$KUBECONFIG` over `--kubeconfig`, else the in-cluster configuration (upstream's
+    /// provisioner).
+    EnvironmentFirst,
+    /// `--kubeconfig`, else `$KUBECONFIG`, else the in-cluster configuration, as kubectl reads
+    /// them: the all-in-one process, which has no upstream, lets the flag its pod spec gives
+    /// win over an environment the image or a wrapper may bring.
+    FlagFirst,
+}
+
+impl KubeconfigRule {
+    /// The kubeconfig to read (`None`: the in-cluster configuration) from the flag and the
+    /// variable's value. Like upstream's, a `$KUBECONFIG` of several paths is not merged: it
+    /// names one file.
+    pub fn choose(self, flag: &str, environment: Option<&str>) -> Option<String> {
+        let flag = Some(flag).filter(|f| !f.is_empty());
+        let environment = environment.filter(|e| !e.is_empty());
+        let chosen = match self {
+            Self::FlagOnly => flag,
+            Self::EnvironmentFirst => environment.or(flag),
+            Self::FlagFirst => flag.or(environment),
+        };
+        chosen.map(str::to_string)
     }
-    if std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty()) {
-        return kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(KubeError::EnvKubeconfig);
-    }
-    Ok(kube::Config::incluster()?)
+}
+
+/// Loads the client configuration: the kubeconfig `rule` chooses, else in-cluster.
+pub async fn load_config(
+    flags: &KubeFlags,
+    rule: KubeconfigRule,
+) -> Result<kube::Config, KubeError> {
+    let environment = std::env::var("KUBECONFIG").ok();
+    let Some(path) = rule.choose(&flags.kubeconfig, environment.as_deref()) else {
+        return Ok(kube::Config::incluster()?);
+    };
+    let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| KubeError::ReadKubeconfig {
+        path: path.clone(),
+        source,
+    })?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| KubeError::Kubeconfig { path, source })
 }
 
 /// `config` with the User-Agent client-go gives a program, `<program>/<version> (<os>/<arch>)`:
@@ -213,6 +251,14 @@ impl Connections {
         >,
         KubeError,
     > {
+        // A token file is ours to read (see crate::token); any other credentials are kube's.
+        let token = token_file(&config.auth_info)
+            .map(TokenFile::open)
+            .transpose()?;
+        let kube_auth = match token {
+            Some(_) => None,
+            None => config.auth_layer()?,
+        };
         let service = ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(
@@ -220,7 +266,8 @@ impl Connections {
                     .default_retry
                     .then(|| RetryLayer::new(RetryPolicy::server_retry())),
             )
-            .option_layer(config.auth_layer()?)
+            .option_layer(token.map(TokenLayer))
+            .option_layer(kube_auth)
             .layer(config.extra_headers_layer()?)
             .service(self.transport.clone());
         Ok(ClientBuilder::new(
@@ -562,6 +609,28 @@ mod tests {
         assert_eq!(option(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 30);
         assert_eq!(option(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 15);
         assert_eq!(option(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 4);
+    }
+
+    #[test]
+    fn each_rule_chooses_its_kubeconfig() {
+        use KubeconfigRule::*;
+        let cases = [
+            (FlagOnly, "/flag", Some("/env"), Some("/flag")),
+            (FlagOnly, "", Some("/env"), None),
+            (EnvironmentFirst, "/flag", Some("/env"), Some("/env")),
+            (EnvironmentFirst, "/flag", Some(""), Some("/flag")),
+            (EnvironmentFirst, "", None, None),
+            (FlagFirst, "/flag", Some("/env"), Some("/flag")),
+            (FlagFirst, "", Some("/env"), Some("/env")),
+            (FlagFirst, "", None, None),
+        ];
+        for (rule, flag, environment, chosen) in cases {
+            assert_eq!(
+                rule.choose(flag, environment).as_deref(),
+                chosen,
+                "{rule:?} {flag:?} {environment:?}"
+            );
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod quantity;
 pub mod shrink;
 pub mod startup;
+pub mod token;
 pub mod views;
 pub mod viewtable;
 pub mod watches;

@@ -71,7 +71,8 @@ pub fn with_hostname(
 }
 
 /// Environment variables that change what a sidecar does: `KUBECONFIG` (the provisioner, as
-/// upstream's, prefers it to `--kubeconfig`; the others use it when the flag is absent),
+/// upstream's, prefers it to `--kubeconfig`; the all-in-one process uses it when the flag is
+/// absent),
 /// `POD_NAMESPACE` (the Lease and journal namespace), `NAMESPACE` and `POD_NAME` (capacity
 /// tracking), `NODE_NAME` (distributed provisioning). Inherited from whoever runs the tests or
 /// the sandbox, they would point a child at the wrong cluster, namespace or node.
@@ -239,6 +240,61 @@ pub async fn run_to_exit(
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// The configuration a sidecar binary read at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubeconfigRead {
+    /// The file `--kubeconfig` names.
+    Flag,
+    /// The file `$KUBECONFIG` names.
+    Environment,
+    /// The pod's in-cluster configuration.
+    InCluster,
+}
+
+/// What a sidecar binary reads with `--kubeconfig` and `$KUBECONFIG` both set, with the variable
+/// alone, and with the flag alone: its rule, seen from outside. Each names a file that does not
+/// exist, so the binary stops at once with an error naming the one it read (or the in-cluster
+/// configuration, which outside a pod is missing too). `args` are what it needs besides.
+pub async fn kubeconfig_reads(binary: &str, args: &[&str]) -> [KubeconfigRead; 3] {
+    const FLAG: &str = "/nonexistent/flag-kubeconfig";
+    const ENVIRONMENT: &str = "/nonexistent/environment-kubeconfig";
+    let read = |flag: bool, environment: bool| async move {
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .clean_env()
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .args(args)
+            .kill_on_drop(true);
+        if flag {
+            command.arg(format!("--kubeconfig={FLAG}"));
+        }
+        if environment {
+            command.env("KUBECONFIG", ENVIRONMENT);
+        }
+        let output = tokio::time::timeout(std::time::Duration::from_secs(30), command.output())
+            .await
+            .unwrap_or_else(|_| panic!("{binary} {args:?} did not stop"))
+            .unwrap_or_else(|err| panic!("cannot run {binary}: {err}"));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{binary}: {stderr}");
+        if stderr.contains(FLAG) {
+            KubeconfigRead::Flag
+        } else if stderr.contains(ENVIRONMENT) {
+            KubeconfigRead::Environment
+        } else if stderr.contains("in-cluster configuration") {
+            KubeconfigRead::InCluster
+        } else {
+            panic!("{binary} read no kubeconfig it was given: {stderr}")
+        }
+    };
+    [
+        read(true, true).await,
+        read(false, true).await,
+        read(true, false).await,
+    ]
 }
 
 #[cfg(test)]

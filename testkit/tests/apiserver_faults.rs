@@ -276,3 +276,41 @@ async fn a_frozen_server_answers_nothing_until_thawed() {
         .unwrap();
     assert_eq!(&answer, b"HTTP/1.1 200");
 }
+
+#[tokio::test]
+async fn tokens_not_accepted_are_answered_401() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = ApiServer::start().await.unwrap();
+    let status_with = |token: Option<&'static str>| {
+        let addr = server.addr();
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let auth = token
+                .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                .unwrap_or_default();
+            let request = format!(
+                "GET /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.unwrap();
+            answer[9..12].to_string()
+        }
+    };
+    assert_eq!(status_with(None).await, "200", "open by default");
+    server.accept_tokens(Some(&["one"]));
+    assert_eq!(status_with(None).await, "401");
+    assert_eq!(status_with(Some("two")).await, "401");
+    assert_eq!(status_with(Some("one")).await, "200");
+    assert_eq!(
+        status_with(Some(testkit::apiserver::ADMIN_TOKEN)).await,
+        "200"
+    );
+    // The server's own client carries the admin token.
+    let vas: Api<VolumeAttachment> = Api::all(server.client());
+    vas.list(&Default::default()).await.unwrap();
+    server.accept_tokens(Some(&["two"]));
+    assert_eq!(status_with(Some("one")).await, "401");
+    server.accept_tokens(None);
+    assert_eq!(status_with(None).await, "200");
+}

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub shutdown: CancellationToken,
     /// `127.0.0.1:PORT`, for `/api`'s serverAddressByClientCIDRs.
     pub address: String,
+    /// The bearer tokens served besides [`super::ADMIN_TOKEN`] (`None`: every request).
+    pub tokens: Mutex<Option<Vec<String>>>,
 }
 
 impl Shared {
@@ -54,10 +56,26 @@ impl Shared {
 pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     // Errors are Status bodies in the negotiated encoding, as upstream.
     let proto_status = negotiate(req.headers()) == Ok(Rendering::Protobuf);
+    if !authenticated(&shared, req.headers()) {
+        return status_response(&ApiError::from_code(401, "Unauthorized"), proto_status);
+    }
     match route(&shared, req).await {
         Ok(resp) => resp,
         Err(e) => status_response(&e, proto_status),
     }
+}
+
+/// Whether the request's bearer token is one the server accepts now.
+fn authenticated(shared: &Shared, headers: &header::HeaderMap) -> bool {
+    let tokens = shared.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(tokens) = tokens.as_ref() else {
+        return true;
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    token.is_some_and(|t| t == super::ADMIN_TOKEN || tokens.iter().any(|a| a == t))
 }
 
 fn body(bytes: impl Into<Bytes>) -> Body {

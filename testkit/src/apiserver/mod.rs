@@ -151,12 +151,16 @@ impl ApiServer {
             bookmark_interval: opts.bookmark_interval,
             shutdown: CancellationToken::new(),
             address: addr.to_string(),
+            tokens: Mutex::new(None),
         });
         let dir = tempfile::tempdir().map_err(ApiServerError::Kubeconfig)?;
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://{addr}")))
             .map_err(ApiServerError::Kubeconfig)?;
-        let config = kube::Config::new(format!("http://{addr}").parse()?);
+        let own = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(&format!("http://{addr}")))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(own, &kube::config::KubeConfigOptions::default())
+                .await?;
         let client = kube::Client::try_from(config)?;
         let tracker = TaskTracker::new();
         tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
@@ -212,6 +216,18 @@ impl ApiServer {
         std::fs::write(path, kubeconfig_yaml(&self.url()))
     }
 
+    /// Authenticates requests by bearer token, as kube-apiserver with `--anonymous-auth=false`
+    /// does: from now on only requests carrying one of `tokens` (or [`ADMIN_TOKEN`]) are
+    /// served, the others answered 401 Unauthorized. `None` serves every request again.
+    pub fn accept_tokens(&self, tokens: Option<&[&str]>) {
+        *self
+            .shared
+            .tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            tokens.map(|t| t.iter().map(|t| t.to_string()).collect());
+    }
+
     /// Fault injection handle.
     pub fn faults(&self) -> Faults {
         self.shared.faults.clone()
@@ -257,10 +273,24 @@ impl Drop for ApiServer {
     }
 }
 
-/// A kubeconfig naming `server` with no credentials.
+/// The bearer token of the server's own client and kubeconfig, accepted even while
+/// [`ApiServer::accept_tokens`] limits the others.
+pub const ADMIN_TOKEN: &str = "testkit-admin";
+
+/// A kubeconfig naming `server`, with [`ADMIN_TOKEN`].
 pub fn kubeconfig_yaml(server: &str) -> String {
+    kubeconfig_with_user(server, &format!("token: {ADMIN_TOKEN}"))
+}
+
+/// A kubeconfig naming `server` whose user reads its token from `token_file`, as a pod's
+/// in-cluster configuration reads its projected service-account token.
+pub fn kubeconfig_with_token_file(server: &str, token_file: &Path) -> String {
+    kubeconfig_with_user(server, &format!("tokenFile: {}", token_file.display()))
+}
+
+fn kubeconfig_with_user(server: &str, user: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {server}\ncontexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: testkit\n    namespace: default\ncurrent-context: testkit\nusers:\n- name: testkit\n  user: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {server}\ncontexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: testkit\n    namespace: default\ncurrent-context: testkit\nusers:\n- name: testkit\n  user:\n    {user}\n"
     )
 }
 
