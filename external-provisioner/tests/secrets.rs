@@ -1,7 +1,8 @@
 //! Secrets never leave the driver's requests: the real `csi-provisioner` binary at `-v=10` (every
 //! gRPC request and response logged) provisions and deletes a volume whose class names secrets of
 //! every kind, through a failing CreateVolume and a failing DeleteVolume, and no secret value (nor
-//! its base64) appears in its log, in any Event, in its metrics or in the objects it writes.
+//! its base64) appears in its log, in any Event, in its metrics, in the objects it writes or in
+//! its intent journal, read while the first CreateVolume is in flight.
 
 #![cfg(unix)]
 
@@ -11,7 +12,7 @@ use std::process::Stdio;
 
 use common::{Env, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
-use k8s_openapi::api::core::v1::{Event, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testkit::leaks::{self, distinctive_secret};
@@ -86,6 +87,7 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
             env.mock.socket_path().display()
         ))
         .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+        .arg(format!("--leader-election-namespace={ns}"))
         .args([
             "-v=10",
             "--retry-interval-start=100ms",
@@ -103,7 +105,9 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
         text
     });
 
-    // The first CreateVolume fails, the second succeeds.
+    // The first CreateVolume waits at the driver (its intent journaled), then fails; the second
+    // succeeds.
+    env.mock.faults().hang(CREATE_VOLUME);
     env.mock.faults().fail_next(
         CREATE_VOLUME,
         1,
@@ -111,12 +115,32 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
         "the backend refused the request",
     );
     let class = env.create_class(json!({"parameters": parameters})).await;
-    env.create_claim(
-        claim,
-        &class,
-        json!({"metadata": {"annotations": {"team": "blue"}}}),
-    )
+    let created = env
+        .create_claim(
+            claim,
+            &class,
+            json!({"metadata": {"annotations": {"team": "blue"}}}),
+        )
+        .await;
+    let calls = env.mock.calls().clone();
+    eventually("the CreateVolume at the driver", || {
+        let n = calls.count(CREATE_VOLUME);
+        async move { (n >= 1).then_some(()) }
+    })
     .await;
+    let journal = Api::<ConfigMap>::namespaced(env.client(), &ns)
+        .get(&format!(
+            "{}-journal",
+            external_provisioner::model::lease_name(&env.driver)
+        ))
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.unwrap();
+    assert!(
+        journal.data.as_ref().is_some_and(|d| d.contains_key(&uid)),
+        "the call is recorded while in flight: {journal:?}"
+    );
+    env.mock.faults().release(CREATE_VOLUME);
     let pv = env.wait_bound(claim).await;
     env.wait_event(
         claim,
@@ -215,6 +239,7 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
     }
     hits.extend(leaks::find_in("PV", &pv, &all_values));
     hits.extend(leaks::find_in("claim", &claim_object, &all_values));
+    hits.extend(leaks::find_in("journal", &journal, &all_values));
     assert!(
         hits.is_empty(),
         "secret values leaked:\n{}",
