@@ -10,6 +10,7 @@ pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
 pub const SETTINGS: u8 = 0x4;
 pub const PUSH_PROMISE: u8 = 0x5;
+pub const GOAWAY: u8 = 0x7;
 pub const CONTINUATION: u8 = 0x9;
 
 pub const END_STREAM: u8 = 0x1;
@@ -20,6 +21,12 @@ pub const PRIORITY: u8 = 0x20;
 
 pub const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
 pub const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
+pub const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
+
+/// Error codes (RFC 9113, 7).
+pub const PROTOCOL_ERROR: u32 = 0x1;
+pub const FRAME_SIZE_ERROR: u32 = 0x6;
+pub const COMPRESSION_ERROR: u32 = 0x9;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
@@ -48,6 +55,21 @@ impl FrameHeader {
             stream[3],
         ]
     }
+}
+
+/// A GOAWAY frame (RFC 9113, 6.8) with `debug` as its debug data.
+pub fn goaway(last_stream: u32, code: u32, debug: &[u8]) -> Vec<u8> {
+    let header = FrameHeader {
+        len: 8 + debug.len(),
+        kind: GOAWAY,
+        flags: 0,
+        stream: 0,
+    };
+    let mut out = header.encode().to_vec();
+    out.extend_from_slice(&(last_stream & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(&code.to_be_bytes());
+    out.extend_from_slice(debug);
+    out
 }
 
 #[cfg(test)]

@@ -9,6 +9,15 @@ use crate::huffman;
 /// The dynamic table size both ends start with (SETTINGS_HEADER_TABLE_SIZE's initial value).
 pub const DEFAULT_TABLE_SIZE: usize = 4096;
 
+/// The bound on a decoded header list until told otherwise. HTTP/2 sets no initial
+/// SETTINGS_MAX_HEADER_LIST_SIZE, but a decoder without one turns a one-byte reference into a
+/// copy of a whole table entry: 16 KiB is what hyper's server (so tonic's) advertises by default.
+pub const DEFAULT_MAX_LIST_SIZE: usize = 16 * 1024;
+
+/// What a field costs beyond its name and value, in a dynamic table (RFC 7541, 4.1) and in a
+/// header list (RFC 9113, 6.5.2) alike.
+pub const FIELD_OVERHEAD: usize = 32;
+
 /// A header block that cannot be decoded. Each is a COMPRESSION_ERROR in HTTP/2 terms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HpackError {
@@ -24,6 +33,10 @@ pub enum HpackError {
     TableSizeAboveLimit { size: usize, limit: usize },
     #[error("dynamic table size update after a header field")]
     LateTableSizeUpdate,
+    /// Decoding stopped there, so the dynamic table may have fallen out of step with the peer's:
+    /// the block cannot be skipped, only the connection ended.
+    #[error("decoded header list larger than {limit} bytes (SETTINGS_MAX_HEADER_LIST_SIZE)")]
+    HeaderListTooLarge { limit: usize },
 }
 
 /// One header field as sent, with whether it was marked never to be indexed (sensitive).
@@ -58,7 +71,12 @@ impl Header {
 }
 
 fn entry_size(name: &[u8], value: &[u8]) -> usize {
-    name.len() + value.len() + 32
+    name.len() + value.len() + FIELD_OVERHEAD
+}
+
+/// The size of a header list as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113, 6.5.2).
+pub fn list_size(headers: &[Header]) -> usize {
+    headers.iter().map(Header::table_size).sum()
 }
 
 /// RFC 7541, Appendix A.
@@ -203,6 +221,8 @@ pub struct Decoder {
     table: DynamicTable,
     /// The largest table size the peer may ask for: our SETTINGS_HEADER_TABLE_SIZE.
     limit: usize,
+    /// The largest header list decoded: our SETTINGS_MAX_HEADER_LIST_SIZE.
+    max_list_size: usize,
 }
 
 impl Default for Decoder {
@@ -212,12 +232,23 @@ impl Default for Decoder {
 }
 
 impl Decoder {
-    /// A decoder whose table starts at `limit`, the advertised SETTINGS_HEADER_TABLE_SIZE.
+    /// A decoder whose table starts at `limit`, the advertised SETTINGS_HEADER_TABLE_SIZE, and
+    /// whose header lists are held to [`DEFAULT_MAX_LIST_SIZE`].
     pub fn new(limit: usize) -> Self {
         Self {
             table: DynamicTable::new(limit),
             limit,
+            max_list_size: DEFAULT_MAX_LIST_SIZE,
         }
+    }
+
+    /// Changes the bound on decoded header lists.
+    pub fn set_max_list_size(&mut self, max_list_size: usize) {
+        self.max_list_size = max_list_size;
+    }
+
+    pub fn max_list_size(&self) -> usize {
+        self.max_list_size
     }
 
     /// Changes the bound for the peer's table size updates.
@@ -239,17 +270,25 @@ impl Decoder {
         self.table.size
     }
 
-    /// Decodes one complete header block.
+    /// Decodes one complete header block. A list larger than the maximum is an error as soon as
+    /// the field that crosses it is seen, before that field is copied: a one-byte reference to a
+    /// 4 KiB entry must not cost 4 KiB past the bound.
     pub fn decode(&mut self, block: &[u8]) -> Result<Vec<Header>, HpackError> {
         let mut input = Input { bytes: block };
         let mut headers = Vec::new();
+        // What the list may still grow by.
+        let mut room = self.max_list_size;
         while let Some(&first) = input.bytes.first() {
             if first & 0x80 != 0 {
                 let index = input.integer(7)?;
-                let (name, value) = self.lookup(index)?;
+                let (name, value) = self.entry(index)?;
+                room = room
+                    .checked_sub(entry_size(name, value))
+                    .ok_or(self.too_large())?;
                 headers.push(Header::new(name, value));
             } else if first & 0xc0 == 0x40 {
-                let header = self.literal(&mut input, 6, false)?;
+                let header = self.literal(&mut input, 6, false, room)?;
+                room -= header.table_size();
                 self.table.insert(header.name.clone(), header.value.clone());
                 headers.push(header);
             } else if first & 0xe0 == 0x20 {
@@ -267,25 +306,40 @@ impl Decoder {
             } else {
                 // 0001xxxx never indexed, 0000xxxx without indexing.
                 let sensitive = first & 0x10 != 0;
-                headers.push(self.literal(&mut input, 4, sensitive)?);
+                let header = self.literal(&mut input, 4, sensitive, room)?;
+                room -= header.table_size();
+                headers.push(header);
             }
         }
         Ok(headers)
     }
 
+    fn too_large(&self) -> HpackError {
+        HpackError::HeaderListTooLarge {
+            limit: self.max_list_size,
+        }
+    }
+
+    /// A literal field whose size is at most `room`.
     fn literal(
         &self,
         input: &mut Input<'_>,
         prefix: u8,
         sensitive: bool,
+        room: usize,
     ) -> Result<Header, HpackError> {
         let index = input.integer(prefix)?;
+        let room = room.checked_sub(FIELD_OVERHEAD).ok_or(self.too_large())?;
         let name = if index == 0 {
-            input.string()?
+            input.string(room)?.ok_or(self.too_large())?
         } else {
-            self.lookup(index)?.0
+            let name = self.entry(index)?.0;
+            if name.len() > room {
+                return Err(self.too_large());
+            }
+            name.to_vec()
         };
-        let value = input.string()?;
+        let value = input.string(room - name.len())?.ok_or(self.too_large())?;
         Ok(Header {
             name,
             value,
@@ -293,17 +347,18 @@ impl Decoder {
         })
     }
 
-    fn lookup(&self, index: usize) -> Result<(Vec<u8>, Vec<u8>), HpackError> {
+    /// The name and value at `index`, without copying them.
+    fn entry(&self, index: usize) -> Result<(&[u8], &[u8]), HpackError> {
         if index == 0 {
             return Err(HpackError::BadIndex(0));
         }
         if let Some((name, value)) = STATIC_TABLE.get(index - 1) {
-            return Ok((name.as_bytes().to_vec(), value.as_bytes().to_vec()));
+            return Ok((name.as_bytes(), value.as_bytes()));
         }
         self.table
             .entries
             .get(index - 1 - STATIC_TABLE.len())
-            .cloned()
+            .map(|(name, value)| (&name[..], &value[..]))
             .ok_or(HpackError::BadIndex(index))
     }
 }
@@ -343,7 +398,9 @@ impl Input<'_> {
         }
     }
 
-    fn string(&mut self) -> Result<Vec<u8>, HpackError> {
+    /// A string literal, or `None` if it is longer than `max_len` bytes; nothing past that is
+    /// allocated.
+    fn string(&mut self, max_len: usize) -> Result<Option<Vec<u8>>, HpackError> {
         let huffman_coded = self.bytes.first().is_some_and(|b| b & 0x80 != 0);
         let len = self.integer(7)?;
         if len > self.bytes.len() {
@@ -351,12 +408,15 @@ impl Input<'_> {
         }
         let (raw, rest) = self.bytes.split_at(len);
         self.bytes = rest;
-        if huffman_coded {
-            let mut out = Vec::with_capacity(len + len / 2);
-            huffman::decode(raw, &mut out)?;
-            Ok(out)
-        } else {
-            Ok(raw.to_vec())
+        if !huffman_coded {
+            return Ok((len <= max_len).then(|| raw.to_vec()));
+        }
+        // No code is shorter than 5 bits.
+        let mut out = Vec::with_capacity(max_len.min(len.saturating_mul(8) / 5));
+        match huffman::decode(raw, &mut out, max_len) {
+            Ok(()) => Ok(Some(out)),
+            Err(huffman::DecodeError::TooLong) => Ok(None),
+            Err(huffman::DecodeError::Invalid) => Err(HpackError::Huffman),
         }
     }
 }
@@ -568,9 +628,9 @@ mod tests {
             expected
         );
         assert_eq!(decoder.table_size(), 222);
-        assert_eq!(decoder.lookup(62).unwrap().1, b"307");
-        assert_eq!(decoder.lookup(65).unwrap().1, b"private");
-        assert_eq!(decoder.lookup(66), Err(HpackError::BadIndex(66)));
+        assert_eq!(decoder.entry(62).unwrap().1, b"307");
+        assert_eq!(decoder.entry(65).unwrap().1, b"private");
+        assert_eq!(decoder.entry(66), Err(HpackError::BadIndex(66)));
     }
 
     #[test]
@@ -665,6 +725,91 @@ mod tests {
         for end in 0..block.len() {
             let _ = Decoder::default().decode(&block[..end]);
         }
+    }
+
+    /// A literal with incremental indexing of a 4 KiB value, then `refs` one-byte references to
+    /// it: the amplification the list limit is for.
+    fn amplifying_block(refs: usize) -> (Vec<u8>, Header) {
+        let big = Header::new("x-a", "a".repeat(4000));
+        let mut block = vec![0x40];
+        Encoder::plain().string(&big.name, &mut block);
+        Encoder::plain().string(&big.value, &mut block);
+        block.extend(std::iter::repeat_n(0xbe, refs));
+        (block, big)
+    }
+
+    #[test]
+    fn header_lists_stop_at_the_limit() {
+        let (block, big) = amplifying_block(1_000);
+        let entry = big.table_size();
+        assert_eq!(entry, 4035);
+        let mut decoder = Decoder::default();
+        assert_eq!(decoder.max_list_size(), DEFAULT_MAX_LIST_SIZE);
+        assert_eq!(
+            decoder.decode(&block),
+            Err(HpackError::HeaderListTooLarge { limit: 16_384 })
+        );
+
+        // Exactly at the limit is fine, one byte less is not: the literal and three references.
+        let (block, _) = amplifying_block(3);
+        for (limit, ok) in [(4 * entry, true), (4 * entry - 1, false)] {
+            let mut decoder = Decoder::default();
+            decoder.set_max_list_size(limit);
+            match decoder.decode(&block) {
+                Ok(headers) => {
+                    assert!(ok);
+                    assert_eq!(headers, vec![big.clone(); 4]);
+                    assert_eq!(list_size(&headers), limit);
+                }
+                Err(err) => {
+                    assert!(!ok);
+                    assert_eq!(err, HpackError::HeaderListTooLarge { limit });
+                }
+            }
+        }
+
+        // Literals are measured before they are copied, names and values, plain or Huffman.
+        let long = "v".repeat(100);
+        let mut plain = Vec::new();
+        Encoder::plain().encode(&[Header::new("x-long", long.as_str())], &mut plain);
+        let mut coded = Vec::new();
+        Encoder::indexing(0).encode(&[Header::new(long.as_str(), "x-long")], &mut coded);
+        for block in [plain, coded] {
+            let mut decoder = Decoder::default();
+            decoder.set_max_list_size(32 + 6 + 99);
+            assert_eq!(
+                decoder.decode(&block),
+                Err(HpackError::HeaderListTooLarge { limit: 137 })
+            );
+            decoder.set_max_list_size(32 + 6 + 100);
+            assert_eq!(list_size(&decoder.decode(&block).unwrap()), 138);
+        }
+        // A field counts 32 even when empty: the smallest list of one field is 32.
+        let mut decoder = Decoder::default();
+        decoder.set_max_list_size(31);
+        assert!(decoder.decode(&hex("00 00 00")).is_err());
+        decoder.set_max_list_size(32);
+        assert_eq!(
+            decoder.decode(&hex("00 00 00")).unwrap(),
+            fields(&[("", "")])
+        );
+    }
+
+    #[test]
+    fn string_capacity_stays_within_the_limit() {
+        // 1 000 Huffman-coded bytes of '0' (5 bits each) would decode to 1 600: the buffer is
+        // sized for what the limit lets through, not for what the coding could hold.
+        let value = vec![b'0'; 1600];
+        let mut block = Vec::new();
+        Encoder::indexing(0).string(&value, &mut block);
+        assert_eq!(block.len(), 3 + 1000);
+        let mut input = Input { bytes: &block };
+        assert_eq!(input.string(100), Ok(None));
+        let mut input = Input { bytes: &block };
+        let out = input.string(1600).unwrap().unwrap();
+        assert!(out == value && out.capacity() == 1600);
+        let mut input = Input { bytes: &block };
+        assert_eq!(input.string(1599), Ok(None));
     }
 
     #[test]

@@ -4,8 +4,6 @@
 //! shifted left when the length grows. So decoding needs only, per length, the first code and
 //! where its symbols start in the sorted list; both are computed at compile time.
 
-use crate::hpack::HpackError;
-
 /// Code (aligned to the least significant bit) and length in bits of each symbol; 256 is EOS.
 const CODES: [(u32, u8); 257] = [
     (0x1ff8, 13),
@@ -344,9 +342,20 @@ pub fn encode(input: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Decodes a Huffman-coded string. EOS inside the string and padding that is longer than 7 bits
-/// or not all ones are errors (RFC 7541, 5.2).
-pub fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
+/// Why a Huffman-coded string was not decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Not a valid coding: the HPACK error.
+    Invalid,
+    /// It decodes to more than the caller allows.
+    TooLong,
+}
+
+/// Decodes a Huffman-coded string of at most `max_len` bytes, stopping at the first byte past
+/// that, so that a short coding of a long string never costs more than `max_len`. EOS inside
+/// the string and padding that is longer than 7 bits or not all ones are errors (RFC 7541, 5.2).
+pub fn decode(input: &[u8], out: &mut Vec<u8>, max_len: usize) -> Result<(), DecodeError> {
+    let start = out.len();
     let mut code: u32 = 0;
     let mut len = 0usize;
     for &byte in input {
@@ -357,18 +366,21 @@ pub fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
             if offset < u32::from(TABLE.count[len]) {
                 let symbol = TABLE.sorted[(TABLE.first_index[len] as u32 + offset) as usize];
                 if symbol == EOS {
-                    return Err(HpackError::Huffman);
+                    return Err(DecodeError::Invalid);
+                }
+                if out.len() - start == max_len {
+                    return Err(DecodeError::TooLong);
                 }
                 out.push(symbol as u8);
                 code = 0;
                 len = 0;
             } else if len == MAX_LEN {
-                return Err(HpackError::Huffman);
+                return Err(DecodeError::Invalid);
             }
         }
     }
     if len > 7 || code != (1 << len) - 1 {
-        return Err(HpackError::Huffman);
+        return Err(DecodeError::Invalid);
     }
     Ok(())
 }
@@ -382,7 +394,7 @@ mod tests {
         encode(input, &mut coded);
         assert_eq!(coded.len(), encoded_len(input));
         let mut decoded = Vec::new();
-        decode(&coded, &mut decoded).unwrap();
+        decode(&coded, &mut decoded, usize::MAX).unwrap();
         assert_eq!(decoded, input);
     }
 
@@ -421,23 +433,37 @@ mod tests {
             encode(text.as_bytes(), &mut out);
             assert_eq!(out, coded, "{text}");
             let mut decoded = Vec::new();
-            decode(coded, &mut decoded).unwrap();
+            decode(coded, &mut decoded, usize::MAX).unwrap();
             assert_eq!(decoded, text.as_bytes());
         }
     }
 
     #[test]
+    fn output_stops_at_max_len() {
+        // 'a' takes 5 bits: 1 000 of them code to 625 bytes.
+        let mut coded = Vec::new();
+        encode(&[b'a'; 1000], &mut coded);
+        let mut out = b"xy".to_vec();
+        assert_eq!(decode(&coded, &mut out, 999), Err(DecodeError::TooLong));
+        // Nothing past the limit was written, counted from where the string starts.
+        assert_eq!(out.len(), 2 + 999);
+        let mut out = Vec::new();
+        decode(&coded, &mut out, 1000).unwrap();
+        assert_eq!(out, [b'a'; 1000]);
+    }
+
+    #[test]
     fn bad_padding_and_eos_are_errors() {
         // 'a' is 00011 (5 bits): padded with 000 instead of 111.
-        assert!(decode(&[0b0001_1000], &mut Vec::new()).is_err());
+        assert!(decode(&[0b0001_1000], &mut Vec::new(), usize::MAX).is_err());
         // A full byte of padding after a symbol that ends on a byte boundary.
         let mut coded = Vec::new();
         encode(b"0a1", &mut coded); // 5 + 5 + 5 bits, then 1 bit of padding.
         coded.push(0xff);
-        assert!(decode(&coded, &mut Vec::new()).is_err());
+        assert!(decode(&coded, &mut Vec::new(), usize::MAX).is_err());
         // EOS (30 ones) as a symbol.
-        assert!(decode(&[0xff, 0xff, 0xff, 0xff], &mut Vec::new()).is_err());
+        assert!(decode(&[0xff, 0xff, 0xff, 0xff], &mut Vec::new(), usize::MAX).is_err());
         // Truncated in the middle of a long code: 13 bits of '\0' cut after 8.
-        assert!(decode(&[0b1111_1111, 0b1100_0000], &mut Vec::new()).is_err());
+        assert!(decode(&[0b1111_1111, 0b1100_0000], &mut Vec::new(), usize::MAX).is_err());
     }
 }

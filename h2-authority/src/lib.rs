@@ -12,8 +12,33 @@
 //! and cannot drift from the client's. Never-indexed fields stay never-indexed. Everything else
 //! (the preface, DATA and all other frames) passes through unchanged; payloads are copied from
 //! the socket straight into the server's read buffer. The server's own SETTINGS are followed on
-//! the way out for the header table size the client may use and the frame size the re-encoded
-//! blocks must fit.
+//! the way out for the header table size the client may use, the frame size the re-encoded
+//! blocks must fit and the header list size it accepts.
+//!
+//! # Bounds
+//!
+//! A one-byte indexed field stands for a whole dynamic-table entry, so a small block can decode
+//! to a huge list. Decoded header lists are held to the server's SETTINGS_MAX_HEADER_LIST_SIZE
+//! (from the moment the server sends it: it is advisory, and h2 enforces it from then on),
+//! counted as RFC 9113 (6.5.2) does (name, value and 32 bytes a field); until the server
+//! advertises one, to 16 KiB ([`hpack::DEFAULT_MAX_LIST_SIZE`], what hyper's server advertises
+//! by default). Decoding stops at the field that crosses the limit, before copying it. The
+//! rewriter cannot skip the rest of such a block as the server would (RFC 9113, 10.5.1: a
+//! server may answer 431 but must then still decode the whole block to keep the compression
+//! context) without materializing it, and what it has not decoded leaves its table out of
+//! step with the client's: so it is a connection error of type COMPRESSION_ERROR (RFC 9113,
+//! 4.3). A block that h2 would have answered with 431 now ends the connection; a client that
+//! keeps within the advertised limit never sees the difference. Re-encoded blocks are no larger
+//! than the list limit plus frame headers ([`rewrite::Rewriter::max_block_output`]); an encoded
+//! block is buffered up to [`rewrite::MAX_HEADER_BLOCK`].
+//!
+//! # Errors
+//!
+//! A client that breaks the protocol ends the connection: the server's read fails with
+//! [`io::ErrorKind::InvalidData`] carrying a [`RewriteError`]. Before that the adapter sends the
+//! client a GOAWAY with the error's code ([`RewriteError::code`]), the highest stream the server
+//! was handed and the error's text, if the server is between frames of its own: not inside a
+//! frame it has half written, nor before its first SETTINGS, which must come first.
 
 pub mod frame;
 pub mod hpack;
@@ -40,6 +65,10 @@ pub struct AuthorityFix<S> {
     rewriter: Rewriter,
     watch: SettingsWatch,
     eof: bool,
+    /// The connection error every read returns once the client broke the protocol.
+    failed: Option<RewriteError>,
+    /// The GOAWAY telling the client so, and how much of it is written.
+    goaway: Option<(Vec<u8>, usize)>,
 }
 
 impl<S> AuthorityFix<S> {
@@ -49,6 +78,8 @@ impl<S> AuthorityFix<S> {
             rewriter: Rewriter::default(),
             watch: SettingsWatch::default(),
             eof: false,
+            failed: None,
+            goaway: None,
         }
     }
 
@@ -62,13 +93,19 @@ impl<S> AuthorityFix<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
+// Writes too: a connection error is told to the client with a GOAWAY.
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for AuthorityFix<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some(err) = &this.failed {
+            let err = err.clone();
+            ready!(this.poll_goaway(cx));
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, err)));
+        }
         let rw = &mut this.rewriter;
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
@@ -105,6 +142,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 Ok(Step::Progress) => continue,
                 Ok(Step::NeedMore(wanted)) => wanted,
                 Err(err) => {
+                    if this.watch.between_frames() {
+                        let debug = err.to_string();
+                        let frame = frame::goaway(rw.last_stream(), err.code(), debug.as_bytes());
+                        this.goaway = Some((frame, 0));
+                    }
+                    this.failed = Some(err.clone());
+                    ready!(this.poll_goaway(cx));
                     return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, err)));
                 }
             };
@@ -131,6 +175,25 @@ fn consume(forward: &mut usize, n: usize) {
     }
 }
 
+impl<S: AsyncWrite + Unpin> AuthorityFix<S> {
+    /// Finishes writing the GOAWAY, if there is one. Failing to is no worse than not sending it:
+    /// the connection ends either way.
+    fn poll_goaway(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some((frame, written)) = &mut self.goaway else {
+            return Poll::Ready(());
+        };
+        while *written < frame.len() {
+            match ready!(Pin::new(&mut self.inner).poll_write(cx, &frame[*written..])) {
+                Ok(n) if n > 0 => *written += n,
+                _ => break,
+            }
+        }
+        let _ = ready!(Pin::new(&mut self.inner).poll_flush(cx));
+        self.goaway = None;
+        Poll::Ready(())
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -138,6 +201,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        // Nothing of the server's goes between the GOAWAY's bytes.
+        ready!(this.poll_goaway(cx));
         let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
         this.watched(&[io::IoSlice::new(&buf[..n])]);
         Poll::Ready(Ok(n))
@@ -149,6 +214,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        ready!(this.poll_goaway(cx));
         let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
         let mut left = n;
         let written: Vec<io::IoSlice<'_>> = bufs
@@ -170,11 +236,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        ready!(this.poll_goaway(cx));
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        ready!(this.poll_goaway(cx));
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 

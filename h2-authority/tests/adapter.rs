@@ -139,6 +139,29 @@ async fn run(input: Vec<u8>, chunk: usize, server: &[u8]) -> io::Result<Vec<u8>>
     Ok(out)
 }
 
+/// Runs the adapter over `input` that must fail: the error, and what the client got after
+/// `server`'s bytes.
+async fn run_failing(input: Vec<u8>, chunk: usize, server: &[u8]) -> (io::Error, Vec<u8>) {
+    let mut adapter = AuthorityFix::new(Trickle::new(input, chunk));
+    adapter.write_all(server).await.unwrap();
+    let err = adapter.read_to_end(&mut Vec::new()).await.unwrap_err();
+    // Every read after that fails alike.
+    let again = adapter.read(&mut [0; 16]).await.unwrap_err();
+    assert_eq!(again.to_string(), err.to_string());
+    let written = &adapter.get_ref().written;
+    assert_eq!(written[..server.len()], *server);
+    (err, written[server.len()..].to_vec())
+}
+
+/// The code of the GOAWAY that is all of `bytes`, and its last stream.
+fn goaway(bytes: &[u8]) -> (u32, u32) {
+    let header = FrameHeader::parse(bytes[..9].try_into().unwrap());
+    assert_eq!((header.kind, header.stream), (frame::GOAWAY, 0));
+    assert_eq!(header.len, bytes.len() - 9);
+    let field = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    (field(13), field(9))
+}
+
 /// The frames after the preface.
 fn frames(mut bytes: &[u8]) -> Vec<(FrameHeader, Vec<u8>)> {
     assert_eq!(&bytes[..24], frame::PREFACE);
@@ -155,6 +178,7 @@ fn frames(mut bytes: &[u8]) -> Vec<(FrameHeader, Vec<u8>)> {
 /// The header blocks the server sees, decoded as h2 would, with their stream and END_STREAM.
 fn server_view(frames: &[(FrameHeader, Vec<u8>)]) -> Vec<(u32, bool, Vec<Header>)> {
     let mut decoder = Decoder::default();
+    decoder.set_max_list_size(usize::MAX);
     let mut blocks = Vec::new();
     let mut open: Option<(u32, bool, Vec<u8>)> = None;
     for (header, payload) in frames {
@@ -422,7 +446,11 @@ async fn large_blocks_are_split_to_the_server_frame_size() {
         };
         input.extend(frame_bytes(kind, flags, 1, chunk));
     }
-    let out = run(input.clone(), 1000, &[]).await.unwrap();
+    // 40 KiB is above the 16 KiB taken until the server says otherwise.
+    let (err, _) = run_failing(input.clone(), 1000, &[]).await;
+    assert!(err.to_string().contains("larger than 16384 bytes"), "{err}");
+    let lists = settings(&[(frame::SETTINGS_MAX_HEADER_LIST_SIZE, 64 << 10)]);
+    let out = run(input.clone(), 1000, &lists).await.unwrap();
     let frames = frames(&out);
     let continuations = frames
         .iter()
@@ -433,7 +461,10 @@ async fn large_blocks_are_split_to_the_server_frame_size() {
     assert_eq!(server_view(&frames), expected);
 
     // Once the client acknowledges a larger frame size, one frame does.
-    let server = settings(&[(frame::SETTINGS_MAX_FRAME_SIZE, 1 << 20)]);
+    let server = settings(&[
+        (frame::SETTINGS_MAX_FRAME_SIZE, 1 << 20),
+        (frame::SETTINGS_MAX_HEADER_LIST_SIZE, 64 << 10),
+    ]);
     let mut acked = client_start();
     acked.extend(settings_ack());
     acked.extend_from_slice(&input[client_start().len()..]);
@@ -453,13 +484,15 @@ fn frames_after_preface_kinds(out: &[u8]) -> Vec<u8> {
 async fn broken_clients_end_the_connection_with_an_error() {
     let mut encoder = Encoder::indexing(4096);
     let block = encode(&mut encoder, &grpc_request("/x/y", SOCKET));
-    let cases: Vec<(&str, Vec<u8>)> = vec![
+    let cases: Vec<(&str, u32, Vec<u8>)> = vec![
         (
             "CONTINUATION without HEADERS",
+            frame::PROTOCOL_ERROR,
             frame_bytes(frame::CONTINUATION, frame::END_HEADERS, 1, &block),
         ),
         (
             "interrupted",
+            frame::PROTOCOL_ERROR,
             [
                 frame_bytes(frame::HEADERS, 0, 1, &block[..5]),
                 frame_bytes(frame::DATA, 0, 1, b"x"),
@@ -468,10 +501,12 @@ async fn broken_clients_end_the_connection_with_an_error() {
         ),
         (
             "PUSH_PROMISE",
+            frame::PROTOCOL_ERROR,
             frame_bytes(frame::PUSH_PROMISE, frame::END_HEADERS, 1, &[0, 0, 0, 2]),
         ),
         (
             "padding longer than the frame",
+            frame::PROTOCOL_ERROR,
             frame_bytes(
                 frame::HEADERS,
                 frame::PADDED | frame::END_HEADERS,
@@ -481,22 +516,47 @@ async fn broken_clients_end_the_connection_with_an_error() {
         ),
         (
             "HPACK",
+            frame::COMPRESSION_ERROR,
             frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0xff]),
         ),
         (
+            "header list too large",
+            frame::COMPRESSION_ERROR,
+            frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0x82; 400]),
+        ),
+        (
             "stream 0",
+            frame::PROTOCOL_ERROR,
             frame_bytes(frame::HEADERS, frame::END_HEADERS, 0, &block),
         ),
         (
             "frame too large",
+            frame::FRAME_SIZE_ERROR,
             frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &vec![0x82; 20_000]),
         ),
     ];
-    for (what, frames) in cases {
+    // The server's SETTINGS first, as h2 writes them before it reads.
+    let server = settings(&[(frame::SETTINGS_MAX_HEADER_LIST_SIZE, 16 << 10)]);
+    for (what, code, frames) in cases {
         let mut input = client_start();
+        // A request the server gets before the error: the GOAWAY's last stream.
+        input.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 7, &block));
         input.extend(frames);
-        let err = run(input, 3, &[]).await.unwrap_err();
+        let (err, written) = run_failing(input.clone(), 3, &server).await;
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}");
+        let rewrite_err = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<h2_authority::RewriteError>())
+            .unwrap();
+        assert_eq!(rewrite_err.code(), code, "{what}");
+        assert_eq!(goaway(&written), (code, 7), "{what}");
+        assert!(
+            written.ends_with(rewrite_err.to_string().as_bytes()),
+            "{what}: the error's text as debug data"
+        );
+        // Before the server's first frame there is no GOAWAY: it would come before SETTINGS.
+        let (_, written) = run_failing(input, 3, &[]).await;
+        assert!(written.is_empty(), "{what}");
     }
 }
 
