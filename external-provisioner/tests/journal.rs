@@ -200,18 +200,27 @@ async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes
     env.stop().await;
 }
 
-/// Writes `entries` as the journal's data, replacing what is there.
+/// Writes `entries` as the journal's data, replacing what is there (again on a conflict: the
+/// crashed provisioner's journal writer may still be forgetting).
 async fn write_entries(env: &Env, entries: &journal::Entries) {
     let api = Api::<ConfigMap>::namespaced(env.client(), &env.namespace());
-    let mut journal = api.get("provisioner-journal").await.unwrap();
-    journal.data = Some(entries.clone());
-    api.replace(
-        "provisioner-journal",
-        &kube::api::PostParams::default(),
-        &journal,
-    )
-    .await
-    .unwrap();
+    eventually("the journal rewritten", || async {
+        let mut journal = api.get("provisioner-journal").await.unwrap();
+        journal.data = Some(entries.clone());
+        match api
+            .replace(
+                "provisioner-journal",
+                &kube::api::PostParams::default(),
+                &journal,
+            )
+            .await
+        {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => None,
+            Err(err) => panic!("{err}"),
+        }
+    })
+    .await;
 }
 
 /// Whoever can write ConfigMaps in the journal's namespace forges entries out of genuine ones:

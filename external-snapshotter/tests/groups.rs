@@ -334,7 +334,7 @@ async fn a_group_content_gone_during_its_call_leaves_no_group_snapshot() {
 /// content is bound to. Both are dropped with a Warning Event; the live group is untouched.
 #[tokio::test]
 async fn forged_group_journal_entries_are_dropped_and_never_reach_the_driver() {
-    use k8s_openapi::api::core::v1::{ConfigMap, Event};
+    use k8s_openapi::api::core::v1::Event;
     let mut env = Env::start(MockDriver::builder(), with_groups).await;
     env.group_class("gclass", "Delete", json!({})).await;
     let volumes: Vec<String> = two_labelled_claims(&env).await.into_iter().collect();
@@ -351,42 +351,18 @@ async fn forged_group_journal_entries_are_dropped_and_never_reach_the_driver() {
             "source_volumes": volumes, "parameters": {}, "secret": null, "delete": true})
         .to_string()
     };
-    let journals: kube::Api<ConfigMap> = kube::Api::namespaced(env.client(), env.ns());
-    let journal = ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some("snapshotter-journal".into()),
-            ..Default::default()
-        },
-        data: Some(
-            [
-                (
-                    "G_groupsnapcontent-forged-name".to_string(),
-                    intent("c0ffee00-0000-4000-8000-000000000002"),
-                ),
-                ("G_groupsnapcontent-forged-owner".to_string(), intent(&uid)),
-            ]
-            .into(),
-        ),
-        ..Default::default()
-    };
-    match journals.get_opt("snapshotter-journal").await.unwrap() {
-        Some(existing) => {
-            let journal = ConfigMap {
-                metadata: existing.metadata,
-                ..journal
-            };
-            journals
-                .replace("snapshotter-journal", &PostParams::default(), &journal)
-                .await
-                .unwrap();
-        }
-        None => {
-            journals
-                .create(&PostParams::default(), &journal)
-                .await
-                .unwrap();
-        }
-    }
+    write_journal(
+        &env,
+        [
+            (
+                "G_groupsnapcontent-forged-name".to_string(),
+                intent("c0ffee00-0000-4000-8000-000000000002"),
+            ),
+            ("G_groupsnapcontent-forged-owner".to_string(), intent(&uid)),
+        ]
+        .into(),
+    )
+    .await;
     env.run();
     let rejected = eventually("a Warning Event per forged entry", || async {
         let events = kube::Api::<Event>::namespaced(env.client(), env.ns())

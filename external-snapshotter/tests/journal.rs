@@ -207,7 +207,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     env.kill().await;
 
     let journals: Api<ConfigMap> = Api::namespaced(env.client(), &ns);
-    let mut journal = journals.get("snapshotter-journal").await.unwrap();
+    let journal = journals.get("snapshotter-journal").await.unwrap();
     let entries = journal.data.clone().unwrap_or_default();
     let mut genuine: serde_json::Value = serde_json::from_str(&entries[&live_content]).unwrap();
     assert_eq!(genuine["snapshot_uid"], live_uid.as_str());
@@ -238,11 +238,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     // The live content's intent with another tenant's credentials.
     genuine["secret"] = json!({"namespace": ns, "name": "tenant-b-admin"});
     forged.insert(live_content.clone(), genuine.to_string());
-    journal.data = Some(forged);
-    journals
-        .replace("snapshotter-journal", &PostParams::default(), &journal)
-        .await
-        .unwrap();
+    write_journal(&env, forged).await;
 
     let creates_before = env.mock.calls().count(CREATE);
     env.run();

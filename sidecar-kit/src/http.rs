@@ -190,9 +190,9 @@ pub fn listen_target(address: &str) -> Result<String, HttpError> {
 /// answer at once; nothing else is served.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
-    /// Connections open at once. A new one beyond it closes an old one (see
-    /// [`OpenConnections::admit`]), so that a probe is served however many connections someone
-    /// else holds.
+    /// Connections open at once: room for a burst of a hundred probes at once. A new one beyond
+    /// it closes an old one (see [`OpenConnections::admit`]), so that a probe is served however
+    /// many connections someone else holds.
     connections: usize,
     /// Time to send a request's header, from the connection's start or from the end of the
     /// previous answer: the bound of a slow sender and of an idle kept-alive connection alike.
@@ -208,7 +208,7 @@ struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            connections: 64,
+            connections: 128,
             header_read: Duration::from_secs(10),
             request_bytes: 8 * 1024,
             lifetime: Duration::from_secs(60),

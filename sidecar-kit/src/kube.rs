@@ -173,9 +173,10 @@ pub fn api_code(err: &kube::Error) -> Option<u16> {
 /// (`idleConnsPerHost`); the others close as soon as they are returned.
 const IDLE_PER_HOST: usize = 25;
 
-/// TCP keepalive of every API server connection, as client-go's dialer sets it: an idle
-/// connection whose peer is gone is noticed within [`KEEPALIVE_IDLE`] plus
+/// TCP keepalive of every API server connection, probing after 30 s idle as client-go's dialer
+/// does: an idle connection whose peer is gone is noticed within [`KEEPALIVE_IDLE`] plus
 /// [`KEEPALIVE_PROBES`] × [`KEEPALIVE_INTERVAL`] (90 s), not when the kernel gives up hours later.
+/// (A connection with a request in flight is bounded by [`crate::deadline`] instead.)
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 const KEEPALIVE_PROBES: u32 = 4;

@@ -496,3 +496,38 @@ pub fn finalizers(object: &Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Replaces the data of the snapshotter's journal, creating it if needed (again on a conflict:
+/// a killed snapshotter's journal writer may still be forgetting).
+pub async fn write_journal(env: &Env, data: std::collections::BTreeMap<String, String>) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let journals: Api<ConfigMap> = Api::namespaced(env.client(), env.ns());
+    eventually("the journal rewritten", || async {
+        let existing = journals.get_opt("snapshotter-journal").await.unwrap();
+        let written = match existing {
+            Some(mut journal) => {
+                journal.data = Some(data.clone());
+                journals
+                    .replace("snapshotter-journal", &PostParams::default(), &journal)
+                    .await
+            }
+            None => {
+                let journal = ConfigMap {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some("snapshotter-journal".into()),
+                        ..Default::default()
+                    },
+                    data: Some(data.clone()),
+                    ..Default::default()
+                };
+                journals.create(&PostParams::default(), &journal).await
+            }
+        };
+        match written {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => None,
+            Err(err) => panic!("{err}"),
+        }
+    })
+    .await;
+}
