@@ -1,0 +1,298 @@
+//! No leaked snapshot: a CreateSnapshot whose content goes away before its answer is written
+//! (force-deleted, or deleted while the snapshotter was down) gets its snapshot deleted, from
+//! the intent journal after a restart.
+
+use std::time::Duration;
+
+use crate::common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use sidecar_kit::workqueue::Backoff;
+use testkit::mockdriver::MockDriver;
+use tonic::Code;
+
+/// Deletes the VolumeSnapshot, then takes the content's finalizer away (as an operator
+/// force-deleting it would): the content is gone whatever the snapshotter does.
+async fn force_delete(env: &Env, snapshot: &str, content: &str) {
+    env.delete_snapshot(snapshot).await;
+    env.content_until(content, "the content being deleted", |c| {
+        c["metadata"]["deletionTimestamp"].is_string()
+    })
+    .await;
+    let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    env.contents()
+        .patch(content, &PatchParams::default(), &unfinalize)
+        .await
+        .unwrap();
+    env.content_gone(content).await;
+}
+
+async fn journal_entries(env: &Env) -> usize {
+    let api: Api<ConfigMap> = Api::namespaced(env.client(), env.ns());
+    api.get_opt("snapshotter-journal")
+        .await
+        .unwrap()
+        .and_then(|cm| cm.data)
+        .map_or(0, |d| d.len())
+}
+
+#[tokio::test]
+async fn a_content_gone_during_its_create_snapshot_leaves_no_snapshot() {
+    let env = Env::start(MockDriver::builder(), |_| {}).await;
+    env.class("class", "Delete", json!({})).await;
+    env.bound_claim("data").await;
+    env.mock.faults().hang(CREATE);
+    let uid = env.snapshot("snap", "data", "class").await;
+    let name = format!("snapcontent-{uid}");
+    env.content_of(&uid).await;
+    eventually("the call at the driver", || async {
+        (env.mock.calls().count(CREATE) >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(journal_entries(&env).await, 1, "recorded before the call");
+    force_delete(&env, "snap", &name).await;
+    env.mock.faults().release(CREATE);
+    eventually("the orphan deleted", || async {
+        (env.mock.calls().count(DELETE) == 1).then_some(())
+    })
+    .await;
+    assert!(env.mock.state().snapshots.is_empty());
+    eventually("the intent forgotten", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_restart_deletes_the_snapshot_of_a_content_gone_meanwhile() {
+    let mut env = Env::start(MockDriver::builder(), |c| {
+        // No retry before the kill below.
+        c.backoff = Backoff {
+            start: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+        };
+    })
+    .await;
+    env.class("class", "Delete", json!({})).await;
+    env.bound_claim("data").await;
+    // The driver cuts the snapshot but the answer is lost.
+    env.mock
+        .faults()
+        .lose_answers(CREATE, 1, Code::DeadlineExceeded);
+    let uid = env.snapshot("snap", "data", "class").await;
+    let name = format!("snapcontent-{uid}");
+    env.content_of(&uid).await;
+    env.content_until(&name, "the lost answer reported", |c| {
+        c["status"]["error"]["message"].is_string()
+    })
+    .await;
+    assert_eq!(env.mock.state().snapshots.len(), 1);
+    env.kill().await;
+    force_delete(&env, "snap", &name).await;
+    assert_eq!(
+        env.mock.state().snapshots.len(),
+        1,
+        "nobody knows this snapshot now"
+    );
+    env.run();
+    eventually("the orphan deleted after the restart", || async {
+        env.mock.state().snapshots.is_empty().then_some(())
+    })
+    .await;
+    eventually("the intent forgotten", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        env.mock.calls().count(CREATE),
+        2,
+        "asked again to learn its id"
+    );
+    assert_eq!(env.mock.calls().count(DELETE), 1);
+}
+
+#[tokio::test]
+async fn a_restart_lets_a_content_that_still_exists_carry_on() {
+    let mut env = Env::start(MockDriver::builder(), |c| {
+        c.backoff = Backoff {
+            start: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+        };
+    })
+    .await;
+    env.class("class", "Delete", json!({})).await;
+    env.bound_claim("data").await;
+    env.mock
+        .faults()
+        .lose_answers(CREATE, 1, Code::DeadlineExceeded);
+    let uid = env.snapshot("snap", "data", "class").await;
+    let name = format!("snapcontent-{uid}");
+    env.content_of(&uid).await;
+    env.content_until(&name, "the lost answer reported", |c| {
+        c["status"]["error"]["message"].is_string()
+    })
+    .await;
+    env.kill().await;
+    env.run();
+    let ready = env
+        .content_until(&name, "the content ready", |c| {
+            c["status"]["readyToUse"] == true
+        })
+        .await;
+    let snapshots = env.mock.state().snapshots;
+    assert_eq!(snapshots.len(), 1);
+    assert_eq!(
+        ready["status"]["snapshotHandle"],
+        snapshots.keys().next().unwrap().as_str()
+    );
+    eventually("the intent forgotten", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+}
+
+/// Whoever can write ConfigMaps in the journal's namespace forges entries while the snapshotter
+/// is down: one naming another content's snapshot for a content that does not exist, one
+/// recording the VolumeSnapshot UID another content is bound to, and one giving a live
+/// content's genuine intent the credentials of another tenant. Each is dropped with a Warning
+/// Event on the journal, and the driver sees none of them: the other snapshot is untouched,
+/// nothing is deleted, and no call carries the other tenant's secret.
+#[tokio::test]
+async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
+    use k8s_openapi::api::core::v1::{Event, Secret};
+    use kube::api::{ListParams, PostParams};
+    use testkit::leaks::distinctive_secret;
+
+    let mut env = Env::start(MockDriver::builder(), |c| {
+        c.backoff = Backoff {
+            start: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+        };
+    })
+    .await;
+    let ns = env.ns().to_string();
+    let stolen = distinctive_secret();
+    let secret: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "tenant-b-admin"}, "stringData": {"password": stolen}}),
+    )
+    .unwrap();
+    Api::<Secret>::namespaced(env.client(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    env.class("class", "Delete", json!({})).await;
+    let volume = env.bound_claim("data").await;
+    // Another tenant's snapshot, ready, its content live.
+    let victim_uid = env.snapshot("victim", "data", "class").await;
+    let victim_content = format!("snapcontent-{victim_uid}");
+    env.content_of(&victim_uid).await;
+    env.content_until(&victim_content, "the other snapshot ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    // A genuine intent of a live content: the answer to its CreateSnapshot is lost.
+    env.mock
+        .faults()
+        .lose_answers(CREATE, 1, Code::DeadlineExceeded);
+    let live_uid = env.snapshot("live", "data", "class").await;
+    let live_content = format!("snapcontent-{live_uid}");
+    env.content_of(&live_uid).await;
+    env.content_until(&live_content, "the lost answer reported", |c| {
+        c["status"]["error"]["message"].is_string()
+    })
+    .await;
+    env.kill().await;
+
+    let journals: Api<ConfigMap> = Api::namespaced(env.client(), &ns);
+    let journal = journals.get("snapshotter-journal").await.unwrap();
+    let entries = journal.data.clone().unwrap_or_default();
+    let mut genuine: serde_json::Value = serde_json::from_str(&entries[&live_content]).unwrap();
+    assert_eq!(genuine["snapshot_uid"], live_uid.as_str());
+    let mut forged = std::collections::BTreeMap::new();
+    let intent = |content_uid: &str, snapshot_uid: &str, name: &str| {
+        json!({"content_uid": content_uid, "snapshot_uid": snapshot_uid, "name": name,
+            "source_volume": volume, "parameters": {}, "secret": null, "delete": true})
+        .to_string()
+    };
+    // The other tenant's snapshot, by name, for a content that does not exist.
+    forged.insert(
+        "snapcontent-forged-name".to_string(),
+        intent(
+            "c0ffee00-0000-4000-8000-000000000001",
+            "c0ffee00-0000-4000-8000-000000000002",
+            &format!("snapshot-{victim_uid}"),
+        ),
+    );
+    // The VolumeSnapshot UID the other tenant's content is bound to, named consistently.
+    forged.insert(
+        "snapcontent-forged-owner".to_string(),
+        intent(
+            "c0ffee00-0000-4000-8000-000000000003",
+            &victim_uid,
+            &format!("snapshot-{victim_uid}"),
+        ),
+    );
+    // The live content's intent with another tenant's credentials.
+    genuine["secret"] = json!({"namespace": ns, "name": "tenant-b-admin"});
+    forged.insert(live_content.clone(), genuine.to_string());
+    write_journal(&env, forged).await;
+
+    let creates_before = env.mock.calls().count(CREATE);
+    env.run();
+    env.content_until(&live_content, "the live content ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    eventually("every forged entry dropped", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    let rejected = eventually("a Warning Event per forged entry", || async {
+        let events = Api::<Event>::namespaced(env.client(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        let rejected: Vec<String> = events
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("snapshotter-journal"))
+            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::journal::REJECTED_REASON))
+            .filter_map(|e| e.message)
+            .collect();
+        (rejected.len() == 3).then_some(rejected)
+    })
+    .await;
+    for part in [
+        "is not the one derived from the UID it records",
+        &format!("belongs to content {victim_content:?}"),
+        "secret reference",
+    ] {
+        assert!(
+            rejected.iter().any(|m| m.contains(part)),
+            "no Event says {part:?}: {rejected:?}"
+        );
+    }
+    assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
+    let victim_handle = env.content(&victim_content).await["status"]["snapshotHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        env.mock.state().snapshots.contains_key(&victim_handle),
+        "the other tenant's snapshot is untouched"
+    );
+    let calls = env.mock.calls().of(CREATE);
+    assert_eq!(
+        calls.len() as u64,
+        creates_before + 1,
+        "the live content asked once more, nothing else"
+    );
+    for call in &calls {
+        assert!(
+            !call.carries_secret("password", &stolen),
+            "the other tenant's secret reached the driver"
+        );
+    }
+    env.stop().await;
+}

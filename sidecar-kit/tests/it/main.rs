@@ -1,0 +1,8 @@
+//! The integration tests of this crate, one binary: a module per area.
+
+mod csi_client;
+mod kube_connections;
+mod kube_rate_limit;
+mod leader_election;
+mod shared_watches;
+mod windows_pipe;
