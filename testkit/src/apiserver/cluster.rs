@@ -146,6 +146,55 @@ impl TestCluster {
         self.server.as_ref()
     }
 
+    /// Whether the cluster's snapshot-controller handles VolumeGroupSnapshots. In-process, the
+    /// stand-in does whenever it runs. On a real cluster upstream's does only with
+    /// `--feature-gates=CSIVolumeGroupSnapshot=true` (off by default), which no API tells: once
+    /// per process a group snapshot naming a group content that does not exist is made in this
+    /// test's namespace, and a controller that handles them writes its error into the status
+    /// within seconds.
+    pub async fn handles_group_snapshots(&self) -> bool {
+        static HANDLED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+        match &self.server {
+            Some(server) => server.runs_snapshot_controller(),
+            None => *HANDLED.get_or_init(|| self.group_snapshot_probe()).await,
+        }
+    }
+
+    async fn group_snapshot_probe(&self) -> bool {
+        use kube::api::GroupVersionKind;
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("groupsnapshot.storage.k8s.io", "v1", "VolumeGroupSnapshot"),
+            "volumegroupsnapshots",
+        );
+        let groups: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.namespace, &resource);
+        let probe = json!({
+            "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
+            "metadata": {"name": "group-snapshot-probe"},
+            "spec": {"source": {"volumeGroupSnapshotContentName": self.cluster_name("no-such-group-content")}},
+        });
+        let Ok(probe) = serde_json::from_value::<DynamicObject>(probe) else {
+            return false;
+        };
+        if groups.create(&PostParams::default(), &probe).await.is_err() {
+            // No group snapshot API at all.
+            return false;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let mut handled = false;
+        while !handled && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            handled = groups
+                .get("group-snapshot-probe")
+                .await
+                .is_ok_and(|g| g.data["status"]["error"].is_object());
+        }
+        let _ = groups
+            .delete("group-snapshot-probe", &DeleteParams::default())
+            .await;
+        handled
+    }
+
     pub fn faults(&self) -> Option<Faults> {
         self.server.as_ref().map(ApiServer::faults)
     }

@@ -111,6 +111,7 @@ impl Options {
 /// A running in-process API server. Dropping it stops it.
 pub struct ApiServer {
     addr: SocketAddr,
+    snapshot_controller: bool,
     shared: Arc<Shared>,
     tracker: TaskTracker,
     client: kube::Client,
@@ -184,6 +185,7 @@ impl ApiServer {
         }
         Ok(Self {
             addr,
+            snapshot_controller: opts.snapshot_controller,
             shared,
             tracker,
             client,
@@ -226,6 +228,11 @@ impl ApiServer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
             tokens.map(|t| t.iter().map(|t| t.to_string()).collect());
+    }
+
+    /// Whether the stand-in of upstream's snapshot-controller runs ([`Options::snapshot_controller`]).
+    pub fn runs_snapshot_controller(&self) -> bool {
+        self.snapshot_controller
     }
 
     /// Fault injection handle.

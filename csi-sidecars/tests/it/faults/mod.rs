@@ -266,6 +266,13 @@ impl Suite {
         for replica in &mut replicas {
             replica.start(&launch).expect("the sidecar starts");
         }
+        let groups = cluster.handles_group_snapshots().await;
+        if !groups {
+            println!(
+                "the cluster's snapshot-controller does not handle VolumeGroupSnapshots (start it \
+                 with --feature-gates=CSIVolumeGroupSnapshot=true): no group snapshots this run"
+            );
+        }
         let workload = Workload::new(
             client,
             &namespace,
@@ -275,7 +282,7 @@ impl Suite {
             classes,
             SnapshotClasses {
                 single: &snapshot_class,
-                group: &group_class,
+                group: groups.then_some(group_class.as_str()),
             },
         );
         if cluster.is_real() {

@@ -69,7 +69,7 @@ pub struct Workload {
     snapshots: Vec<String>,
     group_snapshots: Api<DynamicObject>,
     /// The VolumeGroupSnapshotClass of the group snapshots.
-    group_class: String,
+    group_class: Option<String>,
     /// The VolumeGroupSnapshots that are kept.
     groups: Vec<String>,
     namespace: String,
@@ -113,10 +113,11 @@ fn code_is(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
-/// The classes of the workload's snapshots and group snapshots.
+/// The classes of the workload's snapshots and group snapshots (`None`: the cluster's
+/// snapshot-controller does not handle group snapshots, and the workload takes none).
 pub struct SnapshotClasses<'a> {
     pub single: &'a str,
-    pub group: &'a str,
+    pub group: Option<&'a str>,
 }
 
 impl Workload {
@@ -139,7 +140,7 @@ impl Workload {
         );
         Self {
             group_snapshots: Api::namespaced_with(client.clone(), namespace, &group_resource),
-            group_class: snapshot_classes.group.to_string(),
+            group_class: snapshot_classes.group.map(str::to_string),
             groups: Vec::new(),
             pvcs: Api::namespaced(client.clone(), namespace),
             volume_snapshots: Api::namespaced_with(client.clone(), namespace, &resource),
@@ -167,6 +168,7 @@ impl Workload {
             68..74 => self.modify(rng).await,
             74..80 => self.snapshot(rng).await,
             80..84 => self.delete_snapshot(rng).await,
+            84..89 if self.group_class.is_none() => self.snapshot(rng).await,
             84..87 => self.group_snapshot(rng).await,
             87..89 => self.delete_group_snapshot(rng).await,
             _ => self.delete(rng).await,
@@ -380,6 +382,9 @@ impl Workload {
     /// A VolumeGroupSnapshot of one to three bound claims (labelled for its selector);
     /// sometimes deleted again at once, while it may be being cut.
     async fn group_snapshot(&mut self, rng: &mut Rng) {
+        let Some(class) = self.group_class.clone() else {
+            return;
+        };
         let mut members = Vec::new();
         for _ in 0..3 {
             if let Some(index) = self.bound_claim(rng).await
@@ -410,7 +415,7 @@ impl Workload {
         let group: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
             "metadata": {"name": name},
-            "spec": {"volumeGroupSnapshotClassName": self.group_class,
+            "spec": {"volumeGroupSnapshotClassName": class,
                      "source": {"selector": {"matchLabels": {name.as_str(): "member"}}}},
         }))
         .expect("a valid VolumeGroupSnapshot");

@@ -528,3 +528,17 @@ pub async fn write_journal(env: &Env, data: std::collections::BTreeMap<String, S
     })
     .await;
 }
+
+/// Whether a group-snapshot test must be skipped because the cluster's snapshot-controller does
+/// not handle VolumeGroupSnapshots (its `CSIVolumeGroupSnapshot` gate is off by default); says so
+/// when it must.
+pub async fn skip_without_group_snapshots(env: &Env) -> bool {
+    let handled = env.cluster.handles_group_snapshots().await;
+    if !handled {
+        eprintln!(
+            "skipped: the cluster's snapshot-controller does not handle VolumeGroupSnapshots; \
+             start it with --feature-gates=CSIVolumeGroupSnapshot=true"
+        );
+    }
+    !handled
+}
