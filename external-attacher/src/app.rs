@@ -10,7 +10,7 @@ use sidecar_kit::events::Reporter;
 use sidecar_kit::host::{self, Controller, Host, HostError};
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::kube::KubeconfigRule;
-use sidecar_kit::leader::{self, ElectionConfig};
+use sidecar_kit::leader;
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
@@ -146,21 +146,14 @@ pub async fn prepare(
     let mut config = config(cli, &host.driver, caps, &identity_name);
     config.queue_metrics = Some(host.queue_metrics.clone());
     config.watches = host.watches.clone();
-    let election = if cli.common.leader_election.leader_election {
-        let le_client = host.connections.client(
-            kube_config,
-            kube_flags.kube_api_qps,
-            kube_flags.kube_api_burst,
-        )?;
-        let mut settings = ElectionConfig::from_flags(
-            &model::lease_name(&host.driver),
-            &cli.common.leader_election,
-        )?;
-        settings.release_on_exit = cli.release_lease_on_exit();
-        Some((le_client, settings))
-    } else {
-        None
-    };
+    let election = host.election(
+        cli.common.leader_election.leader_election,
+        kube_config,
+        kube_flags,
+        &model::lease_name(&host.driver),
+        &cli.common.leader_election,
+        cli.feature_gates.release_leader_election_on_exit,
+    )?;
     let csi = host.csi.clone();
     Ok(Controller::new("attacher", election, move |token| {
         controller::run(config, client, csi, token)

@@ -111,12 +111,6 @@ impl Cli {
         }
         Ok(())
     }
-
-    /// Whether the leader Lease is released on graceful shutdown.
-    pub fn release_lease_on_exit(&self) -> bool {
-        self.common.leader_election.leader_election_release_on_exit
-            || self.feature_gates.release_leader_election_on_exit
-    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use sidecar_kit::host::{self, Controller, Host, HostError};
 use sidecar_kit::http::{Reply, Routes};
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::kube::KubeconfigRule;
-use sidecar_kit::leader::{self, ElectionConfig};
+use sidecar_kit::leader;
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
 use tokio_util::sync::CancellationToken;
@@ -340,19 +340,14 @@ pub async fn prepare(
         None
     };
 
-    let election = if cli.leader_election() {
-        let le_client = host.connections.client(
-            &kube_config,
-            kube_flags.kube_api_qps,
-            kube_flags.kube_api_burst,
-        )?;
-        let mut settings =
-            ElectionConfig::from_flags(&model::lease_name(&driver), &cli.common.leader_election)?;
-        settings.release_on_exit = cli.release_lease_on_exit();
-        Some((le_client, settings))
-    } else {
-        None
-    };
+    let election = host.election(
+        cli.leader_election(),
+        &kube_config,
+        kube_flags,
+        &model::lease_name(&driver),
+        &cli.common.leader_election,
+        cli.feature_gates.release_leader_election_on_exit,
+    )?;
     Ok(Controller::new("provisioner", election, move |token| {
         crate::capacity::controller::beside(
             capacity,

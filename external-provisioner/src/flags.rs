@@ -278,12 +278,6 @@ impl Cli {
     pub fn leader_election(&self) -> bool {
         self.common.leader_election.leader_election || self.enable_leader_election == Some(true)
     }
-
-    /// Whether the leader Lease is released on graceful shutdown.
-    pub fn release_lease_on_exit(&self) -> bool {
-        self.common.leader_election.leader_election_release_on_exit
-            || self.feature_gates.release_leader_election_on_exit
-    }
 }
 
 #[cfg(test)]

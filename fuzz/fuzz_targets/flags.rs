@@ -94,7 +94,6 @@ fn outcome(sidecar: &Sidecar, args: &[String], syntax: FlagSyntax) -> String {
                 Ok(cli) => {
                     let _ = cli.removed_flag_warnings();
                     let _ = cli.leader_election();
-                    let _ = cli.release_lease_on_exit();
                     format!("{cli:?} {:?}", cli.validate())
                 }
                 Err(err) => format!("{:?}", err.kind()),
@@ -103,7 +102,6 @@ fn outcome(sidecar: &Sidecar, args: &[String], syntax: FlagSyntax) -> String {
         Sidecar::Attacher => {
             match parse_from::<external_attacher::flags::Cli, _, _>(args, syntax) {
                 Ok(cli) => {
-                    let _ = cli.release_lease_on_exit();
                     format!("{cli:?} {:?}", cli.validate())
                 }
                 Err(err) => format!("{:?}", err.kind()),

@@ -23,7 +23,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use h2_authority::frame::{self, FrameHeader};
+use h2_authority::frame;
 use h2_authority::hpack::{self, Encoder, Header, HpackError};
 use h2_authority::rewrite::{RewriteError, Rewriter, Step};
 use libfuzzer_sys::fuzz_target;
@@ -162,24 +162,8 @@ impl Text {
     }
 }
 
-/// An HPACK integer (RFC 7541, 5.1) with a `prefix`-bit prefix under `pattern`.
-fn integer(value: usize, prefix: u8, pattern: u8, out: &mut Vec<u8>) {
-    let max = (1usize << prefix) - 1;
-    if value < max {
-        out.push(pattern | value as u8);
-        return;
-    }
-    out.push(pattern | max as u8);
-    let mut rest = value - max;
-    while rest >= 0x80 {
-        out.push(0x80 | (rest & 0x7f) as u8);
-        rest >>= 7;
-    }
-    out.push(rest as u8);
-}
-
 fn string(text: &[u8], out: &mut Vec<u8>) {
-    integer(text.len(), 7, 0, out);
+    hpack::integer(text.len(), 7, 0, out);
     out.extend_from_slice(text);
 }
 
@@ -187,7 +171,7 @@ fn encode_fields(fields: &[Field]) -> Vec<u8> {
     let mut out = Vec::new();
     for field in fields {
         match field {
-            Field::Indexed(index) => integer(usize::from(*index), 7, 0x80, &mut out),
+            Field::Indexed(index) => hpack::integer(usize::from(*index), 7, 0x80, &mut out),
             Field::Literal(indexing, name, value) => {
                 let (prefix, pattern) = match indexing {
                     Indexing::Incremental => (6, 0x40),
@@ -195,9 +179,11 @@ fn encode_fields(fields: &[Field]) -> Vec<u8> {
                     Indexing::Never => (4, 0x10),
                 };
                 match name {
-                    Name::Index(index) => integer(usize::from(*index), prefix, pattern, &mut out),
+                    Name::Index(index) => {
+                        hpack::integer(usize::from(*index), prefix, pattern, &mut out)
+                    }
                     Name::Literal(name) => {
-                        integer(0, prefix, pattern, &mut out);
+                        hpack::integer(0, prefix, pattern, &mut out);
                         string(&name.bytes(), &mut out);
                     }
                 }
@@ -208,21 +194,10 @@ fn encode_fields(fields: &[Field]) -> Vec<u8> {
                 // index, and nothing here refers to the encoder's table.
                 Encoder::indexing(0).encode(&[Header::new(name.bytes(), value.bytes())], &mut out);
             }
-            Field::SizeUpdate(size) => integer(usize::from(*size), 5, 0x20, &mut out),
+            Field::SizeUpdate(size) => hpack::integer(usize::from(*size), 5, 0x20, &mut out),
         }
     }
     out
-}
-
-fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8], out: &mut Vec<u8>) {
-    let header = FrameHeader {
-        len: payload.len(),
-        kind,
-        flags,
-        stream,
-    };
-    out.extend_from_slice(&header.encode());
-    out.extend_from_slice(payload);
 }
 
 fn frame_block(block: &Block, fragment: &[u8], out: &mut Vec<u8>) {
@@ -265,10 +240,10 @@ fn frame_block(block: &Block, fragment: &[u8], out: &mut Vec<u8>) {
                 0,
                 usize::from(block.padding.unwrap_or(0)),
             ));
-            frame_bytes(frame::HEADERS, flags, stream, &payload, out);
+            frame::write(out, frame::HEADERS, flags, stream, &payload);
             first = false;
         } else {
-            frame_bytes(frame::CONTINUATION, flags, stream, piece, out);
+            frame::write(out, frame::CONTINUATION, flags, stream, piece);
         }
         if rest.is_empty() {
             return;
@@ -441,8 +416,8 @@ fuzz_target!(|connection: Connection| {
                 flags,
                 stream,
                 payload,
-            } => frame_bytes(kind, flags, stream, &payload, &mut client),
-            Op::SettingsAck => frame_bytes(frame::SETTINGS, frame::ACK, 0, &[], &mut client),
+            } => frame::write(&mut client, kind, flags, stream, &payload),
+            Op::SettingsAck => frame::write(&mut client, frame::SETTINGS, frame::ACK, 0, &[]),
             Op::Raw(bytes) => client.extend_from_slice(&bytes),
             Op::ServerSettings(settings) => {
                 events.push(Event::Client(std::mem::take(&mut client)));

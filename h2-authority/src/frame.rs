@@ -57,6 +57,18 @@ impl FrameHeader {
     }
 }
 
+/// Appends a frame of `kind` with `payload` to `out`.
+pub fn write(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    let header = FrameHeader {
+        len: payload.len(),
+        kind,
+        flags,
+        stream,
+    };
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(payload);
+}
+
 /// A GOAWAY frame (RFC 9113, 6.8) with `debug` as its debug data.
 pub fn goaway(last_stream: u32, code: u32, debug: &[u8]) -> Vec<u8> {
     let header = FrameHeader {

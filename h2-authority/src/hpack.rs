@@ -515,8 +515,9 @@ impl Encoder {
     }
 }
 
-/// Appends `value` as an integer with a `prefix`-bit prefix, the high bits set to `pattern`.
-fn integer(value: usize, prefix: u8, pattern: u8, out: &mut Vec<u8>) {
+/// Appends `value` as an integer with a `prefix`-bit prefix, the high bits set to `pattern`
+/// (RFC 7541, 5.1).
+pub fn integer(value: usize, prefix: u8, pattern: u8, out: &mut Vec<u8>) {
     let max = (1usize << prefix) - 1;
     if value < max {
         out.push(pattern | value as u8);

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::consolidated;
 use crate::csi::CsiClient;
-use crate::flags::{HttpFlags, KubeFlags};
+use crate::flags::{HttpFlags, KubeFlags, LeaderElectionFlags};
 use crate::http::{HttpError, HttpPlan, Routes};
 use crate::kube::{Connections, KubeconfigRule};
 use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
@@ -81,6 +81,32 @@ impl Host {
             watches,
             connections,
         }))
+    }
+}
+
+impl Host {
+    /// A controller's leader election, when `enabled`: a client of its own for the Lease, with
+    /// the controller's budget (so that the controller's own requests never throttle its
+    /// renewals), and the settings from `flags` for the Lease named after `lock_name`, released
+    /// on exit when the flag or the controller's `ReleaseLeaderElectionOnExit` gate asks.
+    pub fn election(
+        &self,
+        enabled: bool,
+        kube_config: &kube::Config,
+        kube: &KubeFlags,
+        lock_name: &str,
+        flags: &LeaderElectionFlags,
+        release_gate: bool,
+    ) -> Result<Option<(kube::Client, ElectionConfig)>, HostError> {
+        if !enabled {
+            return Ok(None);
+        }
+        let client =
+            self.connections
+                .client(kube_config, kube.kube_api_qps, kube.kube_api_burst)?;
+        let mut settings = ElectionConfig::from_flags(lock_name, flags)?;
+        settings.release_on_exit = flags.leader_election_release_on_exit || release_gate;
+        Ok(Some((client, settings)))
     }
 }
 

@@ -132,8 +132,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             .iter()
             .flat_map(|(id, value)| id.to_be_bytes().into_iter().chain(value.to_be_bytes()))
             .collect();
-        put_frame(&mut start, frame::SETTINGS, 0, 0, &payload);
-        put_frame(
+        frame::write(&mut start, frame::SETTINGS, 0, 0, &payload);
+        frame::write(
             &mut start,
             WINDOW_UPDATE,
             0,
@@ -202,13 +202,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             } else {
                 0
             };
-            put_frame(&mut out, kind, flags, stream, piece);
+            frame::write(&mut out, kind, flags, stream, piece);
             kind = frame::CONTINUATION;
         }
         let mut data = vec![0];
         data.extend_from_slice(&(message.len() as u32).to_be_bytes());
         data.extend_from_slice(message);
-        put_frame(&mut out, frame::DATA, frame::END_STREAM, stream, &data);
+        frame::write(&mut out, frame::DATA, frame::END_STREAM, stream, &data);
         self.io.write_all(&out).await?;
         self.response(stream).await
     }
@@ -259,8 +259,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                         // Give the window back, as grpc-go does for what it has read.
                         let increment = (payload.len() as u32).to_be_bytes();
                         let mut out = Vec::new();
-                        put_frame(&mut out, WINDOW_UPDATE, 0, 0, &increment);
-                        put_frame(&mut out, WINDOW_UPDATE, 0, stream, &increment);
+                        frame::write(&mut out, WINDOW_UPDATE, 0, 0, &increment);
+                        frame::write(&mut out, WINDOW_UPDATE, 0, stream, &increment);
                         self.io.write_all(&out).await?;
                     }
                     if header.flags & frame::END_STREAM != 0 {
@@ -269,12 +269,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
                 frame::SETTINGS if header.flags & frame::ACK == 0 => {
                     let mut out = Vec::new();
-                    put_frame(&mut out, frame::SETTINGS, frame::ACK, 0, &[]);
+                    frame::write(&mut out, frame::SETTINGS, frame::ACK, 0, &[]);
                     self.io.write_all(&out).await?;
                 }
                 PING if header.flags & frame::ACK == 0 => {
                     let mut out = Vec::new();
-                    put_frame(&mut out, PING, frame::ACK, 0, &payload);
+                    frame::write(&mut out, PING, frame::ACK, 0, &payload);
                     self.io.write_all(&out).await?;
                 }
                 RST_STREAM if header.stream == stream => {
@@ -307,17 +307,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.io
     }
-}
-
-fn put_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    let header = FrameHeader {
-        len: payload.len(),
-        kind,
-        flags,
-        stream,
-    };
-    out.extend_from_slice(&header.encode());
-    out.extend_from_slice(payload);
 }
 
 fn code(payload: &[u8], at: usize) -> u32 {
