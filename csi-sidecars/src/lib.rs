@@ -6,80 +6,17 @@
 //! runs several controllers in one process; see [`aio`].
 
 pub mod aio;
+pub mod registry;
 
 use std::ffi::{OsStr, OsString};
 
-/// The sidecars of the binary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sidecar {
-    Provisioner,
-    Attacher,
-    Resizer,
-    Snapshotter,
-    Registrar,
-    Livenessprobe,
-}
-
-impl Sidecar {
-    pub const ALL: [Sidecar; 6] = [
-        Sidecar::Provisioner,
-        Sidecar::Attacher,
-        Sidecar::Resizer,
-        Sidecar::Snapshotter,
-        Sidecar::Registrar,
-        Sidecar::Livenessprobe,
-    ];
-
-    /// The name of the sidecar's own binary (and image entrypoint).
-    pub fn binary(self) -> &'static str {
-        match self {
-            Sidecar::Provisioner => "csi-provisioner",
-            Sidecar::Attacher => "csi-attacher",
-            Sidecar::Resizer => "csi-resizer",
-            Sidecar::Snapshotter => "csi-snapshotter",
-            Sidecar::Registrar => "csi-node-driver-registrar",
-            Sidecar::Livenessprobe => "livenessprobe",
-        }
-    }
-
-    /// The names the sidecar answers to: its binary, its short and its project name.
-    fn names(self) -> &'static [&'static str] {
-        match self {
-            Sidecar::Provisioner => &["csi-provisioner", "provisioner", "external-provisioner"],
-            Sidecar::Attacher => &["csi-attacher", "attacher", "external-attacher"],
-            Sidecar::Resizer => &["csi-resizer", "resizer", "external-resizer"],
-            Sidecar::Snapshotter => &["csi-snapshotter", "snapshotter", "external-snapshotter"],
-            Sidecar::Registrar => &[
-                "csi-node-driver-registrar",
-                "node-driver-registrar",
-                "registrar",
-            ],
-            Sidecar::Livenessprobe => &["livenessprobe"],
-        }
-    }
-
-    pub fn named(name: &str) -> Option<Sidecar> {
-        Sidecar::ALL.into_iter().find(|s| s.names().contains(&name))
-    }
-
-    /// Runs the sidecar with its command line (the first item names the program).
-    pub fn run(self, args: Vec<OsString>) {
-        match self {
-            Sidecar::Provisioner => external_provisioner::entry::main(args),
-            Sidecar::Attacher => external_attacher::entry::main(args),
-            Sidecar::Resizer => external_resizer::entry::main(args),
-            Sidecar::Snapshotter => external_snapshotter::entry::main(args),
-            Sidecar::Registrar => node_driver_registrar::entry::main(args),
-            Sidecar::Livenessprobe => livenessprobe::entry::main(args),
-        }
-    }
-}
+use registry::{Entry, REGISTRY};
 
 /// What a command line asks of the multi-call binary.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Call {
     /// Run a sidecar with this command line.
-    Run(Sidecar, Vec<OsString>),
+    Run(&'static Entry, Vec<OsString>),
     /// Run the controllers `--controllers` lists, in one process (the flags, without the
     /// program name).
     AllInOne(Vec<String>),
@@ -101,7 +38,7 @@ fn program_name(arg0: &OsStr) -> String {
 pub fn dispatch(args: Vec<OsString>) -> Call {
     let mut args = args.into_iter();
     let arg0 = args.next().unwrap_or_default();
-    if let Some(sidecar) = Sidecar::named(&program_name(&arg0)) {
+    if let Some(sidecar) = Entry::named(&program_name(&arg0)) {
         return Call::Run(sidecar, std::iter::once(arg0).chain(args).collect());
     }
     let Some(first) = args.next() else {
@@ -115,7 +52,7 @@ pub fn dispatch(args: Vec<OsString>) -> Call {
                 .chain(args.map(|a| a.to_string_lossy().into_owned()))
                 .collect(),
         ),
-        name => match Sidecar::named(name) {
+        name => match Entry::named(name) {
             // The sidecar sees its own binary's name as its program name.
             Some(sidecar) => Call::Run(
                 sidecar,
@@ -133,7 +70,7 @@ pub fn usage() -> String {
     let mut text = String::from(
         "Usage: csi-sidecars SIDECAR [flags of the sidecar]\n   or: a link named after a sidecar's binary\n\nSidecars:\n",
     );
-    for sidecar in Sidecar::ALL {
+    for sidecar in &REGISTRY {
         text.push_str(&format!("  {}\n", sidecar.names().join(", ")));
     }
     text.push_str("\n`csi-sidecars SIDECAR --help` lists the sidecar's flags.\n\n");
@@ -144,6 +81,7 @@ pub fn usage() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::entry;
 
     fn args(items: &[&str]) -> Vec<OsString> {
         items.iter().map(OsString::from).collect()
@@ -154,7 +92,7 @@ mod tests {
         assert_eq!(
             dispatch(args(&["csi-sidecars", "provisioner", "--csi-address=/s"])),
             Call::Run(
-                Sidecar::Provisioner,
+                entry("provisioner"),
                 args(&["csi-provisioner", "--csi-address=/s"])
             )
         );
@@ -166,13 +104,13 @@ mod tests {
                 "5"
             ])),
             Call::Run(
-                Sidecar::Registrar,
+                entry("node-driver-registrar"),
                 args(&["csi-node-driver-registrar", "-v", "5"])
             )
         );
         assert_eq!(
             dispatch(args(&["csi-sidecars", "external-attacher"])),
-            Call::Run(Sidecar::Attacher, args(&["csi-attacher"]))
+            Call::Run(entry("attacher"), args(&["csi-attacher"]))
         );
     }
 
@@ -181,13 +119,13 @@ mod tests {
         assert_eq!(
             dispatch(args(&["/usr/bin/livenessprobe", "--probe-timeout=3s"])),
             Call::Run(
-                Sidecar::Livenessprobe,
+                entry("livenessprobe"),
                 args(&["/usr/bin/livenessprobe", "--probe-timeout=3s"])
             )
         );
         assert_eq!(
             dispatch(args(&["C:\\csi-attacher.exe", "--help"])).clone_sidecar(),
-            Some(Sidecar::Attacher)
+            Some(entry("attacher"))
         );
     }
 
@@ -199,15 +137,15 @@ mod tests {
             dispatch(args(&["csi-sidecars", "health-monitor"])),
             Call::Unknown("health-monitor".into())
         );
-        for sidecar in Sidecar::ALL {
+        for sidecar in &REGISTRY {
             assert!(usage().contains(sidecar.binary()));
         }
     }
 
     impl Call {
-        fn clone_sidecar(&self) -> Option<Sidecar> {
+        fn clone_sidecar(&self) -> Option<&'static Entry> {
             match self {
-                Call::Run(sidecar, _) => Some(*sidecar),
+                Call::Run(sidecar, _) => Some(sidecar),
                 _ => None,
             }
         }

@@ -1,5 +1,5 @@
-//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
-//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+//! The attacher as a plug-in of the sidecar runtime, which starts it as upstream does: what it
+//! asks of the driver (its capabilities) and how it configures its controller.
 
 use std::time::Duration;
 
@@ -7,13 +7,13 @@ use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
-use sidecar_kit::host::{self, Controller, Host, HostError};
+use sidecar_kit::flags::CommonFlags;
+use sidecar_kit::host::{Controller, HostError};
 use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::kube::KubeconfigRule;
 use sidecar_kit::leader;
+use sidecar_kit::runtime::{Setup, Sidecar};
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
-use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config, Reconcile};
 use crate::decide::Policy;
@@ -26,15 +26,13 @@ pub const IDENTITY_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error(transparent)]
-    Http(#[from] sidecar_kit::http::HttpError),
+    Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    #[error(transparent)]
-    Leader(#[from] leader::LeaderError),
 }
 
 /// What the driver can do, from GetPluginCapabilities and ControllerGetCapabilities.
@@ -121,58 +119,52 @@ pub fn greeting(cli: &Cli) -> Greeting<'_> {
     }
 }
 
-/// The attacher as a controller of `host`: the driver's capabilities, its configuration,
-/// client and Lease.
-pub async fn prepare(
-    cli: &Cli,
-    host: &Host,
-    kube_config: &kube::Config,
-) -> Result<Controller, AppError> {
-    let kube_config =
-        &sidecar_kit::kube::as_program(kube_config, "csi-attacher", env!("CARGO_PKG_VERSION"));
-    let kube_flags = &cli.common.kube;
-    let client = host.connections.client(
-        kube_config,
-        kube_flags.kube_api_qps,
-        kube_flags.kube_api_burst,
-    )?;
-    let caps = capabilities(&host.csi).await?;
-    if !caps.publishes() {
-        tracing::info!(
-            "the driver does not implement ControllerPublishVolume: VolumeAttachments are marked attached without calling it"
-        );
-    }
-    let identity_name = leader::default_identity();
-    let mut config = config(cli, &host.driver, caps, &identity_name);
-    config.queue_metrics = Some(host.queue_metrics.clone());
-    config.watches = host.watches.clone();
-    let election = host.election(
-        cli.common.leader_election.leader_election,
-        kube_config,
-        kube_flags,
-        &model::lease_name(&host.driver),
-        &cli.common.leader_election,
-        cli.feature_gates.release_leader_election_on_exit,
-    )?;
-    let csi = host.csi.clone();
-    Ok(Controller::new("attacher", election, move |token| {
-        controller::run(config, client, csi, token)
-    }))
-}
+/// The attacher, a plug-in of the sidecar runtime.
+pub struct Attacher;
 
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let cli = &cli;
-    host::serve_single(
-        &cli.common.http,
-        &cli.common.kube,
-        KubeconfigRule::FlagOnly,
-        greeting(cli),
-        |host, config| async move { prepare(cli, &host, &config).await },
-        |routes| routes,
-        shutdown,
-    )
-    .await
+impl Sidecar for Attacher {
+    const NAME: &'static str = "attacher";
+    const BINARY: &'static str = "csi-attacher";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    type Cli = Cli;
+    type Error = AppError;
+
+    fn common(cli: &Cli) -> &CommonFlags {
+        &cli.common
+    }
+
+    fn validate(cli: &Cli) -> Result<(), AppError> {
+        Ok(cli.validate()?)
+    }
+
+    fn greeting(cli: &Cli) -> Greeting<'_> {
+        greeting(cli)
+    }
+
+    /// The driver's capabilities, the controller's configuration, client and Lease.
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+        let host = setup.host;
+        let client = setup.client()?;
+        let caps = capabilities(&host.csi).await?;
+        if !caps.publishes() {
+            tracing::info!(
+                "the driver does not implement ControllerPublishVolume: VolumeAttachments are marked attached without calling it"
+            );
+        }
+        let identity_name = leader::default_identity();
+        let mut config = config(cli, &host.driver, caps, &identity_name);
+        config.queue_metrics = Some(host.queue_metrics.clone());
+        config.watches = host.watches.clone();
+        let election = setup.election(
+            cli.common.leader_election.leader_election,
+            &model::lease_name(&host.driver),
+            cli.feature_gates.release_leader_election_on_exit,
+        )?;
+        let csi = host.csi.clone();
+        Ok(Controller::new(Self::NAME, election, move |token| {
+            controller::run(config, client, csi, token)
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -5,13 +5,12 @@
 //! - [`decide`]: pure decisions (plans, CSI requests, patches);
 //! - [`index`]: the cache fed by watch events, without I/O;
 //! - [`controller`]: the watches, workers and reconciler doing the I/O ([`controller::run`]);
-//! - [`app`]: start-up from the command line ([`app::serve`]);
+//! - [`app`]: its start-up, a plug-in of the sidecar runtime ([`app::Attacher`]);
 //! - [`flags`]: the command line.
 
 pub mod app;
 pub mod controller;
 pub mod decide;
-pub mod entry;
 pub mod flags;
 pub mod index;
 pub mod model;

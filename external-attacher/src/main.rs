@@ -1,5 +1,5 @@
-//! `external-attacher`: the command line; everything else lives in the library.
+//! `external-attacher`: the command line; everything else lives in the library and the sidecar runtime.
 
 fn main() {
-    external_attacher::entry::main(std::env::args_os());
+    sidecar_kit::runtime::main::<external_attacher::app::Attacher>(std::env::args_os());
 }

@@ -1,5 +1,6 @@
-//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
-//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+//! The provisioner as a plug-in of the sidecar runtime, which starts it as upstream does: what
+//! it asks of the driver (its capabilities, its node with `--node-deployment`) and the API
+//! server, and how it configures its controller and capacity tracking.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -8,19 +9,19 @@ use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::Reporter;
-use sidecar_kit::host::{self, Controller, Host, HostError};
+use sidecar_kit::flags::{CommonFlags, FlagSyntax};
+use sidecar_kit::host::{Controller, HostError};
 use sidecar_kit::http::{Reply, Routes};
 use sidecar_kit::identity::{self, IdentityError};
 use sidecar_kit::kube::KubeconfigRule;
 use sidecar_kit::leader;
+use sidecar_kit::runtime::{RouteHook, Setup, Sidecar};
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
-use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config};
 use crate::decide::{Capabilities, NodePolicy, Policy};
 use crate::flags::Cli;
-use crate::journal::{Location, journal_name};
 use crate::metrics::ProvisionMetrics;
 use crate::model;
 
@@ -38,7 +39,7 @@ pub const RESYNC: Duration = Duration::from_secs(15 * 60);
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error(transparent)]
-    Http(#[from] sidecar_kit::http::HttpError),
+    Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
@@ -47,8 +48,6 @@ pub enum AppError {
     Registry(#[from] prometheus::Error),
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    #[error(transparent)]
-    Leader(#[from] leader::LeaderError),
     #[error(transparent)]
     Capacity(#[from] crate::capacity::controller::CapacityError),
     #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
@@ -264,108 +263,121 @@ pub fn greeting(cli: &Cli) -> Greeting<'_> {
     }
 }
 
-/// The provisioner (with capacity tracking when asked) as a controller of `host`: the driver's
-/// capabilities, its configuration, clients, journal and Lease.
-pub async fn prepare(
-    cli: &Cli,
-    host: &Host,
-    kube_config: &kube::Config,
-) -> Result<Controller, AppError> {
-    let kube_flags = &cli.common.kube;
-    let mut kube_config =
-        sidecar_kit::kube::as_program(kube_config, "csi-provisioner", env!("CARGO_PKG_VERSION"));
-    sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
-    let clients = host.connections.clients(
-        &kube_config,
-        kube_flags.kube_api_qps,
-        kube_flags.kube_api_burst,
-    )?;
-    let client = clients.main.clone();
-    let csi = host.csi.clone();
-    let driver = host.driver.clone();
-    let caps = capabilities(&csi, cli.timeout).await?;
-    let identity_string = identity_string(&driver);
-    tracing::info!(identity = %identity_string, ?caps, "provisioner identity");
-    let instance = leader::default_identity();
-    let mut config = config(cli, &driver, caps, &identity_string, &instance);
-    config.queue_metrics = Some(host.queue_metrics.clone());
-    config.metrics = Some(ProvisionMetrics::register(host.metrics.registry())?);
-    config.event_client = Some(clients.background);
-    config.watches = host.watches.clone();
-    config.journal_client = Some(host.connections.client(
-        &kube_config,
-        sidecar_kit::journal::QPS,
-        sidecar_kit::journal::BURST,
-    )?);
-    if cli.node_deployment {
-        node_deployment(cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;
+/// The provisioner, a plug-in of the sidecar runtime.
+pub struct Provisioner;
+
+impl Sidecar for Provisioner {
+    const NAME: &'static str = "provisioner";
+    const BINARY: &'static str = "csi-provisioner";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const SYNTAX: FlagSyntax = FlagSyntax::Gnu;
+    const KUBECONFIG: KubeconfigRule = KubeconfigRule::EnvironmentFirst;
+    type Cli = Cli;
+    type Error = AppError;
+
+    fn common(cli: &Cli) -> &CommonFlags {
+        &cli.common
     }
-    discover(cli, &client, &mut config).await;
-    config.journal = Some(Location {
-        namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
-        name: journal_name(
+
+    fn greeting(cli: &Cli) -> Greeting<'_> {
+        greeting(cli)
+    }
+
+    fn warn(cli: &Cli) {
+        cli.warn_removed_flags();
+    }
+
+    fn validate(cli: &Cli) -> Result<(), AppError> {
+        Ok(cli.validate()?)
+    }
+
+    fn master(cli: &Cli) -> &str {
+        &cli.master
+    }
+
+    fn routes(cli: &Cli) -> RouteHook {
+        pprof_routes(cli)
+    }
+
+    /// The driver's capabilities, the controller's configuration, clients, journal and Lease,
+    /// with capacity tracking when asked.
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+        let host = setup.host;
+        let clients = setup.clients()?;
+        let client = clients.main.clone();
+        let csi = host.csi.clone();
+        let driver = host.driver.clone();
+        let caps = capabilities(&csi, cli.timeout).await?;
+        let identity_string = identity_string(&driver);
+        tracing::info!(identity = %identity_string, ?caps, "provisioner identity");
+        let instance = leader::default_identity();
+        let mut config = config(cli, &driver, caps, &identity_string, &instance);
+        config.queue_metrics = Some(host.queue_metrics.clone());
+        config.metrics = Some(ProvisionMetrics::register(host.metrics.registry())?);
+        config.event_client = Some(clients.background);
+        config.watches = host.watches.clone();
+        config.journal_client = Some(setup.journal_client()?);
+        if cli.node_deployment {
+            node_deployment(cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;
+        }
+        discover(cli, &client, &mut config).await;
+        config.journal = Some(setup.journal_location(
             &model::lease_name(&driver),
             config.policy.node.as_ref().map(|node| node.name.as_str()),
-        ),
-    });
+        ));
 
-    // --enable-capacity: CSIStorageCapacity objects, through a client of their own limited by
-    // --kube-api-capacity-qps/-burst (leader election keeps its own client and limits); run
-    // beside the claims controller while leading. See capacity.rs.
-    let capacity = if cli.enable_capacity {
-        use crate::capacity::controller as cap;
-        let cap_client = host.connections.client(
-            &kube_config,
-            cli.kube_api_capacity_qps,
-            cli.kube_api_capacity_burst,
+        // --enable-capacity: CSIStorageCapacity objects, through a client of their own limited by
+        // --kube-api-capacity-qps/-burst (leader election keeps its own client and limits); run
+        // beside the claims controller while leading. See capacity.rs.
+        let capacity = if cli.enable_capacity {
+            use crate::capacity::controller as cap;
+            let cap_client =
+                setup.client_limited(cli.kube_api_capacity_qps, cli.kube_api_capacity_burst)?;
+            let mut settings = cap::Settings::from_cli(cli, &driver);
+            settings.watches = config.watches.clone();
+            if let Some(node) = &config.policy.node {
+                settings = settings.for_node(&node.name, node.topology.as_ref());
+            }
+            let capacity = cap::prepare(
+                settings,
+                cap::Environment::from_env(),
+                client.clone(),
+                cap_client,
+                csi.clone(),
+                host.metrics.registry(),
+                config.queue_metrics.clone(),
+            )
+            .await?;
+            config.capacity = Some(capacity.handle());
+            Some(capacity)
+        } else {
+            None
+        };
+
+        let election = setup.election(
+            cli.leader_election(),
+            &model::lease_name(&driver),
+            cli.feature_gates.release_leader_election_on_exit,
         )?;
-        let mut settings = cap::Settings::from_cli(cli, &driver);
-        settings.watches = config.watches.clone();
-        if let Some(node) = &config.policy.node {
-            settings = settings.for_node(&node.name, node.topology.as_ref());
-        }
-        let capacity = cap::prepare(
-            settings,
-            cap::Environment::from_env(),
-            client.clone(),
-            cap_client,
-            csi.clone(),
-            host.metrics.registry(),
-            config.queue_metrics.clone(),
-        )
-        .await?;
-        config.capacity = Some(capacity.handle());
-        Some(capacity)
-    } else {
-        None
-    };
-
-    let election = host.election(
-        cli.leader_election(),
-        &kube_config,
-        kube_flags,
-        &model::lease_name(&driver),
-        &cli.common.leader_election,
-        cli.feature_gates.release_leader_election_on_exit,
-    )?;
-    Ok(Controller::new("provisioner", election, move |token| {
-        crate::capacity::controller::beside(
-            capacity,
-            token.clone(),
-            controller::run(config, client, csi, token),
-        )
-    }))
+        Ok(Controller::new(Self::NAME, election, move |token| {
+            crate::capacity::controller::beside(
+                capacity,
+                token.clone(),
+                controller::run(config, client, csi, token),
+            )
+        }))
+    }
 }
 
 /// `--enable-pprof`: the Go profiler's paths answer 404 with a clear text.
-pub fn pprof_routes(cli: &Cli) -> impl FnOnce(Routes) -> Routes {
+pub fn pprof_routes(cli: &Cli) -> RouteHook {
     let pprof = cli.enable_pprof;
     if pprof {
         tracing::warn!(
             "--enable-pprof: /debug/pprof is a Go runtime facility; it answers 404 here"
         );
     }
-    move |mut routes| {
+    Box::new(move |mut routes: Routes| {
         if pprof {
             for path in PPROF_PATHS {
                 routes = routes.route(path, || async {
@@ -377,22 +389,7 @@ pub fn pprof_routes(cli: &Cli) -> impl FnOnce(Routes) -> Routes {
             }
         }
         routes
-    }
-}
-
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let cli = &cli;
-    host::serve_single(
-        &cli.common.http,
-        &cli.common.kube,
-        KubeconfigRule::EnvironmentFirst,
-        greeting(cli),
-        |host, config| async move { prepare(cli, &host, &config).await },
-        pprof_routes(cli),
-        shutdown,
-    )
-    .await
+    })
 }
 
 #[cfg(test)]

@@ -9,14 +9,13 @@
 //! - [`capacity`]: CSIStorageCapacity objects (`--enable-capacity`);
 //! - [`journal`]: the durable record of unanswered CreateVolume calls;
 //! - [`controller`]: the watches and workers doing the I/O ([`controller::run`]);
-//! - [`app`]: start-up from the command line ([`app::serve`]);
+//! - [`app`]: its start-up, a plug-in of the sidecar runtime ([`app::Provisioner`]);
 //! - [`flags`]: the command line.
 
 pub mod app;
 pub mod capacity;
 pub mod controller;
 pub mod decide;
-pub mod entry;
 pub mod flags;
 pub mod index;
 pub mod journal;

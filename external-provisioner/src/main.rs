@@ -1,5 +1,5 @@
-//! `external-provisioner`: the command line; everything else lives in the library.
+//! `external-provisioner`: the command line; everything else lives in the library and the sidecar runtime.
 
 fn main() {
-    external_provisioner::entry::main(std::env::args_os());
+    sidecar_kit::runtime::main::<external_provisioner::app::Provisioner>(std::env::args_os());
 }

@@ -1,18 +1,19 @@
-//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
-//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+//! The resizer as a plug-in of the sidecar runtime, which starts it as upstream does: what it
+//! asks of the driver and the API server (its capabilities, the VolumeAttributesClass API) and
+//! how it configures its controller.
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::csi::CsiClient;
 use sidecar_kit::events::Reporter;
-use sidecar_kit::host::{self, Controller, Host, HostError};
+use sidecar_kit::flags::CommonFlags;
+use sidecar_kit::host::{Controller, HostError};
 use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::kube::KubeconfigRule;
 use sidecar_kit::leader;
+use sidecar_kit::runtime::{Setup, Sidecar};
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
-use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config};
 use crate::decide::Policy;
@@ -22,15 +23,13 @@ use crate::model;
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error(transparent)]
-    Http(#[from] sidecar_kit::http::HttpError),
+    Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    #[error(transparent)]
-    Leader(#[from] leader::LeaderError),
     #[error("the CSI driver does not provide the controller service")]
     NoControllerService,
     #[error("CSI driver neither supports controller resize nor modify volume")]
@@ -138,78 +137,76 @@ pub fn greeting(cli: &Cli) -> Greeting<'_> {
     }
 }
 
-/// The resizer as a controller of `host`: the VolumeAttributesClass API and the driver's
-/// capabilities checked, its configuration, client and Lease.
-pub async fn prepare(
-    cli: &Cli,
-    host: &Host,
-    kube_config: &kube::Config,
-) -> Result<Controller, AppError> {
-    let kube_flags = &cli.common.kube;
-    let mut kube_config =
-        sidecar_kit::kube::as_program(kube_config, "csi-resizer", env!("CARGO_PKG_VERSION"));
-    sidecar_kit::kube::override_master(&mut kube_config, &cli.master)?;
-    let client = host.connections.client(
-        &kube_config,
-        kube_flags.kube_api_qps,
-        kube_flags.kube_api_burst,
-    )?;
-    let classes = match cli.feature_gates.volume_attributes_class {
-        Some(on) => on,
-        None => {
-            let served = serves_classes(&client).await;
-            if !served {
-                tracing::info!(
-                    "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available"
-                );
-            }
-            served
-        }
-    };
-    let caps = capabilities(&host.csi, cli.timeout).await?;
-    if !caps.resizes() {
-        tracing::info!("the CSI driver does not support volume expansion");
-    }
-    if !caps.modify {
-        tracing::info!("the CSI driver does not support ControllerModifyVolume");
-    }
-    if !(caps.resizes() || caps.modify && classes) {
-        return Err(AppError::NothingToDo);
-    }
-    if caps.node_expansion {
-        tracing::info!(
-            "the driver expands volumes on nodes only: expansions are handed to kubelet without a driver call"
-        );
-    }
-    let identity_name = leader::default_identity();
-    let mut config = config(cli, &host.driver, caps, classes, &identity_name);
-    config.queue_metrics = Some(host.queue_metrics.clone());
-    config.watches = host.watches.clone();
-    let election = host.election(
-        cli.common.leader_election.leader_election,
-        &kube_config,
-        kube_flags,
-        &model::lease_name(&host.driver),
-        &cli.common.leader_election,
-        cli.feature_gates.release_leader_election_on_exit,
-    )?;
-    let csi = host.csi.clone();
-    Ok(Controller::new("resizer", election, move |token| {
-        controller::run(config, client, csi, token)
-    }))
-}
+/// The resizer, a plug-in of the sidecar runtime.
+pub struct Resizer;
 
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    let cli = &cli;
-    host::serve_single(
-        &cli.common.http,
-        &cli.common.kube,
-        KubeconfigRule::FlagOnly,
-        greeting(cli),
-        |host, config| async move { prepare(cli, &host, &config).await },
-        |routes| routes,
-        shutdown,
-    )
-    .await
+impl Sidecar for Resizer {
+    const NAME: &'static str = "resizer";
+    const BINARY: &'static str = "csi-resizer";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    type Cli = Cli;
+    type Error = AppError;
+
+    fn common(cli: &Cli) -> &CommonFlags {
+        &cli.common
+    }
+
+    fn greeting(cli: &Cli) -> Greeting<'_> {
+        greeting(cli)
+    }
+
+    fn validate(cli: &Cli) -> Result<(), AppError> {
+        Ok(cli.validate()?)
+    }
+
+    fn master(cli: &Cli) -> &str {
+        &cli.master
+    }
+
+    /// The VolumeAttributesClass API and the driver's capabilities checked, the controller's
+    /// configuration, client and Lease.
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+        let host = setup.host;
+        let client = setup.client()?;
+        let classes = match cli.feature_gates.volume_attributes_class {
+            Some(on) => on,
+            None => {
+                let served = serves_classes(&client).await;
+                if !served {
+                    tracing::info!(
+                        "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available"
+                    );
+                }
+                served
+            }
+        };
+        let caps = capabilities(&host.csi, cli.timeout).await?;
+        if !caps.resizes() {
+            tracing::info!("the CSI driver does not support volume expansion");
+        }
+        if !caps.modify {
+            tracing::info!("the CSI driver does not support ControllerModifyVolume");
+        }
+        if !(caps.resizes() || caps.modify && classes) {
+            return Err(AppError::NothingToDo);
+        }
+        if caps.node_expansion {
+            tracing::info!(
+                "the driver expands volumes on nodes only: expansions are handed to kubelet without a driver call"
+            );
+        }
+        let identity_name = leader::default_identity();
+        let mut config = config(cli, &host.driver, caps, classes, &identity_name);
+        config.queue_metrics = Some(host.queue_metrics.clone());
+        config.watches = host.watches.clone();
+        let election = setup.election(
+            cli.common.leader_election.leader_election,
+            &model::lease_name(&host.driver),
+            cli.feature_gates.release_leader_election_on_exit,
+        )?;
+        let csi = host.csi.clone();
+        Ok(Controller::new(Self::NAME, election, move |token| {
+            controller::run(config, client, csi, token)
+        }))
+    }
 }

@@ -6,13 +6,12 @@
 //! - [`decide`]: pure decisions (which size to expand to, status patches, error classes);
 //! - [`index`]: the cache fed by watch events, without I/O;
 //! - [`controller`]: the watches, workers and the I/O ([`controller::run`]);
-//! - [`app`]: start-up from the command line ([`app::serve`]);
+//! - [`app`]: its start-up, a plug-in of the sidecar runtime ([`app::Resizer`]);
 //! - [`flags`]: the command line.
 
 pub mod app;
 pub mod controller;
 pub mod decide;
-pub mod entry;
 pub mod flags;
 pub mod index;
 pub mod model;

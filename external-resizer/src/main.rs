@@ -1,5 +1,5 @@
-//! `csi-resizer`: the command line; everything else lives in the library.
+//! `external-resizer`: the command line; everything else lives in the library and the sidecar runtime.
 
 fn main() {
-    external_resizer::entry::main(std::env::args_os());
+    sidecar_kit::runtime::main::<external_resizer::app::Resizer>(std::env::args_os());
 }

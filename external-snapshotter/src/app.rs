@@ -1,16 +1,16 @@
-//! Start-up as upstream does it: connect to the driver, wait for it, learn its name and
-//! capabilities, serve HTTP, then run the controller (under leader election when asked).
+//! The snapshotter as a plug-in of the sidecar runtime, which starts it as upstream does: what
+//! it asks of the driver (its capabilities, group snapshots) and how it configures its
+//! controller.
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use sidecar_kit::events::Reporter;
-use sidecar_kit::host::{self, Controller, Host, HostError};
+use sidecar_kit::flags::CommonFlags;
+use sidecar_kit::host::{Controller, HostError};
 use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::journal::{Location, journal_name};
-use sidecar_kit::kube::KubeconfigRule;
 use sidecar_kit::leader;
+use sidecar_kit::runtime::{Setup, Sidecar};
 use sidecar_kit::startup::Greeting;
 use sidecar_kit::workqueue::Backoff;
-use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, COMPONENT, Config, GroupNaming, Naming, SnapshotMetrics};
 use crate::flags::Cli;
@@ -22,7 +22,7 @@ use csi_proto::v1::group_controller_service_capability::{
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error(transparent)]
-    Http(#[from] sidecar_kit::http::HttpError),
+    Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
     Kube(#[from] sidecar_kit::kube::KubeError),
     #[error(transparent)]
@@ -31,8 +31,6 @@ pub enum AppError {
     Registry(#[from] prometheus::Error),
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    #[error(transparent)]
-    Leader(#[from] leader::LeaderError),
     #[error("CSI driver {0} does not support ControllerCreateSnapshot")]
     NoSnapshots(String),
     #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
@@ -126,76 +124,66 @@ fn node_name(cli: &Cli) -> Result<Option<String>, AppError> {
         .ok_or(AppError::NoNodeName)
 }
 
-/// The snapshotter as a controller of `host`: the driver's capabilities checked, its
-/// configuration, clients, journal and Lease.
-pub async fn prepare(
-    cli: &Cli,
-    host: &Host,
-    kube_config: &kube::Config,
-) -> Result<Controller, AppError> {
-    let node = node_name(cli)?;
-    let kube_config =
-        &sidecar_kit::kube::as_program(kube_config, "csi-snapshotter", env!("CARGO_PKG_VERSION"));
-    let kube_flags = &cli.common.kube;
-    let client = host.connections.client(
-        kube_config,
-        kube_flags.kube_api_qps,
-        kube_flags.kube_api_burst,
-    )?;
-    let rpcs = identity::controller_capabilities(&host.csi, cli.timeout).await?;
-    if !rpcs.contains(&Rpc::CreateDeleteSnapshot) {
-        return Err(AppError::NoSnapshots(host.driver.clone()));
-    }
-    let list_snapshots = rpcs.contains(&Rpc::ListSnapshots);
-    if !list_snapshots {
-        tracing::info!(
-            "the driver has no ListSnapshots: pre-provisioned snapshots count as ready, as upstream counts them"
-        );
-    }
-    let instance = leader::default_identity();
-    let mut config = config(cli, &host.driver, list_snapshots, &instance);
-    if config.groups.is_some() && !group_snapshots_offered(&host.csi, cli.timeout).await {
-        config.groups = None;
-    }
-    config.queue_metrics = Some(host.queue_metrics.clone());
-    config.snapshot_metrics = Some(SnapshotMetrics::register(host.metrics.registry())?);
-    config.journal = Some(Location {
-        namespace: leader::lease_namespace(&cli.common.leader_election.leader_election_namespace),
-        name: journal_name(&model::lease_name(&host.driver), node.as_deref()),
-    });
-    config.node = node;
-    config.watches = host.watches.clone();
-    let journal_client = host.connections.client(
-        kube_config,
-        sidecar_kit::journal::QPS,
-        sidecar_kit::journal::BURST,
-    )?;
-    let election = host.election(
-        cli.common.leader_election.leader_election,
-        kube_config,
-        kube_flags,
-        &model::lease_name(&host.driver),
-        &cli.common.leader_election,
-        cli.feature_gates.release_leader_election_on_exit,
-    )?;
-    let csi = host.csi.clone();
-    Ok(Controller::new("snapshotter", election, move |token| {
-        controller::run(config, client, journal_client, csi, token)
-    }))
-}
+/// The snapshotter, a plug-in of the sidecar runtime.
+pub struct Snapshotter;
 
-/// Runs the sidecar until a graceful shutdown (`Ok`) or a fatal error.
-pub async fn serve(cli: Cli, shutdown: CancellationToken) -> Result<(), AppError> {
-    node_name(&cli)?;
-    let cli = &cli;
-    host::serve_single(
-        &cli.common.http,
-        &cli.common.kube,
-        KubeconfigRule::FlagOnly,
-        greeting(cli),
-        |host, config| async move { prepare(cli, &host, &config).await },
-        |routes| routes,
-        shutdown,
-    )
-    .await
+impl Sidecar for Snapshotter {
+    const NAME: &'static str = "snapshotter";
+    const BINARY: &'static str = "csi-snapshotter";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    type Cli = Cli;
+    type Error = AppError;
+
+    fn common(cli: &Cli) -> &CommonFlags {
+        &cli.common
+    }
+
+    fn greeting(cli: &Cli) -> Greeting<'_> {
+        greeting(cli)
+    }
+
+    /// The command line, and `NODE_NAME` with `--node-deployment`.
+    fn validate(cli: &Cli) -> Result<(), AppError> {
+        cli.validate()?;
+        node_name(cli).map(drop)
+    }
+
+    /// The driver's capabilities checked, the controller's configuration, clients, journal
+    /// and Lease.
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+        let node = node_name(cli)?;
+        let host = setup.host;
+        let client = setup.client()?;
+        let rpcs = identity::controller_capabilities(&host.csi, cli.timeout).await?;
+        if !rpcs.contains(&Rpc::CreateDeleteSnapshot) {
+            return Err(AppError::NoSnapshots(host.driver.clone()));
+        }
+        let list_snapshots = rpcs.contains(&Rpc::ListSnapshots);
+        if !list_snapshots {
+            tracing::info!(
+                "the driver has no ListSnapshots: pre-provisioned snapshots count as ready, as upstream counts them"
+            );
+        }
+        let instance = leader::default_identity();
+        let mut config = config(cli, &host.driver, list_snapshots, &instance);
+        if config.groups.is_some() && !group_snapshots_offered(&host.csi, cli.timeout).await {
+            config.groups = None;
+        }
+        config.queue_metrics = Some(host.queue_metrics.clone());
+        config.snapshot_metrics = Some(SnapshotMetrics::register(host.metrics.registry())?);
+        config.journal =
+            Some(setup.journal_location(&model::lease_name(&host.driver), node.as_deref()));
+        config.node = node;
+        config.watches = host.watches.clone();
+        let journal_client = setup.journal_client()?;
+        let election = setup.election(
+            cli.common.leader_election.leader_election,
+            &model::lease_name(&host.driver),
+            cli.feature_gates.release_leader_election_on_exit,
+        )?;
+        let csi = host.csi.clone();
+        Ok(Controller::new(Self::NAME, election, move |token| {
+            controller::run(config, client, journal_client, csi, token)
+        }))
+    }
 }

@@ -6,13 +6,12 @@
 //! - [`decide`]: pure decisions (what a content needs, names, parameters, secrets, status);
 //! - [`index`]: the cache fed by watch events, without I/O;
 //! - [`controller`]: the watches, workers, intent journal and the I/O ([`controller::run`]);
-//! - [`app`]: start-up from the command line ([`app::serve`]);
+//! - [`app`]: its start-up, a plug-in of the sidecar runtime ([`app::Snapshotter`]);
 //! - [`flags`]: the command line.
 
 pub mod app;
 pub mod controller;
 pub mod decide;
-pub mod entry;
 pub mod flags;
 pub mod index;
 pub mod journal;

@@ -1,5 +1,5 @@
-//! `csi-snapshotter`: the command line; everything else lives in the library.
+//! `external-snapshotter`: the command line; everything else lives in the library and the sidecar runtime.
 
 fn main() {
-    external_snapshotter::entry::main(std::env::args_os());
+    sidecar_kit::runtime::main::<external_snapshotter::app::Snapshotter>(std::env::args_os());
 }

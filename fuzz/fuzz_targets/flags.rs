@@ -1,6 +1,7 @@
 //! Command lines of the four sidecars, in the syntax each imitates (Go's `flag` package for the
 //! attacher, the registrar and the livenessprobe; pflag for the provisioner), parsed and
-//! validated as `entry::main` does before it starts anything.
+//! validated as the start-up does before it starts anything (`sidecar_kit::runtime::main`, the
+//! node sidecars' `entry::main`).
 //!
 //! Properties:
 //! - the rewrite changes a word at most by joining a value flag and the next word into
@@ -85,7 +86,7 @@ fn long_names(command: &clap::Command) -> Vec<String> {
         .collect()
 }
 
-/// Parses and validates as `entry::main`; the rendering of the outcome is compared between
+/// Parses and validates as the start-up does; the rendering of the outcome is compared between
 /// spellings (clap's error kind only: its messages quote the words as written).
 fn outcome(sidecar: &Sidecar, args: &[String], syntax: FlagSyntax) -> String {
     match sidecar {

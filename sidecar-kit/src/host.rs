@@ -15,9 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::consolidated;
 use crate::csi::CsiClient;
-use crate::flags::{HttpFlags, KubeFlags, LeaderElectionFlags};
 use crate::http::{HttpError, HttpPlan, Routes};
-use crate::kube::{Connections, KubeconfigRule};
+use crate::kube::Connections;
 use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use crate::metrics::{CsiMetrics, MetricsError};
 use crate::startup::{self, Greeting, StartupError};
@@ -84,32 +83,6 @@ impl Host {
     }
 }
 
-impl Host {
-    /// A controller's leader election, when `enabled`: a client of its own for the Lease, with
-    /// the controller's budget (so that the controller's own requests never throttle its
-    /// renewals), and the settings from `flags` for the Lease named after `lock_name`, released
-    /// on exit when the flag or the controller's `ReleaseLeaderElectionOnExit` gate asks.
-    pub fn election(
-        &self,
-        enabled: bool,
-        kube_config: &kube::Config,
-        kube: &KubeFlags,
-        lock_name: &str,
-        flags: &LeaderElectionFlags,
-        release_gate: bool,
-    ) -> Result<Option<(kube::Client, ElectionConfig)>, HostError> {
-        if !enabled {
-            return Ok(None);
-        }
-        let client =
-            self.connections
-                .client(kube_config, kube.kube_api_qps, kube.kube_api_burst)?;
-        let mut settings = ElectionConfig::from_flags(lock_name, flags)?;
-        settings.release_on_exit = flags.leader_election_release_on_exit || release_gate;
-        Ok(Some((client, settings)))
-    }
-}
-
 type Run = Box<dyn FnOnce(CancellationToken) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 /// A controller ready to run.
@@ -138,40 +111,6 @@ impl Controller {
             run: Box::new(move |token| Box::pin(run(token))),
         }
     }
-}
-
-/// A single sidecar's life: its HTTP endpoint and cluster from the flags, its host, the one
-/// controller `prepare` makes of them, run until `shutdown`.
-pub async fn serve_single<E, P, Fut>(
-    http: &HttpFlags,
-    kube: &KubeFlags,
-    kubeconfig: KubeconfigRule,
-    greeting: Greeting<'_>,
-    prepare: P,
-    extra_routes: impl FnOnce(Routes) -> Routes,
-    shutdown: CancellationToken,
-) -> Result<(), E>
-where
-    P: FnOnce(Host, kube::Config) -> Fut,
-    Fut: Future<Output = Result<Controller, E>>,
-    E: From<HttpError> + From<crate::kube::KubeError> + From<HostError>,
-{
-    let plan = HttpPlan::from_flags(http)?;
-    let config = crate::kube::load_config(kube, kubeconfig).await?;
-    let Some(host) = Host::start(greeting, WatchHub::default(), &config, &shutdown).await? else {
-        return Ok(());
-    };
-    let controller = prepare(host.clone(), config).await?;
-    run(
-        &host,
-        &plan,
-        &http.metrics_path,
-        extra_routes,
-        vec![controller],
-        shutdown,
-    )
-    .await?;
-    Ok(())
 }
 
 /// KEP-4958's consolidated Lease: the controllers that elect a leader run under one election

@@ -25,6 +25,7 @@ pub mod migration;
 pub mod names;
 pub mod pipeline;
 pub mod quantity;
+pub mod runtime;
 pub mod shrink;
 pub mod startup;
 pub mod token;

@@ -1,0 +1,332 @@
+//! The runtime every controller sidecar runs on. A sidecar is a plug-in: an [`impl Sidecar`]
+//! names it, says how its command line reads and how it greets its driver, and `prepare`s its
+//! controller from what the runtime hands it ([`Setup`]). The runtime owns the rest, in
+//! upstream's order: parse → `--version` → logging → validate → HTTP plan → cluster
+//! configuration → connect → Probe → the driver's name → prepare → serve HTTP → elect → run.
+//!
+//! [`main`] runs one sidecar as its own binary. The multi-call binary holds the same plug-ins
+//! behind [`Plugin`] and runs several on one [`Host`].
+//!
+//! [`impl Sidecar`]: Sidecar
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+
+use clap::CommandFactory;
+use tokio_util::sync::CancellationToken;
+
+use crate::flags::{CommonFlags, FlagSyntax, parse_args, parse_from};
+use crate::host::{self, Controller, Host, HostError};
+use crate::http::{HttpError, HttpPlan, Routes};
+use crate::journal::{self, Location, journal_name};
+use crate::kube::{Clients, KubeError, KubeconfigRule};
+use crate::leader::{self, ElectionConfig};
+use crate::startup::Greeting;
+use crate::watches::WatchHub;
+use crate::{lifecycle, logging, startup};
+
+/// Routes a sidecar adds to the process's HTTP endpoint.
+pub type RouteHook = Box<dyn FnOnce(Routes) -> Routes + Send>;
+
+/// A controller sidecar: what is its own about start-up. Everything else is the runtime's.
+pub trait Sidecar: 'static {
+    /// Its name in KEP-4958's `--controllers`, in flag prefixes, logs and errors: "attacher".
+    const NAME: &'static str;
+    /// Its binary's name, the program name its parser sees and its User-Agent's product.
+    const BINARY: &'static str;
+    /// The version `--version` prints and the User-Agent carries.
+    const VERSION: &'static str;
+    /// How its command line is spelled.
+    const SYNTAX: FlagSyntax = FlagSyntax::Go;
+    /// Which of `--kubeconfig` and `$KUBECONFIG` wins, as its upstream decides.
+    const KUBECONFIG: KubeconfigRule = KubeconfigRule::FlagOnly;
+
+    type Cli: clap::Parser + Send + Sync + 'static;
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    fn common(cli: &Self::Cli) -> &CommonFlags;
+
+    /// Logs what the command line deserves a warning for (removed flags).
+    fn warn(_cli: &Self::Cli) {}
+
+    /// Checks the command line (and the environment it names) before anything starts.
+    fn validate(cli: &Self::Cli) -> Result<(), Self::Error>;
+
+    /// How the driver is greeted: the probe's and identity calls' timeouts.
+    fn greeting(cli: &Self::Cli) -> Greeting<'_>;
+
+    /// `--master`, for the sidecars that have it: the API server's URL instead of the
+    /// configuration's.
+    fn master(_cli: &Self::Cli) -> &str {
+        ""
+    }
+
+    /// The controller, ready to run: its capabilities learnt, its configuration, clients,
+    /// journal and Lease.
+    fn prepare(
+        cli: &Self::Cli,
+        setup: &Setup<'_>,
+    ) -> impl Future<Output = Result<Controller, Self::Error>>;
+
+    /// Routes of its own on the HTTP endpoint.
+    fn routes(_cli: &Self::Cli) -> RouteHook {
+        Box::new(|routes| routes)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error(transparent)]
+    Sidecar(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// What a sidecar prepares its controller from: the process's [`Host`] (driver, metrics,
+/// watches) and the cluster as the sidecar speaks to it (its User-Agent, its `--master`, its
+/// `--kube-api-qps` and `--kube-api-burst`, its leader election flags).
+pub struct Setup<'a> {
+    pub host: &'a Host,
+    kube_config: kube::Config,
+    common: &'a CommonFlags,
+}
+
+impl<'a> Setup<'a> {
+    /// The setup of `S` with `cli` on `host`, whose cluster is `kube_config`.
+    pub fn new<S: Sidecar>(
+        host: &'a Host,
+        kube_config: &kube::Config,
+        cli: &'a S::Cli,
+    ) -> Result<Self, KubeError> {
+        let mut kube_config = crate::kube::as_program(kube_config, S::BINARY, S::VERSION);
+        crate::kube::override_master(&mut kube_config, S::master(cli))?;
+        Ok(Self {
+            host,
+            kube_config,
+            common: S::common(cli),
+        })
+    }
+
+    /// The cluster configuration, with the sidecar's User-Agent.
+    pub fn kube_config(&self) -> &kube::Config {
+        &self.kube_config
+    }
+
+    /// A client limited by `--kube-api-qps` and `--kube-api-burst`.
+    pub fn client(&self) -> Result<kube::Client, KubeError> {
+        let kube = &self.common.kube;
+        self.client_limited(kube.kube_api_qps, kube.kube_api_burst)
+    }
+
+    /// A client with a rate limit of its own.
+    pub fn client_limited(&self, qps: f64, burst: u32) -> Result<kube::Client, KubeError> {
+        self.host.connections.client(&self.kube_config, qps, burst)
+    }
+
+    /// The work's client and the background one for Events, sharing `--kube-api-qps`'s limit.
+    pub fn clients(&self) -> Result<Clients, KubeError> {
+        let kube = &self.common.kube;
+        self.host
+            .connections
+            .clients(&self.kube_config, kube.kube_api_qps, kube.kube_api_burst)
+    }
+
+    /// The intent journal's client, with the journal's own limit.
+    pub fn journal_client(&self) -> Result<kube::Client, KubeError> {
+        self.client_limited(journal::QPS, journal::BURST)
+    }
+
+    /// Where the journal of the Lease `lease` lives: beside the Lease, one per node with
+    /// `node`.
+    pub fn journal_location(&self, lease: &str, node: Option<&str>) -> Location {
+        Location {
+            namespace: leader::lease_namespace(
+                &self.common.leader_election.leader_election_namespace,
+            ),
+            name: journal_name(lease, node),
+        }
+    }
+
+    /// The controller's leader election on the Lease `lease`, when `enabled`: a client of its
+    /// own with the controller's budget (so that the controller's requests never throttle its
+    /// renewals) and the settings of the leader election flags; the Lease is released on exit
+    /// when `--leader-election-release-on-exit` or the sidecar's `release_gate` asks.
+    pub fn election(
+        &self,
+        enabled: bool,
+        lease: &str,
+        release_gate: bool,
+    ) -> Result<Option<(kube::Client, ElectionConfig)>, HostError> {
+        if !enabled {
+            return Ok(None);
+        }
+        let flags = &self.common.leader_election;
+        let mut settings = ElectionConfig::from_flags(lease, flags)?;
+        settings.release_on_exit = flags.leader_election_release_on_exit || release_gate;
+        Ok(Some((self.client()?, settings)))
+    }
+}
+
+/// Runs `S` as its own binary with the command line `args` (the first item names the program)
+/// until it ends; exits the process on errors.
+pub fn main<S: Sidecar>(args: impl IntoIterator<Item = OsString>) {
+    let cli: S::Cli = parse_args(args, S::SYNTAX);
+    let common = S::common(&cli);
+    lifecycle::exit_if_version(&common.process, S::VERSION);
+    logging::init(&common.logging);
+    S::warn(&cli);
+    if let Err(err) = S::validate(&cli) {
+        lifecycle::fatal(&err.to_string());
+    }
+    let process = common.process.clone();
+    startup::run(&process, |shutdown| serve::<S>(cli, shutdown));
+}
+
+/// Runs `S` until a graceful shutdown (`Ok`) or a fatal error: its HTTP endpoint and cluster
+/// from the flags, a host of its own, the one controller it prepares.
+pub async fn serve<S: Sidecar>(
+    cli: S::Cli,
+    shutdown: CancellationToken,
+) -> Result<(), RuntimeError> {
+    let common = S::common(&cli);
+    let plan = HttpPlan::from_flags(&common.http)?;
+    let config = crate::kube::load_config(&common.kube, S::KUBECONFIG).await?;
+    let Some(host) =
+        Host::start(S::greeting(&cli), WatchHub::default(), &config, &shutdown).await?
+    else {
+        return Ok(());
+    };
+    let setup = Setup::new::<S>(&host, &config, &cli)?;
+    let controller = S::prepare(&cli, &setup)
+        .await
+        .map_err(|err| RuntimeError::Sidecar(Box::new(err)))?;
+    host::run(
+        &host,
+        &plan,
+        &common.http.metrics_path,
+        S::routes(&cli),
+        vec![controller],
+        shutdown,
+    )
+    .await?;
+    Ok(())
+}
+
+/// A controller sidecar as the multi-call binary holds it, whatever its command-line type.
+pub trait Plugin: Sync {
+    /// [`Sidecar::NAME`].
+    fn name(&self) -> &'static str;
+    /// [`Sidecar::BINARY`].
+    fn binary(&self) -> &'static str;
+    /// Its command line's declaration, for routing and help.
+    fn command(&self) -> clap::Command;
+    /// Runs it as its own binary would ([`main`]).
+    fn main(&self, args: Vec<OsString>);
+    /// Parses and checks `args` as its binary does; the message on failure.
+    fn check(&self, args: Vec<OsString>) -> Result<(), String>;
+    /// Parses `args` as its binary does, printing help or errors and exiting as it does.
+    fn parse(&self, args: Vec<OsString>) -> Box<dyn Parsed>;
+}
+
+/// A plug-in's parsed command line.
+pub trait Parsed {
+    fn name(&self) -> &'static str;
+    fn common(&self) -> &CommonFlags;
+    fn warn(&self);
+    fn validate(&self) -> Result<(), String>;
+    fn greeting(&self) -> Greeting<'_>;
+    /// [`Sidecar::prepare`] on `host`, whose cluster is `kube_config`.
+    fn prepare<'a>(
+        &'a self,
+        host: &'a Host,
+        kube_config: &'a kube::Config,
+    ) -> Pin<Box<dyn Future<Output = Result<Controller, String>> + 'a>>;
+    fn routes(&self) -> RouteHook;
+}
+
+/// The [`Plugin`] of `S`.
+pub struct Plug<S>(PhantomData<fn() -> S>);
+
+impl<S> Plug<S> {
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<S> Default for Plug<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S: Sidecar> Plugin for Plug<S> {
+    fn name(&self) -> &'static str {
+        S::NAME
+    }
+
+    fn binary(&self) -> &'static str {
+        S::BINARY
+    }
+
+    fn command(&self) -> clap::Command {
+        S::Cli::command()
+    }
+
+    fn main(&self, args: Vec<OsString>) {
+        main::<S>(args)
+    }
+
+    fn check(&self, args: Vec<OsString>) -> Result<(), String> {
+        let cli: S::Cli = parse_from(args, S::SYNTAX).map_err(|e| e.to_string())?;
+        S::validate(&cli).map_err(|e| e.to_string())
+    }
+
+    fn parse(&self, args: Vec<OsString>) -> Box<dyn Parsed> {
+        Box::new(Cli::<S>(parse_args(args, S::SYNTAX)))
+    }
+}
+
+struct Cli<S: Sidecar>(S::Cli);
+
+impl<S: Sidecar> Parsed for Cli<S> {
+    fn name(&self) -> &'static str {
+        S::NAME
+    }
+
+    fn common(&self) -> &CommonFlags {
+        S::common(&self.0)
+    }
+
+    fn warn(&self) {
+        S::warn(&self.0)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        S::validate(&self.0).map_err(|e| e.to_string())
+    }
+
+    fn greeting(&self) -> Greeting<'_> {
+        S::greeting(&self.0)
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        host: &'a Host,
+        kube_config: &'a kube::Config,
+    ) -> Pin<Box<dyn Future<Output = Result<Controller, String>> + 'a>> {
+        Box::pin(async move {
+            let setup = Setup::new::<S>(host, kube_config, &self.0).map_err(|e| e.to_string())?;
+            S::prepare(&self.0, &setup).await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn routes(&self) -> RouteHook {
+        S::routes(&self.0)
+    }
+}
