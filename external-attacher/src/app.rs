@@ -108,17 +108,6 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Co
     }
 }
 
-/// How this sidecar greets its driver: the probe bounded by `--timeout`, the identity calls
-/// by [`IDENTITY_TIMEOUT`].
-pub fn greeting(cli: &Cli) -> Greeting<'_> {
-    Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: IDENTITY_TIMEOUT,
-        max_log_length: cli.max_grpc_log_length,
-    }
-}
-
 /// The attacher, a plug-in of the sidecar runtime.
 pub struct Attacher;
 
@@ -137,8 +126,14 @@ impl Sidecar for Attacher {
         Ok(cli.validate()?)
     }
 
+    /// The probe bounded by `--timeout`, the identity calls by [`IDENTITY_TIMEOUT`].
     fn greeting(cli: &Cli) -> Greeting<'_> {
-        greeting(cli)
+        Greeting {
+            csi_address: &cli.common.csi.csi_address,
+            probe_timeout: cli.timeout,
+            identity_timeout: IDENTITY_TIMEOUT,
+            max_log_length: cli.max_grpc_log_length,
+        }
     }
 
     /// The driver's capabilities, the controller's configuration, client and Lease.

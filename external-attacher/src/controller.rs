@@ -11,13 +11,11 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher;
-use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::Pipeline;
-use sidecar_kit::views::View;
+use sidecar_kit::pipeline::{Fed, Pipeline};
+use sidecar_kit::views::Needs;
 use sidecar_kit::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -25,7 +23,7 @@ use tonic::Code;
 use crate::decide::{
     self, AttachPlan, DetachPlan, Phase, Policy, Problem, PvPatch, PvPlan, VaPlan,
 };
-use crate::index::{Change, Index, Lane, PvLookup, Work};
+use crate::index::{Index, Lane, PvLookup, Work};
 use crate::model::{NEEDS, Pv, SecretRef, Va};
 
 /// Queue names, as upstream names them in the workqueue metrics.
@@ -162,17 +160,39 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Controller {
+impl Fed for Controller {
+    type Index = Index;
+    type Work = Work;
+
+    fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn needs(&self) -> Needs {
+        NEEDS
+    }
+
     fn index(&self) -> MutexGuard<'_, Index> {
         lock(&self.index)
     }
 
+    fn enqueue(&self, work: Vec<Work>) {
+        for item in work {
+            match item {
+                Work::Va { name, lane } => self.va_queue.add(name, lane as usize),
+                Work::Pv(name) => self.pv_queue.add(name, 0),
+            }
+        }
+    }
+}
+
+impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI attacher");
         let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
-        self.feed(&mut pipeline, Index::va_event);
-        self.feed_view(&mut pipeline, Index::pv_event);
-        self.feed(&mut pipeline, Index::csinode_event);
+        pipeline.feed(&self, Index::va_event);
+        pipeline.feed_view(&self, Index::pv_event);
+        pipeline.feed(&self, Index::csinode_event);
         if !pipeline.wait_synced(&shutdown).await {
             return self.stop(pipeline).await;
         }
@@ -198,67 +218,19 @@ impl Controller {
         if let Some(reconcile) = self.config.reconcile {
             pipeline.spawn(self.clone().reconciler(reconcile, shutdown.clone()));
         }
-        if !self.config.resync.is_zero() {
-            pipeline.spawn(self.clone().resyncer(shutdown.clone()));
-        }
+        let me = self.clone();
+        pipeline.every(self.config.resync, move || {
+            let work = me.index().resync();
+            me.enqueue(work);
+        });
         shutdown.cancelled().await;
         self.stop(pipeline).await;
-    }
-
-    /// Watches every object of one kind into the index, and the work it finds into the queues.
-    fn feed<K>(
-        self: &Arc<Self>,
-        pipeline: &mut Pipeline,
-        apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
-    ) where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-        K::DynamicType: Default,
-    {
-        let me = self.clone();
-        pipeline.watch(
-            Api::<K>::all(self.client.clone()),
-            watcher::Config::default(),
-            move |change| {
-                let work = apply(&mut me.index(), change);
-                me.enqueue(work);
-            },
-        );
-    }
-
-    /// [`feed`](Self::feed) of the process's shared views of a kind.
-    fn feed_view<V>(
-        self: &Arc<Self>,
-        pipeline: &mut Pipeline,
-        apply: fn(&mut Index, Change<&Arc<V>>) -> Vec<Work>,
-    ) where
-        V: View,
-        <V::Object as kube::Resource>::DynamicType: Default,
-    {
-        let me = self.clone();
-        pipeline.watch_view(
-            Api::all(self.client.clone()),
-            watcher::Config::default(),
-            NEEDS,
-            move |change| {
-                let work = apply(&mut me.index(), change);
-                me.enqueue(work);
-            },
-        );
     }
 
     async fn stop(&self, pipeline: Pipeline) {
         // Workers finish the operation they are in; the timers stop at once.
         pipeline.stop().await;
         tracing::info!("CSI attacher stopped");
-    }
-
-    fn enqueue(&self, work: Vec<Work>) {
-        for item in work {
-            match item {
-                Work::Va { name, lane } => self.va_queue.add(name, lane as usize),
-                Work::Pv(name) => self.pv_queue.add(name, 0),
-            }
-        }
     }
 
     fn backlog_report_due(&self) -> bool {
@@ -556,17 +528,6 @@ impl Controller {
     }
 
     // --- Periodic work ---
-
-    async fn resyncer(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.config.resync) => {}
-            }
-            let work = self.index().resync();
-            self.enqueue(work);
-        }
-    }
 
     async fn reconciler(self: Arc<Self>, reconcile: Reconcile, shutdown: CancellationToken) {
         loop {

@@ -253,16 +253,6 @@ pub async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
     }
 }
 
-/// How this sidecar greets its driver: every call bounded by `--timeout`.
-pub fn greeting(cli: &Cli) -> Greeting<'_> {
-    Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: cli.timeout,
-        max_log_length: -1,
-    }
-}
-
 /// The provisioner, a plug-in of the sidecar runtime.
 pub struct Provisioner;
 
@@ -279,8 +269,9 @@ impl Sidecar for Provisioner {
         &cli.common
     }
 
+    /// Every call bounded by `--timeout`.
     fn greeting(cli: &Cli) -> Greeting<'_> {
-        greeting(cli)
+        Greeting::bounded_by(&cli.common.csi.csi_address, cli.timeout)
     }
 
     fn warn(cli: &Cli) {

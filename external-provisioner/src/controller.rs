@@ -14,14 +14,12 @@ use k8s_openapi::api::storage::v1::{
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::watcher;
-use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::pipeline::{Fed, Pipeline};
 use sidecar_kit::shrink::ShrinkWhenSparse;
-use sidecar_kit::views::View;
+use sidecar_kit::views::Needs;
 use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -207,34 +205,57 @@ pub async fn run(
     controller.run(shutdown).await;
 }
 
-impl Controller {
+impl Fed for Controller {
+    type Index = Index;
+    type Work = Work;
+
+    fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn needs(&self) -> Needs {
+        NEEDS
+    }
+
     fn index(&self) -> MutexGuard<'_, Index> {
         lock(&self.index)
     }
 
+    fn enqueue(&self, work: Vec<Work>) {
+        for item in work {
+            match item {
+                Work::Claim(uid) => self.claims.add(uid, 0),
+                Work::Volume(name) => self.volumes.add(name, 0),
+                Work::Source(key) => self.sources.add(key, 0),
+            }
+        }
+    }
+}
+
+impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI provisioner");
         let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
-        self.feed::<StorageClass>(&mut pipeline, Index::class_event);
+        pipeline.feed::<StorageClass, _>(&self, Index::class_event);
         let distributed = self.index().distributed();
         if distributed {
-            self.feed::<PersistentVolume>(&mut pipeline, Index::node_volume_event);
+            pipeline.feed::<PersistentVolume, _>(&self, Index::node_volume_event);
         } else {
-            self.feed_view(&mut pipeline, Index::volume_event);
+            pipeline.feed_view(&self, Index::volume_event);
         }
-        self.feed_view(&mut pipeline, Index::claim_event);
+        pipeline.feed_view(&self, Index::claim_event);
         if self.config.watch_topology {
-            self.feed::<CSINode>(&mut pipeline, Index::csinode_event);
-            self.feed::<Node>(&mut pipeline, Index::node_event);
+            pipeline.feed::<CSINode, _>(&self, Index::csinode_event);
+            pipeline.feed::<Node, _>(&self, Index::node_event);
         }
         if self.config.watch_attachments {
-            self.feed::<VolumeAttachment>(&mut pipeline, Index::attachment_event);
+            pipeline.feed::<VolumeAttachment, _>(&self, Index::attachment_event);
         }
         if self.config.watch_snapshots {
-            self.feed::<VolumeSnapshot>(&mut pipeline, Index::snapshot_event);
+            pipeline.feed::<VolumeSnapshot, _>(&self, Index::snapshot_event);
         }
         if self.config.watch_grants {
-            self.feed::<ReferenceGrant>(&mut pipeline, Index::grant_event);
+            pipeline.feed::<ReferenceGrant, _>(&self, Index::grant_event);
         }
         if !pipeline.wait_synced(&shutdown).await {
             pipeline.stop().await;
@@ -268,9 +289,11 @@ impl Controller {
                 async move { me.sync_source(&item.key).await }
             },
         );
-        if !self.config.resync.is_zero() {
-            pipeline.spawn(self.clone().resyncer(shutdown.clone()));
-        }
+        let me = self.clone();
+        pipeline.every(self.config.resync, move || {
+            let work = me.index().resync();
+            me.enqueue(work);
+        });
         if self.config.watch_snapshots && !self.config.orphan_sweep.is_zero() {
             pipeline.spawn(self.clone().orphan_sweeper(shutdown.clone()));
         }
@@ -284,46 +307,6 @@ impl Controller {
             );
         }
         tracing::info!("CSI provisioner stopped");
-    }
-
-    fn feed<K>(
-        self: &Arc<Self>,
-        pipeline: &mut Pipeline,
-        apply: fn(&mut Index, Change<&K>) -> Vec<Work>,
-    ) where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-        K::DynamicType: Default,
-    {
-        let me = self.clone();
-        pipeline.watch(
-            Api::<K>::all(self.client.clone()),
-            watcher::Config::default(),
-            move |change| {
-                let work = apply(&mut me.index(), change);
-                me.enqueue(work);
-            },
-        );
-    }
-
-    /// [`feed`](Self::feed) of the process's shared views of a kind.
-    fn feed_view<V>(
-        self: &Arc<Self>,
-        pipeline: &mut Pipeline,
-        apply: fn(&mut Index, Change<&Arc<V>>) -> Vec<Work>,
-    ) where
-        V: View,
-        <V::Object as kube::Resource>::DynamicType: Default,
-    {
-        let me = self.clone();
-        pipeline.watch_view(
-            Api::all(self.client.clone()),
-            watcher::Config::default(),
-            NEEDS,
-            move |change| {
-                let work = apply(&mut me.index(), change);
-                me.enqueue(work);
-            },
-        );
     }
 
     /// Takes up the CreateVolume calls a previous leader (or this process before a restart) left
@@ -426,27 +409,6 @@ impl Controller {
             in_flight.shrink_when_sparse();
             drop(in_flight);
             self.journal.forget(uid);
-        }
-    }
-
-    fn enqueue(&self, work: Vec<Work>) {
-        for item in work {
-            match item {
-                Work::Claim(uid) => self.claims.add(uid, 0),
-                Work::Volume(name) => self.volumes.add(name, 0),
-                Work::Source(key) => self.sources.add(key, 0),
-            }
-        }
-    }
-
-    async fn resyncer(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.config.resync) => {}
-            }
-            let work = self.index().resync();
-            self.enqueue(work);
         }
     }
 

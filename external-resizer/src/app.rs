@@ -127,16 +127,6 @@ pub fn config(
     }
 }
 
-/// How this sidecar greets its driver: every call bounded by `--timeout`.
-pub fn greeting(cli: &Cli) -> Greeting<'_> {
-    Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: cli.timeout,
-        max_log_length: -1,
-    }
-}
-
 /// The resizer, a plug-in of the sidecar runtime.
 pub struct Resizer;
 
@@ -151,8 +141,9 @@ impl Sidecar for Resizer {
         &cli.common
     }
 
+    /// Every call bounded by `--timeout`.
     fn greeting(cli: &Cli) -> Greeting<'_> {
-        greeting(cli)
+        Greeting::bounded_by(&cli.common.csi.csi_address, cli.timeout)
     }
 
     fn validate(cli: &Cli) -> Result<(), AppError> {

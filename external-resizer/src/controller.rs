@@ -17,12 +17,11 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
-use serde::de::DeserializeOwned;
 use sidecar_kit::csi::{CallOptions, CsiClient};
 use sidecar_kit::events::{EventType, Recorder, Reporter};
 use sidecar_kit::kube::{api_code, api_message};
-use sidecar_kit::pipeline::{Change, Pipeline};
-use sidecar_kit::views;
+use sidecar_kit::pipeline::{Fed, Pipeline};
+use sidecar_kit::views::Needs;
 use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -170,24 +169,44 @@ fn now() -> String {
     Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// How an index takes one watch event: the keys of the claims to work on.
-type Apply<T> = fn(&mut Index, Change<&T>) -> Vec<Arc<str>>;
+impl Fed for Controller {
+    type Index = Index;
+    type Work = Arc<str>;
 
-impl Controller {
+    fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn needs(&self) -> Needs {
+        NEEDS
+    }
+
+    fn watch_config(&self) -> watcher::Config {
+        watcher::Config::default().page_size(500)
+    }
+
     fn index(&self) -> MutexGuard<'_, Index> {
         lock(&self.index)
     }
 
+    fn enqueue(&self, work: Vec<Arc<str>>) {
+        for key in work {
+            self.queue.add(key, 0);
+        }
+    }
+}
+
+impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI resizer");
         let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
-        self.feed_view(&mut pipeline, Index::claim_event);
-        self.feed_view(&mut pipeline, Index::pv_event);
+        pipeline.feed_view(&self, Index::claim_event);
+        pipeline.feed_view(&self, Index::pv_event);
         if self.config.handle_in_use {
-            self.feed(&mut pipeline, Index::pod_event);
+            pipeline.feed(&self, Index::pod_event);
         }
         if self.config.modify {
-            self.feed(&mut pipeline, Index::class_event);
+            pipeline.feed(&self, Index::class_event);
         }
         if !pipeline.wait_synced(&shutdown).await {
             return self.stop(pipeline).await;
@@ -206,67 +225,18 @@ impl Controller {
             let me = me.clone();
             async move { me.sync(&item.key).await }
         });
-        if !self.config.resync.is_zero() {
-            pipeline.spawn(self.clone().resyncer(shutdown.clone()));
-        }
+        let me = self.clone();
+        pipeline.every(self.config.resync, move || {
+            let keys = me.index().claim_keys();
+            me.enqueue(keys);
+        });
         shutdown.cancelled().await;
         self.stop(pipeline).await;
-    }
-
-    fn feed<K>(self: &Arc<Self>, pipeline: &mut Pipeline, apply: Apply<K>)
-    where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-        K::DynamicType: Default,
-    {
-        let me = self.clone();
-        pipeline.watch(
-            Api::<K>::all(self.client.clone()),
-            watcher::Config::default().page_size(500),
-            move |change| {
-                let work = apply(&mut me.index(), change);
-                for key in work {
-                    me.queue.add(key, 0);
-                }
-            },
-        );
-    }
-
-    /// [`feed`](Self::feed) of the process's shared views of a kind.
-    fn feed_view<V>(self: &Arc<Self>, pipeline: &mut Pipeline, apply: Apply<Arc<V>>)
-    where
-        V: views::View,
-        <V::Object as kube::Resource>::DynamicType: Default,
-    {
-        let me = self.clone();
-        pipeline.watch_view(
-            Api::all(self.client.clone()),
-            watcher::Config::default().page_size(500),
-            NEEDS,
-            move |change| {
-                let work = apply(&mut me.index(), change);
-                for key in work {
-                    me.queue.add(key, 0);
-                }
-            },
-        );
     }
 
     async fn stop(&self, pipeline: Pipeline) {
         pipeline.stop().await;
         tracing::info!("CSI resizer stopped");
-    }
-
-    async fn resyncer(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.config.resync) => {}
-            }
-            let keys = self.index().claim_keys();
-            for key in keys {
-                self.queue.add(key, 0);
-            }
-        }
     }
 
     fn memo<T>(&self, key: &str, f: impl FnOnce(&mut Memo) -> T) -> T {

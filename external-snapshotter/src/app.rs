@@ -102,16 +102,6 @@ async fn group_snapshots_offered(
     }
 }
 
-/// How this sidecar greets its driver: every call bounded by `--timeout`.
-pub fn greeting(cli: &Cli) -> Greeting<'_> {
-    Greeting {
-        csi_address: &cli.common.csi.csi_address,
-        probe_timeout: cli.timeout,
-        identity_timeout: cli.timeout,
-        max_log_length: -1,
-    }
-}
-
 /// `NODE_NAME` with `--node-deployment`.
 fn node_name(cli: &Cli) -> Result<Option<String>, AppError> {
     if !cli.node_deployment {
@@ -138,8 +128,9 @@ impl Sidecar for Snapshotter {
         &cli.common
     }
 
+    /// Every call bounded by `--timeout`.
     fn greeting(cli: &Cli) -> Greeting<'_> {
-        greeting(cli)
+        Greeting::bounded_by(&cli.common.csi.csi_address, cli.timeout)
     }
 
     /// The command line, and `NODE_NAME` with `--node-deployment`.

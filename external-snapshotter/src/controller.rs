@@ -309,9 +309,19 @@ impl Controller {
                 async move { me.sync_group(&item.key).await }
             });
         }
-        if !self.config.resync.is_zero() {
-            pipeline.spawn(self.clone().resyncer(shutdown.clone()));
-        }
+        let me = self.clone();
+        pipeline.every(self.config.resync, move || {
+            let (names, groups) = {
+                let index = me.index();
+                (index.content_names(), index.group_content_names())
+            };
+            for name in names {
+                me.queue.add(name, 0);
+            }
+            for name in groups {
+                me.group_queue.add(name, 0);
+            }
+        });
         shutdown.cancelled().await;
         self.stop(pipeline).await;
     }
@@ -319,25 +329,6 @@ impl Controller {
     async fn stop(&self, pipeline: Pipeline) {
         pipeline.stop().await;
         tracing::info!("CSI snapshotter stopped");
-    }
-
-    async fn resyncer(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.config.resync) => {}
-            }
-            let (names, groups) = {
-                let index = self.index();
-                (index.content_names(), index.group_content_names())
-            };
-            for name in names {
-                self.queue.add(name, 0);
-            }
-            for name in groups {
-                self.group_queue.add(name, 0);
-            }
-        }
     }
 
     /// Takes up the CreateSnapshot calls a previous leader (or this process before a restart)

@@ -7,7 +7,8 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -101,6 +102,27 @@ impl Relist {
     }
 }
 
+/// A controller fed by its watches: each change goes through its index, which answers with the
+/// work it finds, and the work into its queues. [`Pipeline::feed`] and
+/// [`Pipeline::feed_view`] wire a kind's watch to it.
+pub trait Fed: Send + Sync + 'static {
+    type Index;
+    type Work;
+    /// The client the watches list and watch with.
+    fn client(&self) -> &kube::Client;
+    /// The fields it reads of the process's shared views.
+    fn needs(&self) -> Needs;
+    /// The watches' settings (their page size).
+    fn watch_config(&self) -> watcher::Config {
+        watcher::Config::default()
+    }
+    fn index(&self) -> MutexGuard<'_, Self::Index>;
+    fn enqueue(&self, work: Vec<Self::Work>);
+}
+
+/// How a fed controller's index takes a change of `T`: the work it finds.
+pub type Apply<C, T> = fn(&mut <C as Fed>::Index, Change<&T>) -> Vec<<C as Fed>::Work>;
+
 /// Watches (through a [`WatchHub`], shared with the other controllers of the process or not),
 /// and the workers started once every watch has synced.
 pub struct Pipeline {
@@ -111,6 +133,8 @@ pub struct Pipeline {
     synced_rx: mpsc::Receiver<()>,
     expected: usize,
     stops: Vec<Box<dyn FnOnce() + Send>>,
+    /// Cancelled when the pipeline stops: ends its periodic tasks.
+    stopping: CancellationToken,
 }
 
 impl Default for Pipeline {
@@ -136,6 +160,7 @@ impl Pipeline {
             synced_rx,
             expected: 0,
             stops: Vec::new(),
+            stopping: CancellationToken::new(),
         }
     }
 
@@ -198,6 +223,42 @@ impl Pipeline {
         ));
     }
 
+    /// Watches every object of `K` (cluster-wide) into `controller`'s index, and the work it
+    /// finds into its queues.
+    pub fn feed<K, C: Fed>(&mut self, controller: &Arc<C>, apply: Apply<C, K>)
+    where
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        let me = controller.clone();
+        self.watch(
+            Api::<K>::all(controller.client().clone()),
+            controller.watch_config(),
+            move |change| {
+                let work = apply(&mut me.index(), change);
+                me.enqueue(work);
+            },
+        );
+    }
+
+    /// [`feed`](Self::feed) of the process's shared views of a kind.
+    pub fn feed_view<C: Fed, V>(&mut self, controller: &Arc<C>, apply: Apply<C, Arc<V>>)
+    where
+        V: View,
+        <V::Object as kube::Resource>::DynamicType: Default,
+    {
+        let me = controller.clone();
+        self.watch_view(
+            Api::all(controller.client().clone()),
+            controller.watch_config(),
+            controller.needs(),
+            move |change| {
+                let work = apply(&mut me.index(), change);
+                me.enqueue(work);
+            },
+        );
+    }
+
     /// Waits until every watch has listed once; `false` if `shutdown` came first.
     pub async fn wait_synced(&mut self, shutdown: &CancellationToken) -> bool {
         for _ in 0..self.expected {
@@ -239,6 +300,26 @@ impl Pipeline {
         self.stops.push(Box::new(move || queue.shut_down()));
     }
 
+    /// Calls `tick` every `period` (first after one period) until the pipeline stops; never
+    /// with a zero `period` (a resync turned off).
+    pub fn every<F>(&mut self, period: Duration, mut tick: F)
+    where
+        F: FnMut() + Send + 'static,
+    {
+        if period.is_zero() {
+            return;
+        }
+        let stopping = self.stopping.clone();
+        self.workers.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stopping.cancelled() => return,
+                    _ = tokio::time::sleep(period) => tick(),
+                }
+            }
+        });
+    }
+
     /// Runs `task` beside the workers until the pipeline stops (periodic work).
     pub fn spawn<Fut>(&mut self, task: Fut)
     where
@@ -250,6 +331,7 @@ impl Pipeline {
     /// Stops taking work: queues shut down, watches end, and the workers finish the operation
     /// they are in.
     pub async fn stop(mut self) {
+        self.stopping.cancel();
         for stop in self.stops.drain(..) {
             stop();
         }

@@ -53,6 +53,19 @@ pub struct Greeting<'a> {
     pub max_log_length: i64,
 }
 
+impl<'a> Greeting<'a> {
+    /// Every call bounded by one `timeout`, every response logged whole: how most sidecars
+    /// greet their driver (with their `--timeout`).
+    pub fn bounded_by(csi_address: &'a str, timeout: Duration) -> Self {
+        Self {
+            csi_address,
+            probe_timeout: timeout,
+            identity_timeout: timeout,
+            max_log_length: -1,
+        }
+    }
+}
+
 /// A driver that answered: its client and its name.
 pub struct Driver {
     pub csi: CsiClient,
