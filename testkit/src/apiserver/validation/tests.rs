@@ -1,0 +1,134 @@
+use super::*;
+use crate::apiserver::registry::Registry;
+
+fn kind(r: &Registry, plural: &str) -> Kind {
+    r.get(r.core(plural).unwrap()).clone()
+}
+
+#[test]
+fn claim_storage_request_must_be_positive() {
+    let r = Registry::builtin();
+    let k = kind(&r, "persistentvolumeclaims");
+    let pvc = json!({"metadata": {"name": "c", "namespace": "n"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "-1"}}}});
+    let errs = validate_create(&k, &pvc, &FeatureGates::default());
+    assert_eq!(errs.len(), 1);
+    assert_eq!(
+        errs[0].to_string(),
+        "spec.resources[storage]: Invalid value: \"-1\": must be greater than zero"
+    );
+    let e = invalid(&k, "c", &errs);
+    assert_eq!(
+        e.message,
+        "PersistentVolumeClaim \"c\" is invalid: spec.resources[storage]: Invalid value: \"-1\": must be greater than zero"
+    );
+    let none = json!({"metadata": {"name": "c"}, "spec": {}});
+    let errs = validate_create(&k, &none, &FeatureGates::default());
+    let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        text,
+        [
+            "spec.accessModes: Required value: at least 1 access mode is required",
+            "spec.resources[storage]: Required value"
+        ]
+    );
+    let e = invalid(&k, "c", &errs);
+    assert!(e.message.contains(": [spec.accessModes"), "{}", e.message);
+}
+
+#[test]
+fn claim_spec_is_immutable_but_volume_name_is_set_once() {
+    let r = Registry::builtin();
+    let k = kind(&r, "persistentvolumeclaims");
+    let old = json!({"metadata": {"name": "c", "resourceVersion": "1"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+                 "storageClassName": "a"}});
+    let mut bind = old.clone();
+    bind["spec"]["volumeName"] = json!("pv");
+    assert!(validate_update(&k, &bind, &old, false, &FeatureGates::default()).is_empty());
+    let mut grow = old.clone();
+    grow["spec"]["resources"]["requests"]["storage"] = json!("1024Mi");
+    assert!(validate_update(&k, &grow, &old, false, &FeatureGates::default()).is_empty());
+    let mut class = old.clone();
+    class["spec"]["storageClassName"] = json!("b");
+    let errs = validate_update(&k, &class, &old, false, &FeatureGates::default());
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].field, "spec");
+    assert_eq!(errs[0].kind, ErrorType::Forbidden);
+    assert!(errs[0].detail.starts_with("spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims\n"));
+}
+
+#[test]
+fn volume_source_is_immutable() {
+    let r = Registry::builtin();
+    let k = kind(&r, "persistentvolumes");
+    let old = json!({"metadata": {"name": "v"}, "spec": {"accessModes": ["ReadWriteOnce"],
+        "capacity": {"storage": "1Gi"}, "csi": {"driver": "d.example.com", "volumeHandle": "h"}}});
+    assert!(validate_create(&k, &old, &FeatureGates::default()).is_empty());
+    let mut new = old.clone();
+    new["spec"]["csi"]["volumeHandle"] = json!("other");
+    let errs = validate_update(&k, &new, &old, false, &FeatureGates::default());
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].field, "spec.persistentvolumesource");
+    let mut expand = old.clone();
+    expand["spec"]["csi"]["controllerExpandSecretRef"] = json!({"name": "s", "namespace": "n"});
+    assert!(validate_update(&k, &expand, &old, false, &FeatureGates::default()).is_empty());
+    let none = json!({"metadata": {"name": "v"}, "spec": {}});
+    let text: Vec<String> = validate_create(&k, &none, &FeatureGates::default())
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        text,
+        [
+            "spec.accessModes: Required value",
+            "spec.capacity: Required value",
+            "spec.capacity: Unsupported value: null: supported values: \"storage\"",
+            "spec: Required value: must specify a volume type"
+        ]
+    );
+}
+
+#[test]
+fn events_must_be_in_their_objects_namespace() {
+    let r = Registry::builtin();
+    let k = kind(&r, "events");
+    let ev = json!({"metadata": {"name": "e", "namespace": "ns"},
+        "involvedObject": {"kind": "ConfigMap", "name": "c"}});
+    let errs = validate_create(&k, &ev, &FeatureGates::default());
+    assert_eq!(
+        errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["involvedObject.namespace: Invalid value: \"\": does not match event.namespace"]
+    );
+    let mut ok = ev.clone();
+    ok["involvedObject"]["namespace"] = json!("ns");
+    assert!(validate_create(&k, &ok, &FeatureGates::default()).is_empty());
+    let mut default_ns = ev.clone();
+    default_ns["metadata"]["namespace"] = json!("default");
+    assert!(validate_create(&k, &default_ns, &FeatureGates::default()).is_empty());
+}
+
+#[test]
+fn attachment_spec_is_immutable() {
+    let r = Registry::builtin();
+    let id = r
+        .lookup("storage.k8s.io", "v1", "volumeattachments")
+        .unwrap();
+    let k = r.get(id).clone();
+    let old = json!({"metadata": {"name": "va"}, "spec": {"attacher": "d.example.com",
+        "nodeName": "n", "source": {"persistentVolumeName": "pv"}}});
+    assert!(validate_create(&k, &old, &FeatureGates::default()).is_empty());
+    let mut new = old.clone();
+    new["spec"]["nodeName"] = json!("m");
+    let errs = validate_update(&k, &new, &old, false, &FeatureGates::default());
+    assert_eq!(
+        errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "spec: Invalid value: {\"Attacher\":\"d.example.com\",\"Source\":{\"PersistentVolumeName\":\"pv\",\"InlineVolumeSpec\":null},\"NodeName\":\"m\"}: field is immutable"
+        ]
+    );
+    assert_eq!(
+        invalid(&k, "va", &errs).message.split(':').next(),
+        Some("VolumeAttachment.storage.k8s.io \"va\" is invalid")
+    );
+}
