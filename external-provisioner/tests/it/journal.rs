@@ -292,21 +292,35 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
         max: Duration::from_secs(60),
     };
     env.launch(config);
+    // Every answer is lost until the crash: on a real cluster a claim's update (the
+    // controller-manager's annotations) makes the provisioner try a claim again at once, so
+    // counting calls would not tell that each claim has had its call.
     env.mock
         .faults()
-        .lose_answers(CREATE_VOLUME, 3, Code::DeadlineExceeded);
+        .lose_answers(CREATE_VOLUME, 1000, Code::DeadlineExceeded);
     let mut uid = std::collections::HashMap::new();
     for name in ["alice", "bob", "carol"] {
         let claim = env.create_claim(name, &class, json!({})).await;
         uid.insert(name, claim.metadata.uid.unwrap());
     }
     let calls = env.mock.calls().clone();
-    eventually("three unanswered CreateVolume calls", || {
-        let n = calls.count(CREATE_VOLUME);
-        async move { (n >= 3).then_some(()) }
+    let wanted: std::collections::BTreeSet<String> =
+        uid.values().map(|uid| format!("pvc-{uid}")).collect();
+    eventually("an unanswered CreateVolume call for each claim", || {
+        let named: std::collections::BTreeSet<String> = calls
+            .of(CREATE_VOLUME)
+            .iter()
+            .filter_map(|call| {
+                let request: serde_json::Value = serde_json::from_str(&call.request).ok()?;
+                request["name"].as_str().map(str::to_string)
+            })
+            .collect();
+        let all = wanted.is_subset(&named);
+        async move { all.then_some(()) }
     })
     .await;
     env.crash().await;
+    env.mock.faults().lose_answers(CREATE_VOLUME, 0, Code::Ok);
     let (genuine, bad) = journal::decode::<journal::Intent>(&entries(&env).await);
     assert!(bad.is_empty());
     let intent = |name: &str| {
