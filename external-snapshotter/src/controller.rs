@@ -36,6 +36,9 @@ use crate::model::{
 
 mod groups;
 mod intents;
+mod kinds;
+
+use kinds::{Groups, Snapshots};
 
 pub use groups::{GROUP_QUEUE, GroupIntent, GroupNaming};
 
@@ -370,80 +373,22 @@ impl Controller {
             Plan::Delete { handle } => self.delete(content, handle).await.map(|()| true),
             Plan::Create => self.create(content, class).await,
             Plan::Check { handle } => self.check(content, class, &handle).await,
-            Plan::Ready => self.remove_being_created(content).await.map(|_| true),
+            Plan::Ready => self
+                .remove_being_created::<Snapshots>(content)
+                .await
+                .map(|_| true),
             Plan::Nothing => Ok(true),
         };
         match outcome {
             Err(failure) => {
-                self.report(content, &failure).await;
+                self.report::<Snapshots>(content, &failure).await;
                 Err(failure)
             }
             ok => ok,
         }
     }
 
-    /// The failure's Event, and its status error when it has one (each message written once).
-    async fn report(&self, content: &Content, failure: &Failure) {
-        let Some((reason, message)) = &failure.event else {
-            return;
-        };
-        self.events
-            .record(content.object_ref(), EventType::Warning, reason, message);
-        if !failure.status {
-            return;
-        }
-        let current = self.index().view(&content.name).map(|(c, _)| c);
-        let status = current.as_ref().unwrap_or(content).status.as_ref();
-        if let Some(patch) = decide::error_patch(status, message, &now())
-            && let Err(err) = self.patch_status(&content.name, &patch).await
-        {
-            tracing::info!(content = %content.name, error = %api_message(&err), "cannot write the error status");
-        }
-    }
-
     // --- writes ---
-
-    async fn patch_status(
-        &self,
-        name: &str,
-        patch: &serde_json::Value,
-    ) -> Result<Content, kube::Error> {
-        let written = self
-            .contents
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
-        self.index().store(&written);
-        Ok(Content::from_api(&written))
-    }
-
-    async fn patch_metadata<P: Serialize + std::fmt::Debug>(
-        &self,
-        name: &str,
-        patch: &Patch<P>,
-    ) -> Result<Content, kube::Error> {
-        let written = self
-            .contents
-            .patch(name, &PatchParams::default(), patch)
-            .await?;
-        self.index().store(&written);
-        Ok(Content::from_api(&written))
-    }
-
-    async fn remove_being_created(&self, content: &Content) -> Result<Content, Failure> {
-        if !content.being_created {
-            return Ok(content.clone());
-        }
-        let patch = serde_json::json!({"metadata": {"annotations": {model::BEING_CREATED: null}}});
-        self.patch_metadata(&content.name, &Patch::Merge(&patch))
-            .await
-            .map_err(|err| {
-                Failure::quiet(format!(
-                    "failed to remove VolumeSnapshotBeingCreated annotation on the content {}: {}",
-                    content.name,
-                    api_message(&err)
-                ))
-            })
-    }
 
     async fn secret(
         &self,
@@ -514,7 +459,7 @@ impl Controller {
         } else {
             let patch =
                 serde_json::json!({"metadata": {"annotations": {model::BEING_CREATED: "yes"}}});
-            self.patch_metadata(&content.name, &Patch::Merge(&patch))
+            self.patch_metadata::<Snapshots, _>(&content.name, &Patch::Merge(&patch))
                 .await
                 .map_err(|err| {
                     let cause = format!(
@@ -553,7 +498,7 @@ impl Controller {
                 tracing::info!(content = %content.name, error = %go_error(&status), "CreateSnapshot failed");
                 if decide::is_final(Some(status.code())) {
                     // Nothing is being cut: the content may be deleted, the intent is done.
-                    self.remove_being_created(&content).await?;
+                    self.remove_being_created::<Snapshots>(&content).await?;
                     self.forget(&content.name);
                 }
                 return Err(fail(format!(
@@ -566,7 +511,7 @@ impl Controller {
         tracing::debug!(content = %content.name, handle = %answer.handle, ready = answer.ready, "CreateSnapshot answered");
         let updated = match decide::status_patch(content.status.as_ref(), &answer, now_ns()) {
             None => content.clone(),
-            Some(patch) => match self.patch_status(&content.name, &patch).await {
+            Some(patch) => match self.patch_status::<Snapshots>(&content.name, &patch).await {
                 Ok(updated) => updated,
                 Err(err) if api_code(&err) == Some(404) => {
                     // The content went away while the driver cut the snapshot: nothing will
@@ -585,7 +530,7 @@ impl Controller {
             },
         };
         self.forget(&content.name);
-        self.remove_being_created(&updated).await?;
+        self.remove_being_created::<Snapshots>(&updated).await?;
         if answer.ready {
             self.ready_after_calls(&content.name);
         }
@@ -751,7 +696,7 @@ impl Controller {
             ..answer
         };
         if let Some(patch) = decide::status_patch(content.status.as_ref(), &answer, now_ns()) {
-            self.patch_status(&content.name, &patch)
+            self.patch_status::<Snapshots>(&content.name, &patch)
                 .await
                 .map_err(|err| {
                     fail(format!(
@@ -813,7 +758,7 @@ impl Controller {
                 })?;
             tracing::info!(content = %content.name, %handle, "snapshot deleted");
             content = self
-                .patch_status(&content.name, &decide::cleared_status_patch())
+                .patch_status::<Snapshots>(&content.name, &decide::cleared_status_patch())
                 .await
                 .map_err(|err| {
                     error(
@@ -827,7 +772,7 @@ impl Controller {
                 })?;
         }
         if let Some(patch) = decide::finalizer_removal(&content) {
-            self.patch_metadata(
+            self.patch_metadata::<Snapshots, _>(
                 &content.name,
                 &Patch::<()>::Json(
                     serde_json::from_value(patch).map_err(|e| Failure::quiet(e.to_string()))?,

@@ -10,14 +10,13 @@ use csi_proto::v1::{
     CreateVolumeGroupSnapshotRequest, DeleteVolumeGroupSnapshotRequest,
     GetVolumeGroupSnapshotRequest,
 };
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use serde::{Deserialize, Serialize};
 use sidecar_kit::csi::go_error;
-use sidecar_kit::events::EventType;
 use sidecar_kit::kube::{api_code, api_message};
 use tonic::Status;
 
-use super::{Controller, Failure, lock, now, now_ns};
+use super::{Controller, Failure, Groups, lock, now_ns};
 use crate::decide::{self, GroupAnswer, GroupPlan};
 use crate::journal;
 use crate::model::{self, GroupClass, GroupContent, SecretRef, SnapshotInfo};
@@ -122,76 +121,15 @@ impl Controller {
                 handle,
                 snapshot_ids,
             } => self.check_group(content, class, handle, snapshot_ids).await,
-            GroupPlan::Ready => self.remove_group_being_created(content).await.map(|_| true),
+            GroupPlan::Ready => self
+                .remove_being_created::<Groups>(content)
+                .await
+                .map(|_| true),
         };
         if let Err(failure) = &outcome {
-            self.report_group(content, failure).await;
+            self.report::<Groups>(content, failure).await;
         }
         outcome
-    }
-
-    async fn report_group(&self, content: &GroupContent, failure: &Failure) {
-        let Some((reason, message)) = &failure.event else {
-            return;
-        };
-        self.events
-            .record(content.object_ref(), EventType::Warning, reason, message);
-        if !failure.status {
-            return;
-        }
-        let current = self.index().group_view(&content.name).map(|(c, _)| c);
-        let status = current.as_ref().unwrap_or(content).status.as_ref();
-        if let Some(patch) = decide::group_error_patch(status, message, &now())
-            && let Err(err) = self.patch_group_status(&content.name, &patch).await
-        {
-            tracing::info!(group_content = %content.name, error = %api_message(&err), "cannot write the error status");
-        }
-    }
-
-    async fn patch_group_status(
-        &self,
-        name: &str,
-        patch: &serde_json::Value,
-    ) -> Result<GroupContent, kube::Error> {
-        let written = self
-            .group_contents
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
-        self.index().group_store(&written);
-        Ok(GroupContent::from_api(&written))
-    }
-
-    async fn patch_group_metadata<P: Serialize + std::fmt::Debug>(
-        &self,
-        name: &str,
-        patch: &Patch<P>,
-    ) -> Result<GroupContent, kube::Error> {
-        let written = self
-            .group_contents
-            .patch(name, &PatchParams::default(), patch)
-            .await?;
-        self.index().group_store(&written);
-        Ok(GroupContent::from_api(&written))
-    }
-
-    async fn remove_group_being_created(
-        &self,
-        content: &GroupContent,
-    ) -> Result<GroupContent, Failure> {
-        if !content.being_created {
-            return Ok(content.clone());
-        }
-        let patch =
-            serde_json::json!({"metadata": {"annotations": {model::GROUP_BEING_CREATED: null}}});
-        self.patch_group_metadata(&content.name, &Patch::Merge(&patch))
-            .await
-            .map_err(|err| {
-                Failure::quiet(format!(
-                    "failed to remove VolumeGroupSnapshotBeingCreated annotation on the group snapshot content {}: {}",
-                    content.name,
-                    api_message(&err)
-                ))
-            })
     }
 
     /// The request of a CreateVolumeGroupSnapshot for `content`.
@@ -284,7 +222,7 @@ impl Controller {
             content.clone()
         } else {
             let patch = serde_json::json!({"metadata": {"annotations": {model::GROUP_BEING_CREATED: "yes"}}});
-            self.patch_group_metadata(&content.name, &Patch::Merge(&patch))
+            self.patch_metadata::<Groups, _>(&content.name, &Patch::Merge(&patch))
                 .await
                 .map_err(|err| {
                     fail(format!(
@@ -320,7 +258,7 @@ impl Controller {
             Err(status) => {
                 tracing::info!(group_content = %content.name, error = %go_error(&status), "CreateVolumeGroupSnapshot failed");
                 if decide::is_final(Some(status.code())) {
-                    self.remove_group_being_created(&content).await?;
+                    self.remove_being_created::<Groups>(&content).await?;
                     self.forget_group(&content.name);
                 }
                 return Err(fail(format!(
@@ -333,7 +271,7 @@ impl Controller {
         tracing::debug!(group_content = %content.name, handle = %answer.handle, ready = answer.ready, "CreateVolumeGroupSnapshot answered");
         let updated = match decide::group_status_patch(content.status.as_ref(), &answer, now_ns()) {
             None => content.clone(),
-            Some(patch) => match self.patch_group_status(&content.name, &patch).await {
+            Some(patch) => match self.patch_status::<Groups>(&content.name, &patch).await {
                 Ok(updated) => updated,
                 Err(err) if api_code(&err) == Some(404) => {
                     self.discard_group(&content.name, &intent, &answer).await?;
@@ -349,7 +287,7 @@ impl Controller {
             },
         };
         self.forget_group(&content.name);
-        self.remove_group_being_created(&updated).await?;
+        self.remove_being_created::<Groups>(&updated).await?;
         Ok(answer.ready)
     }
 
@@ -427,7 +365,7 @@ impl Controller {
         }
         if let Some(patch) = decide::group_status_patch(content.status.as_ref(), &answer, now_ns())
         {
-            self.patch_group_status(&content.name, &patch)
+            self.patch_status::<Groups>(&content.name, &patch)
                 .await
                 .map_err(|err| {
                     fail(format!(
@@ -493,7 +431,7 @@ impl Controller {
                 })?;
             tracing::info!(group_content = %content.name, %handle, "group snapshot deleted");
             content = self
-                .patch_group_status(&content.name, &decide::cleared_group_status_patch())
+                .patch_status::<Groups>(&content.name, &decide::cleared_group_status_patch())
                 .await
                 .map_err(|err| {
                     error(
@@ -507,7 +445,7 @@ impl Controller {
                 })?;
         }
         if let Some(patch) = decide::group_finalizer_removal(&content) {
-            self.patch_group_metadata(
+            self.patch_metadata::<Groups, _>(
                 &content.name,
                 &Patch::<()>::Json(
                     serde_json::from_value(patch).map_err(|e| Failure::quiet(e.to_string()))?,
