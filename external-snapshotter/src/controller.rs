@@ -720,11 +720,8 @@ impl Controller {
     // --- deletion ---
 
     async fn delete(&self, content: &Content, handle: Option<String>) -> Result<(), Failure> {
-        let error = |message: String, event: &str| Failure {
-            message,
-            event: Some((decide::DELETE_ERROR, event.to_string())),
-            status: false,
-        };
+        let error =
+            |message: String, event: &str| Failure::deleting(decide::DELETE_ERROR, message, event);
         let mut content = content.clone();
         if let Some(handle) = handle {
             let secret_ref = decide::content_secret(&content)
@@ -758,34 +755,12 @@ impl Controller {
                 })?;
             tracing::info!(content = %content.name, %handle, "snapshot deleted");
             content = self
-                .patch_status::<Snapshots>(&content.name, &decide::cleared_status_patch())
-                .await
-                .map_err(|err| {
-                    error(
-                        format!(
-                            "snapshot controller failed to update {} on API server: {}",
-                            content.name,
-                            api_message(&err)
-                        ),
-                        "Failed to clear content status",
-                    )
-                })?;
+                .clear_status::<Snapshots>(&content.name, &decide::cleared_status_patch())
+                .await?;
         }
         if let Some(patch) = decide::finalizer_removal(&content) {
-            self.patch_metadata::<Snapshots, _>(
-                &content.name,
-                &Patch::<()>::Json(
-                    serde_json::from_value(patch).map_err(|e| Failure::quiet(e.to_string()))?,
-                ),
-            )
-            .await
-            .map_err(|err| {
-                Failure::quiet(format!(
-                    "snapshot controller failed to update {} on API server: {}",
-                    content.name,
-                    api_message(&err)
-                ))
-            })?;
+            self.remove_finalizer::<Snapshots>(&content.name, patch)
+                .await?;
             tracing::debug!(content = %content.name, "removed the protection finalizer");
         }
         self.events.forget_object(&content.uid);

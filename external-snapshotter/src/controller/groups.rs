@@ -384,10 +384,8 @@ impl Controller {
         handle: Option<String>,
         snapshot_ids: Vec<String>,
     ) -> Result<(), Failure> {
-        let error = |message: String, event: &str| Failure {
-            message,
-            event: Some((decide::GROUP_DELETE_ERROR, event.to_string())),
-            status: false,
+        let error = |message: String, event: &str| {
+            Failure::deleting(decide::GROUP_DELETE_ERROR, message, event)
         };
         let mut content = content.clone();
         if let Some(handle) = handle {
@@ -431,34 +429,12 @@ impl Controller {
                 })?;
             tracing::info!(group_content = %content.name, %handle, "group snapshot deleted");
             content = self
-                .patch_status::<Groups>(&content.name, &decide::cleared_group_status_patch())
-                .await
-                .map_err(|err| {
-                    error(
-                        format!(
-                            "snapshot controller failed to update {} on API server: {}",
-                            content.name,
-                            api_message(&err)
-                        ),
-                        "Failed to clear content status",
-                    )
-                })?;
+                .clear_status::<Groups>(&content.name, &decide::cleared_group_status_patch())
+                .await?;
         }
         if let Some(patch) = decide::group_finalizer_removal(&content) {
-            self.patch_metadata::<Groups, _>(
-                &content.name,
-                &Patch::<()>::Json(
-                    serde_json::from_value(patch).map_err(|e| Failure::quiet(e.to_string()))?,
-                ),
-            )
-            .await
-            .map_err(|err| {
-                Failure::quiet(format!(
-                    "snapshot controller failed to update {} on API server: {}",
-                    content.name,
-                    api_message(&err)
-                ))
-            })?;
+            self.remove_finalizer::<Groups>(&content.name, patch)
+                .await?;
             tracing::debug!(group_content = %content.name, "removed the protection finalizer");
         }
         self.events.forget_object(&content.uid);

@@ -18,6 +18,8 @@ pub(super) trait ContentKind {
     const BEING_CREATED: &'static str;
     /// The annotation and the object, as the error of the annotation's removal names them.
     const BEING_CREATED_ON: &'static str;
+    /// The reason of the Events about a failed deletion.
+    const DELETE_ERROR: &'static str;
 
     fn api(controller: &Controller) -> &Api<Self::Object>;
     fn store(index: &mut Index, object: &Self::Object);
@@ -41,6 +43,7 @@ impl ContentKind for Snapshots {
     type Content = Content;
     const BEING_CREATED: &'static str = model::BEING_CREATED;
     const BEING_CREATED_ON: &'static str = "VolumeSnapshotBeingCreated annotation on the content";
+    const DELETE_ERROR: &'static str = decide::DELETE_ERROR;
 
     fn api(controller: &Controller) -> &Api<VolumeSnapshotContent> {
         &controller.contents
@@ -88,6 +91,7 @@ impl ContentKind for Groups {
     const BEING_CREATED: &'static str = model::GROUP_BEING_CREATED;
     const BEING_CREATED_ON: &'static str =
         "VolumeGroupSnapshotBeingCreated annotation on the group snapshot content";
+    const DELETE_ERROR: &'static str = decide::GROUP_DELETE_ERROR;
 
     fn api(controller: &Controller) -> &Api<VolumeGroupSnapshotContent> {
         &controller.group_contents
@@ -189,5 +193,52 @@ impl Controller {
                     api_message(&err)
                 ))
             })
+    }
+
+    /// After the driver deleted what the content stood for: its status cleared with `patch`.
+    pub(super) async fn clear_status<K: ContentKind>(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<K::Content, Failure> {
+        self.patch_status::<K>(name, patch).await.map_err(|err| {
+            Failure::deleting(
+                K::DELETE_ERROR,
+                format!(
+                    "snapshot controller failed to update {name} on API server: {}",
+                    api_message(&err)
+                ),
+                "Failed to clear content status",
+            )
+        })
+    }
+
+    /// Our protection finalizer removed with `patch` (a JSON patch).
+    pub(super) async fn remove_finalizer<K: ContentKind>(
+        &self,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<(), Failure> {
+        let patch = serde_json::from_value(patch).map_err(|e| Failure::quiet(e.to_string()))?;
+        self.patch_metadata::<K, ()>(name, &Patch::Json(patch))
+            .await
+            .map_err(|err| {
+                Failure::quiet(format!(
+                    "snapshot controller failed to update {name} on API server: {}",
+                    api_message(&err)
+                ))
+            })?;
+        Ok(())
+    }
+}
+
+impl Failure {
+    /// A step of a deletion that failed, with its Event of `reason` (never its status).
+    pub(super) fn deleting(reason: &'static str, message: String, event: &str) -> Self {
+        Self {
+            message,
+            event: Some((reason, event.to_string())),
+            status: false,
+        }
     }
 }
