@@ -7,6 +7,10 @@ use std::fmt;
 use clap::CommandFactory;
 use sidecar_kit::runtime::{Plug, Plugin};
 
+/// The node sidecars' names in `--controllers`, flag prefixes, health paths and logs.
+pub const LIVENESSPROBE: &str = "livenessprobe";
+pub const REGISTRAR: &str = "node-driver-registrar";
+
 /// A sidecar of the binary.
 pub struct Entry {
     kind: Kind,
@@ -70,8 +74,8 @@ impl Entry {
     pub fn name(&self) -> &'static str {
         match self.kind {
             Kind::Controller(plugin) => plugin.name(),
-            Kind::Livenessprobe => "livenessprobe",
-            Kind::Registrar => "node-driver-registrar",
+            Kind::Livenessprobe => LIVENESSPROBE,
+            Kind::Registrar => REGISTRAR,
         }
     }
 
@@ -79,7 +83,7 @@ impl Entry {
     pub fn binary(&self) -> &'static str {
         match self.kind {
             Kind::Controller(plugin) => plugin.binary(),
-            Kind::Livenessprobe => "livenessprobe",
+            Kind::Livenessprobe => LIVENESSPROBE,
             Kind::Registrar => "csi-node-driver-registrar",
         }
     }

@@ -15,7 +15,7 @@ use sidecar_kit::runtime::Parsed as ControllerCli;
 use sidecar_kit::watches::WatchHub;
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::Kind;
+use crate::registry::{Kind, LIVENESSPROBE, REGISTRAR};
 use route::CONSOLIDATED_FLAG;
 pub use route::{Ctl, Plan, RouteError, help, route};
 
@@ -56,8 +56,8 @@ impl Parsed {
     fn name(&self) -> &'static str {
         match self {
             Parsed::Controller(cli) => cli.name(),
-            Parsed::Livenessprobe(_) => "livenessprobe",
-            Parsed::Registrar(_) => "node-driver-registrar",
+            Parsed::Livenessprobe(_) => LIVENESSPROBE,
+            Parsed::Registrar(_) => REGISTRAR,
         }
     }
 
@@ -197,7 +197,7 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
     };
     let mut names: Vec<&str> = selection.controllers.iter().map(|c| c.name()).collect();
     if selection.livenessprobe.is_some() {
-        names.push("livenessprobe");
+        names.push(LIVENESSPROBE);
     }
     tracing::info!(sidecars = ?names, driver = %host.driver, "running in one process");
     let mut controllers = Vec::with_capacity(selection.controllers.len() + 1);
@@ -222,10 +222,7 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
     let mut checks = Vec::new();
     if let Some(cli) = selection.livenessprobe {
         if matches!(http, HttpPlan::Full(_)) {
-            checks.push((
-                "livenessprobe",
-                node::liveness_check(&cli, &host.metrics)?.1,
-            ));
+            checks.push((LIVENESSPROBE, node::liveness_check(&cli, &host.metrics)?.1));
         } else {
             controllers.push(node::liveness_on_own_port(cli));
         }

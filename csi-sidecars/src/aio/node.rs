@@ -10,9 +10,7 @@ use sidecar_kit::http::{self, Check, HttpServer, Routes};
 use tokio_util::sync::CancellationToken;
 
 use super::{AioError, Selection};
-
-const LIVENESSPROBE: &str = "livenessprobe";
-const REGISTRAR: &str = "node-driver-registrar";
+use crate::registry::{LIVENESSPROBE, REGISTRAR};
 
 /// The registrar's configuration, with its warnings logged; its exec-probe mode has no place
 /// in a process that runs.
