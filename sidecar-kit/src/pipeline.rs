@@ -367,4 +367,32 @@ mod tests {
         assert!(Arc::ptr_eq(&gone[0], &known[1]));
         assert_eq!(Arc::strong_count(&known[0]), 1, "let go once finished");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn periodic_work_ticks_each_period_until_the_pipeline_stops() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let mut pipeline = Pipeline::new();
+        let counter = ticks.clone();
+        pipeline.every(Duration::from_secs(10), move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let never = Arc::new(AtomicUsize::new(0));
+        let counter = never.clone();
+        pipeline.every(Duration::ZERO, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            ticks.load(Ordering::SeqCst),
+            0,
+            "first tick after one period"
+        );
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(ticks.load(Ordering::SeqCst), 3);
+        pipeline.stop().await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(ticks.load(Ordering::SeqCst), 3, "no tick after the stop");
+        assert_eq!(never.load(Ordering::SeqCst), 0, "a zero period never ticks");
+    }
 }
