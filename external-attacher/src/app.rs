@@ -5,15 +5,15 @@ use std::time::Duration;
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
-use sidecar_kit::csi::CsiClient;
-use sidecar_kit::events::Reporter;
-use sidecar_kit::flags::CommonFlags;
-use sidecar_kit::host::{Controller, HostError};
-use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::leader;
+use sidecar_kit::cluster::events::Reporter;
+use sidecar_kit::cluster::leader;
+use sidecar_kit::driver::csi::CsiClient;
+use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::pipeline::workqueue::Backoff;
+use sidecar_kit::process::flags::CommonFlags;
+use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{Setup, Sidecar};
-use sidecar_kit::startup::Greeting;
-use sidecar_kit::workqueue::Backoff;
 
 use crate::controller::{self, COMPONENT, Config, Reconcile};
 use crate::decide::Policy;
@@ -28,7 +28,7 @@ pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
-    Kube(#[from] sidecar_kit::kube::KubeError),
+    Kube(#[from] sidecar_kit::cluster::client::KubeError),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error(transparent)]
@@ -104,7 +104,7 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Co
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
         },
-        watches: sidecar_kit::watches::WatchHub::default(),
+        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
     }
 }
 
@@ -165,7 +165,7 @@ impl Sidecar for Attacher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sidecar_kit::flags::{FlagSyntax, parse_from};
+    use sidecar_kit::process::flags::{FlagSyntax, parse_from};
 
     fn cli(args: &[&str]) -> Cli {
         parse_from(

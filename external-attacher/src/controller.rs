@@ -11,12 +11,12 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::events::{EventType, Recorder, Reporter};
-use sidecar_kit::kube::{api_code, api_message};
+use sidecar_kit::cluster::client::{api_code, api_message};
+use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::pipeline::views::Needs;
+use sidecar_kit::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use sidecar_kit::pipeline::{Fed, Pipeline};
-use sidecar_kit::views::Needs;
-use sidecar_kit::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -55,7 +55,7 @@ pub struct Config {
     /// Who the Events say reported them.
     pub reporter: Reporter,
     /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::watches::WatchHub,
+    pub watches: sidecar_kit::pipeline::watches::WatchHub,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +82,7 @@ enum Failure {
     PvFinalizer(String),
     #[error("could not save VolumeAttachment: {0}")]
     SaveVa(String),
-    #[error("rpc error: code = {} desc = {}", sidecar_kit::metrics::code_label(.0.code()), .0.message())]
+    #[error("rpc error: code = {} desc = {}", sidecar_kit::process::metrics::code_label(.0.code()), .0.message())]
     Csi(tonic::Status),
     #[error("failed to mark as attached: {0}")]
     MarkAttached(String),
@@ -541,7 +541,7 @@ impl Controller {
                     }
                 }
                 Err(status) => tracing::warn!(
-                    code = sidecar_kit::metrics::code_label(status.code()),
+                    code = sidecar_kit::process::metrics::code_label(status.code()),
                     error = status.message(),
                     "failed to reconcile VolumeAttachments with ListVolumes"
                 ),

@@ -317,7 +317,8 @@ pub fn csi_access_mode<S: AsRef<str>>(
     modes: &[S],
     single_node_multi_writer: bool,
 ) -> Result<Mode, Problem> {
-    sidecar_kit::accessmodes::to_csi(modes, single_node_multi_writer).map_err(Problem::AccessModes)
+    sidecar_kit::values::accessmodes::to_csi(modes, single_node_multi_writer)
+        .map_err(Problem::AccessModes)
 }
 
 /// The VolumeCapability of a publish: block or mount (fsType, else `--default-fstype`; mount

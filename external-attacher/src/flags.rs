@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use sidecar_kit::flags::{CommonFlags, feature_gate_pairs, parse_go_duration};
+use sidecar_kit::process::flags::{CommonFlags, feature_gate_pairs, parse_go_duration};
 
 /// The feature gates upstream accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +116,7 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sidecar_kit::flags::{FlagSyntax, parse_from};
+    use sidecar_kit::process::flags::{FlagSyntax, parse_from};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         parse_from(

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use sidecar_kit::migration;
-use sidecar_kit::views::PvView;
-use sidecar_kit::viewtable::ViewTable;
+use sidecar_kit::pipeline::views::PvView;
+use sidecar_kit::pipeline::viewtable::ViewTable;
 
 use crate::decide::{self, NodeLookup};
 use crate::model::{self, NEEDS, Pv, Va, VaSource, csinode_node_id};

@@ -8,12 +8,15 @@ use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-use sidecar_kit::atom::{Atom, List};
 use sidecar_kit::migration;
-use sidecar_kit::views::{Needs, PvView};
+use sidecar_kit::pipeline::views::{Needs, PvView};
+use sidecar_kit::values::atom::{Atom, List};
 
 /// What this controller reads of the process's shared views.
-pub const NEEDS: Needs = Needs::ATTACHER;
+pub const NEEDS: Needs = Needs::PV_FINALIZERS
+    .union(Needs::CAPABILITY)
+    .union(Needs::PUBLISH)
+    .union(Needs::MIGRATED_TO);
 
 /// Annotation on the VolumeAttachment that remembers the node ID, for detaching after the
 /// node's CSINode is gone.
@@ -23,16 +26,16 @@ pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
 pub fn finalizer_name(driver: &str) -> String {
     format!(
         "external-attacher/{}",
-        sidecar_kit::leader::sanitize_name(driver)
+        sidecar_kit::cluster::leader::sanitize_name(driver)
     )
 }
 
 /// The leader election Lease name, as upstream names it.
 pub fn lease_name(driver: &str) -> String {
-    sidecar_kit::leader::sanitize_name(&format!("external-attacher-leader-{driver}"))
+    sidecar_kit::cluster::leader::sanitize_name(&format!("external-attacher-leader-{driver}"))
 }
 
-pub use sidecar_kit::views::SecretRef;
+pub use sidecar_kit::pipeline::views::SecretRef;
 
 /// `spec.csi` of a PersistentVolume (or of an inline volume spec).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -7,17 +7,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::events::Reporter;
-use sidecar_kit::flags::{CommonFlags, FlagSyntax};
-use sidecar_kit::host::{Controller, HostError};
-use sidecar_kit::http::{Reply, Routes};
-use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::kube::KubeconfigRule;
-use sidecar_kit::leader;
+use sidecar_kit::cluster::client::KubeconfigRule;
+use sidecar_kit::cluster::events::Reporter;
+use sidecar_kit::cluster::leader;
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::pipeline::workqueue::Backoff;
+use sidecar_kit::process::flags::{CommonFlags, FlagSyntax};
+use sidecar_kit::process::http::{Reply, Routes};
+use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{RouteHook, Setup, Sidecar};
-use sidecar_kit::startup::Greeting;
-use sidecar_kit::workqueue::Backoff;
 
 use crate::controller::{self, COMPONENT, Config};
 use crate::decide::{Capabilities, NodePolicy, Policy};
@@ -41,7 +41,7 @@ pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
-    Kube(#[from] sidecar_kit::kube::KubeError),
+    Kube(#[from] sidecar_kit::cluster::client::KubeError),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error("cannot register metrics: {0}")]
@@ -174,7 +174,7 @@ pub fn config(
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
         },
-        watches: sidecar_kit::watches::WatchHub::default(),
+        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
     }
 }
 
@@ -186,7 +186,7 @@ async fn served(
 ) -> Result<bool, kube::Error> {
     match client.list_api_group_resources(group_version).await {
         Ok(list) => Ok(list.resources.iter().any(|r| r.kind == kind)),
-        Err(err) if sidecar_kit::kube::api_code(&err) == Some(404) => Ok(false),
+        Err(err) if sidecar_kit::cluster::client::api_code(&err) == Some(404) => Ok(false),
         Err(err) => Err(err),
     }
 }
@@ -218,7 +218,7 @@ pub async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
                 match api.list(&kube::api::ListParams::default().limit(1)).await {
                     Ok(_) => true,
                     Err(err) => {
-                        tracing::info!(error = %sidecar_kit::kube::api_message(&err), "cannot list VolumeSnapshots: restores read them one by one and orphaned finalizers are not swept");
+                        tracing::info!(error = %sidecar_kit::cluster::client::api_message(&err), "cannot list VolumeSnapshots: restores read them one by one and orphaned finalizers are not swept");
                         false
                     }
                 }
@@ -386,7 +386,7 @@ pub fn pprof_routes(cli: &Cli) -> RouteHook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sidecar_kit::flags::{FlagSyntax, parse_from};
+    use sidecar_kit::process::flags::{FlagSyntax, parse_from};
 
     fn cli(args: &[&str]) -> Cli {
         parse_from(

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
-use sidecar_kit::names::fnv32a;
+use sidecar_kit::values::names::fnv32a;
 
 pub const DRIVER_NAME_LABEL: &str = "csi.storage.k8s.io/drivername";
 pub const MANAGED_BY_LABEL: &str = "csi.storage.k8s.io/managed-by";
@@ -407,7 +407,7 @@ impl Stored {
         let quantity = |field: &str| {
             data.get(field)
                 .and_then(Value::as_str)
-                .and_then(|q| sidecar_kit::quantity::parse(q).ok())
+                .and_then(|q| sidecar_kit::values::quantity::parse(q).ok())
         };
         let segment = match data.get("nodeTopology") {
             Some(Value::Object(selector)) => {
@@ -794,8 +794,10 @@ impl Tracker {
         if !self.desired(key) {
             return Plan::Skip;
         }
-        let capacity = sidecar_kit::quantity::format_binary(answer.available);
-        let maximum = answer.maximum.map(sidecar_kit::quantity::format_binary);
+        let capacity = sidecar_kit::values::quantity::format_binary(answer.available);
+        let maximum = answer
+            .maximum
+            .map(sidecar_kit::values::quantity::format_binary);
         let owner = self.config.owner.as_ref();
         let Some(stored) = self.holder(key) else {
             let mut labels = serde_json::Map::new();

@@ -14,13 +14,13 @@ use k8s_openapi::api::storage::v1::{
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::api::{ApiResource, DynamicObject};
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::events::{EventType, Recorder, Reporter};
-use sidecar_kit::kube::{api_code, api_message};
+use sidecar_kit::cluster::client::{api_code, api_message};
+use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::pipeline::views::Needs;
+use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use sidecar_kit::pipeline::{Fed, Pipeline};
-use sidecar_kit::shrink::ShrinkWhenSparse;
-use sidecar_kit::views::Needs;
-use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
+use sidecar_kit::values::shrink::ShrinkWhenSparse;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -100,7 +100,7 @@ pub struct Config {
     /// calls whose PV writes then wait for the main budget (`None`: the main client).
     pub journal_client: Option<kube::Client>,
     /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::watches::WatchHub,
+    pub watches: sidecar_kit::pipeline::watches::WatchHub,
 }
 
 /// A CreateVolume that has not been answered for sure: repeated with the identical request

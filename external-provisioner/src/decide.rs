@@ -151,7 +151,7 @@ pub fn volume_name(prefix: &str, uid: &str, length: i32) -> Result<String, Strin
     if uid.is_empty() {
         return Err("corrupted PVC object, it is missing UID".into());
     }
-    Ok(sidecar_kit::names::uid_name(prefix, uid, length))
+    Ok(sidecar_kit::values::names::uid_name(prefix, uid, length))
 }
 
 /// Whether the claim is one to provision now (upstream's `shouldProvision` and the checks that
@@ -572,7 +572,7 @@ fn check_capabilities(
 /// rules were looser (or a real cluster's fuzzed object) must not crash us.
 fn required_bytes(claim: &Claim) -> Result<i64, Failure> {
     let text = claim.request.as_deref().unwrap_or("0");
-    let bytes = sidecar_kit::quantity::parse(text)
+    let bytes = sidecar_kit::values::quantity::parse(text)
         .map_err(|e| Failure::new(State::Finished, format!("invalid storage request: {e}")))?;
     if bytes < 0 {
         return Err(Failure::new(
@@ -601,7 +601,7 @@ fn volume_capabilities(
     spec.access_modes
         .iter()
         .map(|mode| {
-            let mode = sidecar_kit::accessmodes::to_csi(
+            let mode = sidecar_kit::values::accessmodes::to_csi(
                 std::slice::from_ref(mode),
                 policy.caps.single_node_multi_writer,
             )?;
@@ -750,7 +750,7 @@ pub fn build_pv(policy: &Policy, prepared: &Prepared, volume: &CsiVolume) -> Cre
     let mut capacity_map = BTreeMap::new();
     capacity_map.insert(
         "storage".to_string(),
-        Quantity(sidecar_kit::quantity::format_binary(capacity)),
+        Quantity(sidecar_kit::values::quantity::format_binary(capacity)),
     );
     let pv = PersistentVolume {
         metadata: ObjectMeta {

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use sidecar_kit::atom::Atom;
+use sidecar_kit::pipeline::views::{ClaimView, PvView};
+use sidecar_kit::pipeline::viewtable::ViewTable;
 use sidecar_kit::pipeline::{Change, Relist};
-use sidecar_kit::shrink::ShrinkWhenSparse;
-use sidecar_kit::views::{ClaimView, PvView};
-use sidecar_kit::viewtable::ViewTable;
+use sidecar_kit::values::atom::Atom;
+use sidecar_kit::values::shrink::ShrinkWhenSparse;
 
 use crate::model::{self, Claim, Class, NEEDS, SourceKey, SourceKind, Volume};
 use crate::sources::{Grant, ReferenceGrant, Snapshot, VolumeSnapshot};

@@ -1,4 +1,4 @@
-//! What the provisioner records in the intent journal (`sidecar_kit::journal`) before its first
+//! What the provisioner records in the intent journal (`sidecar_kit::cluster::journal`) before its first
 //! CreateVolume for a claim: the claim, the whole request without secret values, where the
 //! secrets come from, and the PV to write. After a restart or a change of leader, every
 //! recorded intent is driven to a final state (the PV written, or the volume deleted when the
@@ -11,12 +11,12 @@
 //! dropped, never called.
 
 use serde::{Deserialize, Serialize};
-use sidecar_kit::journal::Owner;
+use sidecar_kit::cluster::journal::Owner;
 
 use crate::decide::{self, Policy, Prepared};
 use crate::model::Claim;
 
-pub use sidecar_kit::journal::{
+pub use sidecar_kit::cluster::journal::{
     Entries, Journal, JournalError, Location, REJECTED_REASON, decode, journal_name,
 };
 

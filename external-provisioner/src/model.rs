@@ -8,12 +8,15 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
-use sidecar_kit::atom::Atom;
 use sidecar_kit::migration;
-use sidecar_kit::views::{self, ClaimView, Needs, PvView};
+use sidecar_kit::pipeline::views::{self, ClaimView, Needs, PvView};
+use sidecar_kit::values::atom::Atom;
 
 /// What this controller reads of the process's shared views.
-pub const NEEDS: Needs = Needs::PROVISIONER;
+pub const NEEDS: Needs = Needs::CLAIM_REF
+    .union(Needs::PV_FINALIZERS)
+    .union(Needs::PROVISIONING)
+    .union(Needs::MIGRATED_TO);
 
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
@@ -32,7 +35,7 @@ pub const PROVISIONER_ID_KEY: &str = "storage.kubernetes.io/csiProvisionerIdenti
 
 /// The leader election Lease name, as upstream names it: the driver name with `/` replaced.
 pub fn lease_name(driver: &str) -> String {
-    sidecar_kit::leader::sanitize_name(&driver.replace('/', "-"))
+    sidecar_kit::cluster::leader::sanitize_name(&driver.replace('/', "-"))
 }
 
 fn name_of(meta: &ObjectMeta) -> String {
@@ -412,7 +415,7 @@ pub fn attachment_of(va: &VolumeAttachment) -> Option<(String, String)> {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sidecar_kit::views::LAST_APPLIED;
+    use sidecar_kit::pipeline::views::LAST_APPLIED;
 
     fn pvc(value: serde_json::Value) -> PersistentVolumeClaim {
         serde_json::from_value(value).unwrap()

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use sidecar_kit::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
+use sidecar_kit::values::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
 
 use crate::model::SecretRef;
 

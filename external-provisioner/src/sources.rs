@@ -363,14 +363,14 @@ pub fn check_content(
         )));
     };
     if let Some(restore_size) = &snapshot.restore_size {
-        let restore = sidecar_kit::quantity::parse(restore_size).unwrap_or(0);
+        let restore = sidecar_kit::values::quantity::parse(restore_size).unwrap_or(0);
         let Some(requested) = claim.request.as_deref() else {
             return Err(SourceError::fixed(format!(
                 "error getting capacity for PVC {} when creating snapshot {name}",
                 claim.name
             )));
         };
-        let requested = sidecar_kit::quantity::parse(requested).unwrap_or(0);
+        let requested = sidecar_kit::values::quantity::parse(requested).unwrap_or(0);
         if requested < restore {
             return Err(SourceError::fixed(format!(
                 "requested volume size {requested} is less than the size {restore} for the source snapshot {name}"
@@ -398,7 +398,7 @@ pub fn check_content(
                     "{ALLOW_VOLUME_MODE_CHANGE} annotation is not present on snapshotcontent {content_name}"
                 )));
             }
-            Some(value) => match sidecar_kit::flags::parse_go_bool(value) {
+            Some(value) => match sidecar_kit::process::flags::parse_go_bool(value) {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(denied(format!(
@@ -460,7 +460,7 @@ pub fn check_clone(
         )));
     }
     let bytes = |q: Option<&str>| {
-        q.and_then(|q| sidecar_kit::quantity::parse(q).ok())
+        q.and_then(|q| sidecar_kit::values::quantity::parse(q).ok())
             .unwrap_or(0)
     };
     let requested = bytes(claim.request.as_deref());

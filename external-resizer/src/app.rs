@@ -5,15 +5,15 @@
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
-use sidecar_kit::csi::CsiClient;
-use sidecar_kit::events::Reporter;
-use sidecar_kit::flags::CommonFlags;
-use sidecar_kit::host::{Controller, HostError};
-use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::leader;
+use sidecar_kit::cluster::events::Reporter;
+use sidecar_kit::cluster::leader;
+use sidecar_kit::driver::csi::CsiClient;
+use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::pipeline::workqueue::Backoff;
+use sidecar_kit::process::flags::CommonFlags;
+use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{Setup, Sidecar};
-use sidecar_kit::startup::Greeting;
-use sidecar_kit::workqueue::Backoff;
 
 use crate::controller::{self, COMPONENT, Config};
 use crate::decide::Policy;
@@ -25,7 +25,7 @@ pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
-    Kube(#[from] sidecar_kit::kube::KubeError),
+    Kube(#[from] sidecar_kit::cluster::client::KubeError),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error(transparent)]
@@ -123,7 +123,7 @@ pub fn config(
             component: format!("{COMPONENT} {driver}"),
             instance: instance.to_string(),
         },
-        watches: sidecar_kit::watches::WatchHub::default(),
+        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
     }
 }
 

@@ -17,12 +17,12 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::events::{EventType, Recorder, Reporter};
-use sidecar_kit::kube::{api_code, api_message};
+use sidecar_kit::cluster::client::{api_code, api_message};
+use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::pipeline::views::Needs;
+use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use sidecar_kit::pipeline::{Fed, Pipeline};
-use sidecar_kit::views::Needs;
-use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
@@ -56,7 +56,7 @@ pub struct Config {
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub reporter: Reporter,
     /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::watches::WatchHub,
+    pub watches: sidecar_kit::pipeline::watches::WatchHub,
 }
 
 /// The queue name, as upstream's (`<driver>-pvc`), in the workqueue metrics.
@@ -334,7 +334,12 @@ impl Controller {
         let Some(reference) = reference else {
             return Ok(BTreeMap::new());
         };
-        sidecar_kit::kube::fetch_secret(&self.client, &reference.namespace, &reference.name).await
+        sidecar_kit::cluster::client::fetch_secret(
+            &self.client,
+            &reference.namespace,
+            &reference.name,
+        )
+        .await
     }
 
     // --- expansion ---
@@ -440,7 +445,7 @@ impl Controller {
             match self.call_expand(pv, size).await {
                 Ok(answer) => answer,
                 Err(Ok(status)) => {
-                    let message = sidecar_kit::csi::go_error(&status);
+                    let message = sidecar_kit::driver::csi::go_error(&status);
                     self.expansion_failed(key, claim, status.code(), &message)
                         .await
                         .map_err(|e| {
@@ -765,7 +770,7 @@ impl Controller {
             }
             Err(status) => {
                 let code = status.code();
-                let mut message = sidecar_kit::csi::go_error(&status);
+                let mut message = sidecar_kit::driver::csi::go_error(&status);
                 let state = if decide::classify(code) == ErrorClass::InProgress {
                     message.push_str(&format!(". Still modifying to VAC {target}"));
                     self.memo(key, |m| m.modify_uncertain = true);
@@ -811,7 +816,8 @@ fn volume_capability(pv: &Pv, single_node_multi_writer: bool) -> Result<VolumeCa
             volume_mount_group: String::new(),
         })
     };
-    let mode = sidecar_kit::accessmodes::to_csi(&pv.access_modes, single_node_multi_writer)?;
+    let mode =
+        sidecar_kit::values::accessmodes::to_csi(&pv.access_modes, single_node_multi_writer)?;
     Ok(VolumeCapability {
         access_type: Some(access_type),
         access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),

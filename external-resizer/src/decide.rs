@@ -608,7 +608,7 @@ pub fn modify_status_patch(
             entries.push(modify_condition(
                 claim,
                 MODIFY_VOLUME_ERROR,
-                sidecar_kit::metrics::code_label(code),
+                sidecar_kit::process::metrics::code_label(code),
                 text,
                 now,
             ));

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use clap::Parser;
-use sidecar_kit::flags::{CommonFlags, feature_gate_pairs, parse_go_bool, parse_go_duration};
+use sidecar_kit::process::flags::{
+    CommonFlags, feature_gate_pairs, parse_go_bool, parse_go_duration,
+};
 
 /// The feature gates upstream accepts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,7 +140,7 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sidecar_kit::flags::{FlagSyntax, parse_from};
+    use sidecar_kit::process::flags::{FlagSyntax, parse_from};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         parse_from(

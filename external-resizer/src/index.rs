@@ -8,10 +8,10 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttributesClass;
 use kube::ResourceExt;
+use sidecar_kit::pipeline::views::{ClaimView, PvView};
+use sidecar_kit::pipeline::viewtable::ViewTable;
 use sidecar_kit::pipeline::{Change, Relist};
-use sidecar_kit::shrink::ShrinkWhenSparse;
-use sidecar_kit::views::{ClaimView, PvView};
-use sidecar_kit::viewtable::ViewTable;
+use sidecar_kit::values::shrink::ShrinkWhenSparse;
 
 use crate::model::{Claim, NEEDS, PodClaims, Pv, Vac};
 

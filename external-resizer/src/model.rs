@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttributesClass;
-use sidecar_kit::atom::Atom;
-use sidecar_kit::quantity;
-use sidecar_kit::views::{self, ClaimView, Needs, PvView};
+use sidecar_kit::pipeline::views::{self, ClaimView, Needs, PvView};
+use sidecar_kit::values::atom::Atom;
+use sidecar_kit::values::quantity;
 
 /// What this controller reads of the process's shared views.
-pub const NEEDS: Needs = Needs::RESIZER;
+pub const NEEDS: Needs = Needs::CLAIM_REF
+    .union(Needs::CAPABILITY)
+    .union(Needs::EXPANSION);
 
 /// Set on claims by kube-controller-manager's expand controller: which resizer expands them.
 /// Only in-tree volumes migrated to CSI need it.
@@ -42,7 +44,7 @@ pub const MODIFY_VOLUME_ERROR: &str = "ModifyVolumeError";
 pub fn lease_name(driver: &str) -> String {
     format!(
         "external-resizer-{}",
-        sidecar_kit::leader::sanitize_name(driver)
+        sidecar_kit::cluster::leader::sanitize_name(driver)
     )
 }
 
@@ -240,7 +242,7 @@ impl Claim {
     }
 }
 
-pub use sidecar_kit::views::SecretRef;
+pub use sidecar_kit::pipeline::views::SecretRef;
 
 /// The claim a PV is bound to.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,14 +3,14 @@
 //! controller.
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
-use sidecar_kit::events::Reporter;
-use sidecar_kit::flags::CommonFlags;
-use sidecar_kit::host::{Controller, HostError};
-use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::leader;
+use sidecar_kit::cluster::events::Reporter;
+use sidecar_kit::cluster::leader;
+use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::pipeline::workqueue::Backoff;
+use sidecar_kit::process::flags::CommonFlags;
+use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{Setup, Sidecar};
-use sidecar_kit::startup::Greeting;
-use sidecar_kit::workqueue::Backoff;
 
 use crate::controller::{self, COMPONENT, Config, GroupNaming, Naming, SnapshotMetrics};
 use crate::flags::Cli;
@@ -24,7 +24,7 @@ pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
-    Kube(#[from] sidecar_kit::kube::KubeError),
+    Kube(#[from] sidecar_kit::cluster::client::KubeError),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error("cannot register metrics: {0}")]
@@ -69,18 +69,18 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> 
                 prefix: cli.groupsnapshot_name_prefix.clone(),
                 uuid_length: cli.groupsnapshot_name_uuid_length,
             }),
-        watches: sidecar_kit::watches::WatchHub::default(),
+        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
     }
 }
 
 /// Whether the driver offers group snapshots; as upstream, a failed or missing answer is only
 /// logged (and the group contents are then left alone).
 async fn group_snapshots_offered(
-    csi: &sidecar_kit::csi::CsiClient,
+    csi: &sidecar_kit::driver::csi::CsiClient,
     timeout: std::time::Duration,
 ) -> bool {
     let answer = csi
-        .group_controller_get_capabilities(sidecar_kit::csi::CallOptions::timeout(timeout))
+        .group_controller_get_capabilities(sidecar_kit::driver::csi::CallOptions::timeout(timeout))
         .await;
     match answer {
         Ok(response) => {
@@ -96,7 +96,7 @@ async fn group_snapshots_offered(
             offered
         }
         Err(status) => {
-            tracing::error!(error = %sidecar_kit::csi::go_error(&status), "GroupControllerGetCapabilities failed: VolumeGroupSnapshotContents are left alone");
+            tracing::error!(error = %sidecar_kit::driver::csi::go_error(&status), "GroupControllerGetCapabilities failed: VolumeGroupSnapshotContents are left alone");
             false
         }
     }

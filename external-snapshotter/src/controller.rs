@@ -16,12 +16,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
-use sidecar_kit::csi::{CallOptions, CsiClient, go_error};
-use sidecar_kit::events::{EventType, Recorder, Reporter};
-use sidecar_kit::journal::{Journal, Location, Owner};
-use sidecar_kit::kube::{api_code, api_message};
+use sidecar_kit::cluster::client::{api_code, api_message};
+use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::cluster::journal::{Journal, Location, Owner};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
+use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use sidecar_kit::pipeline::{Change, Pipeline};
-use sidecar_kit::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -91,7 +91,7 @@ pub struct Config {
     /// with the group controller service), named so.
     pub groups: Option<GroupNaming>,
     /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::watches::WatchHub,
+    pub watches: sidecar_kit::pipeline::watches::WatchHub,
 }
 
 /// How many driver calls each snapshot took until it was ready.
@@ -396,7 +396,10 @@ impl Controller {
     ) -> Result<BTreeMap<String, String>, String> {
         match reference {
             None => Ok(BTreeMap::new()),
-            Some(r) => sidecar_kit::kube::fetch_secret(&self.client, &r.namespace, &r.name).await,
+            Some(r) => {
+                sidecar_kit::cluster::client::fetch_secret(&self.client, &r.namespace, &r.name)
+                    .await
+            }
         }
     }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use sidecar_kit::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
+use sidecar_kit::values::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
 use tonic::Code;
 
 use crate::model::{
@@ -162,7 +162,11 @@ pub fn snapshot_name(prefix: &str, snapshot_uid: &str, length: i32) -> Result<St
     if snapshot_uid.is_empty() {
         return Err("Corrupted snapshot object, it is missing UID".into());
     }
-    Ok(sidecar_kit::names::uid_name(prefix, snapshot_uid, length))
+    Ok(sidecar_kit::values::names::uid_name(
+        prefix,
+        snapshot_uid,
+        length,
+    ))
 }
 
 /// The class parameters passed to CreateSnapshot: all but the reserved `csi.storage.k8s.io/`
@@ -514,7 +518,9 @@ pub fn group_snapshot_name(prefix: &str, group_uid: &str, length: i32) -> Result
     if group_uid.is_empty() {
         return Err("group snapshot object is missing UID".into());
     }
-    Ok(sidecar_kit::names::uid_name(prefix, group_uid, length))
+    Ok(sidecar_kit::values::names::uid_name(
+        prefix, group_uid, length,
+    ))
 }
 
 /// What the driver said of a group snapshot.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use sidecar_kit::pipeline::{Change, Relist};
-use sidecar_kit::shrink::ShrinkWhenSparse;
+use sidecar_kit::values::shrink::ShrinkWhenSparse;
 
 use crate::decide;
 use crate::model::{

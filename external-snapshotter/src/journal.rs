@@ -1,4 +1,4 @@
-//! The intent journal's entries are checked before they are acted on (`sidecar_kit::journal`
+//! The intent journal's entries are checked before they are acted on (`sidecar_kit::cluster::journal`
 //! keeps them): the journal is a ConfigMap, so whoever may write ConfigMaps in its namespace may
 //! write it too. An entry is taken up only if it is what this snapshotter would have recorded:
 //! its snapshot (group snapshot) name is the one derived from the VolumeSnapshot (group) UID it

@@ -44,7 +44,7 @@ pub const GROUP_FINALIZER: &str =
 pub fn lease_name(driver: &str) -> String {
     format!(
         "external-snapshotter-leader-{}",
-        sidecar_kit::leader::sanitize_name(driver)
+        sidecar_kit::cluster::leader::sanitize_name(driver)
     )
 }
 

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sidecar_kit::endpoint::{Endpoint, Platform, parse_for};
+use sidecar_kit::driver::endpoint::{Endpoint, Platform, parse_for};
 
 fuzz_target!(|address: &str| {
     for platform in [Platform::Unix, Platform::Windows] {

@@ -18,8 +18,8 @@
 use arbitrary::Arbitrary;
 use clap::CommandFactory;
 use libfuzzer_sys::fuzz_target;
-use sidecar_kit::endpoint::Platform;
-use sidecar_kit::flags::{
+use sidecar_kit::driver::endpoint::Platform;
+use sidecar_kit::process::flags::{
     FlagSyntax, feature_gate_pairs, normalize_args, parse_from, parse_go_duration, parse_labels,
 };
 

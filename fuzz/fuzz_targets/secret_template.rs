@@ -16,7 +16,7 @@ use external_provisioner::params::{
     NODE_STAGE_SECRET, PROVISIONER_SECRET, TemplateInputs, secret_ref,
 };
 use libfuzzer_sys::fuzz_target;
-use sidecar_kit::names::resolve_template;
+use sidecar_kit::values::names::resolve_template;
 
 #[path = "../common/names.rs"]
 mod names;

@@ -23,7 +23,7 @@ mod harness {
 
     use csi_proto::v1::ProbeRequest;
     use csi_proto::v1::identity_client::IdentityClient;
-    use sidecar_kit::connection::{ConnectOptions, LossPolicy, connect};
+    use sidecar_kit::driver::connection::{ConnectOptions, LossPolicy, connect};
     use testkit::mockdriver::MockDriver;
     use testkit::process::CleanEnv;
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

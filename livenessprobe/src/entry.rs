@@ -3,8 +3,9 @@
 use std::ffi::OsString;
 
 use crate::{VERSION, flags::Cli, server};
-use sidecar_kit::flags::{FlagSyntax, parse_args};
-use sidecar_kit::{lifecycle, logging};
+use sidecar_kit::process::flags::{FlagSyntax, parse_args};
+use sidecar_kit::process::logging;
+use sidecar_kit::runtime::lifecycle;
 
 /// Runs the sidecar with the command line `args` (the first item names the program) until it
 /// ends; exits the process on errors, as the binary does.

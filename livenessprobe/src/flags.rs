@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use sidecar_kit::flags::{
+use sidecar_kit::process::flags::{
     CsiAddressFlag, HttpFlags, LoggingFlags, ProcessFlags, parse_go_duration,
 };
 
@@ -108,7 +108,7 @@ impl ServePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sidecar_kit::flags::{FlagSyntax, parse_from};
+    use sidecar_kit::process::flags::{FlagSyntax, parse_from};
 
     fn cli(args: &[&str]) -> Result<Cli, clap::Error> {
         parse_from(

@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::StatusCode;
-use sidecar_kit::connection::{ConnectError, ConnectOptions, LossPolicy, connect};
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::endpoint::{self, Endpoint, EndpointError};
-use sidecar_kit::http::Reply;
-use sidecar_kit::metrics::{CsiMetrics, code_label};
+use sidecar_kit::driver::connection::{ConnectError, ConnectOptions, LossPolicy, connect};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::driver::endpoint::{self, Endpoint, EndpointError};
+use sidecar_kit::process::http::Reply;
+use sidecar_kit::process::metrics::{CsiMetrics, code_label};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tonic::Status;

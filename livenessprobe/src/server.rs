@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use sidecar_kit::connection::ConnectError;
-use sidecar_kit::endpoint::EndpointError;
-use sidecar_kit::http::{HttpError, HttpServer, Routes};
-use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::metrics::{CsiMetrics, MetricsError};
+use sidecar_kit::driver::connection::ConnectError;
+use sidecar_kit::driver::endpoint::EndpointError;
+use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::process::http::{HttpError, HttpServer, Routes};
+use sidecar_kit::process::metrics::{CsiMetrics, MetricsError};
 use tokio_util::sync::CancellationToken;
 
 use crate::flags::{Cli, DEFAULT_HEALTH_PORT, FlagError, HEALTHZ_PATH, ServePlan};

@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-use sidecar_kit::endpoint::Endpoint;
+use sidecar_kit::driver::endpoint::Endpoint;
 
 /// Identity of a file (see the module documentation for what it consists of per platform).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use sidecar_kit::endpoint::{self, EndpointError, Platform};
-use sidecar_kit::flags::{
+use sidecar_kit::driver::endpoint::{self, EndpointError, Platform};
+use sidecar_kit::process::flags::{
     CsiAddressFlag, LoggingFlags, ProcessFlags, ValueError, parse_go_bool, parse_go_duration,
 };
 
@@ -169,7 +169,7 @@ pub fn plan(cli: &Cli, platform: Platform) -> Result<(Plan, Vec<String>), Config
         Some(cli.http_endpoint.clone())
     };
     if let Some(address) = &http_endpoint {
-        sidecar_kit::http::listen_target(address)
+        sidecar_kit::process::http::listen_target(address)
             .map_err(|err| ConfigError::HttpEndpoint(err.to_string()))?;
     }
     if !cli.connection_timeout.is_zero() {
@@ -196,7 +196,7 @@ pub fn plan(cli: &Cli, platform: Platform) -> Result<(Plan, Vec<String>), Config
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sidecar_kit::flags::{FlagSyntax, parse_from};
+    use sidecar_kit::process::flags::{FlagSyntax, parse_from};
 
     fn cli(args: &[&str]) -> Result<Cli, clap::Error> {
         parse_from(

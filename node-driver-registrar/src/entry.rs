@@ -4,9 +4,10 @@ use std::ffi::OsString;
 
 use crate::config::{self, Cli, Plan};
 use crate::run::run;
-use sidecar_kit::endpoint::Platform;
-use sidecar_kit::flags::{self, FlagSyntax};
-use sidecar_kit::{lifecycle, logging};
+use sidecar_kit::driver::endpoint::Platform;
+use sidecar_kit::process::flags::{self, FlagSyntax};
+use sidecar_kit::process::logging;
+use sidecar_kit::runtime::lifecycle;
 
 /// Runs the sidecar with the command line `args` (the first item names the program) until it
 /// ends; exits the process on errors, as the binary does.

@@ -9,9 +9,9 @@ use csi_proto::pluginregistration::registration_client::RegistrationClient;
 use csi_proto::pluginregistration::{InfoRequest, PluginInfo};
 use http::StatusCode;
 use hyper_util::rt::TokioIo;
-use sidecar_kit::endpoint::Endpoint;
-use sidecar_kit::http::Reply;
-use sidecar_kit::metrics::code_label;
+use sidecar_kit::driver::endpoint::Endpoint;
+use sidecar_kit::process::http::Reply;
+use sidecar_kit::process::metrics::code_label;
 use tonic::metadata::MetadataValue;
 
 use crate::service::HEALTH_CHECK_METADATA;
@@ -71,7 +71,7 @@ pub async fn get_info(path: &Path, timeout: Duration) -> Result<PluginInfo, Chec
             .connect_with_connector(tower::service_fn(move |_| {
                 let endpoint = endpoint.clone();
                 async move {
-                    sidecar_kit::connection::dial(&endpoint)
+                    sidecar_kit::driver::connection::dial(&endpoint)
                         .await
                         .map(TokioIo::new)
                 }

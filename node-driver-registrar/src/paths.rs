@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use sidecar_kit::endpoint::Platform;
+use sidecar_kit::driver::endpoint::Platform;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {

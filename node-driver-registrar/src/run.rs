@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sidecar_kit::http::{HttpError, HttpServer, Reply, Routes};
+use sidecar_kit::process::http::{HttpError, HttpServer, Reply, Routes};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Interval, MissedTickBehavior};

@@ -124,7 +124,7 @@ pub trait Accept: Send + 'static {
 #[cfg(unix)]
 type PlatformListener = tokio::net::UnixListener;
 #[cfg(windows)]
-type PlatformListener = sidecar_kit::windows::UnixListener;
+type PlatformListener = sidecar_kit::driver::windows::UnixListener;
 
 /// A listening registration socket.
 pub struct RegistrationListener {
@@ -178,7 +178,7 @@ fn bind_owner_only(path: &Path) -> io::Result<PlatformListener> {
 #[cfg(windows)]
 fn bind_owner_only(path: &Path) -> io::Result<PlatformListener> {
     // Windows has no umask; the directory's ACL (plugins_registry) decides who may connect.
-    sidecar_kit::windows::UnixListener::bind(path)
+    sidecar_kit::driver::windows::UnixListener::bind(path)
 }
 
 impl Accept for RegistrationListener {

@@ -9,10 +9,10 @@ pub mod route;
 
 use std::ffi::OsString;
 
-use sidecar_kit::host::{self, Host};
-use sidecar_kit::http::HttpPlan;
+use sidecar_kit::pipeline::watches::WatchHub;
+use sidecar_kit::process::http::HttpPlan;
 use sidecar_kit::runtime::Parsed as ControllerCli;
-use sidecar_kit::watches::WatchHub;
+use sidecar_kit::runtime::host::{self, Host};
 use tokio_util::sync::CancellationToken;
 
 use crate::registry::{Kind, LIVENESSPROBE, REGISTRAR};
@@ -29,7 +29,7 @@ enum Parsed {
 impl Parsed {
     /// Parses as the single sidecar does, printing help or errors and exiting as it does.
     fn parse(ctl: Ctl, args: Vec<OsString>) -> Self {
-        use sidecar_kit::flags::{FlagSyntax, parse_args};
+        use sidecar_kit::process::flags::{FlagSyntax, parse_args};
         match ctl.kind() {
             Kind::Controller(plugin) => Parsed::Controller(plugin.parse(args)),
             Kind::Livenessprobe => Parsed::Livenessprobe(parse_args(args, FlagSyntax::Go)),
@@ -37,7 +37,7 @@ impl Parsed {
         }
     }
 
-    fn process(&self) -> &sidecar_kit::flags::ProcessFlags {
+    fn process(&self) -> &sidecar_kit::process::flags::ProcessFlags {
         match self {
             Parsed::Controller(cli) => &cli.common().process,
             Parsed::Livenessprobe(cli) => &cli.process,
@@ -45,7 +45,7 @@ impl Parsed {
         }
     }
 
-    fn logging(&self) -> &sidecar_kit::flags::LoggingFlags {
+    fn logging(&self) -> &sidecar_kit::process::flags::LoggingFlags {
         match self {
             Parsed::Controller(cli) => &cli.common().logging,
             Parsed::Livenessprobe(cli) => &cli.logging,
@@ -75,7 +75,7 @@ impl Parsed {
 /// Parses and checks a sidecar's command line as the single sidecar does; the message on
 /// failure.
 pub fn check(ctl: Ctl, args: Vec<OsString>) -> Result<(), String> {
-    use sidecar_kit::flags::{FlagSyntax, parse_from};
+    use sidecar_kit::process::flags::{FlagSyntax, parse_from};
     let text = |e: clap::Error| e.to_string();
     match ctl.kind() {
         Kind::Controller(plugin) => plugin.check(args),
@@ -101,13 +101,13 @@ struct Selection {
 #[derive(Debug, thiserror::Error)]
 pub enum AioError {
     #[error(transparent)]
-    Http(#[from] sidecar_kit::http::HttpError),
+    Http(#[from] sidecar_kit::process::http::HttpError),
     #[error(transparent)]
-    Kube(#[from] sidecar_kit::kube::KubeError),
+    Kube(#[from] sidecar_kit::cluster::client::KubeError),
     #[error(transparent)]
-    Host(#[from] sidecar_kit::host::HostError),
+    Host(#[from] sidecar_kit::runtime::host::HostError),
     #[error(transparent)]
-    Metrics(#[from] sidecar_kit::metrics::MetricsError),
+    Metrics(#[from] sidecar_kit::process::metrics::MetricsError),
     #[error("{0}: {1}")]
     Prepare(&'static str, String),
 }
@@ -131,8 +131,8 @@ pub fn main(args: Vec<String>) {
     let Some(first) = parsed.first() else {
         return;
     };
-    sidecar_kit::lifecycle::exit_if_version(first.process(), env!("CARGO_PKG_VERSION"));
-    sidecar_kit::logging::init(first.logging());
+    sidecar_kit::runtime::lifecycle::exit_if_version(first.process(), env!("CARGO_PKG_VERSION"));
+    sidecar_kit::process::logging::init(first.logging());
     let process = first.process().clone();
     let mut selection = Selection {
         controllers: Vec::new(),
@@ -143,7 +143,7 @@ pub fn main(args: Vec<String>) {
     };
     for sidecar in parsed {
         if let Err(err) = sidecar.validate() {
-            sidecar_kit::lifecycle::fatal(&format!("{}: {err}", sidecar.name()));
+            sidecar_kit::runtime::lifecycle::fatal(&format!("{}: {err}", sidecar.name()));
         }
         match sidecar {
             Parsed::Controller(cli) => {
@@ -159,12 +159,12 @@ pub fn main(args: Vec<String>) {
                 selection.http_endpoint = cli.http_endpoint.clone();
                 match node::registrar_config(&cli) {
                     Ok(config) => selection.registrar = Some(config),
-                    Err(err) => sidecar_kit::lifecycle::fatal(&err),
+                    Err(err) => sidecar_kit::runtime::lifecycle::fatal(&err),
                 }
             }
         }
     }
-    sidecar_kit::startup::run(&process, |shutdown| async move {
+    sidecar_kit::runtime::startup::run(&process, |shutdown| async move {
         if selection.controllers.is_empty() {
             node::serve(selection, shutdown).await
         } else {
@@ -181,9 +181,11 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
     };
     let common = first.common();
     let http = HttpPlan::from_flags(&common.http)?;
-    let kube_config =
-        sidecar_kit::kube::load_config(&common.kube, sidecar_kit::kube::KubeconfigRule::FlagFirst)
-            .await?;
+    let kube_config = sidecar_kit::cluster::client::load_config(
+        &common.kube,
+        sidecar_kit::cluster::client::KubeconfigRule::FlagFirst,
+    )
+    .await?;
     let mut greeting = first.greeting();
     for controller in &selection.controllers[1..] {
         let other = controller.greeting();
@@ -213,7 +215,7 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
         if controllers.iter().any(|c| c.election.is_some()) {
             controllers = host::consolidate(
                 controllers,
-                sidecar_kit::consolidated::lease_name(&host.driver),
+                sidecar_kit::runtime::consolidated::lease_name(&host.driver),
             );
         } else {
             tracing::warn!("--{CONSOLIDATED_FLAG} has no effect without --leader-election");

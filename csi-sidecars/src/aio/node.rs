@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use livenessprobe::probe::Prober;
 use node_driver_registrar::run::SharedHealth;
-use sidecar_kit::host::{self, Controller};
-use sidecar_kit::http::{self, Check, HttpServer, Routes};
+use sidecar_kit::process::http::{self, Check, HttpServer, Routes};
+use sidecar_kit::runtime::host::{self, Controller};
 use tokio_util::sync::CancellationToken;
 
 use super::{AioError, Selection};
@@ -18,7 +18,10 @@ pub(super) fn registrar_config(
     cli: &node_driver_registrar::config::Cli,
 ) -> Result<node_driver_registrar::config::Config, String> {
     use node_driver_registrar::config::{MODE_KUBELET_REGISTRATION_PROBE, Plan};
-    match node_driver_registrar::config::plan(cli, sidecar_kit::endpoint::Platform::current()) {
+    match node_driver_registrar::config::plan(
+        cli,
+        sidecar_kit::driver::endpoint::Platform::current(),
+    ) {
         Ok((Plan::Run(config), warnings)) => {
             for warning in warnings {
                 tracing::warn!("{warning}");
@@ -37,7 +40,7 @@ pub(super) fn registrar_config(
 /// its own, which notices a replaced socket.
 pub(super) fn liveness_check(
     cli: &livenessprobe::flags::Cli,
-    metrics: &sidecar_kit::metrics::CsiMetrics,
+    metrics: &sidecar_kit::process::metrics::CsiMetrics,
 ) -> Result<(Arc<Prober>, Check), AioError> {
     let prober = Arc::new(
         Prober::new(&cli.csi.csi_address, cli.probe_timeout, metrics.clone())
@@ -69,7 +72,7 @@ pub(super) async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), AioError> {
     let shared = !selection.http_endpoint.is_empty();
-    let metrics = sidecar_kit::metrics::CsiMetrics::new()?;
+    let metrics = sidecar_kit::process::metrics::CsiMetrics::new()?;
     let mut checks = Vec::new();
     let mut parts = Vec::new();
     if let Some(mut config) = selection.registrar {

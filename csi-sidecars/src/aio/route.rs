@@ -187,7 +187,7 @@ pub fn route(args: &[String]) -> Result<Plan, RouteError> {
         if name == CONSOLIDATED_FLAG {
             consolidated = match value {
                 None => true,
-                Some(text) => sidecar_kit::flags::parse_go_bool(text)
+                Some(text) => sidecar_kit::process::flags::parse_go_bool(text)
                     .map_err(|_| RouteError::NotBoolean(name.clone(), text.clone()))?,
             };
             continue;

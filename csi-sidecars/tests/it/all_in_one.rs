@@ -524,7 +524,7 @@ async fn a_consolidated_lease_refuses_while_a_single_sidecar_leads() {
 /// of the same pod.
 #[tokio::test]
 async fn a_consolidated_lease_refuses_a_single_sidecar_of_the_same_pod() {
-    refuses_while_renewed_by(&sidecar_kit::leader::default_identity()).await;
+    refuses_while_renewed_by(&sidecar_kit::cluster::leader::default_identity()).await;
 }
 
 async fn refuses_while_renewed_by(legacy_holder: &str) {

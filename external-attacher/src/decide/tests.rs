@@ -1,6 +1,6 @@
 use super::*;
 use crate::model::SecretRef;
-use sidecar_kit::atom::{Atom, List};
+use sidecar_kit::values::atom::{Atom, List};
 
 const DRIVER: &str = "hostpath.csi.k8s.io";
 const FINALIZER: &str = "external-attacher/hostpath-csi-k8s-io";
@@ -32,7 +32,7 @@ fn spec() -> VolumeSpec {
             driver: "hostpath.csi.k8s.io".into(),
             volume_handle: "vol-1".into(),
             read_only: false,
-            fs_type: sidecar_kit::atom::Atom::default(),
+            fs_type: sidecar_kit::values::atom::Atom::default(),
             volume_attributes: [("a".to_string(), "b".to_string())].into(),
             publish_secret: None,
         }),

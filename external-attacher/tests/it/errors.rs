@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use csi_proto::methods::controller::{CONTROLLER_PUBLISH_VOLUME, CONTROLLER_UNPUBLISH_VOLUME};
 use serde_json::json;
-use sidecar_kit::workqueue::Backoff;
+use sidecar_kit::pipeline::workqueue::Backoff;
 use tonic::Code;
 
 /// Whether the server stores `errorCode`. The test kit runs these tests with the gate on

@@ -7,7 +7,7 @@ use crate::common::*;
 use csi_proto::methods::controller::{CONTROLLER_PUBLISH_VOLUME, CONTROLLER_UNPUBLISH_VOLUME};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use sidecar_kit::identity;
+use sidecar_kit::driver::identity;
 use testkit::mockdriver::MockDriver;
 use tokio_util::sync::CancellationToken;
 

@@ -8,7 +8,7 @@ use csi_proto::methods::controller::{CONTROLLER_PUBLISH_VOLUME, LIST_VOLUMES};
 use external_attacher::controller::{self, Reconcile};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use sidecar_kit::leader::{ElectionConfig, LeaderElector};
+use sidecar_kit::cluster::leader::{ElectionConfig, LeaderElector};
 use testkit::mockdriver::MockHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;

@@ -17,10 +17,10 @@ use kube::api::{
 use kube::runtime::watcher;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::kube::{api_code, api_message};
+use sidecar_kit::cluster::client::{api_code, api_message};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use sidecar_kit::pipeline::{Change, Pipeline, Relist};
-use sidecar_kit::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -92,7 +92,7 @@ pub struct Settings {
     /// segments of Nodes and CSINodes.
     pub fixed_segment: Option<Segment>,
     /// The watches, shared with the claims controller (and an all-in-one process's others).
-    pub watches: sidecar_kit::watches::WatchHub,
+    pub watches: sidecar_kit::pipeline::watches::WatchHub,
 }
 
 impl Settings {
@@ -110,7 +110,7 @@ impl Settings {
                 max: cli.retry_interval_max,
             },
             fixed_segment: None,
-            watches: sidecar_kit::watches::WatchHub::default(),
+            watches: sidecar_kit::pipeline::watches::WatchHub::default(),
         }
     }
 

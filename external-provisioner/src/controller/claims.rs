@@ -92,7 +92,7 @@ impl Controller {
                 }
                 let failure = Failure {
                     state,
-                    message: sidecar_kit::csi::go_error(&status),
+                    message: sidecar_kit::driver::csi::go_error(&status),
                     infeasible: status.code() == tonic::Code::InvalidArgument,
                 };
                 return self.flight_failed(&flight, failure).await;
@@ -131,7 +131,7 @@ impl Controller {
                         State::InBackground,
                         format!(
                             "deleting the volume of a deleted claim failed: {}",
-                            sidecar_kit::csi::go_error(&status)
+                            sidecar_kit::driver::csi::go_error(&status)
                         ),
                     );
                     self.flight_failed(&flight, failure).await;
@@ -164,7 +164,7 @@ impl Controller {
                         reason.orphaned(
                             &message,
                             &flight.prepared.request.name,
-                            &sidecar_kit::csi::go_error(&status),
+                            &sidecar_kit::driver::csi::go_error(&status),
                         ),
                     ),
                 };
@@ -582,7 +582,7 @@ impl Controller {
                             State::InBackground,
                             format!(
                                 "deleting duplicate volume {volume_id} failed: {}",
-                                sidecar_kit::csi::go_error(&status)
+                                sidecar_kit::driver::csi::go_error(&status)
                             ),
                         );
                         return self.flight_failed(&flight, failure).await;
@@ -647,7 +647,7 @@ impl Controller {
         secrets: &HashMap<String, String>,
     ) -> Result<(), tonic::Status> {
         let deadline = Instant::now() + self.config.timeout;
-        let mut last = tonic::Status::deadline_exceeded(sidecar_kit::csi::DEADLINE_MESSAGE);
+        let mut last = tonic::Status::deadline_exceeded(sidecar_kit::driver::csi::DEADLINE_MESSAGE);
         for _ in 0..CLEANUP_ATTEMPTS {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -135,7 +135,7 @@ impl Controller {
                 Ok(answer) if answer.available_capacity >= requested => return Fit::Yes,
                 Ok(_) => {}
                 Err(status) => {
-                    tracing::debug!(claim = %claim.key(), error = %sidecar_kit::csi::go_error(&status), "GetCapacity failed; claiming it anyway");
+                    tracing::debug!(claim = %claim.key(), error = %sidecar_kit::driver::csi::go_error(&status), "GetCapacity failed; claiming it anyway");
                     return Fit::Yes;
                 }
             }

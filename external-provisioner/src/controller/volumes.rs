@@ -100,7 +100,7 @@ impl Controller {
             ..CallOptions::timeout(self.config.timeout)
         };
         if let Err(status) = self.csi.delete_volume(request, options).await {
-            let message = sidecar_kit::csi::go_error(&status);
+            let message = sidecar_kit::driver::csi::go_error(&status);
             self.record_delete_failure(volume, &message);
             return Err(message);
         }

@@ -51,7 +51,7 @@ async fn every_create_volume_code_ends_in_a_bound_claim() {
         );
         let reported = format!(
             "rpc error: code = {}",
-            sidecar_kit::metrics::code_label(*code)
+            sidecar_kit::process::metrics::code_label(*code)
         );
         env.wait_event(&name, "ProvisioningFailed", &reported).await;
     }

@@ -9,7 +9,7 @@ use external_provisioner::journal::{self, Location};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::json;
-use sidecar_kit::workqueue::Backoff;
+use sidecar_kit::pipeline::workqueue::Backoff;
 use testkit::apiserver::counters::Verb;
 use tonic::Code;
 
@@ -234,7 +234,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     };
     use external_provisioner::model::SecretRef;
     use k8s_openapi::api::core::v1::Secret;
-    use sidecar_kit::csi::CallOptions;
+    use sidecar_kit::driver::csi::CallOptions;
     use testkit::leaks::distinctive_secret;
 
     let mut env = Env::without_controller(mock()).await;

@@ -9,7 +9,7 @@ use external_provisioner::controller;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use serde_json::json;
-use sidecar_kit::leader::{ElectionConfig, LeaderElector};
+use sidecar_kit::cluster::leader::{ElectionConfig, LeaderElector};
 use tokio_util::sync::CancellationToken;
 
 fn election(env: &Env, identity: &str) -> ElectionConfig {

@@ -7,7 +7,7 @@ use crate::common::{Env, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use prometheus::Encoder;
 use serde_json::json;
-use sidecar_kit::identity;
+use sidecar_kit::driver::identity;
 use tokio_util::sync::CancellationToken;
 
 const EBS: &str = "ebs.csi.aws.com";

@@ -1,7 +1,7 @@
 use super::*;
 use crate::model::{Claim, Condition, ModifyStatus, Pv};
 use serde_json::json;
-use sidecar_kit::atom::Atom;
+use sidecar_kit::values::atom::Atom;
 
 const NOW: &str = "2026-11-25T10:00:00Z";
 

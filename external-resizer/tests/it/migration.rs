@@ -8,7 +8,7 @@ use csi_proto::v1::{CreateVolumeRequest, VolumeCapability};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use sidecar_kit::csi::CallOptions;
+use sidecar_kit::driver::csi::CallOptions;
 use testkit::mockdriver::MockDriver;
 
 const EBS: &str = "ebs.csi.aws.com";

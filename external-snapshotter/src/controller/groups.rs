@@ -12,8 +12,8 @@ use csi_proto::v1::{
 };
 use kube::api::Patch;
 use serde::{Deserialize, Serialize};
-use sidecar_kit::csi::go_error;
-use sidecar_kit::kube::{api_code, api_message};
+use sidecar_kit::cluster::client::{api_code, api_message};
+use sidecar_kit::driver::csi::go_error;
 use tonic::Status;
 
 use super::{Controller, Failure, Groups, lock, now_ns};

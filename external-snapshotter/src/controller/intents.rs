@@ -96,7 +96,7 @@ impl Controller {
             self.events.record(
                 location.object_ref(),
                 EventType::Warning,
-                sidecar_kit::journal::REJECTED_REASON,
+                sidecar_kit::cluster::journal::REJECTED_REASON,
                 &format!(
                     "Dropped intent journal entry {key:?}: {rejected}; nothing was asked of the driver for it"
                 ),

@@ -383,7 +383,7 @@ async fn forged_group_journal_entries_are_dropped_and_never_reach_the_driver() {
         let rejected: Vec<String> = events
             .into_iter()
             .filter(|e| e.involved_object.name.as_deref() == Some("snapshotter-journal"))
-            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::journal::REJECTED_REASON))
+            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::cluster::journal::REJECTED_REASON))
             .filter_map(|e| e.message)
             .collect();
         (rejected.len() == 2).then_some(rejected)

@@ -8,7 +8,7 @@ use crate::common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use sidecar_kit::workqueue::Backoff;
+use sidecar_kit::pipeline::workqueue::Backoff;
 use testkit::mockdriver::MockDriver;
 use tonic::Code;
 
@@ -257,7 +257,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
         let rejected: Vec<String> = events
             .into_iter()
             .filter(|e| e.involved_object.name.as_deref() == Some("snapshotter-journal"))
-            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::journal::REJECTED_REASON))
+            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::cluster::journal::REJECTED_REASON))
             .filter_map(|e| e.message)
             .collect();
         (rejected.len() == 3).then_some(rejected)

@@ -9,7 +9,7 @@ use crate::common::{Answer, DRIVER, cli, eventually, get, local, mock_at};
 use csi_proto::methods::identity::{GET_PLUGIN_INFO, PROBE};
 use livenessprobe::probe::NOT_READY;
 use livenessprobe::server::{self, RunError, Running};
-use sidecar_kit::metrics::code_label;
+use sidecar_kit::process::metrics::code_label;
 use tempfile::TempDir;
 use testkit::mockdriver::MockHandle;
 use tokio::task::JoinSet;

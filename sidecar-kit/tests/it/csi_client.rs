@@ -12,11 +12,11 @@ use csi_proto::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse, plugin_capability,
 };
-use sidecar_kit::connection::{ConnectError, ConnectOptions, LossPolicy, connect};
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::http::{HttpServer, Routes};
-use sidecar_kit::identity::{self, IdentityError};
-use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::driver::connection::{ConnectError, ConnectOptions, LossPolicy, connect};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::process::http::{HttpServer, Routes};
+use sidecar_kit::process::metrics::CsiMetrics;
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -475,7 +475,7 @@ async fn grpc_payloads_are_logged_at_v5_without_secrets() {
     let logs = LogBuffer::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(sidecar_kit::logging::level_for_verbosity(5))
+        .with_max_level(sidecar_kit::process::logging::level_for_verbosity(5))
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();

@@ -10,7 +10,7 @@ use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use sidecar_kit::kube::Connections;
+use sidecar_kit::cluster::client::Connections;
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
 

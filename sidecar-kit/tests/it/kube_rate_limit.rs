@@ -3,8 +3,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sidecar_kit::http::{HttpServer, Reply, Routes};
-use sidecar_kit::kube::Connections;
+use sidecar_kit::cluster::client::Connections;
+use sidecar_kit::process::http::{HttpServer, Reply, Routes};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

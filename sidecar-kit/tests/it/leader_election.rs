@@ -11,7 +11,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use sidecar_kit::leader::{ElectionConfig, LeaderElector, LeaderError};
+use sidecar_kit::cluster::leader::{ElectionConfig, LeaderElector, LeaderError};
 use testkit::apiserver::TestCluster;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -279,7 +279,7 @@ fn metric(registry: &prometheus::Registry, family: &str) -> Option<f64> {
 async fn renewals_take_the_fast_path_until_someone_else_writes() {
     let server = TestCluster::start().await.unwrap();
     let registry = prometheus::Registry::new();
-    let metrics = sidecar_kit::leader::LeaderMetrics::register(&registry).unwrap();
+    let metrics = sidecar_kit::cluster::leader::LeaderMetrics::register(&registry).unwrap();
     let elector =
         LeaderElector::new(server.client(), config(&server, "fast")).with_metrics(metrics);
     let shutdown = CancellationToken::new();

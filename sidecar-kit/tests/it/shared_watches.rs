@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume};
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
+use sidecar_kit::pipeline::views::{Needs, PvView};
+use sidecar_kit::pipeline::watches::WatchHub;
 use sidecar_kit::pipeline::{Change, Pipeline};
-use sidecar_kit::views::{Needs, PvView};
-use sidecar_kit::watches::WatchHub;
 use testkit::apiserver::{Options, TestCluster, Verb};
 use tokio_util::sync::CancellationToken;
 
@@ -155,30 +155,30 @@ async fn a_shared_view_holds_what_all_its_controllers_read() {
     let hub = WatchHub::shared();
     let mine = |v: &Arc<PvView>| *v.name == *name;
 
-    // The provisioner alone: no access modes (it does not read them), its claim ref.
-    let (mut provisioner, provisioner_seen) = view_subscriber(&hub, &pvs, Needs::PROVISIONER);
-    assert!(provisioner.wait_synced(&shutdown).await);
-    let alone = until_viewed(&provisioner_seen, "the PV", mine).await;
+    // A reader of claim refs alone: no access modes (it does not read them), its claim ref.
+    let (mut claim_refs, claim_refs_seen) = view_subscriber(&hub, &pvs, Needs::CLAIM_REF);
+    assert!(claim_refs.wait_synced(&shutdown).await);
+    let alone = until_viewed(&claim_refs_seen, "the PV", mine).await;
     assert!(alone.access_modes.is_empty());
     assert!(alone.claim_ref.is_some());
 
-    // The attacher joins: the list that follows has both controllers' fields, in one view
-    // that both are handed.
-    let (mut attacher, attacher_seen) = view_subscriber(&hub, &pvs, Needs::ATTACHER);
-    assert!(attacher.wait_synced(&shutdown).await);
-    let joined = until_viewed(&attacher_seen, "the PV with both", |v| {
+    // A reader of access modes joins: the list that follows has both readers' fields, in one
+    // view that both are handed.
+    let (mut capabilities, capabilities_seen) = view_subscriber(&hub, &pvs, Needs::CAPABILITY);
+    assert!(capabilities.wait_synced(&shutdown).await);
+    let joined = until_viewed(&capabilities_seen, "the PV with both", |v| {
         mine(v) && !v.access_modes.is_empty() && v.claim_ref.is_some()
     })
     .await;
-    let shared = until_viewed(&provisioner_seen, "the PV again", |v| {
+    let shared = until_viewed(&claim_refs_seen, "the PV again", |v| {
         mine(v) && Arc::ptr_eq(v, &joined)
     })
     .await;
     assert!(!shared.access_modes.is_empty());
     assert_eq!(hub.lists(), 2);
 
-    provisioner.stop().await;
-    attacher.stop().await;
+    claim_refs.stop().await;
+    capabilities.stop().await;
     pvs.delete(&name, &Default::default()).await.unwrap();
     cluster.cleanup().await.unwrap();
 }

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use sidecar_kit::connection::{ConnectOptions, LossPolicy, connect};
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::identity;
-use sidecar_kit::metrics::CsiMetrics;
+use sidecar_kit::driver::connection::{ConnectOptions, LossPolicy, connect};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::driver::identity;
+use sidecar_kit::process::metrics::CsiMetrics;
 use testkit::mockdriver::MockDriver;
 
 fn pipe_name(tag: &str) -> String {
@@ -76,9 +76,9 @@ async fn dial_waits_for_a_pipe_that_appears_late() {
 #[tokio::test]
 async fn unix_socket_paths_are_windows_paths_here() {
     // Wine has no AF_UNIX: only the address handling is checked here.
-    let endpoint = sidecar_kit::endpoint::parse(r"unix://C:\\csi\\csi.sock").unwrap();
+    let endpoint = sidecar_kit::driver::endpoint::parse(r"unix://C:\\csi\\csi.sock").unwrap();
     assert_eq!(
         endpoint,
-        sidecar_kit::endpoint::Endpoint::Unix(r"C:\csi\csi.sock".into())
+        sidecar_kit::driver::endpoint::Endpoint::Unix(r"C:\csi\csi.sock".into())
     );
 }

@@ -33,7 +33,7 @@ mod workload;
 
 use std::collections::BTreeMap;
 
-use sidecar_kit::leader::sanitize_name;
+use sidecar_kit::cluster::leader::sanitize_name;
 use std::time::{Duration, Instant};
 
 use csi_proto::methods::controller::{

@@ -14,11 +14,11 @@ use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim}
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
-use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
-use sidecar_kit::csi::CsiClient;
-use sidecar_kit::flags::{FlagSyntax, parse_from};
-use sidecar_kit::metrics::CsiMetrics;
-use sidecar_kit::workqueue::Backoff;
+use sidecar_kit::driver::connection::{self, ConnectOptions, LossPolicy};
+use sidecar_kit::driver::csi::CsiClient;
+use sidecar_kit::pipeline::workqueue::Backoff;
+use sidecar_kit::process::flags::{FlagSyntax, parse_from};
+use sidecar_kit::process::metrics::CsiMetrics;
 use testkit::apiserver::TestCluster;
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::task::JoinHandle;

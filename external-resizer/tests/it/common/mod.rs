@@ -18,11 +18,11 @@ use external_resizer::{app, flags::Cli};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::flags::{FlagSyntax, parse_from};
-use sidecar_kit::metrics::CsiMetrics;
-use sidecar_kit::workqueue::Backoff;
+use sidecar_kit::driver::connection::{self, ConnectOptions, LossPolicy};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::pipeline::workqueue::Backoff;
+use sidecar_kit::process::flags::{FlagSyntax, parse_from};
+use sidecar_kit::process::metrics::CsiMetrics;
 use testkit::apiserver::{Options, TestCluster};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::task::JoinHandle;
@@ -227,7 +227,7 @@ impl Env {
             .unwrap();
         let pv_name = self.n(&format!("pv-{name}"));
         let mode = if block { "Block" } else { "Filesystem" };
-        let size = sidecar_kit::quantity::format_binary(bytes);
+        let size = sidecar_kit::values::quantity::format_binary(bytes);
         let mut claim = json!({
             "metadata": {"name": name, "namespace": self.ns()},
             "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode,

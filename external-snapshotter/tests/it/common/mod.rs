@@ -20,12 +20,12 @@ use kube::api::{
     PatchParams, PostParams,
 };
 use serde_json::{Value, json};
-use sidecar_kit::connection::{self, ConnectOptions, LossPolicy};
-use sidecar_kit::csi::{CallOptions, CsiClient};
-use sidecar_kit::flags::{FlagSyntax, parse_from};
-use sidecar_kit::journal::Location;
-use sidecar_kit::metrics::CsiMetrics;
-use sidecar_kit::workqueue::Backoff;
+use sidecar_kit::cluster::journal::Location;
+use sidecar_kit::driver::connection::{self, ConnectOptions, LossPolicy};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient};
+use sidecar_kit::pipeline::workqueue::Backoff;
+use sidecar_kit::process::flags::{FlagSyntax, parse_from};
+use sidecar_kit::process::metrics::CsiMetrics;
 use testkit::apiserver::{Options, TestCluster};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::task::JoinHandle;

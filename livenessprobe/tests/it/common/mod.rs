@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use livenessprobe::flags::Cli;
-use sidecar_kit::flags::{FlagSyntax, parse_from};
+use sidecar_kit::process::flags::{FlagSyntax, parse_from};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -23,8 +23,8 @@ use csi_proto::pluginregistration::{
     CSI_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
-use sidecar_kit::connection::DriverIo;
-use sidecar_kit::endpoint::Endpoint;
+use sidecar_kit::driver::connection::DriverIo;
+use sidecar_kit::driver::endpoint::Endpoint;
 use testkit::grpcgo;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -241,7 +241,7 @@ pub async fn connect(
         ..grpcgo::Options::kubelet(path)
     };
     let connecting = async {
-        let stream = sidecar_kit::connection::dial(&endpoint).await?;
+        let stream = sidecar_kit::driver::connection::dial(&endpoint).await?;
         grpcgo::Client::handshake(stream, options)
             .await
             .map_err(std::io::Error::other)

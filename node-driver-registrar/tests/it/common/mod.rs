@@ -46,7 +46,7 @@ pub async fn af_unix_available() -> bool {
     #[cfg(windows)]
     {
         let dir = tempfile::tempdir().expect("a temp dir");
-        match sidecar_kit::windows::UnixListener::bind(&dir.path().join("probe.sock")) {
+        match sidecar_kit::driver::windows::UnixListener::bind(&dir.path().join("probe.sock")) {
             Ok(_) => true,
             Err(err) => {
                 eprintln!("skipped: this system has no AF_UNIX sockets ({err})");

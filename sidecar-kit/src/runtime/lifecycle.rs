@@ -6,7 +6,7 @@ use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::flags::ProcessFlags;
+use crate::process::flags::ProcessFlags;
 
 /// Where Kubernetes reads a container's termination message from.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";

@@ -1,6 +1,6 @@
 //! Views of API objects shared by the controllers of one process: each holds the union of the
-//! fields the provisioner, the attacher and the resizer read (of PersistentVolumes and of
-//! PersistentVolumeClaims), is made once per watch event and
+//! fields its controllers read (of PersistentVolumes and of PersistentVolumeClaims, in the
+//! groups of [`Needs`]), is made once per watch event and
 //! is pointed at by every controller's index, which projects its own model out of it when it
 //! decides. A process of one controller holds the same view, so there is one code path.
 
@@ -14,19 +14,38 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::atom::{Atom, List};
 use crate::migration;
+use crate::values::atom::{Atom, List};
 
-/// The controllers whose fields a view holds: a process keeps only what its controllers read.
+/// The groups of fields a view holds beyond those every reader needs: each controller declares
+/// the groups it reads, and a process keeps the union of its controllers' groups, no more.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Needs(u8);
 
 impl Needs {
     pub const NONE: Self = Self(0);
-    pub const PROVISIONER: Self = Self(1);
-    pub const ATTACHER: Self = Self(2);
-    pub const RESIZER: Self = Self(4);
-    pub const ALL: Self = Self(7);
+    /// A PV's `spec.claimRef`.
+    pub const CLAIM_REF: Self = Self(1);
+    /// A PV's finalizers.
+    pub const PV_FINALIZERS: Self = Self(1 << 1);
+    /// What a volume capability is made of: a PV's access modes and mount options.
+    pub const CAPABILITY: Self = Self(1 << 2);
+    /// What publishing a volume reads: a PV's CSI volume attributes and publish Secret.
+    pub const PUBLISH: Self = Self(1 << 3);
+    /// What expanding and modifying a volume read: a PV's expansion and modification Secrets
+    /// and pre-resize capacity, a claim's sizes, conditions and attributes classes.
+    pub const EXPANSION: Self = Self(1 << 4);
+    /// What provisioning and deleting a volume read: a PV's provisioner and deletion Secret
+    /// annotations, the whole spec and annotations of a claim without a volume.
+    pub const PROVISIONING: Self = Self(1 << 5);
+    /// The annotation naming the CSI driver an in-tree PV was migrated to.
+    pub const MIGRATED_TO: Self = Self(1 << 6);
+    pub const ALL: Self = Self(0x7f);
+
+    /// These and `other`, in a constant.
+    pub const fn union(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
 
     pub fn bits(self) -> u8 {
         self.0
@@ -36,9 +55,9 @@ impl Needs {
         Self(bits & Self::ALL.0)
     }
 
-    /// Whether any of `controllers` is among these.
-    pub fn any(self, controllers: Self) -> bool {
-        self.0 & controllers.0 != 0
+    /// Whether any of `groups` is among these.
+    pub fn any(self, groups: Self) -> bool {
+        self.0 & groups.0 != 0
     }
 }
 
@@ -79,16 +98,13 @@ pub const PRE_RESIZE_CAPACITY: &str = "volume.alpha.kubernetes.io/pre-resize-cap
 
 /// The PV annotations the controllers read, and which read them; the others are not kept.
 const PV_ANNOTATIONS: [(&str, Needs); 7] = [
-    (PROVISIONED_BY, Needs::PROVISIONER),
-    (
-        migration::MIGRATED_TO_ANNOTATION,
-        Needs(Needs::PROVISIONER.0 | Needs::ATTACHER.0),
-    ),
-    (DELETION_SECRET_NAME, Needs::PROVISIONER),
-    (DELETION_SECRET_NAMESPACE, Needs::PROVISIONER),
-    (MODIFY_SECRET_NAME, Needs::RESIZER),
-    (MODIFY_SECRET_NAMESPACE, Needs::RESIZER),
-    (PRE_RESIZE_CAPACITY, Needs::RESIZER),
+    (PROVISIONED_BY, Needs::PROVISIONING),
+    (migration::MIGRATED_TO_ANNOTATION, Needs::MIGRATED_TO),
+    (DELETION_SECRET_NAME, Needs::PROVISIONING),
+    (DELETION_SECRET_NAMESPACE, Needs::PROVISIONING),
+    (MODIFY_SECRET_NAME, Needs::EXPANSION),
+    (MODIFY_SECRET_NAMESPACE, Needs::EXPANSION),
+    (PRE_RESIZE_CAPACITY, Needs::EXPANSION),
 ];
 
 /// Whether `key` is among `list`, for one of `needs`.
@@ -127,7 +143,7 @@ pub struct CsiView {
     pub volume_handle: String,
     pub read_only: bool,
     pub fs_type: Atom,
-    /// Only for the attacher. Interned, the whole list: the provisioner writes its identity
+    /// Only with [`Needs::PUBLISH`]. Interned, the whole list: the provisioner writes its identity
     /// into every volume it makes, so most volumes of a driver have the same.
     pub volume_attributes: List<(Atom, Atom)>,
     // Boxed: most volumes have none, and every cached volume would carry the room for them.
@@ -176,8 +192,6 @@ pub struct PvView {
 
 impl PvView {
     pub fn from_api(pv: &PersistentVolume, needs: Needs) -> Self {
-        let provisioner_or_resizer = needs.any(Needs::PROVISIONER | Needs::RESIZER);
-        let attacher_or_resizer = needs.any(Needs::ATTACHER | Needs::RESIZER);
         let meta = &pv.metadata;
         let spec = pv.spec.as_ref();
         let plugin = spec.and_then(migration::in_tree_plugin);
@@ -206,7 +220,7 @@ impl PvView {
             name: meta.name.as_deref().unwrap_or_default().into(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
-            finalizers: match needs.any(Needs::PROVISIONER | Needs::ATTACHER) {
+            finalizers: match needs.any(Needs::PV_FINALIZERS) {
                 true => meta.finalizers.iter().flatten().map(Atom::from).collect(),
                 false => List::default(),
             },
@@ -234,7 +248,7 @@ impl PvView {
                 .map(|q| Atom::new(&q.0)),
             claim_ref: spec
                 .and_then(|s| s.claim_ref.as_ref())
-                .filter(|_| provisioner_or_resizer)
+                .filter(|_| needs.any(Needs::CLAIM_REF))
                 .map(|r| {
                     Box::new(ClaimRef {
                         namespace: Atom::from(r.namespace.as_deref().unwrap_or_default()),
@@ -245,13 +259,13 @@ impl PvView {
             volume_mode: spec.and_then(|s| s.volume_mode.as_deref()).map(Atom::from),
             access_modes: seen
                 .iter()
-                .filter(|_| attacher_or_resizer)
+                .filter(|_| needs.any(Needs::CAPABILITY))
                 .flat_map(|s| s.access_modes.iter().flatten())
                 .map(Atom::from)
                 .collect(),
             mount_options: spec
                 .and_then(|s| s.mount_options.as_deref())
-                .filter(|_| attacher_or_resizer)
+                .filter(|_| needs.any(Needs::CAPABILITY))
                 .unwrap_or_default()
                 .into(),
             csi: seen.and_then(|s| s.csi.as_ref()).map(|csi| CsiView {
@@ -263,18 +277,18 @@ impl PvView {
                     .volume_attributes
                     .iter()
                     .flatten()
-                    .filter(|_| needs.any(Needs::ATTACHER))
+                    .filter(|_| needs.any(Needs::PUBLISH))
                     .map(|(key, value)| (Atom::new(key), Atom::new(value)))
                     .collect(),
                 publish_secret: csi
                     .controller_publish_secret_ref
                     .as_ref()
-                    .filter(|_| needs.any(Needs::ATTACHER))
+                    .filter(|_| needs.any(Needs::PUBLISH))
                     .map(SecretRef::from_api),
                 expand_secret: csi
                     .controller_expand_secret_ref
                     .as_ref()
-                    .filter(|_| needs.any(Needs::RESIZER))
+                    .filter(|_| needs.any(Needs::EXPANSION))
                     .map(SecretRef::from_api),
             }),
             in_tree,
@@ -362,7 +376,7 @@ pub struct Unbound {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// What only the resizer reads of a claim.
+/// What expanding and modifying a volume read of its claim ([`Needs::EXPANSION`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResizeFields {
     /// `status.capacity.storage`.
@@ -431,7 +445,7 @@ impl ResizeFields {
         }
     }
 
-    /// The fields of a claim whose status holds nothing the resizer reads but a capacity
+    /// The fields of a claim whose status holds nothing expansion reads but a capacity
     /// written as `request` is.
     fn at_request(request: &Option<Atom>) -> Self {
         Self {
@@ -455,8 +469,8 @@ fn storage(map: Option<&BTreeMap<String, Quantity>>) -> Option<Atom> {
     map.and_then(|m| m.get("storage")).map(|q| Atom::new(&q.0))
 }
 
-/// A PersistentVolumeClaim. What only one controller reads is boxed apart, present only when
-/// that controller runs (the [`Needs`] it was made with).
+/// A PersistentVolumeClaim. The groups of fields not every controller reads are boxed apart,
+/// present only when made with their [`Needs`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClaimView {
     pub namespace: Atom,
@@ -476,13 +490,14 @@ pub struct ClaimView {
     pub storage_class: Option<Atom>,
     /// `spec.resources.requests.storage`, as written.
     pub request: Option<Atom>,
-    /// The resizer's fields (see [`ClaimView::resize`]): absent when no resizer runs, and when
-    /// all a claim holds of them is a capacity as written in its request, as most bound claims
-    /// do, which saves them a box of their own.
+    /// The expansion fields (see [`ClaimView::resize`]): absent when made without them, and
+    /// when all a claim holds of them is a capacity as written in its request, as most bound
+    /// claims do, which saves them a box of their own.
     resize: Option<Box<ResizeFields>>,
-    /// Made for a resizer: an absent `resize` then stands for the capacity at the request.
-    for_resizer: bool,
-    /// For the provisioner, while the claim has no volume.
+    /// Made with [`Needs::EXPANSION`]: an absent `resize` then stands for the capacity at the
+    /// request.
+    with_resize: bool,
+    /// With [`Needs::PROVISIONING`], while the claim has no volume.
     pub unbound: Option<Box<Unbound>>,
 }
 
@@ -496,7 +511,7 @@ impl ClaimView {
             spec.and_then(|s| s.resources.as_ref())
                 .and_then(|r| r.requests.as_ref()),
         );
-        let unbound = (volume_name.is_empty() && needs.any(Needs::PROVISIONER)).then(|| {
+        let unbound = (volume_name.is_empty() && needs.any(Needs::PROVISIONING)).then(|| {
             let mut annotations = meta.annotations.clone().unwrap_or_default();
             annotations.remove(LAST_APPLIED);
             Box::new(Unbound {
@@ -528,19 +543,19 @@ impl ClaimView {
                 .and_then(|s| s.storage_class_name.as_deref())
                 .map(Atom::from),
             resize: needs
-                .any(Needs::RESIZER)
+                .any(Needs::EXPANSION)
                 .then(|| ResizeFields::from_api(pvc))
                 .filter(|fields| *fields != ResizeFields::at_request(&request))
                 .map(Box::new),
-            for_resizer: needs.any(Needs::RESIZER),
+            with_resize: needs.any(Needs::EXPANSION),
             request,
             unbound,
         }
     }
 
-    /// What the resizer reads of the claim; `None` when the view was made without it.
+    /// The expansion fields of the claim; `None` when the view was made without them.
     pub fn resize(&self) -> Option<Cow<'_, ResizeFields>> {
-        match (&self.resize, self.for_resizer) {
+        match (&self.resize, self.with_resize) {
             (Some(fields), _) => Some(Cow::Borrowed(fields)),
             (None, true) => Some(Cow::Owned(ResizeFields::at_request(&self.request))),
             (None, false) => None,
@@ -573,6 +588,20 @@ impl View for ClaimView {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The groups a controller that provisions reads, and those of one that attaches and one
+    /// that expands.
+    const PROVISIONING: Needs = Needs::CLAIM_REF
+        .union(Needs::PV_FINALIZERS)
+        .union(Needs::PROVISIONING)
+        .union(Needs::MIGRATED_TO);
+    const ATTACHING: Needs = Needs::PV_FINALIZERS
+        .union(Needs::CAPABILITY)
+        .union(Needs::PUBLISH)
+        .union(Needs::MIGRATED_TO);
+    const EXPANDING: Needs = Needs::CLAIM_REF
+        .union(Needs::CAPABILITY)
+        .union(Needs::EXPANSION);
 
     fn pv(value: serde_json::Value) -> PersistentVolume {
         serde_json::from_value(value).expect("a PV")
@@ -632,19 +661,19 @@ mod tests {
                      "claimRef": {"namespace": "default", "name": "c-1", "uid": "u"},
                      "csi": {"driver": "d", "volumeHandle": "h", "volumeAttributes": {"a": "b"}}},
         }));
-        let attacher = PvView::from_api(&pv, Needs::ATTACHER);
+        let attacher = PvView::from_api(&pv, ATTACHING);
         assert!(attacher.claim_ref.is_none() && attacher.annotations.is_empty());
         let attributes = |v: &PvView| v.csi.as_ref().map(|c| c.volume_attributes.clone());
         assert_eq!(
             attributes(&attacher).as_deref(),
             Some(&[(Atom::new("a"), Atom::new("b"))][..])
         );
-        let provisioner = PvView::from_api(&pv, Needs::PROVISIONER);
+        let provisioner = PvView::from_api(&pv, PROVISIONING);
         assert!(provisioner.access_modes.is_empty());
         assert_eq!(attributes(&provisioner).as_deref(), Some(&[][..]));
         assert_eq!(provisioner.annotation(PROVISIONED_BY), Some("d"));
         assert_eq!(provisioner.annotations.len(), 1);
-        let both = PvView::from_api(&pv, Needs::PROVISIONER | Needs::RESIZER);
+        let both = PvView::from_api(&pv, PROVISIONING | EXPANDING);
         assert_eq!(both.annotations.len(), 2);
         assert!(both.claim_ref.is_some());
         assert_eq!(provisioner.volume_handle(), both.volume_handle());
@@ -690,7 +719,7 @@ mod tests {
         assert_eq!(resize.annotations.len(), 1);
         assert_eq!(resize.capacity.as_deref(), Some("1Gi"));
         assert_eq!(resize.conditions[0].type_, "Resizing");
-        let provisioner = ClaimView::from_api(&pvc, Needs::PROVISIONER);
+        let provisioner = ClaimView::from_api(&pvc, PROVISIONING);
         assert!(
             provisioner.resize().is_none(),
             "no resizer, no resizer fields"
@@ -720,7 +749,7 @@ mod tests {
         assert!(matches!(fields, Cow::Borrowed(_)), "boxed");
         assert_eq!(fields.capacity.as_deref(), Some("1073741824"));
         assert!(
-            ClaimView::from_api(&claim("1Gi"), Needs::PROVISIONER)
+            ClaimView::from_api(&claim("1Gi"), PROVISIONING)
                 .resize()
                 .is_none()
         );
@@ -738,7 +767,7 @@ mod tests {
         let unbound = view.unbound.as_ref().expect("unbound");
         assert_eq!(unbound.annotations.len(), 1, "last-applied is dropped");
         assert_eq!(unbound.spec.storage_class_name.as_deref(), Some("sc"));
-        let resizer = ClaimView::from_api(&pvc, Needs::RESIZER);
+        let resizer = ClaimView::from_api(&pvc, EXPANDING);
         assert!(resizer.unbound.is_none(), "no provisioner, no spec kept");
     }
 }

@@ -18,9 +18,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::flags::HttpFlags;
-use crate::leader::LeaderHealth;
-use crate::metrics::CsiMetrics;
+use crate::cluster::leader::LeaderHealth;
+use crate::process::flags::HttpFlags;
+use crate::process::metrics::CsiMetrics;
 
 /// A plain-text answer of a handler.
 #[derive(Clone, Debug, PartialEq, Eq)]

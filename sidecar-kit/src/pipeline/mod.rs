@@ -3,6 +3,11 @@
 //! queues. A sidecar configures one [`Pipeline`] with its watches and worker pools and keeps
 //! its own decisions; this module knows nothing of what the keys mean.
 
+pub mod views;
+pub mod viewtable;
+pub mod watches;
+pub mod workqueue;
+
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::future::Future;
@@ -17,9 +22,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::views::{Needs, View};
-use crate::watches::{Subscription, Synced, WatchHub};
-use crate::workqueue::{Item, WorkQueue};
+use crate::pipeline::views::{Needs, View};
+use crate::pipeline::watches::{Subscription, Synced, WatchHub};
+use crate::pipeline::workqueue::{Item, WorkQueue};
 
 /// One watch event, as kube's watcher reports them.
 #[derive(Debug)]

@@ -24,8 +24,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::flags::LeaderElectionFlags;
-use crate::http::Reply;
+use crate::process::flags::LeaderElectionFlags;
+use crate::process::http::Reply;
 
 /// How long past the lease duration a leader may fail to renew before `/healthz/leader-election`
 /// reports failure (client-go's `DefaultHealthCheckTimeout`).

@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 
-use crate::leader::{ElectionConfig, LeaderError};
+use crate::cluster::leader::{ElectionConfig, LeaderError};
 
 /// The consolidated Lease's annotation once the legacy Leases were taken over.
 pub const MIGRATION_ANNOTATION: &str = "migration.csi.k8s.io/status";
@@ -29,7 +29,7 @@ pub const MIGRATION_COMPLETED: &str = "completed";
 
 /// The consolidated Lease's name for `driver`.
 pub fn lease_name(driver: &str) -> String {
-    crate::leader::sanitize_name(&format!("csi-sidecars-leader-{driver}"))
+    crate::cluster::leader::sanitize_name(&format!("csi-sidecars-leader-{driver}"))
 }
 
 /// Who holds a legacy Lease, as read.

@@ -13,15 +13,15 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::consolidated;
-use crate::csi::CsiClient;
-use crate::http::{HttpError, HttpPlan, Routes};
-use crate::kube::Connections;
-use crate::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
-use crate::metrics::{CsiMetrics, MetricsError};
-use crate::startup::{self, Greeting, StartupError};
-use crate::watches::WatchHub;
-use crate::workqueue::WorkQueueMetrics;
+use crate::cluster::client::Connections;
+use crate::cluster::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
+use crate::driver::csi::CsiClient;
+use crate::pipeline::watches::WatchHub;
+use crate::pipeline::workqueue::WorkQueueMetrics;
+use crate::process::http::{HttpError, HttpPlan, Routes};
+use crate::process::metrics::{CsiMetrics, MetricsError};
+use crate::runtime::consolidated;
+use crate::runtime::startup::{self, Greeting, StartupError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -36,7 +36,7 @@ pub enum HostError {
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
     #[error(transparent)]
-    Kube(#[from] crate::kube::KubeError),
+    Kube(#[from] crate::cluster::client::KubeError),
     #[error("the {0} controller stopped before the process was asked to")]
     Stopped(&'static str),
     #[error("a controller failed: {0}")]

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::connection::DriverConnection;
-use crate::metrics::{CsiMetrics, code_label};
+use crate::driver::connection::DriverConnection;
+use crate::process::metrics::{CsiMetrics, code_label};
 
 /// The message a call that ran out of time fails with (the text gRPC-Go uses).
 pub const DEADLINE_MESSAGE: &str = "context deadline exceeded";
@@ -462,7 +462,7 @@ fn truncate(text: String, max: i64) -> String {
 pub fn go_error(status: &tonic::Status) -> String {
     format!(
         "rpc error: code = {} desc = {}",
-        crate::metrics::code_label(status.code()),
+        crate::process::metrics::code_label(status.code()),
         status.message()
     )
 }

@@ -7,8 +7,8 @@ use csi_proto::v1::{controller_service_capability, node_service_capability, plug
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
-use crate::csi::{CallOptions, CsiClient};
-use crate::metrics::code_label;
+use crate::driver::csi::{CallOptions, CsiClient};
+use crate::process::metrics::code_label;
 
 /// How often [`probe_forever`] asks again.
 pub const PROBE_PERIOD: Duration = Duration::from_secs(1);
@@ -22,7 +22,7 @@ pub enum IdentityError {
     #[error("cancelled while waiting for the CSI driver to become ready")]
     Cancelled,
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
+    Metrics(#[from] crate::process::metrics::MetricsError),
 }
 
 fn call_error(call: &'static str) -> impl FnOnce(Status) -> IdentityError {

@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 
-use crate::shrink::ShrinkWhenSparse;
+use crate::values::shrink::ShrinkWhenSparse;
 
 /// Events waiting to be written; beyond this, new events are dropped (as client-go's broadcaster
 /// drops them when its channel is full).

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
 
-use crate::endpoint::{self, Endpoint, EndpointError};
+use crate::driver::endpoint::{self, Endpoint, EndpointError};
 
 /// Upstream's bound on the first dial.
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -113,7 +113,7 @@ impl DriverConnection {
         let connection = self.clone();
         tokio::spawn(async move {
             connection.lost().await;
-            crate::lifecycle::fatal(LOST_CONNECTION_MESSAGE);
+            crate::runtime::lifecycle::fatal(LOST_CONNECTION_MESSAGE);
         });
     }
 }
@@ -260,9 +260,11 @@ pub async fn dial(endpoint: &Endpoint) -> io::Result<Box<dyn DriverIo>> {
         #[cfg(unix)]
         Endpoint::Unix(path) => Ok(Box::new(tokio::net::UnixStream::connect(path).await?)),
         #[cfg(windows)]
-        Endpoint::Unix(path) => Ok(Box::new(crate::windows::unix_connect(path).await?)),
+        Endpoint::Unix(path) => Ok(Box::new(crate::driver::windows::unix_connect(path).await?)),
         #[cfg(windows)]
-        Endpoint::NamedPipe(name) => Ok(Box::new(crate::windows::pipe_connect(name).await?)),
+        Endpoint::NamedPipe(name) => {
+            Ok(Box::new(crate::driver::windows::pipe_connect(name).await?))
+        }
         #[cfg(not(windows))]
         Endpoint::NamedPipe(name) => Err(io::Error::new(
             io::ErrorKind::Unsupported,

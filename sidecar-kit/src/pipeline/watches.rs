@@ -19,7 +19,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
 use crate::pipeline::Change;
-use crate::views::Needs;
+use crate::pipeline::views::Needs;
 
 /// How long a shared watch waits before it lists, so that the controllers of one start-up
 /// subscribe before the list instead of each restarting it.

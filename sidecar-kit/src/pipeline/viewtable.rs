@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use crate::shrink;
+use crate::values::shrink;
 
 /// Views by the name `key` reads out of each (the table's own hash builder, as a `HashMap`'s,
 /// since the names come from the API).

@@ -110,7 +110,7 @@ pub fn journal_name(lease: &str, node: Option<&str>) -> String {
     if name.len() <= MAX_NAME {
         return name;
     }
-    let hash = crate::names::fnv32a(node);
+    let hash = crate::values::names::fnv32a(node);
     let keep = MAX_NAME - hash.len() - 1;
     // Node and Lease names are ASCII, so any byte offset is a character boundary.
     let start = name

@@ -29,7 +29,7 @@ use prometheus::{
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::shrink::ShrinkWhenSparse;
+use crate::values::shrink::ShrinkWhenSparse;
 
 /// Per-key exponential backoff: `start`, doubled on every failure, capped at `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,11 @@
 //!
 //! [`impl Sidecar`]: Sidecar
 
+pub mod consolidated;
+pub mod host;
+pub mod lifecycle;
+pub mod startup;
+
 use std::ffi::OsString;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -17,15 +22,15 @@ use std::pin::Pin;
 use clap::CommandFactory;
 use tokio_util::sync::CancellationToken;
 
-use crate::flags::{CommonFlags, FlagSyntax, parse_args, parse_from};
-use crate::host::{self, Controller, Host, HostError};
-use crate::http::{HttpError, HttpPlan, Routes};
-use crate::journal::{self, Location, journal_name};
-use crate::kube::{Clients, KubeError, KubeconfigRule};
-use crate::leader::{self, ElectionConfig};
-use crate::startup::Greeting;
-use crate::watches::WatchHub;
-use crate::{lifecycle, logging, startup};
+use crate::cluster::client::{Clients, KubeError, KubeconfigRule};
+use crate::cluster::journal::{self, Location, journal_name};
+use crate::cluster::leader::{self, ElectionConfig};
+use crate::pipeline::watches::WatchHub;
+use crate::process::flags::{CommonFlags, FlagSyntax, parse_args, parse_from};
+use crate::process::http::{HttpError, HttpPlan, Routes};
+use host::{Controller, Host, HostError};
+use crate::runtime::startup::Greeting;
+use crate::process::logging;
 
 /// Routes a sidecar adds to the process's HTTP endpoint.
 pub type RouteHook = Box<dyn FnOnce(Routes) -> Routes + Send>;
@@ -104,8 +109,9 @@ impl<'a> Setup<'a> {
         kube_config: &kube::Config,
         cli: &'a S::Cli,
     ) -> Result<Self, KubeError> {
-        let mut kube_config = crate::kube::as_program(kube_config, S::BINARY, S::VERSION);
-        crate::kube::override_master(&mut kube_config, S::master(cli))?;
+        let mut kube_config =
+            crate::cluster::client::as_program(kube_config, S::BINARY, S::VERSION);
+        crate::cluster::client::override_master(&mut kube_config, S::master(cli))?;
         Ok(Self {
             host,
             kube_config,
@@ -196,7 +202,7 @@ pub async fn serve<S: Sidecar>(
 ) -> Result<(), RuntimeError> {
     let common = S::common(&cli);
     let plan = HttpPlan::from_flags(&common.http)?;
-    let config = crate::kube::load_config(&common.kube, S::KUBECONFIG).await?;
+    let config = crate::cluster::client::load_config(&common.kube, S::KUBECONFIG).await?;
     let Some(host) =
         Host::start(S::greeting(&cli), WatchHub::default(), &config, &shutdown).await?
     else {

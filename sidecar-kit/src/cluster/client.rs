@@ -21,9 +21,9 @@ use tower::retry::RetryLayer;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder};
 
-use crate::deadline::{Bounded, Deadline};
-use crate::flags::KubeFlags;
-use crate::token::{TokenFile, TokenLayer};
+use crate::cluster::deadline::{Bounded, Deadline};
+use crate::cluster::token::{TokenFile, TokenLayer};
+use crate::process::flags::KubeFlags;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -46,7 +46,7 @@ pub enum KubeError {
     #[error("invalid --master {url:?}: {message}")]
     Master { url: String, message: String },
     #[error(transparent)]
-    Token(#[from] crate::token::TokenError),
+    Token(#[from] crate::cluster::token::TokenError),
 }
 
 /// The token file `auth` authenticates with: the one kube would read, when it would (an auth
@@ -176,7 +176,7 @@ const IDLE_PER_HOST: usize = 25;
 /// TCP keepalive of every API server connection, probing after 30 s idle as client-go's dialer
 /// does: an idle connection whose peer is gone is noticed within [`KEEPALIVE_IDLE`] plus
 /// [`KEEPALIVE_PROBES`] × [`KEEPALIVE_INTERVAL`] (90 s), not when the kernel gives up hours later.
-/// (A connection with a request in flight is bounded by [`crate::deadline`] instead.)
+/// (A connection with a request in flight is bounded by [`crate::cluster::deadline`] instead.)
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 const KEEPALIVE_PROBES: u32 = 4;
@@ -252,7 +252,7 @@ impl Connections {
         >,
         KubeError,
     > {
-        // A token file is ours to read (see crate::token); any other credentials are kube's.
+        // A token file is ours to read (see crate::cluster::token); any other credentials are kube's.
         let token = token_file(&config.auth_info)
             .map(TokenFile::open)
             .transpose()?;

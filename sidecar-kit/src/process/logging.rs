@@ -15,7 +15,7 @@ use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::flags::{LogFormat, LoggingFlags};
+use crate::process::flags::{LogFormat, LoggingFlags};
 
 /// The tracing level that a klog verbosity enables.
 pub fn level_for_verbosity(verbosity: u8) -> Level {
@@ -113,7 +113,7 @@ mod tests {
         assert!(debug.would_enable("external_attacher", &Level::DEBUG));
         assert!(!debug.would_enable("external_attacher", &Level::TRACE));
         let trace = filter(5);
-        assert!(trace.would_enable("sidecar_kit::csi", &Level::TRACE));
+        assert!(trace.would_enable("sidecar_kit::driver::csi", &Level::TRACE));
         for krate in QUIET_DEPENDENCIES {
             assert!(trace.would_enable(krate, &Level::INFO), "{krate}");
             assert!(!trace.would_enable(krate, &Level::DEBUG), "{krate}");

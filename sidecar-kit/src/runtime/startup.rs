@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::{self, ConnectOptions, LossPolicy};
-use crate::csi::CsiClient;
-use crate::flags::ProcessFlags;
-use crate::identity::{self, IdentityError};
-use crate::lifecycle;
-use crate::metrics::CsiMetrics;
+use crate::driver::connection::{self, ConnectOptions, LossPolicy};
+use crate::driver::csi::CsiClient;
+use crate::driver::identity::{self, IdentityError};
+use crate::process::flags::ProcessFlags;
+use crate::process::metrics::CsiMetrics;
+use crate::runtime::lifecycle;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
