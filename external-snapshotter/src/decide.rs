@@ -9,8 +9,8 @@ use sidecar_kit::values::names::{is_dns1123_label, is_dns1123_subdomain, resolve
 use tonic::Code;
 
 use crate::model::{
-    self, Class, Content, ContentStatus, GroupClass, GroupContent, GroupContentStatus,
-    SecretAnnotations, SecretRef, SnapshotInfo,
+    self, Class, Content, ContentStatus, GroupContent, GroupContentStatus, SecretAnnotations,
+    SecretRef, SnapshotInfo,
 };
 
 const PREFIX: &str = "csi.storage.k8s.io/";
@@ -435,11 +435,7 @@ pub fn is_final(code: Option<Code>) -> bool {
 // --- group snapshots ---
 
 /// Whether the group content is this driver's (upstream's `isDriverMatch` for groups).
-pub fn group_driver_match(
-    content: &GroupContent,
-    class: Option<&GroupClass>,
-    driver: &str,
-) -> bool {
+pub fn group_driver_match(content: &GroupContent, class: Option<&Class>, driver: &str) -> bool {
     (!content.volume_handles.is_empty() || content.pre_provisioned.is_some())
         && content.driver == driver
         && class.is_none_or(|c| c.driver == driver)

@@ -1,5 +1,6 @@
-//! The cache, fed by watch events: this driver's VolumeSnapshotContents and the
-//! VolumeSnapshotClasses. Each event returns the contents to work on. No I/O.
+//! The cache, fed by watch events: this driver's VolumeSnapshotContents and
+//! VolumeGroupSnapshotContents, and the classes of both. Each event returns the contents to
+//! work on. No I/O.
 
 use std::collections::HashMap;
 
@@ -8,80 +9,206 @@ use sidecar_kit::values::shrink::ShrinkWhenSparse;
 
 use crate::decide;
 use crate::model::{
-    Class, Content, GroupClass, GroupContent, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
+    Class, Content, GroupContent, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
     VolumeSnapshotClass, VolumeSnapshotContent,
 };
 
 #[derive(Debug)]
 pub struct Index {
     driver: String,
-    contents: HashMap<String, Content>,
-    classes: HashMap<String, Class>,
-    content_relist: Relist,
-    class_relist: Relist,
-    groups: GroupIndex,
+    contents: Table<Content>,
+    classes: Table<Class>,
+    /// Watched only with the `CSIVolumeGroupSnapshot` gate on.
+    group_contents: Table<GroupContent>,
+    group_classes: Table<Class>,
 }
 
-/// The group contents of this driver and the group classes (watched only with the
-/// `CSIVolumeGroupSnapshot` gate on).
-#[derive(Debug, Default)]
-struct GroupIndex {
-    contents: HashMap<String, GroupContent>,
-    classes: HashMap<String, GroupClass>,
-    content_relist: Relist,
-    class_relist: Relist,
+/// What the cache reads of a cached object.
+trait Cached {
+    fn name(&self) -> &str;
+    /// The driver of a content; `None` for a class, which is kept whatever its driver.
+    fn driver(&self) -> Option<&str>;
+    /// `None` for a class: each event of one replaces the cached one.
+    fn resource_version(&self) -> Option<&str>;
+}
+
+impl Cached for Content {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn driver(&self) -> Option<&str> {
+        Some(&self.driver)
+    }
+    fn resource_version(&self) -> Option<&str> {
+        Some(&self.resource_version)
+    }
+}
+
+impl Cached for GroupContent {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn driver(&self) -> Option<&str> {
+        Some(&self.driver)
+    }
+    fn resource_version(&self) -> Option<&str> {
+        Some(&self.resource_version)
+    }
+}
+
+impl Cached for Class {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn driver(&self) -> Option<&str> {
+        None
+    }
+    fn resource_version(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// The cached objects of one kind, by name, and the re-list that finds those deleted while
+/// the watch was down.
+#[derive(Debug)]
+struct Table<T> {
+    items: HashMap<String, T>,
+    relist: Relist,
+}
+
+impl<T> Default for Table<T> {
+    fn default() -> Self {
+        Self {
+            items: HashMap::new(),
+            relist: Relist::default(),
+        }
+    }
+}
+
+impl<T: Cached> Table<T> {
+    /// Applies a watch event and returns the names to work on: an object of `driver` that is
+    /// new, or newer than the cached one where `act` says the change is work; one deleted or
+    /// found gone by a re-list; a content that moved to another driver. Contents of other
+    /// drivers are kept out: only their names matter.
+    fn apply<O: kube::Resource>(
+        &mut self,
+        driver: &str,
+        change: Change<&O>,
+        project: impl Fn(&O) -> T,
+        act: impl Fn(&T, &T) -> bool,
+    ) -> Vec<String> {
+        match change {
+            Change::Apply(object) | Change::Listed(object) => {
+                let new = project(object);
+                if matches!(change, Change::Listed(_)) {
+                    self.relist.saw(new.name());
+                }
+                if new.driver().is_some_and(|d| d != driver) {
+                    return self.forget(new.name()).into_iter().collect();
+                }
+                let name = new.name().to_string();
+                let work = match self.items.get(&name) {
+                    None => true,
+                    // The echo of the snapshotter's own write, or an older version than that
+                    // write: nothing new.
+                    Some(old) if !newer(old, &new) => return Vec::new(),
+                    Some(old) => act(old, &new),
+                };
+                self.items.insert(name.clone(), new);
+                if work { vec![name] } else { Vec::new() }
+            }
+            Change::Delete(object) => {
+                let name = object.meta().name.clone().unwrap_or_default();
+                self.forget(&name);
+                // The worker looks at a content that is gone too: an unanswered create call
+                // may have left a snapshot no content will name.
+                vec![name]
+            }
+            Change::Relist => {
+                self.relist.start();
+                Vec::new()
+            }
+            Change::Relisted => {
+                let gone = self.relist.finish(self.items.keys());
+                for name in &gone {
+                    self.forget(name);
+                }
+                gone
+            }
+        }
+    }
+
+    /// Removes `name`; its name when it was cached.
+    fn forget(&mut self, name: &str) -> Option<String> {
+        let removed = self.items.remove(name).map(|_| name.to_string());
+        if removed.is_some() {
+            self.items.shrink_when_sparse();
+        }
+        removed
+    }
+
+    /// Stores an object the snapshotter wrote, unless the cache already has a newer version.
+    fn store(&mut self, new: T) {
+        let keep = self
+            .items
+            .get(new.name())
+            .is_none_or(|old| !newer(&new, old));
+        if keep {
+            self.items.insert(new.name().to_string(), new);
+        }
+    }
+
+    /// The object named `name`, if cached.
+    fn class_of(&self, name: Option<&String>) -> Option<T>
+    where
+        T: Clone,
+    {
+        name.and_then(|c| self.items.get(c)).cloned()
+    }
 }
 
 impl Index {
     pub fn new(driver: &str) -> Self {
         Self {
             driver: driver.to_string(),
-            contents: HashMap::new(),
-            classes: HashMap::new(),
-            content_relist: Relist::default(),
-            class_relist: Relist::default(),
-            groups: GroupIndex::default(),
+            contents: Table::default(),
+            classes: Table::default(),
+            group_contents: Table::default(),
+            group_classes: Table::default(),
         }
     }
 
     pub fn content_count(&self) -> usize {
-        self.contents.len()
+        self.contents.items.len()
     }
 
     /// The content and its class, if the content is this driver's.
     pub fn view(&self, name: &str) -> Option<(Content, Option<Class>)> {
-        let content = self.contents.get(name)?;
-        let class = content
-            .class
-            .as_ref()
-            .and_then(|c| self.classes.get(c))
-            .cloned();
+        let content = self.contents.items.get(name)?;
+        let class = self.classes.class_of(content.class.as_ref());
         decide::driver_match(content, class.as_ref(), &self.driver)
             .then(|| (content.clone(), class))
     }
 
     /// Whether a content of this name is cached (of any driver).
     pub fn has_content(&self, name: &str) -> bool {
-        self.contents.contains_key(name)
+        self.contents.items.contains_key(name)
     }
 
     pub fn class(&self, name: &str) -> Option<Class> {
-        self.classes.get(name).cloned()
+        self.classes.items.get(name).cloned()
     }
 
     /// The names of the contents of this driver, for the periodic resync.
     pub fn content_names(&self) -> Vec<String> {
-        self.contents
-            .values()
-            .filter(|c| c.driver == self.driver)
-            .map(|c| c.name.clone())
-            .collect()
+        self.contents.items.keys().cloned().collect()
     }
 
     /// The content (of any driver) with UID `content_uid` or bound to the VolumeSnapshot with
     /// UID `snapshot_uid`, if one exists: the snapshot derived from that UID is its.
     pub fn content_bound_to(&self, snapshot_uid: &str, content_uid: &str) -> Option<String> {
         self.contents
+            .items
             .values()
             .find(|c| c.uid == content_uid || c.snapshot_ref.uid == snapshot_uid)
             .map(|c| c.name.clone())
@@ -89,119 +216,40 @@ impl Index {
 
     /// Stores a content the snapshotter wrote, unless the cache already has a newer version.
     pub fn store(&mut self, object: &VolumeSnapshotContent) {
-        let content = Content::from_api(object);
-        let newer = self
-            .contents
-            .get(&content.name)
-            .is_none_or(|old| version(&old.resource_version) <= version(&content.resource_version));
-        if newer {
-            self.contents.insert(content.name.clone(), content);
-        }
+        self.contents.store(Content::from_api(object));
     }
 
+    /// A content event; a newer version is work when [`decide::should_enqueue`] says so.
     pub fn content_event(&mut self, change: Change<&VolumeSnapshotContent>) -> Vec<String> {
-        match change {
-            Change::Apply(object) | Change::Listed(object) => {
-                let content = Content::from_api(object);
-                if matches!(change, Change::Listed(_)) {
-                    self.content_relist.saw(content.name.as_str());
-                }
-                // Contents of other drivers are kept out of the cache: only their names matter.
-                if content.driver != self.driver {
-                    return self
-                        .contents
-                        .remove(&content.name)
-                        .map(|c| c.name)
-                        .into_iter()
-                        .collect();
-                }
-                let name = content.name.clone();
-                let act = match self.contents.get(&name) {
-                    None => true,
-                    Some(old) => {
-                        if version(&old.resource_version) >= version(&content.resource_version) {
-                            // The echo of the snapshotter's own write, or an older version
-                            // than that write: nothing new.
-                            return Vec::new();
-                        }
-                        decide::should_enqueue(old, &content)
-                    }
-                };
-                self.contents.insert(name.clone(), content);
-                if act { vec![name] } else { Vec::new() }
-            }
-            Change::Delete(object) => {
-                let name = object.metadata.name.clone().unwrap_or_default();
-                self.forget(&name)
-            }
-            Change::Relist => {
-                self.content_relist.start();
-                Vec::new()
-            }
-            Change::Relisted => {
-                let gone = self.content_relist.finish(self.contents.keys());
-                gone.iter().flat_map(|name| self.forget(name)).collect()
-            }
-        }
-    }
-
-    fn forget(&mut self, name: &str) -> Vec<String> {
-        let removed = self.contents.remove(name).is_some();
-        if removed {
-            self.contents.shrink_when_sparse();
-        }
-        // The worker looks at a content that is gone too: an unanswered CreateSnapshot of it
-        // may have left a snapshot no content will name.
-        vec![name.to_string()]
+        let driver = &self.driver;
+        self.contents
+            .apply(driver, change, Content::from_api, decide::should_enqueue)
     }
 
     pub fn class_event(&mut self, change: Change<&VolumeSnapshotClass>) -> Vec<String> {
-        match change {
-            Change::Apply(object) | Change::Listed(object) => {
-                let class = Class::from_api(object);
-                if matches!(change, Change::Listed(_)) {
-                    self.class_relist.saw(class.name.as_str());
-                }
-                self.classes.insert(class.name.clone(), class);
-            }
-            Change::Delete(object) => {
-                self.classes
-                    .remove(object.metadata.name.as_deref().unwrap_or_default());
-            }
-            Change::Relist => self.class_relist.start(),
-            Change::Relisted => {
-                for name in self.class_relist.finish(self.classes.keys()) {
-                    self.classes.remove(&name);
-                }
-            }
-        }
+        self.classes
+            .apply(&self.driver, change, Class::from_api, |_, _| false);
         Vec::new()
     }
-}
 
-impl Index {
     /// The group content and its class, if the content is this driver's.
-    pub fn group_view(&self, name: &str) -> Option<(GroupContent, Option<GroupClass>)> {
-        let content = self.groups.contents.get(name)?;
-        let class = content
-            .class
-            .as_ref()
-            .and_then(|c| self.groups.classes.get(c))
-            .cloned();
+    pub fn group_view(&self, name: &str) -> Option<(GroupContent, Option<Class>)> {
+        let content = self.group_contents.items.get(name)?;
+        let class = self.group_classes.class_of(content.class.as_ref());
         decide::group_driver_match(content, class.as_ref(), &self.driver)
             .then(|| (content.clone(), class))
     }
 
     /// The names of the group contents of this driver, for the periodic resync.
     pub fn group_content_names(&self) -> Vec<String> {
-        self.groups.contents.keys().cloned().collect()
+        self.group_contents.items.keys().cloned().collect()
     }
 
     /// The group content with UID `content_uid` or bound to the VolumeGroupSnapshot with UID
     /// `group_uid`, if one exists.
     pub fn group_content_bound_to(&self, group_uid: &str, content_uid: &str) -> Option<String> {
-        self.groups
-            .contents
+        self.group_contents
+            .items
             .values()
             .find(|c| c.uid == content_uid || c.group_ref.uid == group_uid)
             .map(|c| c.name.clone())
@@ -209,14 +257,7 @@ impl Index {
 
     /// Stores a group content the snapshotter wrote, unless the cache has a newer version.
     pub fn group_store(&mut self, object: &VolumeGroupSnapshotContent) {
-        let content = GroupContent::from_api(object);
-        let newer =
-            self.groups.contents.get(&content.name).is_none_or(|old| {
-                version(&old.resource_version) <= version(&content.resource_version)
-            });
-        if newer {
-            self.groups.contents.insert(content.name.clone(), content);
-        }
+        self.group_contents.store(GroupContent::from_api(object));
     }
 
     /// A group content event; every newer version is work, as upstream enqueues every update
@@ -225,71 +266,21 @@ impl Index {
         &mut self,
         change: Change<&VolumeGroupSnapshotContent>,
     ) -> Vec<String> {
-        let groups = &mut self.groups;
-        match change {
-            Change::Apply(object) | Change::Listed(object) => {
-                let content = GroupContent::from_api(object);
-                if matches!(change, Change::Listed(_)) {
-                    groups.content_relist.saw(content.name.as_str());
-                }
-                if content.driver != self.driver {
-                    return groups
-                        .contents
-                        .remove(&content.name)
-                        .map(|c| c.name)
-                        .into_iter()
-                        .collect();
-                }
-                let name = content.name.clone();
-                if groups.contents.get(&name).is_some_and(|old| {
-                    version(&old.resource_version) >= version(&content.resource_version)
-                }) {
-                    return Vec::new();
-                }
-                groups.contents.insert(name.clone(), content);
-                vec![name]
-            }
-            Change::Delete(object) => {
-                let name = object.metadata.name.clone().unwrap_or_default();
-                groups.contents.remove(&name);
-                vec![name]
-            }
-            Change::Relist => {
-                groups.content_relist.start();
-                Vec::new()
-            }
-            Change::Relisted => {
-                let gone = groups.content_relist.finish(groups.contents.keys());
-                for name in &gone {
-                    groups.contents.remove(name);
-                }
-                gone
-            }
-        }
+        self.group_contents
+            .apply(&self.driver, change, GroupContent::from_api, |_, _| true)
     }
 
     pub fn group_class_event(&mut self, change: Change<&VolumeGroupSnapshotClass>) {
-        let groups = &mut self.groups;
-        match change {
-            Change::Apply(object) | Change::Listed(object) => {
-                let class = GroupClass::from_api(object);
-                if matches!(change, Change::Listed(_)) {
-                    groups.class_relist.saw(class.name.as_str());
-                }
-                groups.classes.insert(class.name.clone(), class);
-            }
-            Change::Delete(object) => {
-                groups
-                    .classes
-                    .remove(object.metadata.name.as_deref().unwrap_or_default());
-            }
-            Change::Relist => groups.class_relist.start(),
-            Change::Relisted => {
-                for name in groups.class_relist.finish(groups.classes.keys()) {
-                    groups.classes.remove(&name);
-                }
-            }
-        }
+        self.group_classes
+            .apply(&self.driver, change, Class::from_group_api, |_, _| false);
+    }
+}
+
+/// Whether `new` is a newer version than `old` (always, for objects without versions).
+fn newer<T: Cached>(old: &T, new: &T) -> bool {
+    match (old.resource_version(), new.resource_version()) {
+        (Some(old), Some(new)) => version(new) > version(old),
+        _ => true,
     }
 }
 
@@ -377,5 +368,44 @@ mod tests {
             serde_json::from_value(json!({"metadata": {"name": "c"}, "driver": "other"})).unwrap();
         index.class_event(Change::Apply(&class));
         assert!(index.view("a").is_none());
+        // A class has no version the cache compares: each event replaces it.
+        let mine: VolumeSnapshotClass =
+            serde_json::from_value(json!({"metadata": {"name": "c"}, "driver": "d"})).unwrap();
+        index.class_event(Change::Apply(&mine));
+        assert!(index.view("a").is_some());
+    }
+
+    #[test]
+    fn every_newer_group_content_is_work() {
+        let mut index = Index::new("d");
+        let group = |rv: &str, driver: &str| -> VolumeGroupSnapshotContent {
+            serde_json::from_value(json!({
+                "metadata": {"name": "g", "uid": "g-uid", "resourceVersion": rv},
+                "spec": {"driver": driver, "deletionPolicy": "Delete",
+                    "source": {"volumeHandles": ["v"]},
+                    "volumeGroupSnapshotRef": {"name": "s", "namespace": "ns", "uid": "vgs"}},
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            index.group_content_event(Change::Apply(&group("1", "d"))),
+            vec!["g"]
+        );
+        assert!(
+            index
+                .group_content_event(Change::Apply(&group("1", "d")))
+                .is_empty()
+        );
+        assert_eq!(
+            index.group_content_event(Change::Apply(&group("2", "d"))),
+            vec!["g"]
+        );
+        assert!(index.group_view("g").is_some());
+        // Moved to another driver: named once more, then no longer kept.
+        assert_eq!(
+            index.group_content_event(Change::Apply(&group("3", "x"))),
+            vec!["g"]
+        );
+        assert!(index.group_view("g").is_none() && index.group_content_names().is_empty());
     }
 }

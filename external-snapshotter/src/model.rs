@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::LazyLock;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -249,19 +250,37 @@ impl Content {
     }
 
     /// The reference an Event about this content names.
-    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
-        k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(format!("{GROUP}/v1")),
-            kind: Some("VolumeSnapshotContent".into()),
-            name: Some(self.name.clone()),
-            uid: Some(self.uid.clone()),
-            resource_version: Some(self.resource_version.clone()),
-            ..Default::default()
-        }
+    pub fn object_ref(&self) -> ObjectReference {
+        let api_version = format!("{GROUP}/v1");
+        event_ref(
+            api_version,
+            "VolumeSnapshotContent",
+            &self.name,
+            &self.uid,
+            &self.resource_version,
+        )
     }
 }
 
-/// What the snapshotter keeps of a VolumeSnapshotClass.
+/// The reference an Event about an object names.
+fn event_ref(
+    api_version: String,
+    kind: &str,
+    name: &str,
+    uid: &str,
+    resource_version: &str,
+) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api_version),
+        kind: Some(kind.into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+        resource_version: Some(resource_version.into()),
+        ..Default::default()
+    }
+}
+
+/// What the snapshotter keeps of a VolumeSnapshotClass or a VolumeGroupSnapshotClass.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Class {
     pub name: String,
@@ -271,10 +290,18 @@ pub struct Class {
 
 impl Class {
     pub fn from_api(object: &VolumeSnapshotClass) -> Self {
+        Self::of(&object.metadata, &object.driver, &object.parameters)
+    }
+
+    pub fn from_group_api(object: &VolumeGroupSnapshotClass) -> Self {
+        Self::of(&object.metadata, &object.driver, &object.parameters)
+    }
+
+    fn of(meta: &ObjectMeta, driver: &str, parameters: &BTreeMap<String, String>) -> Self {
         Self {
-            name: object.metadata.name.clone().unwrap_or_default(),
-            driver: object.driver.clone(),
-            parameters: object.parameters.clone(),
+            name: meta.name.clone().unwrap_or_default(),
+            driver: driver.to_string(),
+            parameters: parameters.clone(),
         }
     }
 }
@@ -484,33 +511,16 @@ impl GroupContent {
     }
 
     /// The reference an Event about this group content names.
-    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
-        k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(format!("{GROUP_API}/v1")),
-            kind: Some("VolumeGroupSnapshotContent".into()),
-            name: Some(self.name.clone()),
-            uid: Some(self.uid.clone()),
-            resource_version: Some(self.resource_version.clone()),
-            ..Default::default()
-        }
-    }
-}
-
-/// What the snapshotter keeps of a VolumeGroupSnapshotClass.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GroupClass {
-    pub name: String,
-    pub driver: String,
-    pub parameters: BTreeMap<String, String>,
-}
-
-impl GroupClass {
-    pub fn from_api(object: &VolumeGroupSnapshotClass) -> Self {
-        Self {
-            name: object.metadata.name.clone().unwrap_or_default(),
-            driver: object.driver.clone(),
-            parameters: object.parameters.clone(),
-        }
+    pub fn object_ref(&self) -> ObjectReference {
+        let api_version = format!("{GROUP_API}/v1");
+        let kind = "VolumeGroupSnapshotContent";
+        event_ref(
+            api_version,
+            kind,
+            &self.name,
+            &self.uid,
+            &self.resource_version,
+        )
     }
 }
 

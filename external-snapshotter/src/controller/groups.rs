@@ -19,7 +19,7 @@ use tonic::Status;
 use super::{Controller, Failure, Groups, lock, now_ns};
 use crate::decide::{self, GroupAnswer, GroupPlan};
 use crate::journal;
-use crate::model::{self, GroupClass, GroupContent, SecretRef, SnapshotInfo};
+use crate::model::{self, Class, GroupContent, SecretRef, SnapshotInfo};
 
 /// The group queue's name in the workqueue metrics, as upstream's.
 pub const GROUP_QUEUE: &str = "csi-snapshotter-groupsnapshotcontent";
@@ -104,7 +104,7 @@ impl Controller {
     async fn group_step(
         &self,
         content: &GroupContent,
-        class: Option<&GroupClass>,
+        class: Option<&Class>,
     ) -> Result<bool, Failure> {
         let plan = decide::group_plan(content);
         tracing::debug!(group_content = %content.name, ?plan, "syncing group content");
@@ -136,7 +136,7 @@ impl Controller {
     fn group_input(
         &self,
         content: &GroupContent,
-        class: Option<&GroupClass>,
+        class: Option<&Class>,
         naming: &GroupNaming,
     ) -> Result<GroupIntent, String> {
         let class = match (&content.class, class) {
@@ -188,7 +188,7 @@ impl Controller {
     async fn create_group(
         &self,
         content: &GroupContent,
-        class: Option<&GroupClass>,
+        class: Option<&Class>,
     ) -> Result<bool, Failure> {
         let fail = |message: String| Failure {
             event: Some((
@@ -295,7 +295,7 @@ impl Controller {
     async fn check_group(
         &self,
         content: &GroupContent,
-        class: Option<&GroupClass>,
+        class: Option<&Class>,
         handle: String,
         snapshot_ids: Vec<String>,
     ) -> Result<bool, Failure> {

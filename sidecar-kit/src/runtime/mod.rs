@@ -28,9 +28,9 @@ use crate::cluster::leader::{self, ElectionConfig};
 use crate::pipeline::watches::WatchHub;
 use crate::process::flags::{CommonFlags, FlagSyntax, parse_args, parse_from};
 use crate::process::http::{HttpError, HttpPlan, Routes};
-use host::{Controller, Host, HostError};
-use crate::runtime::startup::Greeting;
 use crate::process::logging;
+use crate::runtime::startup::Greeting;
+use host::{Controller, Host, HostError};
 
 /// Routes a sidecar adds to the process's HTTP endpoint.
 pub type RouteHook = Box<dyn FnOnce(Routes) -> Routes + Send>;
