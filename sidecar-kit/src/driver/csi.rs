@@ -236,6 +236,20 @@ impl CsiClient {
         .await
     }
 
+    pub async fn controller_get_volume(
+        &self,
+        request: v1::ControllerGetVolumeRequest,
+        options: CallOptions,
+    ) -> Result<v1::ControllerGetVolumeResponse, Status> {
+        self.unary(
+            methods::controller::CONTROLLER_GET_VOLUME,
+            request,
+            options,
+            |ch, r| async move { ControllerClient::new(ch).controller_get_volume(r).await },
+        )
+        .await
+    }
+
     pub async fn create_volume(
         &self,
         request: v1::CreateVolumeRequest,

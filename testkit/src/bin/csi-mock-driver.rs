@@ -136,6 +136,10 @@ struct Args {
     #[arg(long, action = ArgAction::Set, default_value_t = Capabilities::default().node_stage)]
     node_stage: bool,
 
+    /// VOLUME_CONDITION: ListVolumes and ControllerGetVolume report each volume's health
+    #[arg(long, action = ArgAction::Set, default_value_t = Capabilities::default().volume_condition)]
+    volume_condition: bool,
+
     /// Delay calls of METHOD by DURATION (e.g. CreateVolume=250ms; METHOD
     /// `*` for every method). Repeatable.
     #[arg(long, value_name = "METHOD=DURATION", value_parser = LatencyRule::parse)]
@@ -193,6 +197,7 @@ impl Args {
                 single_node_multi_writer: self.single_node_multi_writer,
                 topology: self.accessibility_constraints || !self.topology.is_empty(),
                 node_stage: self.node_stage,
+                volume_condition: self.volume_condition,
             },
             total_capacity: self.capacity,
             max_volume_size: self.max_volume_size,

@@ -134,6 +134,9 @@ pub struct Capabilities {
     pub topology: bool,
     /// Node `STAGE_UNSTAGE_VOLUME`.
     pub node_stage: bool,
+    /// Controller `VOLUME_CONDITION`: ListVolumes and ControllerGetVolume report each volume's
+    /// condition (see `Volume::condition`).
+    pub volume_condition: bool,
 }
 
 impl Default for Capabilities {
@@ -154,6 +157,7 @@ impl Default for Capabilities {
             single_node_multi_writer: false,
             topology: false,
             node_stage: true,
+            volume_condition: false,
         }
     }
 }
@@ -177,6 +181,7 @@ impl Capabilities {
             single_node_multi_writer: true,
             topology: true,
             node_stage: true,
+            volume_condition: true,
         }
     }
 
@@ -198,6 +203,7 @@ impl Capabilities {
             single_node_multi_writer: false,
             topology: false,
             node_stage: false,
+            volume_condition: false,
         }
     }
 }

@@ -41,5 +41,5 @@ pub use config::{Capabilities, MockConfig, Segment};
 pub use inject::{Call, CallLog, Faults, secret_digest};
 pub use server::{MockDriver, MockError, MockHandle};
 pub use spec::Listen;
-pub use state::{Rejection, State};
+pub use state::{Condition, Rejection, State};
 pub use store::PersistError;

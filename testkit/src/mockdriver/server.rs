@@ -174,6 +174,8 @@ impl MockDriver {
         topology => topology;
         /// Node `STAGE_UNSTAGE_VOLUME`.
         node_stage => node_stage;
+        /// Controller `VOLUME_CONDITION`.
+        volume_condition => volume_condition;
     }
 
     pub fn total_capacity(mut self, bytes: i64) -> Self {

@@ -145,6 +145,16 @@ pub struct Volume {
     /// This mock's node publications by target path.
     #[serde(default)]
     pub node_published: BTreeMap<String, Publication>,
+    /// What ListVolumes and ControllerGetVolume report of its health (healthy when `None`).
+    #[serde(default)]
+    pub condition: Option<Condition>,
+}
+
+/// A volume's condition as the driver reports it (CSI `VolumeCondition`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    pub abnormal: bool,
+    pub message: String,
 }
 
 impl Volume {
@@ -384,6 +394,7 @@ impl State {
             published: BTreeMap::new(),
             staged: None,
             node_published: BTreeMap::new(),
+            condition: None,
         };
         self.volumes.insert(volume.id.clone(), volume.clone());
         Ok(volume)
@@ -496,6 +507,16 @@ impl State {
                 volume.published.remove(node_id);
             }
         }
+        Ok(())
+    }
+
+    /// Sets what the driver reports of volume `id`'s health.
+    pub fn set_condition(
+        &mut self,
+        id: &str,
+        condition: Option<Condition>,
+    ) -> Result<(), Rejection> {
+        self.volume_mut(id)?.condition = condition;
         Ok(())
     }
 

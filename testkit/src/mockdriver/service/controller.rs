@@ -30,6 +30,17 @@ fn published_nodes(volume: &Volume) -> Vec<String> {
     volume.published.keys().cloned().collect()
 }
 
+/// The volume's condition, as a driver with `VOLUME_CONDITION` reports it.
+fn condition(volume: &Volume, offered: bool) -> Option<v1::VolumeCondition> {
+    offered.then(|| {
+        let condition = volume.condition.clone().unwrap_or_default();
+        v1::VolumeCondition {
+            abnormal: condition.abnormal,
+            message: condition.message,
+        }
+    })
+}
+
 impl Driver {
     /// Checks the controller service and, within it, one capability.
     fn controller(&self, on: bool, what: &str) -> Result<(), Status> {
@@ -150,15 +161,22 @@ impl Driver {
         let caps = &self.config.capabilities;
         self.controller(caps.list_volumes, "ListVolumes")?;
         let with_nodes = caps.list_volumes_published_nodes;
+        let with_condition = caps.volume_condition;
         self.store.read(|s| {
             let (volumes, next_token) = s.list_volumes(req.max_entries, &req.starting_token)?;
             let entries = volumes
                 .into_iter()
                 .map(|v| list_volumes_response::Entry {
                     volume: Some(convert::volume(v)),
-                    status: with_nodes.then(|| list_volumes_response::VolumeStatus {
-                        published_node_ids: published_nodes(v),
-                        volume_condition: None,
+                    status: (with_nodes || with_condition).then(|| {
+                        list_volumes_response::VolumeStatus {
+                            published_node_ids: if with_nodes {
+                                published_nodes(v)
+                            } else {
+                                Vec::new()
+                            },
+                            volume_condition: condition(v, with_condition),
+                        }
                     }),
                 })
                 .collect();
@@ -209,6 +227,7 @@ impl Driver {
                 rpc::Type::SingleNodeMultiWriter,
             ),
             (caps.modify, rpc::Type::ModifyVolume),
+            (caps.volume_condition, rpc::Type::VolumeCondition),
         ];
         let capabilities = offered
             .into_iter()
@@ -328,7 +347,7 @@ impl Driver {
                 volume: Some(convert::volume(volume)),
                 status: Some(controller_get_volume_response::VolumeStatus {
                     published_node_ids: published_nodes(volume),
-                    volume_condition: None,
+                    volume_condition: condition(volume, self.config.capabilities.volume_condition),
                 }),
             })
         })

@@ -1,0 +1,391 @@
+//! The I/O edges: the watches feeding the index, the checks of the volumes against the driver
+//! (paged ListVolumes, or ControllerGetVolume per volume), the node watcher, and the Events
+//! they record.
+//!
+//! Each volume is checked once per interval: in ControllerGetVolume mode a volume is one key
+//! of a work queue, re-added an interval after its check, so no two workers ever check the
+//! same volume and `--worker-threads` bounds the calls in flight (upstream's workers can check
+//! one volume at once, its #385). ListVolumes pages are handled as they arrive, not gathered.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use csi_proto::v1::{ControllerGetVolumeRequest, ListVolumesRequest};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::watcher;
+use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
+use sidecar_kit::pipeline::views::{ClaimView, Needs, PvView};
+use sidecar_kit::pipeline::watches::WatchHub;
+use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
+use sidecar_kit::pipeline::{Fed, Pipeline};
+use tokio_util::sync::CancellationToken;
+
+use crate::decide::{self, Mode, NodeStep, Report};
+use crate::index::{Index, Target, Work};
+use crate::model::{self, ABNORMAL, Abnormal, NEEDS, NODE_FAILED, NODE_RECOVERED, NORMAL};
+
+/// The field selector of the Events watch: only those a recovery is reported after.
+pub const WARNINGS: &str = "type=Warning,reason=VolumeConditionAbnormal";
+
+/// Everything the controller needs besides its clients.
+#[derive(Clone)]
+pub struct Config {
+    pub driver: String,
+    pub mode: Mode,
+    /// Timeout of each ListVolumes page and each ControllerGetVolume.
+    pub timeout: Duration,
+    pub monitor_interval: Duration,
+    pub list_volumes_interval: Duration,
+    pub volume_list_add_interval: Duration,
+    pub node_list_add_interval: Duration,
+    pub workers: usize,
+    pub node_watcher: bool,
+    pub queue_metrics: Option<WorkQueueMetrics>,
+    pub reporter: Reporter,
+    /// The watches, shared with the other controllers of an all-in-one process.
+    pub watches: WatchHub,
+}
+
+struct Controller {
+    config: Config,
+    client: kube::Client,
+    csi: CsiClient,
+    index: Mutex<Index>,
+    volumes: WorkQueue<Arc<str>>,
+    nodes: WorkQueue<Arc<str>>,
+    /// The nodes whose failure was reported (until they are Ready again).
+    marked: Mutex<HashSet<Arc<str>>>,
+    events: Recorder,
+}
+
+/// Runs the monitor until `shutdown` is cancelled; then stops taking work, lets the running
+/// checks finish, and returns.
+pub async fn run(
+    config: Config,
+    client: kube::Client,
+    csi: CsiClient,
+    shutdown: CancellationToken,
+) {
+    let queue = |name: &str| {
+        WorkQueue::new(
+            QueueConfig {
+                name: name.to_string(),
+                lanes: vec!["default".to_string()],
+                // Nothing is retried with a backoff: checks come back after an interval.
+                backoff: Backoff {
+                    start: Duration::from_millis(5),
+                    max: Duration::from_secs(1000),
+                },
+            },
+            config.queue_metrics.as_ref(),
+        )
+    };
+    let controller = Arc::new(Controller {
+        volumes: queue("csi-monitor-pv-queue"),
+        nodes: queue("nodes"),
+        index: Mutex::new(Index::new(&config.driver)),
+        marked: Mutex::new(HashSet::new()),
+        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        csi,
+        client,
+        config,
+    });
+    controller.run(shutdown).await;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Fed for Controller {
+    type Index = Index;
+    type Work = Work;
+
+    fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn needs(&self) -> Needs {
+        NEEDS
+    }
+
+    fn watch_config(&self) -> watcher::Config {
+        watcher::Config::default().page_size(500)
+    }
+
+    fn index(&self) -> MutexGuard<'_, Index> {
+        lock(&self.index)
+    }
+
+    fn enqueue(&self, work: Vec<Work>) {
+        for item in work {
+            match item {
+                // In ListVolumes mode the periodic list checks every volume.
+                Work::Volume(name) if self.config.mode == Mode::GetVolume => {
+                    self.volumes.add(name, 0)
+                }
+                Work::Volume(_) => {}
+                Work::Node(name) => self.nodes.add(name, 0),
+            }
+        }
+    }
+}
+
+impl Controller {
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        tracing::info!(driver = %self.config.driver, mode = ?self.config.mode, "Starting CSI External PV Health Monitor Controller");
+        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
+        pipeline.feed_view::<_, PvView>(&self, Index::pv_event);
+        pipeline.feed_view::<_, ClaimView>(&self, Index::claim_event);
+        let me = self.clone();
+        pipeline.watch(
+            Api::<Event>::all(self.client.clone()),
+            self.watch_config().fields(WARNINGS),
+            move |change| {
+                me.index().event_event(change);
+            },
+        );
+        if self.config.node_watcher {
+            pipeline.feed::<Pod, _>(&self, Index::pod_event);
+            pipeline.feed::<Node, _>(&self, Index::node_event);
+        }
+        if !pipeline.wait_synced(&shutdown).await {
+            return self.stop(pipeline).await;
+        }
+        {
+            let index = self.index();
+            tracing::info!(
+                persistent_volumes = index.pv_count(),
+                claims = index.claim_count(),
+                pods_with_claims = index.pod_count(),
+                nodes = index.node_count(),
+                "caches synced"
+            );
+        }
+        match self.config.mode {
+            Mode::ListVolumes => {
+                let me = self.clone();
+                let stop = shutdown.clone();
+                pipeline.spawn(async move {
+                    loop {
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = me.check_listed() => {}
+                        }
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(me.config.list_volumes_interval) => {}
+                        }
+                    }
+                });
+            }
+            Mode::GetVolume => {
+                let me = self.clone();
+                pipeline.workers(&self.volumes, self.config.workers, move |item| {
+                    let me = me.clone();
+                    async move { me.check_volume(&item.key).await }
+                });
+                self.add_volumes();
+                let me = self.clone();
+                pipeline.every(self.config.volume_list_add_interval, move || {
+                    me.add_volumes()
+                });
+            }
+        }
+        if self.config.node_watcher {
+            let me = self.clone();
+            pipeline.workers(&self.nodes, 1, move |item| {
+                let me = me.clone();
+                async move { me.check_node(&item.key).await }
+            });
+            self.add_nodes();
+            let me = self.clone();
+            pipeline.every(self.config.node_list_add_interval, move || me.add_nodes());
+        }
+        shutdown.cancelled().await;
+        self.stop(pipeline).await;
+    }
+
+    async fn stop(&self, pipeline: Pipeline) {
+        pipeline.stop().await;
+        tracing::info!("Shutting down CSI External PV Health Monitor Controller");
+    }
+
+    /// Every bound volume into the check queue (each is there once at most).
+    fn add_volumes(&self) {
+        let names = self.index().volume_names();
+        tracing::debug!(
+            volumes = names.len(),
+            "adding the volumes to the check queue"
+        );
+        self.enqueue(names.into_iter().map(Work::Volume).collect());
+    }
+
+    fn add_nodes(&self) {
+        let names = self.index().node_names();
+        tracing::debug!(nodes = names.len(), "Resyncing Node watcher");
+        self.enqueue(names.into_iter().map(Work::Node).collect());
+    }
+
+    fn options(&self) -> CallOptions {
+        CallOptions::timeout(self.config.timeout)
+    }
+
+    /// One volume through ControllerGetVolume; checked again an interval later while it is
+    /// bound. A volume not bound is dropped; it comes back when it is bound again.
+    async fn check_volume(&self, name: &Arc<str>) {
+        let Some(target) = self.index().target(name) else {
+            tracing::debug!(pv = %name, "PV is gone or not bound: not checked");
+            self.volumes.forget(name);
+            return;
+        };
+        tracing::debug!(pv = %name, "Started PV processing");
+        let request = ControllerGetVolumeRequest {
+            volume_id: target.pv.volume_handle().to_string(),
+        };
+        if request.volume_id.is_empty() {
+            tracing::error!(pv = %name, "volume handle in csi source is empty");
+            return;
+        }
+        match self
+            .csi
+            .controller_get_volume(request, self.options())
+            .await
+        {
+            Ok(response) => {
+                let condition = response
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.volume_condition.as_ref());
+                self.report(&target, Abnormal::of(condition).as_ref());
+            }
+            Err(status) => {
+                tracing::error!(pv = %name, error = %go_error(&status), "Check controller volume status error");
+            }
+        }
+        self.volumes
+            .add_after(name.clone(), 0, self.config.monitor_interval);
+    }
+
+    /// One pass of ListVolumes, page by page; a volume the driver does not list is not
+    /// reported, as upstream's. A token the driver gave before ends the pass (a driver that
+    /// hands out the same pages forever would never let it end).
+    async fn check_listed(&self) {
+        let mut token = String::new();
+        let mut tokens = HashSet::new();
+        let mut listed = 0usize;
+        loop {
+            let request = ListVolumesRequest {
+                max_entries: 0,
+                starting_token: token.clone(),
+            };
+            let response = match self.csi.list_volumes(request, self.options()).await {
+                Ok(response) => response,
+                Err(status) => {
+                    tracing::error!(error = %format!("failed to list volumes: {}", go_error(&status)), "Check controller volume status error");
+                    return;
+                }
+            };
+            listed += response.entries.len();
+            for entry in &response.entries {
+                let Some(volume) = entry.volume.as_ref() else {
+                    continue;
+                };
+                let target = {
+                    let index = self.index();
+                    index
+                        .pv_of_handle(&volume.volume_id)
+                        .and_then(|name| index.target(&name))
+                };
+                if let Some(target) = target {
+                    let condition = entry
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.volume_condition.as_ref());
+                    self.report(&target, Abnormal::of(condition).as_ref());
+                }
+            }
+            if response.next_token.is_empty() {
+                break;
+            }
+            if !tokens.insert(response.next_token.clone()) {
+                tracing::error!(token = %response.next_token, "ListVolumes returned a page token it returned before; the pass ends");
+                break;
+            }
+            token = response.next_token;
+        }
+        tracing::debug!(volumes = listed, "ListVolumes pass done");
+    }
+
+    /// The Event a checked volume's claim deserves.
+    fn report(&self, target: &Target, abnormal: Option<&Abnormal>) {
+        let claim = model::claim_ref(&target.claim);
+        match decide::report(abnormal, target.warned, target.recovered) {
+            Some(Report::Abnormal(message)) => {
+                tracing::info!(pv = %target.pv.name, claim = %target.claim.key, message, "volume condition abnormal");
+                self.events
+                    .record(claim, EventType::Warning, ABNORMAL, &message);
+                self.index().set_recovered(&target.claim.uid, false);
+            }
+            Some(Report::Recovered) => {
+                tracing::info!(pv = %target.pv.name, claim = %target.claim.key, "volume condition normal again");
+                self.events
+                    .record(claim, EventType::Normal, NORMAL, model::NORMAL_MESSAGE);
+                self.index().set_recovered(&target.claim.uid, true);
+            }
+            None => {}
+        }
+    }
+
+    /// One node: its pods' claims reported when it failed, and when it recovers.
+    async fn check_node(&self, name: &Arc<str>) {
+        let now = Timestamp::now().as_second();
+        let health = self.index().node(name);
+        let since = match health {
+            Some(model::NodeHealth::NotReady { since }) => since.unwrap_or(now),
+            _ => now,
+        };
+        let marked = lock(&self.marked).contains(name);
+        match decide::node_step(health, since, now, marked) {
+            NodeStep::Mark | NodeStep::MarkGone => {
+                tracing::info!(node = %name, "Node is broken");
+                for (claim, pods) in self.index().claims_on_node(name) {
+                    let pods: Vec<&str> = pods.iter().map(|p| &**p).collect();
+                    let message =
+                        decide::node_failed_message(&pods, claim.name(), &claim.namespace, name);
+                    self.events.record(
+                        model::claim_ref(&claim),
+                        EventType::Warning,
+                        NODE_FAILED,
+                        &message,
+                    );
+                }
+                if health.is_some() {
+                    lock(&self.marked).insert(name.clone());
+                }
+            }
+            NodeStep::Clean => {
+                tracing::info!(node = %name, "Node recovered");
+                let message = decide::node_recovered_message(name);
+                for (claim, _) in self.index().claims_on_node(name) {
+                    self.events.record(
+                        model::claim_ref(&claim),
+                        EventType::Warning,
+                        NODE_RECOVERED,
+                        &message,
+                    );
+                }
+                lock(&self.marked).remove(name);
+            }
+            NodeStep::Wait(after) => {
+                tracing::debug!(node = %name, after = ?after, "Node is not ready, but less than 5 minutes");
+                self.nodes.add_after(name.clone(), 0, after);
+            }
+            NodeStep::Nothing => {}
+        }
+    }
+}
