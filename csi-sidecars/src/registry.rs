@@ -31,7 +31,7 @@ pub enum Kind {
 }
 
 /// Every sidecar, in the order the all-in-one process starts them.
-pub static REGISTRY: [Entry; 6] = [
+pub static REGISTRY: [Entry; 7] = [
     Entry::controller(
         &Plug::<external_provisioner::app::Provisioner>::new(),
         &["external-provisioner"],
@@ -47,6 +47,10 @@ pub static REGISTRY: [Entry; 6] = [
     Entry::controller(
         &Plug::<external_snapshotter::app::Snapshotter>::new(),
         &["external-snapshotter"],
+    ),
+    Entry::controller(
+        &Plug::<external_health_monitor::app::HealthMonitor>::new(),
+        &["external-health-monitor", "external-health-monitor-controller"],
     ),
     Entry {
         kind: Kind::Livenessprobe,
