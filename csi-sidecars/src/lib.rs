@@ -134,8 +134,8 @@ mod tests {
         assert_eq!(dispatch(args(&["csi-sidecars"])), Call::Usage);
         assert_eq!(dispatch(args(&["csi-sidecars", "--help"])), Call::Usage);
         assert_eq!(
-            dispatch(args(&["csi-sidecars", "health-monitor"])),
-            Call::Unknown("health-monitor".into())
+            dispatch(args(&["csi-sidecars", "volume-populator"])),
+            Call::Unknown("volume-populator".into())
         );
         for sidecar in &REGISTRY {
             assert!(usage().contains(sidecar.binary()));

@@ -16,6 +16,10 @@ pub struct Entry {
     kind: Kind,
     /// Names it answers to besides its binary's and its `--controllers` name.
     aliases: &'static [&'static str],
+    /// Among the controllers `--controllers=*` selects: those every CSI controller pod can
+    /// run. The health monitor is asked for by name, as it needs a driver that reports volume
+    /// conditions, which most do not (it would stop the process at start).
+    in_all: bool,
 }
 
 /// How a sidecar runs.
@@ -48,17 +52,25 @@ pub static REGISTRY: [Entry; 7] = [
         &Plug::<external_snapshotter::app::Snapshotter>::new(),
         &["external-snapshotter"],
     ),
-    Entry::controller(
-        &Plug::<external_health_monitor::app::HealthMonitor>::new(),
-        &["external-health-monitor", "external-health-monitor-controller"],
-    ),
+    Entry {
+        in_all: false,
+        ..Entry::controller(
+            &Plug::<external_health_monitor::app::HealthMonitor>::new(),
+            &[
+                "external-health-monitor",
+                "external-health-monitor-controller",
+            ],
+        )
+    },
     Entry {
         kind: Kind::Livenessprobe,
         aliases: &[],
+        in_all: false,
     },
     Entry {
         kind: Kind::Registrar,
         aliases: &["registrar"],
+        in_all: false,
     },
 ];
 
@@ -67,6 +79,7 @@ impl Entry {
         Self {
             kind: Kind::Controller(plugin),
             aliases,
+            in_all: true,
         }
     }
 
@@ -105,6 +118,11 @@ impl Entry {
 
     pub fn is_controller(&self) -> bool {
         matches!(self.kind, Kind::Controller(_))
+    }
+
+    /// Whether `--controllers=*` selects it.
+    pub fn in_all(&self) -> bool {
+        self.in_all
     }
 
     /// Its command line's declaration.

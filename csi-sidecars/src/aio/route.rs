@@ -74,12 +74,9 @@ fn parse_controllers(list: &str) -> Result<Vec<Ctl>, RouteError> {
     let mut selected = BTreeSet::new();
     for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match name {
-            "*" | "all" => selected.extend(
-                REGISTRY
-                    .iter()
-                    .filter(|e| e.is_controller())
-                    .map(Entry::position),
-            ),
+            "*" | "all" => {
+                selected.extend(REGISTRY.iter().filter(|e| e.in_all()).map(Entry::position))
+            }
             name => match REGISTRY.iter().find(|e| e.name() == name) {
                 Some(ctl) => {
                     selected.insert(ctl.position());
@@ -284,7 +281,8 @@ pub fn help() -> String {
     let mut text = String::from(
         "Usage: csi-sidecars --controllers=LIST [flags]\n\n\
          Runs the listed sidecars in one process. In the controller pod: provisioner,\n\
-         attacher, resizer, snapshotter (* for these four) and livenessprobe; on nodes:\n\
+         attacher, resizer, snapshotter (* for these four), health-monitor (for drivers\n\
+         that report volume conditions) and livenessprobe; on nodes:\n\
          node-driver-registrar and livenessprobe. One driver connection, one set of watches,\n\
          each controller under its own upstream Lease, one HTTP endpoint (--http-endpoint):\n\
          metrics, /healthz/leader-election, /healthz/livenessprobe (the driver's Probe),\n\
@@ -421,7 +419,7 @@ mod tests {
             Err(RouteError::NoControllers(_))
         ));
         assert!(matches!(
-            plan(&["--controllers=health-monitor"]),
+            plan(&["--controllers=volume-populator"]),
             Err(RouteError::UnknownController(..))
         ));
         assert_eq!(
@@ -486,6 +484,8 @@ mod tests {
         ];
         assert!(super::super::check(entry("node-driver-registrar"), probe_mode.to_vec()).is_err());
         let p = plan(&["--controllers=*,livenessprobe"]).unwrap();
+        assert_eq!(p.controllers.len(), 5);
+        let p = plan(&["--controllers=*,health-monitor"]).unwrap();
         assert_eq!(p.controllers.len(), 5);
     }
 

@@ -53,10 +53,10 @@ fn usage_and_unknown_sidecars() {
     let (code, stdout, _) = run(&[]);
     assert_eq!(code, 0);
     assert!(stdout.contains("csi-provisioner") && stdout.contains("livenessprobe"));
-    let (code, _, stderr) = run(&["health-monitor"]);
+    let (code, _, stderr) = run(&["volume-populator"]);
     assert_eq!(code, 2);
     assert!(
-        stderr.contains("unknown sidecar \"health-monitor\""),
+        stderr.contains("unknown sidecar \"volume-populator\""),
         "{stderr}"
     );
 }
