@@ -28,9 +28,10 @@ declare -A package=(
     [csi-resizer]=external-resizer
     [csi-snapshotter]=external-snapshotter
     [csi-provisioner]=external-provisioner
+    [csi-external-health-monitor-controller]=external-health-monitor
     [csi-sidecars]=csi-sidecars
 )
-images=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner csi-sidecars)
+images=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner csi-external-health-monitor-controller csi-sidecars)
 
 platforms=("${linux_platforms[@]}" windows)
 select_platforms "$@"
@@ -119,7 +120,7 @@ for image in "${images[@]}"; do
     done
     aliases=()
     if [ "$image" = csi-sidecars ]; then
-        for sidecar in livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner; do
+        for sidecar in livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner csi-external-health-monitor-controller; do
             aliases+=(--alias "$sidecar")
         done
     fi

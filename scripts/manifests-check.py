@@ -28,6 +28,7 @@ SIDECARS = {
     "csi-attacher": "csi-attacher",
     "csi-resizer": "csi-resizer",
     "csi-snapshotter": "csi-snapshotter",
+    "csi-external-health-monitor-controller": "csi-external-health-monitor-controller",
     "csi-node-driver-registrar": "csi-node-driver-registrar",
     "livenessprobe": "livenessprobe",
     "csi-sidecars": "csi-sidecars",
@@ -51,6 +52,7 @@ ALL_IN_ONE = {
     "attacher": "csi-attacher",
     "resizer": "csi-resizer",
     "snapshotter": "csi-snapshotter",
+    "health-monitor": "csi-external-health-monitor-controller",
     "livenessprobe": "livenessprobe",
     "node-driver-registrar": "csi-node-driver-registrar",
 }
@@ -59,6 +61,8 @@ BY_BINARY = {b: n for n, b in ALL_IN_ONE.items()}
 # The controllers of the controller pod, which `*` (or `all`) selects. node-driver-registrar runs
 # on every node and never in one process with them; the livenessprobe joins either.
 CONTROLLERS = ("provisioner", "attacher", "resizer", "snapshotter")
+# Every controller of the controller pod: those of `*`, and the health monitor, which is named.
+ELECTED = CONTROLLERS + ("health-monitor",)
 NODE_ONLY = "node-driver-registrar"
 
 # Settings of the whole all-in-one process: given once, never with a sidecar's prefix.
@@ -84,6 +88,8 @@ MULTI_CALL_NAMES = {
     "external-attacher": "attacher",
     "external-resizer": "resizer",
     "external-snapshotter": "snapshotter",
+    "external-health-monitor": "health-monitor",
+    "external-health-monitor-controller": "health-monitor",
     "registrar": "node-driver-registrar",
 }
 
@@ -125,6 +131,13 @@ UPSTREAM_RBAC = {
         "external-resizer-cfg",
         "csi-resizer-role-cfg",
         "csi-resizer",
+    ),
+    "external-health-monitor": (
+        "external-health-monitor-controller-runner",
+        "csi-external-health-monitor-controller-role",
+        "external-health-monitor-controller-cfg",
+        "csi-external-health-monitor-controller-role-cfg",
+        "csi-external-health-monitor-controller",
     ),
     "external-snapshotter": (
         "external-snapshotter-runner",
@@ -289,7 +302,7 @@ def check_all_in_one(render, cw, words, helps, counts):
         if not unknown:
             fail(render, cw, "--controllers selects no sidecar")
         return []
-    together = [n for n in selected if n in CONTROLLERS]
+    together = [n for n in selected if n in ELECTED]
     if NODE_ONLY in selected and together:
         fail(
             render,
@@ -442,7 +455,7 @@ def check_health_paths(render, where, containers, listeners):
                 elected = [
                     n
                     for n in runs
-                    if n in CONTROLLERS
+                    if n in ELECTED
                     and enabled(values, f"{n}-leader-election" if f"{n}-leader-election" in values else "leader-election")
                 ]
                 if not elected:
@@ -460,7 +473,7 @@ def check_pod_rbac(render, o, spec, running, rbac):
     """The pod's ServiceAccount is bound to the roles of every controller it runs."""
     ns = (o.get("metadata") or {}).get("namespace") or "default"
     account = spec.get("serviceAccountName") or "default"
-    for sidecar in (n for n in CONTROLLERS if n in running):
+    for sidecar in (n for n in ELECTED if n in running):
         cr, _crb, role, _rb, _sa = UPSTREAM_RBAC[f"external-{sidecar}"]
         for kind, name, binding_ns in (("ClusterRole", cr, None), ("Role", role, ns)):
             if not any(

@@ -78,7 +78,7 @@ fi
 echo "kubectl: $kubectl ($("$kubectl" version --client 2>/dev/null | tr '\n' ' '))"
 
 # The binaries whose --help the flags are checked against.
-for bin in csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-node-driver-registrar \
+for bin in csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-external-health-monitor-controller csi-node-driver-registrar \
     livenessprobe csi-sidecars; do
     if [ ! -x "$target/debug/$bin" ]; then
         echo "building the sidecars"

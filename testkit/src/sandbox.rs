@@ -239,6 +239,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     let driver = MockDriver::builder()
         .driver_name(DRIVER)
         .node_id(NODE)
+        .volume_condition(true)
         .serve_unix(&socket)
         .await?;
     let mut sandbox = Sandbox {
@@ -275,6 +276,11 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     let attacher = spawn_attacher(&mut sandbox, binary("csi-attacher"), &endpoint)?;
     let resizer = spawn_resizer(&mut sandbox, binary("csi-resizer"), &endpoint)?;
     let snapshotter = spawn_snapshotter(&mut sandbox, binary("csi-snapshotter"), &endpoint)?;
+    let monitor = spawn_health_monitor(
+        &mut sandbox,
+        binary("csi-external-health-monitor-controller"),
+        &endpoint,
+    )?;
     let provisioner = spawn_provisioner(
         &mut sandbox,
         binary("csi-provisioner"),
@@ -285,6 +291,13 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     check_livenessprobe(&mut sandbox, probe).await;
     check_registrar(&mut sandbox, registrar).await;
     volumes(&mut sandbox, attacher, resizer, snapshotter, provisioner).await?;
+    if let Some(port) = monitor {
+        let outcome = match health(&sandbox, port).await {
+            Ok(outcome) => outcome,
+            Err(err) => Outcome::Failed(err.to_string()),
+        };
+        sandbox.record("external-health-monitor", outcome);
+    }
     if options.capacity && provisioner {
         let outcome = capacity(&sandbox).await?;
         sandbox.record("capacity", outcome);
@@ -471,6 +484,106 @@ fn spawn_resizer(
     )?;
     sandbox.metrics.push(("external-resizer", port));
     Ok(Some(port))
+}
+
+/// Starts the health monitor, checking the volumes every second; its HTTP port, or `None` when
+/// it is not built.
+fn spawn_health_monitor(
+    sandbox: &mut Sandbox,
+    binary: Option<PathBuf>,
+    endpoint: &str,
+) -> Result<Option<u16>, SandboxError> {
+    let Some(binary) = binary else {
+        sandbox.record(
+            "external-health-monitor",
+            Outcome::Skipped("binary csi-external-health-monitor-controller not built".into()),
+        );
+        return Ok(None);
+    };
+    let kubeconfig = sandbox.kubeconfig().display().to_string();
+    let port = crate::measure::free_port()?;
+    sandbox.spawn(
+        "external-health-monitor",
+        &binary,
+        &[
+            format!("--csi-address={endpoint}"),
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-election".into(),
+            format!("--leader-election-namespace={NAMESPACE}"),
+            format!("--http-endpoint=127.0.0.1:{port}"),
+            "--list-volumes-interval=1s".into(),
+        ],
+    )?;
+    sandbox.metrics.push(("external-health-monitor", port));
+    Ok(Some(port))
+}
+
+/// The driver reports the claim's volume abnormal: the health monitor records a Warning on the
+/// claim; healthy again, a Normal Event says so.
+async fn health(sandbox: &Sandbox, monitor_port: u16) -> Result<Outcome, SandboxError> {
+    let client = sandbox.api.client();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE);
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    let Some(pv_name) = claims
+        .get("sandbox-pvc")
+        .await?
+        .spec
+        .and_then(|s| s.volume_name)
+    else {
+        return Ok(Outcome::Failed("PVC sandbox-pvc has no volume".into()));
+    };
+    let handle = pvs
+        .get(&pv_name)
+        .await?
+        .spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .unwrap_or_default();
+    let set = |condition: Option<crate::mockdriver::Condition>| {
+        sandbox
+            .driver
+            .update_state(|s| s.set_condition(&handle, condition))
+            .map_err(|err| SandboxError::Setup(err.to_string()))?
+            .map_err(|err| SandboxError::Setup(err.to_string()))
+    };
+    let message = "the mock driver lost the volume's backing store";
+    set(Some(crate::mockdriver::Condition {
+        abnormal: true,
+        message: message.into(),
+    }))?;
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client, NAMESPACE);
+    let reported = |reason: &'static str| {
+        let events = events.clone();
+        wait_for(move || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(
+                        &kube::api::ListParams::default().fields("involvedObject.name=sandbox-pvc"),
+                    )
+                    .await
+                    .ok()?;
+                list.items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some(reason))
+                    .map(|e| e.message.unwrap_or_default())
+            }
+        })
+    };
+    if reported("VolumeConditionAbnormal").await.is_none() {
+        return Ok(Outcome::Failed(format!(
+            "no VolumeConditionAbnormal Event on PVC sandbox-pvc within {STEP_TIMEOUT:?}"
+        )));
+    }
+    set(None)?;
+    Ok(match reported("VolumeConditionNormal").await {
+        Some(normal) => Outcome::Ok(format!(
+            "volume {handle} reported abnormal by the driver: Warning VolumeConditionAbnormal \"{message}\" on PVC sandbox-pvc; healthy again: \"{normal}\"; metrics at http://127.0.0.1:{monitor_port}/metrics"
+        )),
+        None => Outcome::Failed(format!(
+            "no VolumeConditionNormal Event on PVC sandbox-pvc within {STEP_TIMEOUT:?}"
+        )),
+    })
 }
 
 /// Asks for 2Gi instead of 1Gi: the resizer grows the volume and its PV, and the claim waits

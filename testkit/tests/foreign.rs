@@ -70,6 +70,10 @@ async fn every_binary_answers_help() {
         ("csi-resizer", "--handle-volume-inuse-error"),
         ("csi-snapshotter", "--snapshot-name-prefix"),
         ("csi-provisioner", "--volume-name-prefix"),
+        (
+            "csi-external-health-monitor-controller",
+            "--list-volumes-interval",
+        ),
         ("csi-sidecars", "livenessprobe"),
     ] {
         let mut command = foreign.command(binary);

@@ -23,12 +23,16 @@ use tokio::time::Instant;
 
 /// The sidecars with a `/metrics` endpoint (the node-driver-registrar has none, as upstream):
 /// step name in the sandbox and binary.
-const SCRAPED: [(&str, &str); 5] = [
+const SCRAPED: [(&str, &str); 6] = [
     ("livenessprobe", "livenessprobe"),
     ("external-attacher", "csi-attacher"),
     ("external-resizer", "csi-resizer"),
     ("external-snapshotter", "csi-snapshotter"),
     ("external-provisioner", "csi-provisioner"),
+    (
+        "external-health-monitor",
+        "csi-external-health-monitor-controller",
+    ),
 ];
 
 /// The sidecars that run workqueues (`workqueue_*{name=...}`).

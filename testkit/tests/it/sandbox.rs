@@ -31,6 +31,11 @@ fn assert_end_state(bin_dir: &Path, outcome: impl Fn(&str) -> Option<Outcome>) {
         ("external-snapshotter", &["csi-snapshotter"]),
         // ...which the provisioner restores into a new claim.
         ("restore", &["csi-provisioner", "csi-snapshotter"]),
+        // The driver reports the claim's volume abnormal, then healthy again.
+        (
+            "external-health-monitor",
+            &["csi-external-health-monitor-controller"],
+        ),
         // With capacity tracking: the CSIStorageCapacity of a late-binding class.
         ("capacity", &["csi-provisioner"]),
     ] {

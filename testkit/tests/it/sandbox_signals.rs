@@ -11,13 +11,14 @@ use testkit::process::{CleanEnv, die_with_parent, has_ended, wait_until};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const SIDECARS: [&str; 6] = [
+const SIDECARS: [&str; 7] = [
     "livenessprobe",
     "csi-node-driver-registrar",
     "csi-attacher",
     "csi-resizer",
     "csi-snapshotter",
     "csi-provisioner",
+    "csi-external-health-monitor-controller",
 ];
 
 /// Stand-ins for the sidecar binaries: they run until killed and never answer, so the sandbox
