@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 
 use csi_proto::methods::controller::CONTROLLER_EXPAND_VOLUME;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Verb};
 use testkit::measure::{clock_ticks, env_usize, free_port, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
+use testkit::population::Population;
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
 
@@ -86,86 +87,21 @@ impl Bench {
             .unwrap()
     }
 
-    /// `count` bound block claims `c-{i}` of 1Mi with their PVs `pv-{i}` (volumes the driver
-    /// has), as the binder leaves them.
-    async fn bound_claims(&self, count: usize) {
-        let client = self.api.client();
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-        let pvs: Api<PersistentVolume> = Api::all(client);
-        let mock = &self.mock;
-        futures::stream::iter(0..count)
-            .map(|i| {
-                let (claims, pvs) = (claims.clone(), pvs.clone());
-                async move {
-                    let handle = format!("vol-{i}");
-                    mock.update_state(|s| {
-                        let volume = testkit::mockdriver::state::Volume {
-                            id: handle.clone(),
-                            name: handle.clone(),
-                            capacity_bytes: 1 << 20,
-                            ..Default::default()
-                        };
-                        s.volumes.insert(handle.clone(), volume);
-                    })
-                    .unwrap();
-                    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-                        "metadata": {"name": format!("c-{i}")},
-                        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
-                                 "storageClassName": "expandable",
-                                 "volumeName": format!("pv-{i}"),
-                                 "resources": {"requests": {"storage": "1Mi"}}},
-                    }))
-                    .unwrap();
-                    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
-                    let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"],
-                                                   "capacity": {"storage": "1Mi"}}});
-                    claims
-                        .patch_status(&format!("c-{i}"), &PatchParams::default(), &Patch::Merge(&status))
-                        .await
-                        .unwrap();
-                    let pv: PersistentVolume = serde_json::from_value(json!({
-                        "metadata": {"name": format!("pv-{i}")},
-                        "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                                 "volumeMode": "Block", "storageClassName": "expandable",
-                                 "csi": {"driver": DRIVER, "volumeHandle": handle},
-                                 "claimRef": {"namespace": NS, "name": format!("c-{i}"),
-                                              "uid": claim.metadata.uid}},
-                    }))
-                    .unwrap();
-                    pvs.create(&PostParams::default(), &pv).await.unwrap();
-                }
-            })
-            .buffer_unordered(PARALLEL)
-            .collect::<Vec<_>>()
-            .await;
+    fn population(&self) -> Population<'_> {
+        Population {
+            client: self.api.client(),
+            namespace: NS,
+            driver: DRIVER,
+            class: "expandable",
+        }
     }
 
-    /// `count` pods, every other one mounting claim `c-{i / 2}`.
+    async fn bound_claims(&self, count: usize) {
+        self.population().bound_claims(&self.mock, count).await;
+    }
+
     async fn pods(&self, count: usize) {
-        let pods: Api<Pod> = Api::namespaced(self.api.client(), NS);
-        futures::stream::iter(0..count)
-            .map(|i| {
-                let pods = pods.clone();
-                async move {
-                    let volumes = if i % 2 == 0 {
-                        json!([{"name": "data", "persistentVolumeClaim": {"claimName": format!("c-{}", i / 2)}}])
-                    } else {
-                        json!([{"name": "scratch", "emptyDir": {}}])
-                    };
-                    let pod: Pod = serde_json::from_value(json!({
-                        "metadata": {"name": format!("p-{i}"), "labels": {"app": "bench"}},
-                        "spec": {"nodeName": "node-1", "volumes": volumes,
-                                 "containers": [{"name": "app", "image": "registry.example/app:1.0",
-                                                 "args": ["--serve", "--port=8080"],
-                                                 "env": [{"name": "MODE", "value": "production"}]}]},
-                    }))
-                    .unwrap();
-                    pods.create(&PostParams::default(), &pod).await.unwrap();
-                }
-            })
-            .buffer_unordered(PARALLEL)
-            .collect::<Vec<_>>()
-            .await;
+        self.population().pods(count, "node-1").await;
     }
 
     async fn grow(&self, count: usize) {

@@ -8,6 +8,7 @@ pub mod leaks;
 pub mod measure;
 pub mod mockdriver;
 pub mod pairs;
+pub mod population;
 pub mod process;
 pub mod rng;
 #[cfg(unix)]

@@ -1,21 +1,21 @@
-//! `csi-sidecars --controllers=*` run for real: one process provisions, attaches, expands and
-//! snapshots, through one driver connection, with one list of each kind it watches, its
-//! controllers' metrics on one endpoint and each controller's own Lease.
+//! `csi-sidecars --controllers=*` run for real: one process provisions, attaches, expands,
+//! snapshots and reports volume health, through one driver connection, with one list of each
+//! kind it watches, its controllers' metrics on one endpoint and each controller's own Lease.
 #![cfg(unix)]
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
 use serde_json::{Value, json};
 use testkit::apiserver::{Options, TestCluster, Verb};
 use testkit::measure::{free_port, http_get};
-use testkit::mockdriver::{MockDriver, MockHandle};
+use testkit::mockdriver::{Condition, MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
@@ -121,15 +121,16 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     let mut child = start(
         tokio::process::Command::new(BIN),
         [
-            "--controllers=*,livenessprobe".to_string(),
+            "--controllers=*,livenessprobe,health-monitor".to_string(),
             format!("--csi-address={}", mock.endpoint()),
             format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
             format!("--http-endpoint=127.0.0.1:{port}"),
             "--leader-election".to_string(),
             format!("--leader-election-namespace={ns}"),
             "--retry-interval-start=100ms".to_string(),
-            // A setting for one controller only.
+            // Settings for one controller only.
             "--attacher-worker-threads=3".to_string(),
+            "--health-monitor-list-volumes-interval=1s".to_string(),
         ],
         Stdio::null(),
     );
@@ -142,6 +143,7 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
         format!("external-attacher-leader-{sanitized}"),
         format!("external-resizer-{sanitized}"),
         format!("external-snapshotter-leader-{sanitized}"),
+        format!("external-health-monitor-leader-{sanitized}"),
     ] {
         eventually(&format!("the Lease {lease}"), || async {
             leases
@@ -230,6 +232,39 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     })
     .await;
 
+    // Health monitor: the driver reports the volume abnormal, an Event on the claim says so.
+    let handle = pvs
+        .get(&pv_name)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .unwrap();
+    mock.update_state(|s| {
+        s.set_condition(
+            &handle,
+            Some(Condition {
+                abnormal: true,
+                message: "no path".into(),
+            }),
+        )
+    })
+    .unwrap()
+    .unwrap();
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    eventually("the abnormal volume's Event", || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=data"))
+            .await
+            .ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("VolumeConditionAbnormal"))
+            .then_some(())
+    })
+    .await;
+
     // One list of each kind several controllers watch, for the whole process.
     if let Some(counters) = cluster.counters() {
         for kind in [
@@ -251,6 +286,7 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
         "/csi.v1.Controller/ControllerPublishVolume",
         "/csi.v1.Controller/ControllerExpandVolume",
         "/csi.v1.Controller/CreateSnapshot",
+        "/csi.v1.Controller/ListVolumes",
     ] {
         assert!(metrics.contains(method), "{method} missing:\n{metrics}");
     }
@@ -262,7 +298,7 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     }
     let (status, body) = http_get(port, "/healthz/leader-election").await.unwrap();
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body.lines().count(), 4, "a line per Lease: {body}");
+    assert_eq!(body.lines().count(), 5, "a line per Lease: {body}");
     assert_eq!(
         mock.calls().count(PROBE),
         1,
@@ -435,6 +471,7 @@ async fn driver_for(
     };
     let mock = MockDriver::builder()
         .driver_name(driver.clone())
+        .volume_condition(true)
         .serve_unix(dir.join("csi.sock"))
         .await
         .unwrap();
