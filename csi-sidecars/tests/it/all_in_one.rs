@@ -273,7 +273,7 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
             "volumeattachments",
             "csinodes",
         ] {
-            assert_eq!(counters.get(Verb::List, kind), 1, "lists of {kind}");
+            assert_eq!(counters.lists(kind), 1, "lists of {kind}");
         }
     }
     // Every controller's metrics on one endpoint, with upstream's names.

@@ -637,7 +637,10 @@ fn jittered(period: Duration) -> Duration {
 
 /// Wakes waiting candidates whenever the Lease changes.
 async fn watch_lease(api: Api<Lease>, name: String, changed: Arc<Notify>, stop: CancellationToken) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    // Listed from the watch cache: the watch only wakes candidates, who read the Lease itself.
+    let config = watcher::Config::default()
+        .fields(&format!("metadata.name={name}"))
+        .any_semantic();
     let stream = watcher(api, config);
     tokio::pin!(stream);
     loop {

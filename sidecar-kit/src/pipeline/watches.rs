@@ -4,6 +4,13 @@
 //! A subscriber sees a change only once it has seen a list start: one that joins a watch
 //! already running makes the watch list again (its other subscribers take the re-list as they
 //! take any re-list after a lost watch). The last subscriber to leave ends the watch.
+//!
+//! Lists are served from the API server's watch cache, never from etcd: a watch starts as a
+//! streaming list (`sendInitialEvents`, KEP-3157: the cache's objects as watch events, one at a
+//! time), as client-go's reflector does with watch-list; a server that refuses those is asked
+//! for lists at `resourceVersion=0`, which its cache serves whole, as client-go's reflector
+//! does otherwise. Either way a restart or a leader change costs the cluster no etcd range
+//! read per kind.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -238,6 +245,18 @@ impl Drop for Subscription {
     }
 }
 
+/// Whether the API server refused a streaming list as such (a server without the WatchList
+/// feature answers 400 or 422 to `sendInitialEvents`), rather than the watch for another reason.
+fn refuses_streaming(error: &watcher::Error) -> bool {
+    let status = match error {
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status,
+        watcher::Error::WatchError(status) => status,
+        _ => return false,
+    };
+    matches!(status.code, 400 | 422)
+}
+
 /// Runs the watch and hands its changes to the subscribers; lists again when one joins.
 /// Failed watches are logged and restarted with the watcher's backoff.
 async fn run<K, T>(
@@ -251,6 +270,8 @@ async fn run<K, T>(
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
+    let mut config = config.streaming_lists();
+    let mut streaming = true;
     loop {
         if grace {
             tokio::time::sleep(SHARED_GRACE).await;
@@ -269,6 +290,13 @@ async fn run<K, T>(
                         let needs = Needs::from_bits(shared.needs.load(Ordering::Relaxed));
                         let change = Change::from_watcher(event).map(|o| convert(o, needs));
                         shared.deliver(change.as_ref()).await
+                    }
+                    Some(Err(err)) if streaming && refuses_streaming(&err) => {
+                        tracing::info!(%kind, error = %err, "the API server does not serve streaming lists: listing from its watch cache (resourceVersion=0) instead");
+                        config = config.any_semantic();
+                        config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+                        streaming = false;
+                        break;
                     }
                     Some(Err(err)) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
                     None => return,

@@ -13,7 +13,7 @@ use serde_json::json;
 use sidecar_kit::pipeline::views::{Needs, PvView};
 use sidecar_kit::pipeline::watches::WatchHub;
 use sidecar_kit::pipeline::{Change, Pipeline};
-use testkit::apiserver::{Options, TestCluster, Verb};
+use testkit::apiserver::{FeatureGates, Gate, Options, TestCluster, Verb};
 use tokio_util::sync::CancellationToken;
 
 type Seen = Arc<Mutex<BTreeSet<String>>>;
@@ -71,7 +71,12 @@ async fn controllers_of_one_process_share_one_watch_per_kind() {
     until_seen(&second_seen, &["a", "b"]).await;
     assert_eq!(hub.lists(), 1, "one watch for both");
     if let Some(counters) = cluster.counters() {
-        assert_eq!(counters.get(Verb::List, "configmaps"), 1);
+        assert_eq!(counters.lists("configmaps"), 1);
+        assert_eq!(
+            counters.get(Verb::List, "configmaps"),
+            0,
+            "the list is streamed from the watch cache"
+        );
     }
     create(&api, "c").await;
     until_seen(&first_seen, &["c"]).await;
@@ -180,5 +185,32 @@ async fn a_shared_view_holds_what_all_its_controllers_read() {
     claim_refs.stop().await;
     capabilities.stop().await;
     pvs.delete(&name, &Default::default()).await.unwrap();
+    cluster.cleanup().await.unwrap();
+}
+
+/// A server that refuses streaming lists (before 1.32, or with the WatchList gate off) is asked
+/// for a list instead, and the watch goes on from it.
+#[tokio::test]
+async fn a_server_without_streaming_lists_is_listed_instead() {
+    let cluster = TestCluster::start_with(Options {
+        feature_gates: FeatureGates::default().with(Gate::WatchList, false),
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    // A real cluster's gates are its own.
+    let Some(counters) = cluster.counters() else {
+        return;
+    };
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
+    create(&api, "a").await;
+    let shutdown = CancellationToken::new();
+    let (mut pipeline, seen) = subscriber(&WatchHub::default(), &api);
+    assert!(pipeline.wait_synced(&shutdown).await);
+    until_seen(&seen, &["a"]).await;
+    assert_eq!(counters.get(Verb::List, "configmaps"), 1);
+    create(&api, "b").await;
+    until_seen(&seen, &["b"]).await;
+    pipeline.stop().await;
     cluster.cleanup().await.unwrap();
 }

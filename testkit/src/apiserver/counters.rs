@@ -84,6 +84,8 @@ pub struct CounterKey {
 #[derive(Debug, Clone, Default)]
 pub struct RequestCounters {
     inner: Arc<Mutex<HashMap<CounterKey, u64>>>,
+    /// Watches that began with the objects as events (`sendInitialEvents`), by resource.
+    streamed: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl RequestCounters {
@@ -98,6 +100,24 @@ impl RequestCounters {
             subresource: subresource.map(str::to_string),
         };
         self.with(|m| *m.entry(key).or_default() += 1);
+    }
+
+    pub(crate) fn record_streamed_list(&self, resource: &str) {
+        let mut streamed = self.streamed.lock().unwrap_or_else(PoisonError::into_inner);
+        *streamed.entry(resource.to_string()).or_default() += 1;
+    }
+
+    /// Lists of the resource: list requests and watches that stream the list first
+    /// (`sendInitialEvents`, which are also counted as watches).
+    pub fn lists(&self, resource: &str) -> u64 {
+        let streamed = self
+            .streamed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(resource)
+            .copied()
+            .unwrap_or(0);
+        self.get(Verb::List, resource) + streamed
     }
 
     /// Requests on the resource itself (no subresource).
@@ -142,6 +162,10 @@ impl RequestCounters {
 
     pub fn reset(&self) {
         self.with(HashMap::clear);
+        self.streamed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 }
 

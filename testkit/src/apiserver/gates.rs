@@ -20,14 +20,18 @@ pub enum Gate {
     CrossNamespaceVolumeDataSource,
     /// Beta, on: CSIDriver `spec.seLinuxMount`.
     SELinuxMountReadWriteOncePod,
+    /// Beta, on: watches that stream the list first (`sendInitialEvents`, KEP-3157); off,
+    /// such a watch is refused with 422, as servers before 1.32 (or with the gate off) do.
+    WatchList,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 4] = [
+    pub const ALL: [Gate; 5] = [
         Gate::VolumeAttributesClass,
         Gate::MutableCSINodeAllocatableCount,
         Gate::CrossNamespaceVolumeDataSource,
         Gate::SELinuxMountReadWriteOncePod,
+        Gate::WatchList,
     ];
 
     /// The gate's name, as in `--feature-gates`.
@@ -37,6 +41,7 @@ impl Gate {
             Gate::MutableCSINodeAllocatableCount => "MutableCSINodeAllocatableCount",
             Gate::CrossNamespaceVolumeDataSource => "CrossNamespaceVolumeDataSource",
             Gate::SELinuxMountReadWriteOncePod => "SELinuxMountReadWriteOncePod",
+            Gate::WatchList => "WatchList",
         }
     }
 
@@ -44,7 +49,9 @@ impl Gate {
     pub fn stage(self) -> &'static str {
         match self {
             Gate::VolumeAttributesClass => "",
-            Gate::MutableCSINodeAllocatableCount | Gate::SELinuxMountReadWriteOncePod => "BETA",
+            Gate::MutableCSINodeAllocatableCount
+            | Gate::SELinuxMountReadWriteOncePod
+            | Gate::WatchList => "BETA",
             Gate::CrossNamespaceVolumeDataSource => "ALPHA",
         }
     }
@@ -52,7 +59,9 @@ impl Gate {
     /// The default in 1.34 (pkg/features/kube_features.go).
     pub fn default_enabled(self) -> bool {
         match self {
-            Gate::VolumeAttributesClass | Gate::SELinuxMountReadWriteOncePod => true,
+            Gate::VolumeAttributesClass | Gate::SELinuxMountReadWriteOncePod | Gate::WatchList => {
+                true
+            }
             Gate::MutableCSINodeAllocatableCount | Gate::CrossNamespaceVolumeDataSource => false,
         }
     }

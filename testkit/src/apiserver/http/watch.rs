@@ -2,6 +2,7 @@
 //! bookmarks, the initial events of a watch-list, and the end of a watch at its timeout.
 
 use super::*;
+use crate::apiserver::gates::Gate;
 
 /// Which events of a kind one watcher sees.
 #[derive(Debug)]
@@ -128,6 +129,15 @@ pub(super) fn watch(
     let bookmarks = flag(q, "allowWatchBookmarks");
     let send_initial = q.get("sendInitialEvents").map(|v| v == "true" || v == "1");
     if send_initial == Some(true) {
+        if !shared.store().feature_gates().enabled(Gate::WatchList) {
+            return Err(ApiError::invalid(
+                k,
+                "",
+                "sendInitialEvents",
+                "FieldValueForbidden",
+                "Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ));
+        }
         let rvm = q
             .get("resourceVersionMatch")
             .map(String::as_str)
@@ -141,6 +151,7 @@ pub(super) fn watch(
                 "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan and allowWatchBookmarks",
             ));
         }
+        shared.counters.record_streamed_list(k.plural);
     }
     let timeout = match q.get("timeoutSeconds").filter(|t| !t.is_empty()) {
         Some(t) => Some(Duration::from_secs(t.parse::<u64>().map_err(|_| {
