@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper_rustls::FixedServerNameResolver;
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, ConfigExt};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use rustls_pki_types::ServerName;
 use tokio::time::{Instant, Sleep};
 use tower::retry::RetryLayer;
 use tower::util::BoxCloneSyncService;
@@ -43,6 +45,8 @@ pub enum KubeError {
     Client(#[from] kube::Error),
     #[error("the kubeconfig's proxy-url (host {0:?}) is not supported")]
     Proxy(String),
+    #[error("the kubeconfig's tls-server-name {0:?} is not a valid server name")]
+    ServerName(String),
     #[error("invalid --master {url:?}: {message}")]
     Master { url: String, message: String },
     #[error(transparent)]
@@ -181,6 +185,13 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 const KEEPALIVE_PROBES: u32 = 4;
 
+/// HTTP/2 connection health, as client-go checks it (`ReadIdleTimeout` 30 s, `PingTimeout`
+/// 15 s): a PING every 30 s, and a connection whose PING is not answered within 15 s is closed,
+/// failing its streams (requests are retried, watches restart) and making way for a new one.
+/// One connection carries every request and watch of the process, so it must never hang.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// An answer of the API server, its body bounded in time.
 type Answer = Response<Bounded<Incoming>>;
 
@@ -194,6 +205,27 @@ fn tcp_connector() -> HttpConnector {
     http.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
     http.set_keepalive_retries(Some(KEEPALIVE_PROBES));
     http
+}
+
+/// TLS to the API server offering HTTP/2 and HTTP/1.1 (ALPN `h2`, `http/1.1`), as client-go
+/// does: a server that picks `h2` gets every request and watch of the process multiplexed on
+/// one connection; one that does not (or a plain `http://` server) gets HTTP/1.1 connections
+/// from the pool. kube's own connector offers HTTP/1.1 only.
+fn https_connector(
+    config: &kube::Config,
+) -> Result<hyper_rustls::HttpsConnector<HttpConnector>, KubeError> {
+    let tls = config.rustls_client_config()?;
+    let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name =
+            ServerName::try_from(name.clone()).map_err(|_| KubeError::ServerName(name.clone()))?;
+        builder = builder.with_server_name_resolver(FixedServerNameResolver::new(name));
+    }
+    Ok(builder
+        .enable_all_versions()
+        .wrap_connector(tcp_connector()))
 }
 
 /// The connections of a process to its API server, shared by every client it makes from them,
@@ -219,13 +251,23 @@ impl Connections {
     /// Connections with `config`'s server, TLS settings and timeouts. The clients made from
     /// them may differ from `config` in headers and credentials only.
     pub fn new(config: &kube::Config) -> Result<Self, KubeError> {
+        Self::with_ping(config, H2_PING_INTERVAL, H2_PING_TIMEOUT)
+    }
+
+    /// [`Connections::new`] whose HTTP/2 connections are PINGed every `interval` and closed
+    /// when a PING is not answered within `timeout`.
+    pub fn with_ping(
+        config: &kube::Config,
+        interval: Duration,
+        timeout: Duration,
+    ) -> Result<Self, KubeError> {
         if let Some(proxy) = &config.proxy_url {
             // Only the host: the URL's user part may hold a password.
             return Err(KubeError::Proxy(
                 proxy.host().unwrap_or_default().to_string(),
             ));
         }
-        let tls = config.rustls_https_connector_with_connector(tcp_connector())?;
+        let tls = https_connector(config)?;
         let mut connector = TimeoutConnector::new(tls);
         connector.set_connect_timeout(config.connect_timeout);
         connector.set_read_timeout(config.read_timeout);
@@ -233,6 +275,10 @@ impl Connections {
         connector.set_reset_reader_on_write(config.reset_reader_on_write);
         let pool = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(IDLE_PER_HOST)
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(interval)
+            .http2_keep_alive_timeout(timeout)
+            .http2_keep_alive_while_idle(true)
             .build(connector);
         Ok(Self {
             transport: BoxCloneSyncService::new(Deadline::new(pool)),

@@ -2,6 +2,7 @@
 
 mod csi_client;
 mod kube_connections;
+mod kube_http2;
 mod kube_rate_limit;
 mod leader_election;
 mod shared_watches;

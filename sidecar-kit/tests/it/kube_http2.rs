@@ -1,0 +1,230 @@
+//! HTTP/2 to the API server, as client-go speaks it: over TLS with ALPN `h2`, every request of
+//! the process on one connection; HTTP/1.1 with a server that offers only that; and a
+//! connection that stops answering found by its PINGs, closed and replaced.
+//!
+//! `tls/` holds a test CA and a server certificate it signed for `apiserver.test` and
+//! 127.0.0.1, made for these tests only (valid until 2126; the CA's key was not kept).
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use sidecar_kit::cluster::client::Connections;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Barrier, Notify};
+
+const CA: &[u8] = include_bytes!("tls/ca.pem");
+const CERT: &[u8] = include_bytes!("tls/cert.pem");
+const KEY: &[u8] = include_bytes!("tls/key.pem");
+const VERSION: &str = r#"{"major":"1","minor":"34","gitVersion":"v1.34.9"}"#;
+
+/// Connections a server accepted, how many are open, and how many spoke HTTP/2.
+#[derive(Default)]
+struct Counts {
+    accepted: AtomicUsize,
+    open: AtomicUsize,
+    h2: AtomicUsize,
+}
+
+/// A TLS server offering `alpn`, answering `/version`; with `together`, each answer waits until
+/// that many requests have arrived, so that they are all in flight at once.
+async fn tls_server(alpn: &[&[u8]], together: Option<usize>) -> (u16, Arc<Counts>) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(CERT).unwrap()],
+            PrivateKeyDer::from_pem_slice(KEY).unwrap(),
+        )
+        .unwrap();
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let counts = Arc::new(Counts::default());
+    let barrier = together.map(|n| Arc::new(Barrier::new(n)));
+    let seen = counts.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            seen.accepted.fetch_add(1, Ordering::SeqCst);
+            let (acceptor, seen, barrier) = (acceptor.clone(), seen.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(stream).await else {
+                    return;
+                };
+                seen.open.fetch_add(1, Ordering::SeqCst);
+                let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                let service = service_fn(move |_request| {
+                    let barrier = barrier.clone();
+                    async move {
+                        if let Some(barrier) = barrier {
+                            barrier.wait().await;
+                        }
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(VERSION))))
+                    }
+                });
+                let io = TokioIo::new(stream);
+                if h2 {
+                    seen.h2.fetch_add(1, Ordering::SeqCst);
+                    let _ = http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                } else {
+                    let _ = http1::Builder::new().serve_connection(io, service).await;
+                }
+                seen.open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (port, counts)
+}
+
+/// The configuration of a server on `port` with the tests' certificate.
+fn config(port: u16) -> kube::Config {
+    let mut config = kube::Config::new(format!("https://127.0.0.1:{port}").parse().unwrap());
+    config.root_cert = Some(vec![CertificateDer::from_pem_slice(CA).unwrap().to_vec()]);
+    config.tls_server_name = Some("apiserver.test".into());
+    config
+}
+
+/// `count` requests at once through the clients of one process.
+async fn at_once(connections: &Connections, config: &kube::Config, count: usize) {
+    let work = connections.clients(config, -1.0, 1).unwrap();
+    let lease = connections.client(config, -1.0, 1).unwrap();
+    let clients = [work.main, work.background, lease];
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let client = clients[i % clients.len()].clone();
+        requests.spawn(async move { client.apiserver_version().await });
+    }
+    while let Some(answer) = requests.join_next().await {
+        answer.unwrap().unwrap();
+    }
+}
+
+/// Waits until `count` connections are open.
+async fn open(counts: &Counts, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counts.open.load(Ordering::SeqCst) != count {
+        assert!(
+            Instant::now() < deadline,
+            "{} connections open, not {count}",
+            counts.open.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_request_of_a_process_shares_one_http2_connection() {
+    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], Some(8)).await;
+    let config = config(port);
+    let connections = Connections::new(&config).unwrap();
+    // Requests that start before any connection is up may each dial (the protocol is known
+    // only once TLS has picked it); all but one of those connections are closed at once.
+    at_once(&connections, &config, 8).await;
+    open(&counts, 1).await;
+    // Once it is up, everything goes over it.
+    let accepted = counts.accepted.load(Ordering::SeqCst);
+    at_once(&connections, &config, 8).await;
+    at_once(&connections, &config, 8).await;
+    assert_eq!(
+        counts.accepted.load(Ordering::SeqCst),
+        accepted,
+        "no new connection"
+    );
+    open(&counts, 1).await;
+    assert!(counts.h2.load(Ordering::SeqCst) >= 1, "spoken in HTTP/2");
+}
+
+#[tokio::test]
+async fn a_server_without_http2_gets_http1() {
+    let (port, counts) = tls_server(&[b"http/1.1"], Some(8)).await;
+    let config = config(port);
+    let connections = Connections::new(&config).unwrap();
+    at_once(&connections, &config, 8).await;
+    // HTTP/1.1 carries one request at a time: eight in flight need eight connections.
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 8);
+    open(&counts, 8).await;
+    assert_eq!(counts.h2.load(Ordering::SeqCst), 0);
+}
+
+/// A TCP proxy to `port` whose connections can be frozen (nothing forwarded either way, the
+/// sockets left open, as when the path to the server is black-holed); connections made after
+/// a freeze are forwarded.
+async fn freezable_proxy(port: u16) -> (u16, Arc<Notify>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    let freeze = Arc::new(Notify::new());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let (f, a) = (freeze.clone(), accepted.clone());
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            let (freeze, held) = (f.clone(), held.clone());
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(("127.0.0.1", port)).await else {
+                    return;
+                };
+                let frozen = freeze.notified();
+                tokio::pin!(frozen);
+                frozen.as_mut().enable();
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    _ = frozen => held.lock().unwrap().push((client, server)),
+                }
+            });
+        }
+    });
+    (proxy_port, freeze, accepted)
+}
+
+#[tokio::test]
+async fn a_connection_that_stops_answering_is_replaced_after_its_pings_fail() {
+    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], None).await;
+    let (proxy, freeze, through) = freezable_proxy(port).await;
+    let config = config(proxy);
+    let connections = Connections::with_ping(
+        &config,
+        Duration::from_millis(200),
+        Duration::from_millis(300),
+    )
+    .unwrap();
+    let client = connections.client(&config, -1.0, 1).unwrap();
+    client.apiserver_version().await.unwrap();
+    assert_eq!(through.load(Ordering::SeqCst), 1);
+
+    freeze.notify_waiters();
+    // The request on the frozen connection fails when its PING goes unanswered, well before
+    // the request's own 30 s limit; the next one gets a new connection.
+    let started = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), client.apiserver_version()).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(_)) => {}
+            Err(_) => panic!("a request hung on the frozen connection"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never recovered"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "recovered only after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(through.load(Ordering::SeqCst), 2, "a new connection");
+    assert_eq!(counts.h2.load(Ordering::SeqCst), 2);
+}
