@@ -637,10 +637,12 @@ fn jittered(period: Duration) -> Duration {
 
 /// Wakes waiting candidates whenever the Lease changes.
 async fn watch_lease(api: Api<Lease>, name: String, changed: Arc<Notify>, stop: CancellationToken) {
-    // Listed from the watch cache: the watch only wakes candidates, who read the Lease itself.
-    let config = watcher::Config::default()
+    // Listed from the watch cache (resourceVersion=0, which kube sends only without a page
+    // size): the watch only wakes candidates, who read the Lease itself.
+    let mut config = watcher::Config::default()
         .fields(&format!("metadata.name={name}"))
         .any_semantic();
+    config.page_size = None;
     let stream = watcher(api, config);
     tokio::pin!(stream);
     loop {

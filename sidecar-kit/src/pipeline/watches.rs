@@ -295,6 +295,9 @@ async fn run<K, T>(
                         tracing::info!(%kind, error = %err, "the API server does not serve streaming lists: listing from its watch cache (resourceVersion=0) instead");
                         config = config.any_semantic();
                         config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+                        // kube sends resourceVersion=0 only without a page size; the cache
+                        // serves the whole list at once anyway.
+                        config.page_size = None;
                         streaming = false;
                         break;
                     }
