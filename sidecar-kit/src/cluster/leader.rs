@@ -341,17 +341,9 @@ impl LeaderElector {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let watch_stop = shutdown.child_token();
-        let watch = tokio::spawn(watch_lease(
-            self.api.clone(),
-            self.config.lease_name.clone(),
-            self.changed.clone(),
-            watch_stop.clone(),
-        ));
-        let _stop_watch = watch_stop.clone().drop_guard();
-
-        if !self.acquire(&shutdown).await {
-            watch.abort();
+        // A candidate that does not win at once watches the Lease, to try again as soon as it
+        // changes; the leader needs no watch.
+        if !(self.try_acquire_or_renew().await || self.wait_for_lease(&shutdown).await) {
             return Ok(());
         }
         tracing::info!(lease = %self.config.lease_name, namespace = %self.config.namespace, identity = %self.config.identity, "became leader");
@@ -385,12 +377,26 @@ impl LeaderElector {
                 }
             }
         };
-        watch.abort();
         if result.is_ok() && self.config.release_on_exit {
             self.release().await;
         }
         self.set_leading(false);
         result
+    }
+
+    /// [`acquire`](Self::acquire) with the Lease watched meanwhile.
+    async fn wait_for_lease(&self, shutdown: &CancellationToken) -> bool {
+        let watch_stop = shutdown.child_token();
+        let _stop_watch = watch_stop.clone().drop_guard();
+        let watch = tokio::spawn(watch_lease(
+            self.api.clone(),
+            self.config.lease_name.clone(),
+            self.changed.clone(),
+            watch_stop,
+        ));
+        let acquired = self.acquire(shutdown).await;
+        watch.abort();
+        acquired
     }
 
     fn set_leading(&self, leading: bool) {
