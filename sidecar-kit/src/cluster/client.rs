@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -228,6 +229,80 @@ fn https_connector(
         .wrap_connector(tcp_connector()))
 }
 
+/// Holds the requests of a process back until its first one is answered, for
+/// [`FIRST_ANSWER_WAIT`] at most. Until a connection is up, the pool cannot know that the server
+/// speaks HTTP/2 (TLS says so once it is), so requests made at once would each dial a
+/// connection of their own, and HTTP/2 keeps them all: the watches of a start-up spread over
+/// several connections for good. A first request that is not answered (a black-holed server)
+/// holds nobody longer than the bound.
+const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+struct FirstAnswered<S> {
+    inner: S,
+    gate: Arc<Gate>,
+}
+
+struct Gate {
+    open: AtomicBool,
+    first: tokio::sync::Mutex<()>,
+}
+
+impl<S> FirstAnswered<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            gate: Arc::new(Gate {
+                open: AtomicBool::new(false),
+                first: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+}
+
+impl<S> Service<Request<Body>> for FirstAnswered<S>
+where
+    S: Service<Request<Body>, Response = Answer, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Answer;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Answer, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // The inner service was made ready for this call; a clone takes its place.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            if gate.open.load(Ordering::Acquire) {
+                return inner.call(request).await;
+            }
+            let _turn = gate.first.lock().await;
+            if gate.open.load(Ordering::Acquire) {
+                return inner.call(request).await;
+            }
+            let call = inner.call(request);
+            tokio::pin!(call);
+            let answer = tokio::select! {
+                answer = &mut call => Some(answer),
+                _ = tokio::time::sleep(FIRST_ANSWER_WAIT) => None,
+            };
+            // Any outcome opens the gate: a failed first request must not hold the others.
+            gate.open.store(true, Ordering::Release);
+            drop(_turn);
+            match answer {
+                Some(answer) => answer,
+                None => call.await,
+            }
+        })
+    }
+}
+
 /// The connections of a process to its API server, shared by every client it makes from them,
 /// as client-go shares one transport between the clients of one TLS configuration.
 ///
@@ -281,7 +356,7 @@ impl Connections {
             .http2_keep_alive_while_idle(true)
             .build(connector);
         Ok(Self {
-            transport: BoxCloneSyncService::new(Deadline::new(pool)),
+            transport: BoxCloneSyncService::new(FirstAnswered::new(Deadline::new(pool))),
         })
     }
 

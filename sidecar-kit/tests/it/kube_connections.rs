@@ -23,13 +23,14 @@ struct Counts {
     open: AtomicUsize,
 }
 
-/// A server answering `/version`; with `together`, each answer waits until that many requests
-/// have arrived, so that they are all in flight at once.
+/// A server answering `/version`; with `together`, each answer but the first waits until that
+/// many requests have arrived, so that they are all in flight at once.
 async fn counting_server(together: Option<usize>) -> (String, Arc<Counts>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let counts = Arc::new(Counts::default());
     let barrier = together.map(|n| Arc::new(Barrier::new(n)));
+    let answered = Arc::new(AtomicUsize::new(0));
     let seen = counts.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -37,11 +38,13 @@ async fn counting_server(together: Option<usize>) -> (String, Arc<Counts>) {
             seen.open.fetch_add(1, Ordering::SeqCst);
             let seen = seen.clone();
             let barrier = barrier.clone();
+            let answered = answered.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |_request| {
                     let barrier = barrier.clone();
+                    let first = answered.fetch_add(1, Ordering::SeqCst) == 0;
                     async move {
-                        if let Some(barrier) = barrier {
+                        if let Some(barrier) = barrier.filter(|_| !first) {
                             barrier.wait().await;
                         }
                         Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(VERSION))))
@@ -87,6 +90,8 @@ async fn after_a_burst_at_most_25_connections_stay_open() {
         .unwrap()
         .client(&config, -1.0, 1)
         .unwrap();
+    // A process's first request goes alone (see `Connections`); the burst follows.
+    client.apiserver_version().await.unwrap();
     let requests = (0..BURST).map(|_| {
         let client = client.clone();
         async move { client.apiserver_version().await }
@@ -101,4 +106,51 @@ async fn after_a_burst_at_most_25_connections_stay_open() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(counts.open.load(Ordering::SeqCst), 25);
+}
+
+/// A first request that is never answered holds the process's other requests back for a
+/// bounded time only (they wait for it so that they can share its connection).
+#[tokio::test]
+async fn an_unanswered_first_request_holds_the_others_briefly() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answered = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |_request| {
+                    let first = answered.fetch_add(1, Ordering::SeqCst) == 0;
+                    async move {
+                        if first {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(VERSION))))
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let config = kube::Config::new(url.parse().unwrap());
+    let client = Connections::new(&config)
+        .unwrap()
+        .client(&config, -1.0, 1)
+        .unwrap();
+    let hung = tokio::spawn({
+        let client = client.clone();
+        async move { client.apiserver_version().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = tokio::time::Instant::now();
+    client.apiserver_version().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "held {:?}",
+        started.elapsed()
+    );
+    assert!(!hung.is_finished(), "the first is still unanswered");
+    hung.abort();
 }
