@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use testkit::apiserver::ApiServer;
-use testkit::measure::{Usage, clock_ticks, env_usize, free_port, usage};
+use testkit::measure::{Usage, clock_ticks, env_usize, free_port, steady_usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::population::Population;
 use testkit::process::CleanEnv;
@@ -100,20 +100,8 @@ impl Bench {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let mut last = usage(pid, self.ticks).rss_kib;
-        let mut steady = 0;
-        while steady < 5 {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let now = usage(pid, self.ticks).rss_kib;
-            steady = if now.abs_diff(last) < 256 {
-                steady + 1
-            } else {
-                0
-            };
-            last = now;
-        }
+        let measured = steady_usage(pid, self.ticks).await;
         let synced = started.elapsed();
-        let measured = usage(pid, self.ticks);
         drop(child);
         (measured, synced)
     }

@@ -22,7 +22,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Verb};
-use testkit::measure::{clock_ticks, env_usize, free_port, usage};
+use testkit::measure::{clock_ticks, env_usize, free_port, steady_usage, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::population::Population;
 use testkit::process::CleanEnv;
@@ -248,20 +248,8 @@ async fn resident(bench: &Bench, claims: usize) -> (testkit::measure::Usage, Dur
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The pods' list ends after the claims': the resident set is steady once it has.
-    let mut last = usage(pid, bench.ticks).rss_kib;
-    let mut steady = 0;
-    while steady < 5 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = usage(pid, bench.ticks).rss_kib;
-        steady = if now.abs_diff(last) < 256 {
-            steady + 1
-        } else {
-            0
-        };
-        last = now;
-    }
-    let synced = started.elapsed();
-    (usage(pid, bench.ticks), synced)
+    let steady = steady_usage(pid, bench.ticks).await;
+    (steady, started.elapsed())
 }
 
 async fn idle_run(claims: usize, pods: usize) {

@@ -27,7 +27,7 @@ use kube::api::{
 };
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Verb};
-use testkit::measure::{clock_ticks, env_usize, free_port, usage};
+use testkit::measure::{clock_ticks, env_usize, free_port, steady_usage, usage};
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::process::CleanEnv;
 use tokio::process::{Child, Command};
@@ -328,20 +328,8 @@ async fn idle_run(count: usize) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut last = usage(pid, bench.ticks).rss_kib;
-    let mut steady = 0;
-    while steady < 5 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = usage(pid, bench.ticks).rss_kib;
-        steady = if now.abs_diff(last) < 256 {
-            steady + 1
-        } else {
-            0
-        };
-        last = now;
-    }
+    let cached = steady_usage(pid, bench.ticks).await;
     let synced = started.elapsed();
-    let cached = usage(pid, bench.ticks);
     println!("== idle: {count} ready contents ==");
     println!(
         "RSS empty {:.1} MiB; with the contents {:.1} MiB (steady after {:.1} s): {:.0} bytes per content; peak {:.1} MiB; driver calls {}",

@@ -94,6 +94,24 @@ pub fn usage(pid: u32, ticks: f64) -> Usage {
     }
 }
 
+/// The usage of process `pid` once its resident set has changed by less than 256 KiB in each
+/// of five seconds running (a cache that has listed everything and settled).
+pub async fn steady_usage(pid: u32, ticks: f64) -> Usage {
+    let mut last = usage(pid, ticks).rss_kib;
+    let mut steady = 0;
+    while steady < 5 {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let now = usage(pid, ticks).rss_kib;
+        steady = if now.abs_diff(last) < 256 {
+            steady + 1
+        } else {
+            0
+        };
+        last = now;
+    }
+    usage(pid, ticks)
+}
+
 /// Whether a sidecar's `/metrics` text shows no work queued or being worked on: every
 /// `workqueue_depth` and `workqueue_unfinished_work_seconds` sample is zero.
 pub fn queues_empty(metrics: &str) -> bool {
