@@ -28,6 +28,10 @@ use crate::decide::{self, Mode, NodeStep, Report};
 use crate::index::{Index, Target, Work};
 use crate::model::{self, ABNORMAL, Abnormal, NEEDS, NODE_FAILED, NODE_RECOVERED, NORMAL};
 
+/// Pages of one ListVolumes pass at most: a driver that hands out new page tokens forever would
+/// otherwise keep the pass (and its set of tokens seen) growing.
+const MAX_PAGES: usize = 100_000;
+
 /// The field selector of the Events watch: only those a recovery is reported after.
 pub const WARNINGS: &str = "type=Warning,reason=VolumeConditionAbnormal";
 
@@ -272,8 +276,8 @@ impl Controller {
     }
 
     /// One pass of ListVolumes, page by page; a volume the driver does not list is not
-    /// reported, as upstream's. A token the driver gave before ends the pass (a driver that
-    /// hands out the same pages forever would never let it end).
+    /// reported, as upstream's. A token the driver gave before, or [`MAX_PAGES`] pages, end the
+    /// pass (a driver that hands out pages forever would never let it end).
     async fn check_listed(&self) {
         let mut token = String::new();
         let mut tokens = HashSet::new();
@@ -314,6 +318,13 @@ impl Controller {
             }
             if !tokens.insert(response.next_token.clone()) {
                 tracing::error!(token = %response.next_token, "ListVolumes returned a page token it returned before; the pass ends");
+                break;
+            }
+            if tokens.len() >= MAX_PAGES {
+                tracing::error!(
+                    pages = MAX_PAGES,
+                    "ListVolumes has not ended after this many pages; the pass ends"
+                );
                 break;
             }
             token = response.next_token;
