@@ -369,7 +369,8 @@ impl Index {
         self.nodes.keys().cloned().collect()
     }
 
-    /// The claims bound to this driver's volumes that pods on `node` mount, with those pods.
+    /// The claims bound to this driver's volumes that pods on `node` mount, with those pods
+    /// (sorted by name).
     pub fn claims_on_node(&self, node: &str) -> ClaimsOnNode {
         let mut by_claim: BTreeMap<String, Vec<Box<str>>> = BTreeMap::new();
         for pod in self.pods.values().filter(|p| p.node.as_str() == node) {
@@ -382,7 +383,8 @@ impl Index {
         }
         by_claim
             .into_iter()
-            .filter_map(|(key, pods)| {
+            .filter_map(|(key, mut pods)| {
+                pods.sort_unstable();
                 let claim = self.claims.get(key.as_str())?;
                 let pv = self.pvs.get(claim.volume_name.as_str())?;
                 bound(pv).then(|| (claim.clone(), pods))
