@@ -9,31 +9,19 @@ use sidecar_kit::cluster::events::Reporter;
 use sidecar_kit::cluster::leader;
 use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
-use sidecar_kit::process::flags::CommonFlags;
-use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::host::Controller;
 use sidecar_kit::runtime::startup::Greeting;
-use sidecar_kit::runtime::{Setup, Sidecar};
+use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config, Reconcile};
 use crate::decide::Policy;
-use crate::flags::Cli;
+use crate::flags::{Cli, InvalidFlags};
 use crate::model;
 
 /// Timeout of the identity calls at start-up (upstream's `csiTimeout`).
 pub const IDENTITY_TIMEOUT: Duration = Duration::from_secs(1);
-
-#[derive(Debug, thiserror::Error)]
-pub enum AppError {
-    #[error(transparent)]
-    Flags(#[from] crate::flags::InvalidFlags),
-    #[error(transparent)]
-    Kube(#[from] sidecar_kit::cluster::client::KubeError),
-    #[error(transparent)]
-    Host(#[from] HostError),
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
-}
 
 /// What the driver can do, from GetPluginCapabilities and ControllerGetCapabilities.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -99,12 +87,11 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Co
             period: cli.reconcile_sync,
             max_entries: cli.max_entries,
         }),
-        queue_metrics: None,
         reporter: Reporter {
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
         },
-        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
+        wiring: Wiring::default(),
     }
 }
 
@@ -114,16 +101,15 @@ pub struct Attacher;
 impl Sidecar for Attacher {
     const NAME: &'static str = "attacher";
     const BINARY: &'static str = "csi-attacher";
-    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     type Cli = Cli;
-    type Error = AppError;
+    type Error = InvalidFlags;
 
-    fn common(cli: &Cli) -> &CommonFlags {
-        &cli.common
+    fn validate(cli: &Cli) -> Result<(), InvalidFlags> {
+        cli.validate()
     }
 
-    fn validate(cli: &Cli) -> Result<(), AppError> {
-        Ok(cli.validate()?)
+    fn release_lease_on_exit(cli: &Cli) -> bool {
+        cli.feature_gates.release_leader_election_on_exit
     }
 
     /// The probe bounded by `--timeout`, the identity calls by [`IDENTITY_TIMEOUT`].
@@ -137,7 +123,7 @@ impl Sidecar for Attacher {
     }
 
     /// The driver's capabilities, the controller's configuration, client and Lease.
-    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
         let host = setup.host;
         let client = setup.client()?;
         let caps = capabilities(&host.csi).await?;
@@ -148,17 +134,13 @@ impl Sidecar for Attacher {
         }
         let identity_name = leader::default_identity();
         let mut config = config(cli, &host.driver, caps, &identity_name);
-        config.queue_metrics = Some(host.queue_metrics.clone());
-        config.watches = host.watches.clone();
-        let election = setup.election(
-            cli.common.leader_election.leader_election,
-            &model::lease_name(&host.driver),
-            cli.feature_gates.release_leader_election_on_exit,
-        )?;
+        config.wiring = setup.wiring();
         let csi = host.csi.clone();
-        Ok(Controller::new(Self::NAME, election, move |token| {
-            controller::run(config, client, csi, token)
-        }))
+        Ok(
+            setup.controller(&model::lease_name(&host.driver), move |token| {
+                controller::run(config, client, csi, token)
+            })?,
+        )
     }
 }
 

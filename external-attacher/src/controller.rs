@@ -3,7 +3,7 @@
 //! and the periodic resync.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use csi_proto::v1::ListVolumesRequest;
@@ -15,8 +15,8 @@ use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::views::Needs;
-use sidecar_kit::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
-use sidecar_kit::pipeline::{Fed, Pipeline};
+use sidecar_kit::pipeline::workqueue::{Backoff, Item, WorkQueue};
+use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -50,12 +50,10 @@ pub struct Config {
     pub resync: Duration,
     /// ListVolumes reconciliation, when the driver reports published nodes.
     pub reconcile: Option<Reconcile>,
-    /// Workqueue metrics, registered in the sidecar's registry.
-    pub queue_metrics: Option<WorkQueueMetrics>,
     /// Who the Events say reported them.
     pub reporter: Reporter,
-    /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::pipeline::watches::WatchHub,
+    /// The watches and queue metrics, shared with the other controllers of the process.
+    pub wiring: Wiring,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,23 +128,13 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
-    let queue = |name: &str, lanes: &[&str]| {
-        WorkQueue::new(
-            QueueConfig {
-                name: name.to_string(),
-                lanes: lanes.iter().map(|l| l.to_string()).collect(),
-                backoff: config.backoff,
-            },
-            config.queue_metrics.as_ref(),
-        )
-    };
     let controller = Arc::new(Controller {
         vas: Api::all(client.clone()),
         pvs: Api::all(client.clone()),
         csi,
         index: Mutex::new(Index::new(&config.policy.driver)),
-        va_queue: queue(VA_QUEUE, &Lane::NAMES),
-        pv_queue: queue(PV_QUEUE, &["default"]),
+        va_queue: config.wiring.queue(VA_QUEUE, &Lane::NAMES, config.backoff),
+        pv_queue: config.wiring.queue(PV_QUEUE, &["default"], config.backoff),
         forced: Mutex::new(HashMap::new()),
         last_backlog_report: Mutex::new(None),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
@@ -154,10 +142,6 @@ pub async fn run(
         config,
     });
     controller.run(shutdown).await;
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Fed for Controller {
@@ -189,13 +173,21 @@ impl Fed for Controller {
 impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI attacher");
-        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
+        let mut pipeline = self.config.wiring.pipeline();
         pipeline.feed(&self, Index::va_event);
         pipeline.feed_view(&self, Index::pv_event);
         pipeline.feed(&self, Index::csinode_event);
-        if !pipeline.wait_synced(&shutdown).await {
-            return self.stop(pipeline).await;
-        }
+        let me = self.clone();
+        let stop = shutdown.clone();
+        pipeline
+            .run(&shutdown, async move |pipeline| me.start(pipeline, stop))
+            .await;
+        // Workers finished the operation they were in; the timers stopped at once.
+        tracing::info!("CSI attacher stopped");
+    }
+
+    /// Once the caches synced: the workers, the reconciler and the resync.
+    fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         {
             let index = self.index();
             tracing::info!(
@@ -204,7 +196,6 @@ impl Controller {
                 "caches synced"
             );
         }
-
         let me = self.clone();
         pipeline.workers(&self.va_queue, self.config.workers, move |item| {
             let me = me.clone();
@@ -216,21 +207,9 @@ impl Controller {
             async move { me.sync_pv(&item.key).await }
         });
         if let Some(reconcile) = self.config.reconcile {
-            pipeline.spawn(self.clone().reconciler(reconcile, shutdown.clone()));
+            pipeline.spawn(self.clone().reconciler(reconcile, shutdown));
         }
-        let me = self.clone();
-        pipeline.every(self.config.resync, move || {
-            let work = me.index().resync();
-            me.enqueue(work);
-        });
-        shutdown.cancelled().await;
-        self.stop(pipeline).await;
-    }
-
-    async fn stop(&self, pipeline: Pipeline) {
-        // Workers finish the operation they are in; the timers stop at once.
-        pipeline.stop().await;
-        tracing::info!("CSI attacher stopped");
+        pipeline.resync(&self, self.config.resync, Index::resync);
     }
 
     fn backlog_report_due(&self) -> bool {

@@ -5,11 +5,11 @@
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::cluster::events::Reporter;
 use sidecar_kit::driver::csi::CsiClient;
-use sidecar_kit::driver::identity::{self, IdentityError};
-use sidecar_kit::process::flags::CommonFlags;
-use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::driver::identity;
+use sidecar_kit::pipeline::Wiring;
+use sidecar_kit::runtime::host::Controller;
 use sidecar_kit::runtime::startup::Greeting;
-use sidecar_kit::runtime::{Setup, Sidecar};
+use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, Config};
 use crate::decide::{self, Mode, Unsupported};
@@ -21,17 +21,11 @@ pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
-    Kube(#[from] sidecar_kit::cluster::client::KubeError),
-    #[error(transparent)]
-    Host(#[from] HostError),
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
-    #[error(transparent)]
     Unsupported(#[from] Unsupported),
 }
 
 /// How the driver can be monitored, from its capabilities.
-pub async fn mode(csi: &CsiClient, timeout: std::time::Duration) -> Result<Mode, AppError> {
+pub async fn mode(csi: &CsiClient, timeout: std::time::Duration) -> Result<Mode, PrepareError> {
     let plugin = identity::plugin_capabilities(csi, timeout).await?;
     let controller_service = plugin.contains(&Service::ControllerService);
     let rpcs: Vec<_> = match controller_service {
@@ -41,7 +35,7 @@ pub async fn mode(csi: &CsiClient, timeout: std::time::Duration) -> Result<Mode,
             .collect(),
         false => Vec::new(),
     };
-    Ok(decide::mode(controller_service, &rpcs)?)
+    decide::mode(controller_service, &rpcs).map_err(|err| PrepareError::own(AppError::from(err)))
 }
 
 /// The controller configuration for `driver` in `mode`, from the flags.
@@ -56,13 +50,12 @@ pub fn config(cli: &Cli, driver: &str, mode: Mode) -> Config {
         node_list_add_interval: cli.node_list_add_interval,
         workers: usize::try_from(cli.worker_threads).unwrap_or(usize::MAX),
         node_watcher: cli.enable_node_watcher,
-        queue_metrics: None,
         // Upstream's recorder names no host.
         reporter: Reporter {
             component: model::component(driver),
             instance: String::new(),
         },
-        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
+        wiring: Wiring::default(),
     }
 }
 
@@ -72,13 +65,8 @@ pub struct HealthMonitor;
 impl Sidecar for HealthMonitor {
     const NAME: &'static str = "health-monitor";
     const BINARY: &'static str = "csi-external-health-monitor-controller";
-    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     type Cli = Cli;
     type Error = AppError;
-
-    fn common(cli: &Cli) -> &CommonFlags {
-        &cli.common
-    }
 
     /// Every call bounded by `--timeout` (upstream gives its five start-up calls one second
     /// in all).
@@ -91,22 +79,18 @@ impl Sidecar for HealthMonitor {
     }
 
     /// The driver's capabilities checked, the controller's configuration, client and Lease.
-    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
         let host = setup.host;
         let mode = mode(&host.csi, cli.timeout).await?;
         tracing::info!(driver = %host.driver, ?mode, "the driver reports volume conditions");
         let client = setup.client()?;
         let mut config = config(cli, &host.driver, mode);
-        config.queue_metrics = Some(host.queue_metrics.clone());
-        config.watches = host.watches.clone();
-        let election = setup.election(
-            cli.common.leader_election.leader_election,
-            &model::lease_name(&host.driver),
-            false,
-        )?;
+        config.wiring = setup.wiring();
         let csi = host.csi.clone();
-        Ok(Controller::new(Self::NAME, election, move |token| {
-            controller::run(config, client, csi, token)
-        }))
+        Ok(
+            setup.controller(&model::lease_name(&host.driver), move |token| {
+                controller::run(config, client, csi, token)
+            })?,
+        )
     }
 }

@@ -8,7 +8,7 @@
 //! one volume at once, its #385). ListVolumes pages are handled as they arrive, not gathered.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use csi_proto::v1::{ControllerGetVolumeRequest, ListVolumesRequest};
@@ -19,9 +19,8 @@ use kube::runtime::watcher;
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
 use sidecar_kit::pipeline::views::{ClaimView, Needs, PvView};
-use sidecar_kit::pipeline::watches::WatchHub;
-use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
-use sidecar_kit::pipeline::{Fed, Pipeline};
+use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
+use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
 use tokio_util::sync::CancellationToken;
 
 use crate::decide::{self, Mode, NodeStep, Report};
@@ -48,10 +47,9 @@ pub struct Config {
     pub node_list_add_interval: Duration,
     pub workers: usize,
     pub node_watcher: bool,
-    pub queue_metrics: Option<WorkQueueMetrics>,
     pub reporter: Reporter,
-    /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: WatchHub,
+    /// The watches and queue metrics, shared with the other controllers of the process.
+    pub wiring: Wiring,
 }
 
 struct Controller {
@@ -74,20 +72,12 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
-    let queue = |name: &str| {
-        WorkQueue::new(
-            QueueConfig {
-                name: name.to_string(),
-                lanes: vec!["default".to_string()],
-                // Nothing is retried with a backoff: checks come back after an interval.
-                backoff: Backoff {
-                    start: Duration::from_millis(5),
-                    max: Duration::from_secs(1000),
-                },
-            },
-            config.queue_metrics.as_ref(),
-        )
+    // Nothing is retried with a backoff: checks come back after an interval.
+    let backoff = Backoff {
+        start: Duration::from_millis(5),
+        max: Duration::from_secs(1000),
     };
+    let queue = |name: &str| config.wiring.queue(name, &["default"], backoff);
     let controller = Arc::new(Controller {
         volumes: queue("csi-monitor-pv-queue"),
         nodes: queue("nodes"),
@@ -99,10 +89,6 @@ pub async fn run(
         config,
     });
     controller.run(shutdown).await;
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Fed for Controller {
@@ -142,7 +128,7 @@ impl Fed for Controller {
 impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.driver, mode = ?self.config.mode, "Starting CSI External PV Health Monitor Controller");
-        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
+        let mut pipeline = self.config.wiring.pipeline();
         pipeline.feed_view::<_, PvView>(&self, Index::pv_event);
         pipeline.feed_view::<_, ClaimView>(&self, Index::claim_event);
         let me = self.clone();
@@ -157,9 +143,17 @@ impl Controller {
             pipeline.feed::<Pod, _>(&self, Index::pod_event);
             pipeline.feed::<Node, _>(&self, Index::node_event);
         }
-        if !pipeline.wait_synced(&shutdown).await {
-            return self.stop(pipeline).await;
-        }
+        let me = self.clone();
+        let stop = shutdown.clone();
+        pipeline
+            .run(&shutdown, async move |pipeline| me.start(pipeline, stop))
+            .await;
+        tracing::info!("Shutting down CSI External PV Health Monitor Controller");
+    }
+
+    /// Once the caches synced: the checks of the volumes and, with the node watcher, of the
+    /// nodes.
+    fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         {
             let index = self.index();
             tracing::info!(
@@ -210,13 +204,6 @@ impl Controller {
             let me = self.clone();
             pipeline.every(self.config.node_list_add_interval, move || me.add_nodes());
         }
-        shutdown.cancelled().await;
-        self.stop(pipeline).await;
-    }
-
-    async fn stop(&self, pipeline: Pipeline) {
-        pipeline.stop().await;
-        tracing::info!("Shutting down CSI External PV Health Monitor Controller");
     }
 
     /// Every bound volume into the check queue (each is there once at most).

@@ -55,6 +55,12 @@ pub struct Cli {
     pub enable_node_watcher: bool,
 }
 
+impl AsRef<CommonFlags> for Cli {
+    fn as_ref(&self) -> &CommonFlags {
+        &self.common
+    }
+}
+
 /// Settings upstream refuses after parsing (it exits with code 1, not 2).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {

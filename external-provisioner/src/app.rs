@@ -12,12 +12,13 @@ use sidecar_kit::cluster::events::Reporter;
 use sidecar_kit::cluster::leader;
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
-use sidecar_kit::process::flags::{CommonFlags, FlagSyntax};
+use sidecar_kit::process::flags::FlagSyntax;
 use sidecar_kit::process::http::{Reply, Routes};
-use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::host::Controller;
 use sidecar_kit::runtime::startup::Greeting;
-use sidecar_kit::runtime::{RouteHook, Setup, Sidecar};
+use sidecar_kit::runtime::{PrepareError, RouteHook, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config};
 use crate::decide::{Capabilities, NodePolicy, Policy};
@@ -40,16 +41,6 @@ pub const RESYNC: Duration = Duration::from_secs(15 * 60);
 pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
-    #[error(transparent)]
-    Kube(#[from] sidecar_kit::cluster::client::KubeError),
-    #[error(transparent)]
-    Host(#[from] HostError),
-    #[error("cannot register metrics: {0}")]
-    Registry(#[from] prometheus::Error),
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
-    #[error(transparent)]
-    Capacity(#[from] crate::capacity::controller::CapacityError),
     #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
     NoNodeName,
     #[error("Failed to get node info from CSI driver: {0}")]
@@ -165,7 +156,6 @@ pub fn config(
             cli.node_deployment_max_delay,
         ),
         capacity: None,
-        queue_metrics: None,
         metrics: None,
         journal: None,
         event_client: None,
@@ -174,7 +164,7 @@ pub fn config(
             component: COMPONENT.to_string(),
             instance: instance.to_string(),
         },
-        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
+        wiring: Wiring::default(),
     }
 }
 
@@ -259,15 +249,10 @@ pub struct Provisioner;
 impl Sidecar for Provisioner {
     const NAME: &'static str = "provisioner";
     const BINARY: &'static str = "csi-provisioner";
-    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     const SYNTAX: FlagSyntax = FlagSyntax::Gnu;
     const KUBECONFIG: KubeconfigRule = KubeconfigRule::EnvironmentFirst;
     type Cli = Cli;
     type Error = AppError;
-
-    fn common(cli: &Cli) -> &CommonFlags {
-        &cli.common
-    }
 
     /// Every call bounded by `--timeout`.
     fn greeting(cli: &Cli) -> Greeting<'_> {
@@ -286,13 +271,21 @@ impl Sidecar for Provisioner {
         &cli.master
     }
 
+    fn leader_election(cli: &Cli) -> bool {
+        cli.leader_election()
+    }
+
+    fn release_lease_on_exit(cli: &Cli) -> bool {
+        cli.feature_gates.release_leader_election_on_exit
+    }
+
     fn routes(cli: &Cli) -> RouteHook {
         pprof_routes(cli)
     }
 
     /// The driver's capabilities, the controller's configuration, clients, journal and Lease,
     /// with capacity tracking when asked.
-    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
         let host = setup.host;
         let clients = setup.clients()?;
         let client = clients.main.clone();
@@ -303,13 +296,14 @@ impl Sidecar for Provisioner {
         tracing::info!(identity = %identity_string, ?caps, "provisioner identity");
         let instance = leader::default_identity();
         let mut config = config(cli, &driver, caps, &identity_string, &instance);
-        config.queue_metrics = Some(host.queue_metrics.clone());
+        config.wiring = setup.wiring();
         config.metrics = Some(ProvisionMetrics::register(host.metrics.registry())?);
         config.event_client = Some(clients.background);
-        config.watches = host.watches.clone();
         config.journal_client = Some(setup.journal_client()?);
         if cli.node_deployment {
-            node_deployment(cli, &csi, std::env::var("NODE_NAME").ok(), &mut config).await?;
+            node_deployment(cli, &csi, std::env::var("NODE_NAME").ok(), &mut config)
+                .await
+                .map_err(PrepareError::own)?;
         }
         discover(cli, &client, &mut config).await;
         config.journal = Some(setup.journal_location(
@@ -325,7 +319,7 @@ impl Sidecar for Provisioner {
             let cap_client =
                 setup.client_limited(cli.kube_api_capacity_qps, cli.kube_api_capacity_burst)?;
             let mut settings = cap::Settings::from_cli(cli, &driver);
-            settings.watches = config.watches.clone();
+            settings.wiring = config.wiring.clone();
             if let Some(node) = &config.policy.node {
                 settings = settings.for_node(&node.name, node.topology.as_ref());
             }
@@ -336,27 +330,22 @@ impl Sidecar for Provisioner {
                 cap_client,
                 csi.clone(),
                 host.metrics.registry(),
-                config.queue_metrics.clone(),
             )
-            .await?;
+            .await
+            .map_err(PrepareError::own)?;
             config.capacity = Some(capacity.handle());
             Some(capacity)
         } else {
             None
         };
 
-        let election = setup.election(
-            cli.leader_election(),
-            &model::lease_name(&driver),
-            cli.feature_gates.release_leader_election_on_exit,
-        )?;
-        Ok(Controller::new(Self::NAME, election, move |token| {
+        Ok(setup.controller(&model::lease_name(&driver), move |token| {
             crate::capacity::controller::beside(
                 capacity,
                 token.clone(),
                 controller::run(config, client, csi, token),
             )
-        }))
+        })?)
     }
 }
 

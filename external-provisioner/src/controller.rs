@@ -2,7 +2,7 @@
 //! [`decide`](crate::decide) against the API server and the driver, and the periodic resync.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use csi_proto::v1::DeleteVolumeRequest;
@@ -18,8 +18,8 @@ use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::views::Needs;
-use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
-use sidecar_kit::pipeline::{Fed, Pipeline};
+use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
+use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
 use sidecar_kit::values::shrink::ShrinkWhenSparse;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -88,7 +88,6 @@ pub struct Config {
     pub owner_delay: (Duration, Duration),
     /// Capacity tracking, told when provisioning or deletion may have changed a capacity.
     pub capacity: Option<crate::capacity::controller::CapacityHandle>,
-    pub queue_metrics: Option<WorkQueueMetrics>,
     pub metrics: Option<ProvisionMetrics>,
     pub reporter: Reporter,
     /// Where unfinished CreateVolume calls are recorded (`None`: nowhere, as upstream).
@@ -99,8 +98,8 @@ pub struct Config {
     /// Client of the journal: one with a budget of its own, since each write gates CreateVolume
     /// calls whose PV writes then wait for the main budget (`None`: the main client).
     pub journal_client: Option<kube::Client>,
-    /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::pipeline::watches::WatchHub,
+    /// The watches and queue metrics, shared with the other controllers of the process.
+    pub wiring: Wiring,
 }
 
 /// A CreateVolume that has not been answered for sure: repeated with the identical request
@@ -115,10 +114,6 @@ struct InFlight {
     started: Instant,
     /// Recorded in the journal.
     journaled: bool,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 struct Controller {
@@ -156,19 +151,6 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
-    fn queue<K: Clone + Eq + std::hash::Hash + Send + 'static>(
-        config: &Config,
-        name: &str,
-    ) -> WorkQueue<K> {
-        WorkQueue::new(
-            QueueConfig {
-                name: name.to_string(),
-                lanes: vec!["default".to_string()],
-                backoff: config.backoff,
-            },
-            config.queue_metrics.as_ref(),
-        )
-    }
     let controller = Arc::new(Controller {
         pvs: Api::all(client.clone()),
         csi,
@@ -178,9 +160,15 @@ pub async fn run(
             }
             None => Index::new(&config.policy.driver),
         }),
-        claims: queue(&config, CLAIM_QUEUE),
-        volumes: queue(&config, VOLUME_QUEUE),
-        sources: queue(&config, SOURCE_QUEUE),
+        claims: config
+            .wiring
+            .queue(CLAIM_QUEUE, &["default"], config.backoff),
+        volumes: config
+            .wiring
+            .queue(VOLUME_QUEUE, &["default"], config.backoff),
+        sources: config
+            .wiring
+            .queue(SOURCE_QUEUE, &["default"], config.backoff),
         in_flight: Mutex::new(HashMap::new()),
         waiting: Mutex::new(HashMap::new()),
         protection: tokio::sync::Mutex::new(()),
@@ -242,7 +230,7 @@ impl Fed for Controller {
 impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI provisioner");
-        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
+        let mut pipeline = self.config.wiring.pipeline();
         pipeline.feed::<StorageClass, _>(&self, Index::class_event);
         let distributed = self.index().distributed();
         if distributed {
@@ -264,10 +252,26 @@ impl Controller {
         if self.config.watch_grants {
             pipeline.feed::<ReferenceGrant, _>(&self, Index::grant_event);
         }
-        if !pipeline.wait_synced(&shutdown).await {
-            pipeline.stop().await;
-            return;
+        let me = self.clone();
+        let stop = shutdown.clone();
+        pipeline
+            .run(&shutdown, async move |pipeline| {
+                me.start(pipeline, stop).await
+            })
+            .await;
+        let unanswered = lock(&self.in_flight).len();
+        if unanswered > 0 {
+            tracing::warn!(
+                claims = unanswered,
+                "stopping with CreateVolume calls not answered for sure; the next leader repeats them for claims that still exist"
+            );
         }
+        tracing::info!("CSI provisioner stopped");
+    }
+
+    /// Once the caches synced: the journal replayed, then the workers, the resync and the
+    /// orphan sweep.
+    async fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         {
             let index = self.index();
             tracing::info!(
@@ -296,24 +300,10 @@ impl Controller {
                 async move { me.sync_source(&item.key).await }
             },
         );
-        let me = self.clone();
-        pipeline.every(self.config.resync, move || {
-            let work = me.index().resync();
-            me.enqueue(work);
-        });
+        pipeline.resync(&self, self.config.resync, Index::resync);
         if self.config.watch_snapshots && !self.config.orphan_sweep.is_zero() {
-            pipeline.spawn(self.clone().orphan_sweeper(shutdown.clone()));
+            pipeline.spawn(self.clone().orphan_sweeper(shutdown));
         }
-        shutdown.cancelled().await;
-        pipeline.stop().await;
-        let unanswered = lock(&self.in_flight).len();
-        if unanswered > 0 {
-            tracing::warn!(
-                claims = unanswered,
-                "stopping with CreateVolume calls not answered for sure; the next leader repeats them for claims that still exist"
-            );
-        }
-        tracing::info!("CSI provisioner stopped");
     }
 
     /// Takes up the CreateVolume calls a previous leader (or this process before a restart) left

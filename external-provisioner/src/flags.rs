@@ -217,6 +217,12 @@ pub struct Cli {
     pub leader_election_type: Option<String>,
 }
 
+impl AsRef<CommonFlags> for Cli {
+    fn as_ref(&self) -> &CommonFlags {
+        &self.common
+    }
+}
+
 /// Settings upstream refuses after parsing (it exits with code 1, not 2).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {

@@ -8,12 +8,12 @@ use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::cluster::events::Reporter;
 use sidecar_kit::cluster::leader;
 use sidecar_kit::driver::csi::CsiClient;
-use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::driver::identity;
+use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
-use sidecar_kit::process::flags::CommonFlags;
-use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::host::Controller;
 use sidecar_kit::runtime::startup::Greeting;
-use sidecar_kit::runtime::{Setup, Sidecar};
+use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config};
 use crate::decide::Policy;
@@ -24,12 +24,6 @@ use crate::model;
 pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
-    #[error(transparent)]
-    Kube(#[from] sidecar_kit::cluster::client::KubeError),
-    #[error(transparent)]
-    Host(#[from] HostError),
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
     #[error("the CSI driver does not provide the controller service")]
     NoControllerService,
     #[error("CSI driver neither supports controller resize nor modify volume")]
@@ -58,10 +52,10 @@ impl Capabilities {
 pub async fn capabilities(
     csi: &CsiClient,
     timeout: std::time::Duration,
-) -> Result<Capabilities, AppError> {
+) -> Result<Capabilities, PrepareError> {
     let plugin = identity::plugin_capabilities(csi, timeout).await?;
     if !plugin.contains(&Service::ControllerService) {
-        return Err(AppError::NoControllerService);
+        return Err(PrepareError::own(AppError::NoControllerService));
     }
     let rpcs = identity::controller_capabilities(csi, timeout).await?;
     let controller_expansion = rpcs.contains(&Rpc::ExpandVolume);
@@ -118,12 +112,11 @@ pub fn config(
         modify: caps.modify && classes,
         extra_modify_metadata: cli.extra_modify_metadata,
         single_node_multi_writer: caps.single_node_multi_writer,
-        queue_metrics: None,
         reporter: Reporter {
             component: format!("{COMPONENT} {driver}"),
             instance: instance.to_string(),
         },
-        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
+        wiring: Wiring::default(),
     }
 }
 
@@ -133,13 +126,8 @@ pub struct Resizer;
 impl Sidecar for Resizer {
     const NAME: &'static str = "resizer";
     const BINARY: &'static str = "csi-resizer";
-    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     type Cli = Cli;
     type Error = AppError;
-
-    fn common(cli: &Cli) -> &CommonFlags {
-        &cli.common
-    }
 
     /// Every call bounded by `--timeout`.
     fn greeting(cli: &Cli) -> Greeting<'_> {
@@ -154,9 +142,13 @@ impl Sidecar for Resizer {
         &cli.master
     }
 
+    fn release_lease_on_exit(cli: &Cli) -> bool {
+        cli.feature_gates.release_leader_election_on_exit
+    }
+
     /// The VolumeAttributesClass API and the driver's capabilities checked, the controller's
     /// configuration, client and Lease.
-    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
         let host = setup.host;
         let client = setup.client()?;
         let classes = match cli.feature_gates.volume_attributes_class {
@@ -179,7 +171,7 @@ impl Sidecar for Resizer {
             tracing::info!("the CSI driver does not support ControllerModifyVolume");
         }
         if !(caps.resizes() || caps.modify && classes) {
-            return Err(AppError::NothingToDo);
+            return Err(PrepareError::own(AppError::NothingToDo));
         }
         if caps.node_expansion {
             tracing::info!(
@@ -188,16 +180,12 @@ impl Sidecar for Resizer {
         }
         let identity_name = leader::default_identity();
         let mut config = config(cli, &host.driver, caps, classes, &identity_name);
-        config.queue_metrics = Some(host.queue_metrics.clone());
-        config.watches = host.watches.clone();
-        let election = setup.election(
-            cli.common.leader_election.leader_election,
-            &model::lease_name(&host.driver),
-            cli.feature_gates.release_leader_election_on_exit,
-        )?;
+        config.wiring = setup.wiring();
         let csi = host.csi.clone();
-        Ok(Controller::new(Self::NAME, election, move |token| {
-            controller::run(config, client, csi, token)
-        }))
+        Ok(
+            setup.controller(&model::lease_name(&host.driver), move |token| {
+                controller::run(config, client, csi, token)
+            })?,
+        )
     }
 }

@@ -6,7 +6,7 @@
 //! a write to the other's conflict (upstream runs them in two controllers that do, #458).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use csi_proto::v1::{
@@ -21,8 +21,8 @@ use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::views::Needs;
-use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
-use sidecar_kit::pipeline::{Fed, Pipeline};
+use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
+use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
@@ -53,10 +53,9 @@ pub struct Config {
     pub extra_modify_metadata: bool,
     /// The driver has SINGLE_NODE_MULTI_WRITER (access modes in expansion requests).
     pub single_node_multi_writer: bool,
-    pub queue_metrics: Option<WorkQueueMetrics>,
     pub reporter: Reporter,
-    /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::pipeline::watches::WatchHub,
+    /// The watches and queue metrics, shared with the other controllers of the process.
+    pub wiring: Wiring,
 }
 
 /// The queue name, as upstream's (`<driver>-pvc`), in the workqueue metrics.
@@ -139,13 +138,10 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
-    let queue = WorkQueue::new(
-        QueueConfig {
-            name: queue_name(&config.policy.driver),
-            lanes: vec!["default".to_string()],
-            backoff: config.backoff,
-        },
-        config.queue_metrics.as_ref(),
+    let queue = config.wiring.queue(
+        queue_name(&config.policy.driver),
+        &["default"],
+        config.backoff,
     );
     let controller = Arc::new(Controller {
         pvs: Api::all(client.clone()),
@@ -158,10 +154,6 @@ pub async fn run(
         config,
     });
     controller.run(shutdown).await;
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The current time as the API server stores condition times (RFC 3339, whole seconds).
@@ -199,7 +191,7 @@ impl Fed for Controller {
 impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI resizer");
-        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
+        let mut pipeline = self.config.wiring.pipeline();
         pipeline.feed_view(&self, Index::claim_event);
         pipeline.feed_view(&self, Index::pv_event);
         if self.config.handle_in_use {
@@ -208,9 +200,15 @@ impl Controller {
         if self.config.modify {
             pipeline.feed(&self, Index::class_event);
         }
-        if !pipeline.wait_synced(&shutdown).await {
-            return self.stop(pipeline).await;
-        }
+        let me = self.clone();
+        pipeline
+            .run(&shutdown, async move |pipeline| me.start(pipeline))
+            .await;
+        tracing::info!("CSI resizer stopped");
+    }
+
+    /// Once the caches synced: the workers and the resync.
+    fn start(self: Arc<Self>, pipeline: &mut Pipeline) {
         {
             let index = self.index();
             tracing::info!(
@@ -225,18 +223,7 @@ impl Controller {
             let me = me.clone();
             async move { me.sync(&item.key).await }
         });
-        let me = self.clone();
-        pipeline.every(self.config.resync, move || {
-            let keys = me.index().claim_keys();
-            me.enqueue(keys);
-        });
-        shutdown.cancelled().await;
-        self.stop(pipeline).await;
-    }
-
-    async fn stop(&self, pipeline: Pipeline) {
-        pipeline.stop().await;
-        tracing::info!("CSI resizer stopped");
+        pipeline.resync(&self, self.config.resync, Index::claim_keys);
     }
 
     fn memo<T>(&self, key: &str, f: impl FnOnce(&mut Memo) -> T) -> T {

@@ -5,12 +5,12 @@
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use sidecar_kit::cluster::events::Reporter;
 use sidecar_kit::cluster::leader;
-use sidecar_kit::driver::identity::{self, IdentityError};
+use sidecar_kit::driver::identity;
+use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
-use sidecar_kit::process::flags::CommonFlags;
-use sidecar_kit::runtime::host::{Controller, HostError};
+use sidecar_kit::runtime::host::Controller;
 use sidecar_kit::runtime::startup::Greeting;
-use sidecar_kit::runtime::{Setup, Sidecar};
+use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config, GroupNaming, Naming, SnapshotMetrics};
 use crate::flags::Cli;
@@ -23,14 +23,6 @@ use csi_proto::v1::group_controller_service_capability::{
 pub enum AppError {
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
-    #[error(transparent)]
-    Kube(#[from] sidecar_kit::cluster::client::KubeError),
-    #[error(transparent)]
-    Host(#[from] HostError),
-    #[error("cannot register metrics: {0}")]
-    Registry(#[from] prometheus::Error),
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
     #[error("CSI driver {0} does not support ControllerCreateSnapshot")]
     NoSnapshots(String),
     #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
@@ -56,7 +48,6 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> 
         list_snapshots,
         node: None,
         journal: None,
-        queue_metrics: None,
         snapshot_metrics: None,
         reporter: Reporter {
             component: format!("{COMPONENT} {driver}"),
@@ -69,7 +60,7 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> 
                 prefix: cli.groupsnapshot_name_prefix.clone(),
                 uuid_length: cli.groupsnapshot_name_uuid_length,
             }),
-        watches: sidecar_kit::pipeline::watches::WatchHub::default(),
+        wiring: Wiring::default(),
     }
 }
 
@@ -120,13 +111,8 @@ pub struct Snapshotter;
 impl Sidecar for Snapshotter {
     const NAME: &'static str = "snapshotter";
     const BINARY: &'static str = "csi-snapshotter";
-    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     type Cli = Cli;
     type Error = AppError;
-
-    fn common(cli: &Cli) -> &CommonFlags {
-        &cli.common
-    }
 
     /// Every call bounded by `--timeout`.
     fn greeting(cli: &Cli) -> Greeting<'_> {
@@ -139,15 +125,21 @@ impl Sidecar for Snapshotter {
         node_name(cli).map(drop)
     }
 
+    fn release_lease_on_exit(cli: &Cli) -> bool {
+        cli.feature_gates.release_leader_election_on_exit
+    }
+
     /// The driver's capabilities checked, the controller's configuration, clients, journal
     /// and Lease.
-    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, AppError> {
-        let node = node_name(cli)?;
+    async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
+        let node = node_name(cli).map_err(PrepareError::own)?;
         let host = setup.host;
         let client = setup.client()?;
         let rpcs = identity::controller_capabilities(&host.csi, cli.timeout).await?;
         if !rpcs.contains(&Rpc::CreateDeleteSnapshot) {
-            return Err(AppError::NoSnapshots(host.driver.clone()));
+            return Err(PrepareError::own(AppError::NoSnapshots(
+                host.driver.clone(),
+            )));
         }
         let list_snapshots = rpcs.contains(&Rpc::ListSnapshots);
         if !list_snapshots {
@@ -160,21 +152,17 @@ impl Sidecar for Snapshotter {
         if config.groups.is_some() && !group_snapshots_offered(&host.csi, cli.timeout).await {
             config.groups = None;
         }
-        config.queue_metrics = Some(host.queue_metrics.clone());
+        config.wiring = setup.wiring();
         config.snapshot_metrics = Some(SnapshotMetrics::register(host.metrics.registry())?);
         config.journal =
             Some(setup.journal_location(&model::lease_name(&host.driver), node.as_deref()));
         config.node = node;
-        config.watches = host.watches.clone();
         let journal_client = setup.journal_client()?;
-        let election = setup.election(
-            cli.common.leader_election.leader_election,
-            &model::lease_name(&host.driver),
-            cli.feature_gates.release_leader_election_on_exit,
-        )?;
         let csi = host.csi.clone();
-        Ok(Controller::new(Self::NAME, election, move |token| {
-            controller::run(config, client, journal_client, csi, token)
-        }))
+        Ok(
+            setup.controller(&model::lease_name(&host.driver), move |token| {
+                controller::run(config, client, journal_client, csi, token)
+            })?,
+        )
     }
 }

@@ -8,7 +8,7 @@
 //! worker while many snapshots are being cut.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use csi_proto::v1::{CreateSnapshotRequest, DeleteSnapshotRequest, ListSnapshotsRequest};
@@ -20,8 +20,8 @@ use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::cluster::journal::{Journal, Location, Owner};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
-use sidecar_kit::pipeline::workqueue::{Backoff, QueueConfig, WorkQueue, WorkQueueMetrics};
-use sidecar_kit::pipeline::{Change, Pipeline};
+use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
+use sidecar_kit::pipeline::{Change, Pipeline, Wiring, lock};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -84,14 +84,13 @@ pub struct Config {
     pub node: Option<String>,
     /// Where the intent journal lives (`None`: no journal, upstream's behaviour).
     pub journal: Option<Location>,
-    pub queue_metrics: Option<WorkQueueMetrics>,
     pub snapshot_metrics: Option<SnapshotMetrics>,
     pub reporter: Reporter,
     /// VolumeGroupSnapshotContents are handled (gate `CSIVolumeGroupSnapshot` on and a driver
     /// with the group controller service), named so.
     pub groups: Option<GroupNaming>,
-    /// The watches, shared with the other controllers of an all-in-one process.
-    pub watches: sidecar_kit::pipeline::watches::WatchHub,
+    /// The watches and queue metrics, shared with the other controllers of the process.
+    pub wiring: Wiring,
 }
 
 /// How many driver calls each snapshot took until it was ready.
@@ -159,10 +158,6 @@ impl Failure {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The current time as the API server stores times (RFC 3339, whole seconds).
 fn now() -> String {
     Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
@@ -201,22 +196,10 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
-    let queue = WorkQueue::new(
-        QueueConfig {
-            name: QUEUE.to_string(),
-            lanes: vec!["default".to_string()],
-            backoff: config.backoff,
-        },
-        config.queue_metrics.as_ref(),
-    );
-    let group_queue = WorkQueue::new(
-        QueueConfig {
-            name: GROUP_QUEUE.to_string(),
-            lanes: vec!["default".to_string()],
-            backoff: config.backoff,
-        },
-        config.queue_metrics.as_ref(),
-    );
+    let queue = config.wiring.queue(QUEUE, &["default"], config.backoff);
+    let group_queue = config
+        .wiring
+        .queue(GROUP_QUEUE, &["default"], config.backoff);
     let journal = match &config.journal {
         Some(location) => Journal::start(journal_client, location.clone(), OWNER),
         None => Journal::off(OWNER),
@@ -247,7 +230,7 @@ impl Controller {
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.driver, "starting CSI snapshotter");
-        let mut pipeline = Pipeline::with_watches(self.config.watches.clone());
+        let mut pipeline = self.config.wiring.pipeline();
         let mut contents = watcher::Config::default().page_size(500);
         if let Some(node) = &self.config.node {
             contents = contents.labels(&format!("{}={node}", model::MANAGED_BY));
@@ -296,21 +279,30 @@ impl Controller {
                 },
             );
         }
-        if !pipeline.wait_synced(&shutdown).await {
-            return self.stop(pipeline).await;
-        }
+        let me = self.clone();
+        let stop = shutdown.clone();
+        pipeline
+            .run(&shutdown, async move |pipeline| {
+                me.start(pipeline, stop).await
+            })
+            .await;
+        tracing::info!("CSI snapshotter stopped");
+    }
+
+    /// Once the caches synced: the journal taken up, then the workers and the resync.
+    async fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         tracing::info!(contents = self.index().content_count(), "caches synced");
         self.take_up_journal(&shutdown).await;
         let me = self.clone();
         pipeline.workers(&self.queue, self.config.workers, move |item| {
             let me = me.clone();
-            async move { me.sync(&item.key).await }
+            async move { me.sync::<Snapshots>(&item.key).await }
         });
         if self.config.groups.is_some() {
             let me = self.clone();
             pipeline.workers(&self.group_queue, self.config.workers, move |item| {
                 let me = me.clone();
-                async move { me.sync_group(&item.key).await }
+                async move { me.sync::<Groups>(&item.key).await }
             });
         }
         let me = self.clone();
@@ -326,43 +318,6 @@ impl Controller {
                 me.group_queue.add(name, 0);
             }
         });
-        shutdown.cancelled().await;
-        self.stop(pipeline).await;
-    }
-
-    async fn stop(&self, pipeline: Pipeline) {
-        pipeline.stop().await;
-        tracing::info!("CSI snapshotter stopped");
-    }
-
-    /// One content: what it needs next; retried with backoff until done.
-    async fn sync(&self, name: &str) {
-        let view = self.index().view(name);
-        let mut result = match view {
-            Some((content, class)) => self.step(&content, class.as_ref()).await,
-            None => self.settle_gone(name).await.map(|()| true),
-        };
-        // The snapshotter's own writes do not come back as work: a content whose deletion
-        // waited for its CreateSnapshot to be answered is deleted now (upstream re-queues on
-        // the readiness it wrote itself, external-snapshotter #1388).
-        if matches!(result, Ok(true)) {
-            let now = self.index().view(name);
-            if let Some((content, class)) = now.filter(|(c, _)| decide::should_delete(c)) {
-                result = self.step(&content, class.as_ref()).await;
-            }
-        }
-        let key = name.to_string();
-        match result {
-            Ok(true) => self.queue.forget(&key),
-            Ok(false) => {
-                let delay = self.queue.add_rate_limited(key, 0);
-                tracing::debug!(content = name, retry_in = ?delay, "snapshot not ready yet");
-            }
-            Err(failure) => {
-                let delay = self.queue.add_rate_limited(key, 0);
-                tracing::info!(content = name, error = %failure.message, retry_in = ?delay, "content not done");
-            }
-        }
     }
 
     /// Carries out the plan; `Ok(true)` when the content needs nothing more for now.
@@ -479,7 +434,9 @@ impl Controller {
         // Until the content names the snapshot, only the journal knows it may exist. Once it
         // does (a poll of a cut snapshot), the content's finalizer keeps it.
         if content.handle().is_none() {
-            self.record(&content.name, &intent).await.map_err(fail)?;
+            self.record::<Snapshots>(&content.name, &intent)
+                .await
+                .map_err(fail)?;
         }
         let request = CreateSnapshotRequest {
             source_volume_id: intent.source_volume.clone(),
@@ -502,7 +459,7 @@ impl Controller {
                 if decide::is_final(Some(status.code())) {
                     // Nothing is being cut: the content may be deleted, the intent is done.
                     self.remove_being_created::<Snapshots>(&content).await?;
-                    self.forget(&content.name);
+                    self.forget::<Snapshots>(&content.name);
                 }
                 return Err(fail(format!(
                     "failed to take snapshot of the volume {}: {:?}",
@@ -519,7 +476,8 @@ impl Controller {
                 Err(err) if api_code(&err) == Some(404) => {
                     // The content went away while the driver cut the snapshot: nothing will
                     // ever name it.
-                    self.discard(&content.name, &intent, &answer.handle).await?;
+                    self.discard::<Snapshots>(&content.name, &intent, &answer.handle)
+                        .await?;
                     return Ok(true);
                 }
                 Err(err) => {
@@ -532,7 +490,7 @@ impl Controller {
                 }
             },
         };
-        self.forget(&content.name);
+        self.forget::<Snapshots>(&content.name);
         self.remove_being_created::<Snapshots>(&updated).await?;
         if answer.ready {
             self.ready_after_calls(&content.name);

@@ -105,6 +105,12 @@ pub struct Cli {
     pub feature_gates: FeatureGates,
 }
 
+impl AsRef<CommonFlags> for Cli {
+    fn as_ref(&self) -> &CommonFlags {
+        &self.common
+    }
+}
+
 /// Settings refused after parsing (exit code 1, as upstream's checks).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {

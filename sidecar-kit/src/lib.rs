@@ -3,6 +3,9 @@
 //! [`driver`]'s connection, the Kubernetes [`cluster`]'s clients, the watch → index → queue →
 //! worker [`pipeline`], plain [`values`], and the CSI [`migration`] of in-tree volumes.
 
+/// The suite's version: every sidecar of it is released together.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub mod cluster;
 pub mod driver;
 pub mod migration;

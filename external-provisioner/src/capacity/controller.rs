@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::{GetCapacityRequest, Topology};
@@ -19,8 +19,8 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
-use sidecar_kit::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
-use sidecar_kit::pipeline::{Change, Pipeline, Relist};
+use sidecar_kit::pipeline::workqueue::{Backoff, Item, WorkQueue};
+use sidecar_kit::pipeline::{Change, Relist, Wiring, lock};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -91,8 +91,9 @@ pub struct Settings {
     /// Distributed provisioning: this node's segment only (from NodeGetInfo), instead of the
     /// segments of Nodes and CSINodes.
     pub fixed_segment: Option<Segment>,
-    /// The watches, shared with the claims controller (and an all-in-one process's others).
-    pub watches: sidecar_kit::pipeline::watches::WatchHub,
+    /// The watches and queue metrics, shared with the claims controller (and the process's
+    /// other controllers).
+    pub wiring: Wiring,
 }
 
 impl Settings {
@@ -110,7 +111,7 @@ impl Settings {
                 max: cli.retry_interval_max,
             },
             fixed_segment: None,
-            watches: sidecar_kit::pipeline::watches::WatchHub::default(),
+            wiring: Wiring::default(),
         }
     }
 
@@ -126,10 +127,6 @@ impl Settings {
         self.fixed_segment = Some(topology.cloned().unwrap_or_default());
         self
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn api_resource(version: ApiVersion) -> ApiResource {
@@ -223,7 +220,6 @@ pub struct Capacity {
     /// Our objects: their watch and writes (`--kube-api-capacity-qps`/`-burst`).
     client: kube::Client,
     csi: CsiClient,
-    queue_metrics: Option<WorkQueueMetrics>,
     handle: CapacityHandle,
 }
 
@@ -236,7 +232,6 @@ pub async fn prepare(
     client: kube::Client,
     csi: CsiClient,
     registry: &prometheus::Registry,
-    queue_metrics: Option<WorkQueueMetrics>,
 ) -> Result<Capacity, CapacityError> {
     let namespace = env.namespace.ok_or(CapacityError::NoNamespace)?;
     let owner = if settings.ownerref_level >= 0 {
@@ -260,7 +255,6 @@ pub async fn prepare(
         watch_client,
         client,
         csi,
-        queue_metrics,
         handle,
     })
 }
@@ -310,11 +304,6 @@ impl Capacity {
     /// Runs until `shutdown`: watches, then (once all have listed) workers and the poller.
     pub async fn run(&self, shutdown: CancellationToken) {
         let settings = self.settings.clone();
-        let queue_config = |name: &str| QueueConfig {
-            name: name.to_string(),
-            lanes: Vec::new(),
-            backoff: settings.backoff,
-        };
         let ar = api_resource(self.version);
         let running = Arc::new(Running {
             settings: settings.clone(),
@@ -329,8 +318,8 @@ impl Capacity {
                 topology: TopologyInputs::default(),
                 ready: false,
             }),
-            queue: WorkQueue::new(queue_config(CAPACITY_QUEUE), self.queue_metrics.as_ref()),
-            topology: WorkQueue::new(queue_config(TOPOLOGY_QUEUE), self.queue_metrics.as_ref()),
+            queue: settings.wiring.queue(CAPACITY_QUEUE, &[], settings.backoff),
+            topology: settings.wiring.queue(TOPOLOGY_QUEUE, &[], settings.backoff),
             api: Api::namespaced_with(self.client.clone(), &self.namespace, &ar),
             csi: self.csi.clone(),
             refreshed: AtomicU64::new(0),
@@ -338,7 +327,7 @@ impl Capacity {
         *lock(&self.handle.running) = Some(running.clone());
         tracing::info!(namespace = %self.namespace, "starting capacity controller");
 
-        let mut pipeline = Pipeline::with_watches(self.settings.watches.clone());
+        let mut pipeline = settings.wiring.pipeline();
         let r = running.clone();
         let mut relist = Relist::default();
         pipeline.watch(
@@ -372,24 +361,24 @@ impl Capacity {
             move |change| r.on_object(change, &mut relist),
         );
 
-        if pipeline.wait_synced(&shutdown).await {
-            running.start();
-            let r = running.clone();
-            pipeline.workers(&running.queue, settings.workers, move |item| {
-                let r = r.clone();
-                async move { r.process(item).await }
-            });
-            let r = running.clone();
-            pipeline.workers(&running.topology, 1, move |_item: Item<()>| {
-                let r = r.clone();
-                async move { r.update_topology() }
-            });
-            pipeline.spawn(running.clone().poll(shutdown.clone()));
-            shutdown.cancelled().await;
-        }
-        tracing::info!("stopping capacity controller");
+        pipeline
+            .run(&shutdown, async |pipeline| {
+                running.start();
+                let r = running.clone();
+                pipeline.workers(&running.queue, settings.workers, move |item| {
+                    let r = r.clone();
+                    async move { r.process(item).await }
+                });
+                let r = running.clone();
+                pipeline.workers(&running.topology, 1, move |_item: Item<()>| {
+                    let r = r.clone();
+                    async move { r.update_topology() }
+                });
+                pipeline.spawn(running.clone().poll(shutdown.clone()));
+            })
+            .await;
         *lock(&self.handle.running) = None;
-        pipeline.stop().await;
+        tracing::info!("capacity controller stopped");
     }
 
     fn selector(&self) -> String {

@@ -125,7 +125,7 @@ async fn start_with(
         max: Duration::from_millis(500),
     };
     let registry = prometheus::Registry::new();
-    let queue_metrics = WorkQueueMetrics::register(&registry).unwrap();
+    settings.wiring.queue_metrics = Some(WorkQueueMetrics::register(&registry).unwrap());
     let capacity = cap::prepare(
         settings,
         environment,
@@ -133,7 +133,6 @@ async fn start_with(
         env.client(),
         env.csi.clone(),
         &registry,
-        Some(queue_metrics),
     )
     .await?;
     let stop = CancellationToken::new();

@@ -16,7 +16,7 @@ use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::driver::csi::go_error;
 use tonic::Status;
 
-use super::{Controller, Failure, Groups, lock, now_ns};
+use super::{Controller, Failure, Groups, now_ns};
 use crate::decide::{self, GroupAnswer, GroupPlan};
 use crate::journal;
 use crate::model::{self, Class, GroupContent, SecretRef, SnapshotInfo};
@@ -49,11 +49,7 @@ pub struct GroupIntent {
     pub delete: bool,
 }
 
-fn journal_key(name: &str) -> String {
-    format!("{KEY_PREFIX}{name}")
-}
-
-fn group_answer(group: csi_proto::v1::VolumeGroupSnapshot) -> GroupAnswer {
+pub(super) fn group_answer(group: csi_proto::v1::VolumeGroupSnapshot) -> GroupAnswer {
     let ns = |t: Option<prost_types::Timestamp>| {
         t.map(|t| {
             t.seconds
@@ -80,28 +76,7 @@ fn group_answer(group: csi_proto::v1::VolumeGroupSnapshot) -> GroupAnswer {
 }
 
 impl Controller {
-    /// One group content: what it needs next; retried with backoff until done.
-    pub(super) async fn sync_group(&self, name: &str) {
-        let view = self.index().group_view(name);
-        let result = match view {
-            Some((content, class)) => self.group_step(&content, class.as_ref()).await,
-            None => self.settle_gone_group(name).await.map(|()| true),
-        };
-        let key = name.to_string();
-        match result {
-            Ok(true) => self.group_queue.forget(&key),
-            Ok(false) => {
-                let delay = self.group_queue.add_rate_limited(key, 0);
-                tracing::debug!(group_content = name, retry_in = ?delay, "group snapshot not ready yet");
-            }
-            Err(failure) => {
-                let delay = self.group_queue.add_rate_limited(key, 0);
-                tracing::info!(group_content = name, error = %failure.message, retry_in = ?delay, "group content not done");
-            }
-        }
-    }
-
-    async fn group_step(
+    pub(super) async fn group_step(
         &self,
         content: &GroupContent,
         class: Option<&Class>,
@@ -233,7 +208,7 @@ impl Controller {
                 })?
         };
         if content.handle().is_none() {
-            self.record_group(&content.name, &intent)
+            self.record::<Groups>(&content.name, &intent)
                 .await
                 .map_err(fail)?;
         }
@@ -259,7 +234,7 @@ impl Controller {
                 tracing::info!(group_content = %content.name, error = %go_error(&status), "CreateVolumeGroupSnapshot failed");
                 if decide::is_final(Some(status.code())) {
                     self.remove_being_created::<Groups>(&content).await?;
-                    self.forget_group(&content.name);
+                    self.forget::<Groups>(&content.name);
                 }
                 return Err(fail(format!(
                     "failed to take group snapshot of the volumes {:?}: {:?}",
@@ -274,7 +249,8 @@ impl Controller {
             Some(patch) => match self.patch_status::<Groups>(&content.name, &patch).await {
                 Ok(updated) => updated,
                 Err(err) if api_code(&err) == Some(404) => {
-                    self.discard_group(&content.name, &intent, &answer).await?;
+                    self.discard::<Groups>(&content.name, &intent, &answer)
+                        .await?;
                     return Ok(true);
                 }
                 Err(err) => {
@@ -286,7 +262,7 @@ impl Controller {
                 }
             },
         };
-        self.forget_group(&content.name);
+        self.forget::<Groups>(&content.name);
         self.remove_being_created::<Groups>(&updated).await?;
         Ok(answer.ready)
     }
@@ -443,21 +419,6 @@ impl Controller {
 
     // --- the journal ---
 
-    async fn record_group(&self, name: &str, intent: &GroupIntent) -> Result<(), String> {
-        if lock(&self.group_intents).get(name) == Some(intent) {
-            return Ok(());
-        }
-        self.write_intent(&journal_key(name), intent).await?;
-        lock(&self.group_intents).insert(name.to_string(), intent.clone());
-        Ok(())
-    }
-
-    fn forget_group(&self, name: &str) {
-        if lock(&self.group_intents).remove(name).is_some() {
-            self.journal.forget(&journal_key(name));
-        }
-    }
-
     /// Whether the recorded intent for group content `name` is one this snapshotter would
     /// have recorded (see [`crate::journal`]).
     pub(super) fn check_group_intent(
@@ -505,96 +466,5 @@ impl Controller {
             ("secret reference", intent.secret == now.secret),
             ("deletion policy", intent.delete == now.delete),
         ])
-    }
-
-    /// A group content that is gone: if a CreateVolumeGroupSnapshot for it may have cut a
-    /// group, the group is found (the call is idempotent by name) and deleted unless the
-    /// content's policy kept it.
-    async fn settle_gone_group(&self, name: &str) -> Result<(), Failure> {
-        let Some(intent) = lock(&self.group_intents).get(name).cloned() else {
-            return Ok(());
-        };
-        if let Some((content, _)) = self.index().group_view(name)
-            && content.uid == intent.content_uid
-        {
-            return Ok(());
-        }
-        if !intent.delete {
-            tracing::warn!(group_content = name, group_snapshot = %intent.name, "the content of an unanswered CreateVolumeGroupSnapshot is gone and its policy retains the group: the driver may keep a group snapshot no content names");
-            self.forget_group(name);
-            return Ok(());
-        }
-        let secrets = self
-            .secret(intent.secret.as_ref())
-            .await
-            .map_err(Failure::quiet)?;
-        let request = CreateVolumeGroupSnapshotRequest {
-            name: intent.name.clone(),
-            source_volume_ids: intent.source_volumes.clone(),
-            secrets: secrets.into_iter().collect(),
-            parameters: intent.parameters.clone().into_iter().collect(),
-        };
-        match self
-            .csi
-            .create_volume_group_snapshot(request, self.options())
-            .await
-        {
-            Ok(response) => match response.group_snapshot {
-                Some(group) => {
-                    self.discard_group(name, &intent, &group_answer(group))
-                        .await
-                }
-                None => {
-                    self.forget_group(name);
-                    Ok(())
-                }
-            },
-            Err(status) if decide::is_final(Some(status.code())) => {
-                tracing::info!(group_content = name, error = %go_error(&status), "the group snapshot of a gone content does not exist");
-                self.forget_group(name);
-                Ok(())
-            }
-            Err(status) => Err(Failure::quiet(format!(
-                "cannot find the group snapshot of gone group content {name}: {}",
-                go_error(&status)
-            ))),
-        }
-    }
-
-    /// Deletes the group snapshot of a group content that is gone, then forgets the intent.
-    async fn discard_group(
-        &self,
-        name: &str,
-        intent: &GroupIntent,
-        answer: &GroupAnswer,
-    ) -> Result<(), Failure> {
-        if intent.delete {
-            let secrets = self
-                .secret(intent.secret.as_ref())
-                .await
-                .map_err(Failure::quiet)?;
-            let request = DeleteVolumeGroupSnapshotRequest {
-                group_snapshot_id: answer.handle.clone(),
-                snapshot_ids: answer
-                    .members
-                    .iter()
-                    .map(|m| m.snapshot_handle.clone())
-                    .collect(),
-                secrets: secrets.into_iter().collect(),
-            };
-            self.csi
-                .delete_volume_group_snapshot(request, self.options())
-                .await
-                .map_err(|status| {
-                    Failure::quiet(format!(
-                        "cannot delete group snapshot {} of gone group content {name}: {}",
-                        answer.handle,
-                        go_error(&status)
-                    ))
-                })?;
-            tracing::info!(group_content = name, handle = %answer.handle, "deleted the group snapshot of a content that went away during its CreateVolumeGroupSnapshot");
-        }
-        self.forget_group(name);
-        Ok(())
     }
 }

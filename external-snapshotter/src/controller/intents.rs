@@ -1,6 +1,7 @@
 //! The intent journal: CreateSnapshot calls recorded before they are made, taken up after a
 //! restart (validated, never trusted), and the snapshots of contents that went away deleted.
 
+use super::kinds::{ContentKind, JournaledIntent};
 use super::*;
 
 impl Controller {
@@ -105,12 +106,17 @@ impl Controller {
         self.journal.forget(key);
     }
 
-    pub(super) async fn record(&self, name: &str, intent: &Intent) -> Result<(), String> {
-        if lock(&self.intents).get(name) == Some(intent) {
+    /// Records `intent` for content `name` of kind `K` before its create call is made.
+    pub(super) async fn record<K: ContentKind>(
+        &self,
+        name: &str,
+        intent: &K::Intent,
+    ) -> Result<(), String> {
+        if lock(K::intents(self)).get(name) == Some(intent) {
             return Ok(());
         }
-        self.write_intent(name, intent).await?;
-        lock(&self.intents).insert(name.to_string(), intent.clone());
+        self.write_intent(&K::journal_key(name), intent).await?;
+        lock(K::intents(self)).insert(name.to_string(), intent.clone());
         Ok(())
     }
 
@@ -137,92 +143,88 @@ impl Controller {
         Ok(())
     }
 
-    pub(super) fn forget(&self, name: &str) {
-        if lock(&self.intents).remove(name).is_some() {
-            self.journal.forget(name);
+    /// The create call of content `name` is answered: its intent is done.
+    pub(super) fn forget<K: ContentKind>(&self, name: &str) {
+        if lock(K::intents(self)).remove(name).is_some() {
+            self.journal.forget(&K::journal_key(name));
         }
     }
 
-    /// A content that is gone (or was replaced by another of the same name): if a CreateSnapshot
-    /// for it may have cut a snapshot, the snapshot is found (CreateSnapshot is idempotent by
-    /// name) and deleted unless the content's policy kept it.
-    pub(super) async fn settle_gone(&self, name: &str) -> Result<(), Failure> {
-        let Some(intent) = lock(&self.intents).get(name).cloned() else {
-            lock(&self.calls).remove(name);
+    /// A content that is gone (or was replaced by another of the same name): if a create call
+    /// for it may have cut something, that is found (the call is idempotent by name) and
+    /// deleted unless the content's policy kept it.
+    pub(super) async fn settle_gone<K: ContentKind>(&self, name: &str) -> Result<(), Failure> {
+        let Some(intent) = lock(K::intents(self)).get(name).cloned() else {
+            K::done(self, name);
             return Ok(());
         };
-        if let Some((content, _)) = self.index().view(name)
-            && content.uid == intent.content_uid
+        if let Some(content) = K::current(&self.index(), name)
+            && K::uid(&content) == intent.content_uid()
         {
             return Ok(());
         }
-        if !intent.delete {
-            tracing::warn!(content = name, snapshot = %intent.name, "the content of an unanswered CreateSnapshot is gone and its policy retains the snapshot: the driver may keep a snapshot no content names");
-            self.forget(name);
+        if !intent.delete() {
+            tracing::warn!(
+                kind = K::KIND,
+                name,
+                cut = intent.name(),
+                "the content of an unanswered {} is gone and its policy retains the {}: the driver may keep a {} no content names",
+                K::CREATE,
+                K::CUT,
+                K::CUT
+            );
+            self.forget::<K>(name);
             return Ok(());
         }
-        let secrets = self
-            .secret(intent.secret.as_ref())
-            .await
-            .map_err(Failure::quiet)?;
-        let request = CreateSnapshotRequest {
-            source_volume_id: intent.source_volume.clone(),
-            name: intent.name.clone(),
-            secrets: secrets.into_iter().collect(),
-            parameters: intent.parameters.clone().into_iter().collect(),
-        };
-        let handle = match self.csi.create_snapshot(request, self.options()).await {
-            Ok(response) => response.snapshot.map(|s| s.snapshot_id),
-            Err(status) if decide::is_final(Some(status.code())) => {
-                // The driver refuses the request for sure: it has no snapshot of that name.
-                tracing::info!(content = name, error = %go_error(&status), "the snapshot of a gone content does not exist");
-                None
-            }
-            Err(status) => {
-                return Err(Failure::quiet(format!(
-                    "cannot find the snapshot of gone content {name}: {}",
-                    go_error(&status)
-                )));
-            }
-        };
-        match handle {
-            Some(handle) => self.discard(name, &intent, &handle).await,
-            None => {
-                self.forget(name);
+        let secrets = self.secret(intent.secret()).await.map_err(Failure::quiet)?;
+        match K::find_cut(self, &intent, secrets).await {
+            Ok(Some(cut)) => self.discard::<K>(name, &intent, &cut).await,
+            Ok(None) => {
+                self.forget::<K>(name);
                 Ok(())
             }
+            Err(status) if decide::is_final(Some(status.code())) => {
+                // The driver refuses the request for sure: it has nothing of that name.
+                tracing::info!(kind = K::KIND, name, error = %go_error(&status), "the {} of a gone content does not exist", K::CUT);
+                self.forget::<K>(name);
+                Ok(())
+            }
+            Err(status) => Err(Failure::quiet(format!(
+                "cannot find the {} of gone content {name}: {}",
+                K::CUT,
+                go_error(&status)
+            ))),
         }
     }
 
-    /// Deletes the snapshot of a content that is gone, then forgets the intent.
-    pub(super) async fn discard(
+    /// Deletes what the create call cut for a content that is gone, then forgets the intent.
+    pub(super) async fn discard<K: ContentKind>(
         &self,
         name: &str,
-        intent: &Intent,
-        handle: &str,
+        intent: &K::Intent,
+        cut: &K::Cut,
     ) -> Result<(), Failure> {
-        if intent.delete {
-            let secrets = self
-                .secret(intent.secret.as_ref())
-                .await
-                .map_err(Failure::quiet)?;
-            let request = DeleteSnapshotRequest {
-                snapshot_id: handle.to_string(),
-                secrets: secrets.into_iter().collect(),
-            };
-            self.csi
-                .delete_snapshot(request, self.options())
-                .await
-                .map_err(|status| {
-                    Failure::quiet(format!(
-                        "cannot delete snapshot {handle} of gone content {name}: {}",
-                        go_error(&status)
-                    ))
-                })?;
-            tracing::info!(content = name, %handle, "deleted the snapshot of a content that went away during its CreateSnapshot");
+        if intent.delete() {
+            let secrets = self.secret(intent.secret()).await.map_err(Failure::quiet)?;
+            K::delete_cut(self, cut, secrets).await.map_err(|status| {
+                Failure::quiet(format!(
+                    "cannot delete {} {} of gone content {name}: {}",
+                    K::CUT,
+                    K::handle(cut),
+                    go_error(&status)
+                ))
+            })?;
+            tracing::info!(
+                kind = K::KIND,
+                name,
+                handle = K::handle(cut),
+                "deleted the {} of a content that went away during its {}",
+                K::CUT,
+                K::CREATE
+            );
         }
-        self.forget(name);
-        lock(&self.calls).remove(name);
+        self.forget::<K>(name);
+        K::done(self, name);
         Ok(())
     }
 }

@@ -1,19 +1,73 @@
 //! The two kinds of content the snapshotter drives, VolumeSnapshotContents and
-//! VolumeGroupSnapshotContents, where their flows are one: a failure reported (Event and error
-//! status), the content's status and metadata written, its being-created annotation removed.
+//! VolumeGroupSnapshotContents, and their one flow: a content synced (its plan carried out,
+//! retried with backoff until done), a failure reported (Event and error status), the
+//! content's status and metadata written, its being-created annotation removed.
 
 use std::fmt::Debug;
+use std::future::Future;
 
+use csi_proto::v1::{CreateVolumeGroupSnapshotRequest, DeleteVolumeGroupSnapshotRequest};
 use k8s_openapi::api::core::v1::ObjectReference;
 use serde::de::DeserializeOwned;
 
+use super::groups::{self, group_answer};
 use super::*;
+use crate::decide::GroupAnswer;
 use crate::model::GroupContent;
+
+/// What the journal records of a create call before it is made.
+pub(super) trait JournaledIntent: Clone + PartialEq + Serialize + Send + Sync {
+    fn content_uid(&self) -> &str;
+    /// The name the call gives what it cuts.
+    fn name(&self) -> &str;
+    fn secret(&self) -> Option<&SecretRef>;
+    /// The content's deletion policy is `Delete`.
+    fn delete(&self) -> bool;
+}
+
+impl JournaledIntent for Intent {
+    fn content_uid(&self) -> &str {
+        &self.content_uid
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn secret(&self) -> Option<&SecretRef> {
+        self.secret.as_ref()
+    }
+    fn delete(&self) -> bool {
+        self.delete
+    }
+}
+
+impl JournaledIntent for GroupIntent {
+    fn content_uid(&self) -> &str {
+        &self.content_uid
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn secret(&self) -> Option<&SecretRef> {
+        self.secret.as_ref()
+    }
+    fn delete(&self) -> bool {
+        self.delete
+    }
+}
 
 /// What tells a kind of content apart where the flows are one.
 pub(super) trait ContentKind {
     type Object: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug;
-    type Content: Clone;
+    type Content: Clone + Send + Sync;
+    type Intent: JournaledIntent;
+    /// What the create call cut, as the driver answered.
+    type Cut: Send + Sync;
+    /// The kind, in logs.
+    const KIND: &'static str;
+    /// What the create call cuts, in logs: "snapshot".
+    const CUT: &'static str;
+    /// The create call, in logs.
+    const CREATE: &'static str;
     /// The annotation of a content whose create call may still be answered.
     const BEING_CREATED: &'static str;
     /// The annotation and the object, as the error of the annotation's removal names them.
@@ -22,11 +76,44 @@ pub(super) trait ContentKind {
     const DELETE_ERROR: &'static str;
 
     fn api(controller: &Controller) -> &Api<Self::Object>;
+    fn queue(controller: &Controller) -> &WorkQueue<String>;
+    /// The recorded intents by content name.
+    fn intents(controller: &Controller) -> &Mutex<HashMap<String, Self::Intent>>;
+    /// The journal's key of the intent of content `name`.
+    fn journal_key(name: &str) -> String;
     fn store(index: &mut Index, object: &Self::Object);
     fn project(object: &Self::Object) -> Self::Content;
+    /// The content and its class as the index holds them now.
+    fn view(index: &Index, name: &str) -> Option<(Self::Content, Option<Class>)>;
     /// The content as the index holds it now.
-    fn current(index: &Index, name: &str) -> Option<Self::Content>;
+    fn current(index: &Index, name: &str) -> Option<Self::Content> {
+        Self::view(index, name).map(|(content, _)| content)
+    }
     fn name(content: &Self::Content) -> &str;
+    fn uid(content: &Self::Content) -> &str;
+    /// Whether the content is to be deleted now.
+    fn should_delete(content: &Self::Content) -> bool;
+    /// Carries out the content's plan; `Ok(true)` when it needs nothing more for now.
+    fn step(
+        controller: &Controller,
+        content: &Self::Content,
+        class: Option<&Class>,
+    ) -> impl Future<Output = Result<bool, Failure>> + Send;
+    /// The create call of `intent` again, idempotent by name: what it cut, `None` when the
+    /// driver answered with nothing.
+    fn find_cut(
+        controller: &Controller,
+        intent: &Self::Intent,
+        secrets: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<Option<Self::Cut>, Status>> + Send;
+    fn delete_cut(
+        controller: &Controller,
+        cut: &Self::Cut,
+        secrets: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<(), Status>> + Send;
+    fn handle(cut: &Self::Cut) -> &str;
+    /// What is kept of content `name` until it is done, let go.
+    fn done(_controller: &Controller, _name: &str) {}
     fn being_created(content: &Self::Content) -> bool;
     fn object_ref(content: &Self::Content) -> ObjectReference;
     /// The error status patch for `message`, `None` when the status already says it.
@@ -41,12 +128,30 @@ pub(super) struct Snapshots;
 impl ContentKind for Snapshots {
     type Object = VolumeSnapshotContent;
     type Content = Content;
+    type Intent = Intent;
+    /// The snapshot's handle.
+    type Cut = String;
+    const KIND: &'static str = "VolumeSnapshotContent";
+    const CUT: &'static str = "snapshot";
+    const CREATE: &'static str = "CreateSnapshot";
     const BEING_CREATED: &'static str = model::BEING_CREATED;
     const BEING_CREATED_ON: &'static str = "VolumeSnapshotBeingCreated annotation on the content";
     const DELETE_ERROR: &'static str = decide::DELETE_ERROR;
 
     fn api(controller: &Controller) -> &Api<VolumeSnapshotContent> {
         &controller.contents
+    }
+
+    fn queue(controller: &Controller) -> &WorkQueue<String> {
+        &controller.queue
+    }
+
+    fn intents(controller: &Controller) -> &Mutex<HashMap<String, Intent>> {
+        &controller.intents
+    }
+
+    fn journal_key(name: &str) -> String {
+        name.to_string()
     }
 
     fn store(index: &mut Index, object: &VolumeSnapshotContent) {
@@ -57,12 +162,71 @@ impl ContentKind for Snapshots {
         Content::from_api(object)
     }
 
-    fn current(index: &Index, name: &str) -> Option<Content> {
-        index.view(name).map(|(content, _)| content)
+    fn view(index: &Index, name: &str) -> Option<(Content, Option<Class>)> {
+        index.view(name)
     }
 
     fn name(content: &Content) -> &str {
         &content.name
+    }
+
+    fn uid(content: &Content) -> &str {
+        &content.uid
+    }
+
+    fn should_delete(content: &Content) -> bool {
+        decide::should_delete(content)
+    }
+
+    async fn step(
+        controller: &Controller,
+        content: &Content,
+        class: Option<&Class>,
+    ) -> Result<bool, Failure> {
+        controller.step(content, class).await
+    }
+
+    async fn find_cut(
+        controller: &Controller,
+        intent: &Intent,
+        secrets: BTreeMap<String, String>,
+    ) -> Result<Option<String>, Status> {
+        let request = CreateSnapshotRequest {
+            source_volume_id: intent.source_volume.clone(),
+            name: intent.name.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: intent.parameters.clone().into_iter().collect(),
+        };
+        let response = controller
+            .csi
+            .create_snapshot(request, controller.options())
+            .await?;
+        Ok(response.snapshot.map(|s| s.snapshot_id))
+    }
+
+    async fn delete_cut(
+        controller: &Controller,
+        handle: &String,
+        secrets: BTreeMap<String, String>,
+    ) -> Result<(), Status> {
+        let request = DeleteSnapshotRequest {
+            snapshot_id: handle.clone(),
+            secrets: secrets.into_iter().collect(),
+        };
+        controller
+            .csi
+            .delete_snapshot(request, controller.options())
+            .await
+            .map(drop)
+    }
+
+    fn handle(handle: &String) -> &str {
+        handle
+    }
+
+    /// The count of driver calls until ready.
+    fn done(controller: &Controller, name: &str) {
+        lock(&controller.calls).remove(name);
     }
 
     fn being_created(content: &Content) -> bool {
@@ -88,6 +252,11 @@ pub(super) struct Groups;
 impl ContentKind for Groups {
     type Object = VolumeGroupSnapshotContent;
     type Content = GroupContent;
+    type Intent = GroupIntent;
+    type Cut = GroupAnswer;
+    const KIND: &'static str = "VolumeGroupSnapshotContent";
+    const CUT: &'static str = "group snapshot";
+    const CREATE: &'static str = "CreateVolumeGroupSnapshot";
     const BEING_CREATED: &'static str = model::GROUP_BEING_CREATED;
     const BEING_CREATED_ON: &'static str =
         "VolumeGroupSnapshotBeingCreated annotation on the group snapshot content";
@@ -95,6 +264,18 @@ impl ContentKind for Groups {
 
     fn api(controller: &Controller) -> &Api<VolumeGroupSnapshotContent> {
         &controller.group_contents
+    }
+
+    fn queue(controller: &Controller) -> &WorkQueue<String> {
+        &controller.group_queue
+    }
+
+    fn intents(controller: &Controller) -> &Mutex<HashMap<String, GroupIntent>> {
+        &controller.group_intents
+    }
+
+    fn journal_key(name: &str) -> String {
+        format!("{}{name}", groups::KEY_PREFIX)
     }
 
     fn store(index: &mut Index, object: &VolumeGroupSnapshotContent) {
@@ -105,12 +286,71 @@ impl ContentKind for Groups {
         GroupContent::from_api(object)
     }
 
-    fn current(index: &Index, name: &str) -> Option<GroupContent> {
-        index.group_view(name).map(|(content, _)| content)
+    fn view(index: &Index, name: &str) -> Option<(GroupContent, Option<Class>)> {
+        index.group_view(name)
     }
 
     fn name(content: &GroupContent) -> &str {
         &content.name
+    }
+
+    fn uid(content: &GroupContent) -> &str {
+        &content.uid
+    }
+
+    fn should_delete(content: &GroupContent) -> bool {
+        decide::should_delete_group(content)
+    }
+
+    async fn step(
+        controller: &Controller,
+        content: &GroupContent,
+        class: Option<&Class>,
+    ) -> Result<bool, Failure> {
+        controller.group_step(content, class).await
+    }
+
+    async fn find_cut(
+        controller: &Controller,
+        intent: &GroupIntent,
+        secrets: BTreeMap<String, String>,
+    ) -> Result<Option<GroupAnswer>, Status> {
+        let request = CreateVolumeGroupSnapshotRequest {
+            name: intent.name.clone(),
+            source_volume_ids: intent.source_volumes.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: intent.parameters.clone().into_iter().collect(),
+        };
+        let response = controller
+            .csi
+            .create_volume_group_snapshot(request, controller.options())
+            .await?;
+        Ok(response.group_snapshot.map(group_answer))
+    }
+
+    async fn delete_cut(
+        controller: &Controller,
+        answer: &GroupAnswer,
+        secrets: BTreeMap<String, String>,
+    ) -> Result<(), Status> {
+        let request = DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: answer.handle.clone(),
+            snapshot_ids: answer
+                .members
+                .iter()
+                .map(|m| m.snapshot_handle.clone())
+                .collect(),
+            secrets: secrets.into_iter().collect(),
+        };
+        controller
+            .csi
+            .delete_volume_group_snapshot(request, controller.options())
+            .await
+            .map(drop)
+    }
+
+    fn handle(answer: &GroupAnswer) -> &str {
+        &answer.handle
     }
 
     fn being_created(content: &GroupContent) -> bool {
@@ -131,6 +371,37 @@ impl ContentKind for Groups {
 }
 
 impl Controller {
+    /// One content of kind `K`: what it needs next; retried with backoff until done.
+    pub(super) async fn sync<K: ContentKind>(&self, name: &str) {
+        let view = K::view(&self.index(), name);
+        let mut result = match view {
+            Some((content, class)) => K::step(self, &content, class.as_ref()).await,
+            None => self.settle_gone::<K>(name).await.map(|()| true),
+        };
+        // The snapshotter's own writes do not come back as work: a content whose deletion
+        // waited for its create call to be answered is deleted now (upstream re-queues on the
+        // readiness it wrote itself, external-snapshotter #1388).
+        if matches!(result, Ok(true)) {
+            let now = K::view(&self.index(), name);
+            if let Some((content, class)) = now.filter(|(c, _)| K::should_delete(c)) {
+                result = K::step(self, &content, class.as_ref()).await;
+            }
+        }
+        let queue = K::queue(self);
+        let key = name.to_string();
+        match result {
+            Ok(true) => queue.forget(&key),
+            Ok(false) => {
+                let delay = queue.add_rate_limited(key, 0);
+                tracing::debug!(kind = K::KIND, name, retry_in = ?delay, "{} not ready yet", K::CUT);
+            }
+            Err(failure) => {
+                let delay = queue.add_rate_limited(key, 0);
+                tracing::info!(kind = K::KIND, name, error = %failure.message, retry_in = ?delay, "content not done");
+            }
+        }
+    }
+
     /// The failure's Event, and its status error when it has one (each message written once).
     pub(super) async fn report<K: ContentKind>(&self, content: &K::Content, failure: &Failure) {
         let Some((reason, message)) = &failure.event else {

@@ -12,7 +12,7 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kube::api::Api;
@@ -24,7 +24,59 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pipeline::views::{Needs, View};
 use crate::pipeline::watches::{Subscription, Synced, WatchHub};
-use crate::pipeline::workqueue::{Item, WorkQueue};
+use crate::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
+
+/// Locks `mutex`, poisoned or not. A controller's state stays usable after a worker panicked
+/// while holding it: the panic leaves at most one key half-done, and its retry redoes it.
+pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the controllers of one process share to build their pipelines: the watches and the
+/// work-queue metrics of the process's registry. The default has watches of its own and no
+/// metrics (a controller run alone, in tests).
+#[derive(Clone, Default)]
+pub struct Wiring {
+    pub watches: WatchHub,
+    pub queue_metrics: Option<WorkQueueMetrics>,
+}
+
+impl std::fmt::Debug for Wiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wiring")
+            .field("watches", &self.watches)
+            .field("queue_metrics", &self.queue_metrics.is_some())
+            .finish()
+    }
+}
+
+impl Wiring {
+    /// A pipeline on the shared watches.
+    pub fn pipeline(&self) -> Pipeline {
+        Pipeline::with_watches(self.watches.clone())
+    }
+
+    /// A work queue named `name` (the metrics' label) with `lanes`, reporting to the shared
+    /// metrics.
+    pub fn queue<K>(
+        &self,
+        name: impl Into<String>,
+        lanes: &[&str],
+        backoff: Backoff,
+    ) -> WorkQueue<K>
+    where
+        K: Clone + Eq + Hash + Send + Sync + 'static,
+    {
+        WorkQueue::new(
+            QueueConfig {
+                name: name.into(),
+                lanes: lanes.iter().map(|lane| lane.to_string()).collect(),
+                backoff,
+            },
+            self.queue_metrics.as_ref(),
+        )
+    }
+}
 
 /// One watch event, as kube's watcher reports them.
 #[derive(Debug)]
@@ -127,6 +179,9 @@ pub trait Fed: Send + Sync + 'static {
 
 /// How a fed controller's index takes a change of `T`: the work it finds.
 pub type Apply<C, T> = fn(&mut <C as Fed>::Index, Change<&T>) -> Vec<<C as Fed>::Work>;
+
+/// How a fed controller's index finds the work of a periodic resync.
+pub type Resync<C> = fn(&<C as Fed>::Index) -> Vec<<C as Fed>::Work>;
 
 /// Watches (through a [`WatchHub`], shared with the other controllers of the process or not),
 /// and the workers started once every watch has synced.
@@ -325,12 +380,33 @@ impl Pipeline {
         });
     }
 
+    /// Every `period` (never with a zero one), the work `controller`'s index finds with
+    /// `resync` goes into its queues.
+    pub fn resync<C: Fed>(&mut self, controller: &Arc<C>, period: Duration, resync: Resync<C>) {
+        let me = controller.clone();
+        self.every(period, move || {
+            let work = resync(&me.index());
+            me.enqueue(work);
+        });
+    }
+
     /// Runs `task` beside the workers until the pipeline stops (periodic work).
     pub fn spawn<Fut>(&mut self, task: Fut)
     where
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.workers.spawn(task);
+    }
+
+    /// Runs the pipeline until `shutdown`: once every watch has listed, `start` adds the
+    /// workers and periodic tasks; then it [`stop`](Self::stop)s. A shutdown before the watches
+    /// synced stops it without starting anything.
+    pub async fn run(mut self, shutdown: &CancellationToken, start: impl AsyncFnOnce(&mut Self)) {
+        if self.wait_synced(shutdown).await {
+            start(&mut self).await;
+            shutdown.cancelled().await;
+        }
+        self.stop().await;
     }
 
     /// Stops taking work: queues shut down, watches end, and the workers finish the operation

@@ -15,7 +15,7 @@
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
@@ -25,16 +25,12 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
-use crate::pipeline::Change;
 use crate::pipeline::views::Needs;
+use crate::pipeline::{Change, lock};
 
 /// How long a shared watch waits before it lists, so that the controllers of one start-up
 /// subscribe before the list instead of each restarting it.
 const SHARED_GRACE: Duration = Duration::from_millis(100);
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A watch's report that its subscriber has seen a complete list.
 pub struct Synced(pub(crate) mpsc::Sender<()>);

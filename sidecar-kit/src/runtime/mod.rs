@@ -25,6 +25,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::client::{Clients, KubeError, KubeconfigRule};
 use crate::cluster::journal::{self, Location, journal_name};
 use crate::cluster::leader::{self, ElectionConfig};
+use crate::driver::identity::IdentityError;
+use crate::pipeline::Wiring;
 use crate::pipeline::watches::WatchHub;
 use crate::process::flags::{CommonFlags, FlagSyntax, parse_args, parse_from};
 use crate::process::http::{HttpError, HttpPlan, Routes};
@@ -41,17 +43,18 @@ pub trait Sidecar: 'static {
     const NAME: &'static str;
     /// Its binary's name, the program name its parser sees and its User-Agent's product.
     const BINARY: &'static str;
-    /// The version `--version` prints and the User-Agent carries.
-    const VERSION: &'static str;
+    /// The version `--version` prints and the User-Agent carries: the suite's, as every
+    /// binary of it is released together.
+    const VERSION: &'static str = crate::VERSION;
     /// How its command line is spelled.
     const SYNTAX: FlagSyntax = FlagSyntax::Go;
     /// Which of `--kubeconfig` and `$KUBECONFIG` wins, as its upstream decides.
     const KUBECONFIG: KubeconfigRule = KubeconfigRule::FlagOnly;
 
-    type Cli: clap::Parser + Send + Sync + 'static;
+    /// Its command line, which holds the flags every sidecar has.
+    type Cli: clap::Parser + AsRef<CommonFlags> + Send + Sync + 'static;
+    /// Why its command line is refused, or its start fails for a reason of its own.
     type Error: std::error::Error + Send + Sync + 'static;
-
-    fn common(cli: &Self::Cli) -> &CommonFlags;
 
     /// Logs what the command line deserves a warning for (removed flags).
     fn warn(_cli: &Self::Cli) {}
@@ -68,16 +71,50 @@ pub trait Sidecar: 'static {
         ""
     }
 
+    /// Whether its controller elects a leader: `--leader-election`.
+    fn leader_election(cli: &Self::Cli) -> bool {
+        cli.as_ref().leader_election.leader_election
+    }
+
+    /// Whether its Lease is released on exit although `--leader-election-release-on-exit` is
+    /// off (a feature gate of its own).
+    fn release_lease_on_exit(_cli: &Self::Cli) -> bool {
+        false
+    }
+
     /// The controller, ready to run: its capabilities learnt, its configuration, clients,
     /// journal and Lease.
     fn prepare(
         cli: &Self::Cli,
         setup: &Setup<'_>,
-    ) -> impl Future<Output = Result<Controller, Self::Error>>;
+    ) -> impl Future<Output = Result<Controller, PrepareError>>;
 
     /// Routes of its own on the HTTP endpoint.
     fn routes(_cli: &Self::Cli) -> RouteHook {
         Box::new(|routes| routes)
+    }
+}
+
+/// Why a sidecar could not prepare its controller.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("cannot register metrics: {0}")]
+    Registry(#[from] prometheus::Error),
+    /// A reason of the sidecar's own (its [`Sidecar::Error`]).
+    #[error(transparent)]
+    Sidecar(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl PrepareError {
+    /// A failure of the sidecar's own.
+    pub fn own(err: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Sidecar(Box::new(err))
     }
 }
 
@@ -90,7 +127,7 @@ pub enum RuntimeError {
     #[error(transparent)]
     Host(#[from] HostError),
     #[error(transparent)]
-    Sidecar(Box<dyn std::error::Error + Send + Sync>),
+    Prepare(#[from] PrepareError),
 }
 
 /// What a sidecar prepares its controller from: the process's [`Host`] (driver, metrics,
@@ -100,6 +137,9 @@ pub struct Setup<'a> {
     pub host: &'a Host,
     kube_config: kube::Config,
     common: &'a CommonFlags,
+    name: &'static str,
+    elect: bool,
+    release_lease_on_exit: bool,
 }
 
 impl<'a> Setup<'a> {
@@ -115,7 +155,10 @@ impl<'a> Setup<'a> {
         Ok(Self {
             host,
             kube_config,
-            common: S::common(cli),
+            common: cli.as_ref(),
+            name: S::NAME,
+            elect: S::leader_election(cli),
+            release_lease_on_exit: S::release_lease_on_exit(cli),
         })
     }
 
@@ -159,23 +202,34 @@ impl<'a> Setup<'a> {
         }
     }
 
-    /// The controller's leader election on the Lease `lease`, when `enabled`: a client of its
-    /// own with the controller's budget (so that the controller's requests never throttle its
-    /// renewals) and the settings of the leader election flags; the Lease is released on exit
-    /// when `--leader-election-release-on-exit` or the sidecar's `release_gate` asks.
-    pub fn election(
-        &self,
-        enabled: bool,
-        lease: &str,
-        release_gate: bool,
-    ) -> Result<Option<(kube::Client, ElectionConfig)>, HostError> {
-        if !enabled {
-            return Ok(None);
+    /// The watches and work-queue metrics the process's controllers share.
+    pub fn wiring(&self) -> Wiring {
+        Wiring {
+            watches: self.host.watches.clone(),
+            queue_metrics: Some(self.host.queue_metrics.clone()),
         }
-        let flags = &self.common.leader_election;
-        let mut settings = ElectionConfig::from_flags(lease, flags)?;
-        settings.release_on_exit = flags.leader_election_release_on_exit || release_gate;
-        Ok(Some((self.client()?, settings)))
+    }
+
+    /// The sidecar's controller, which `run`s until the token it is given is cancelled, under
+    /// the leader election of the Lease `lease` when `--leader-election` asks: with a client of
+    /// its own and the controller's budget (so that the controller's requests never throttle
+    /// its renewals) and the settings of the leader election flags. The Lease is released on
+    /// exit when `--leader-election-release-on-exit` or the sidecar asks.
+    pub fn controller<F, Fut>(&self, lease: &str, run: F) -> Result<Controller, HostError>
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let election = if self.elect {
+            let flags = &self.common.leader_election;
+            let mut settings = ElectionConfig::from_flags(lease, flags)?;
+            settings.release_on_exit =
+                flags.leader_election_release_on_exit || self.release_lease_on_exit;
+            Some((self.client()?, settings))
+        } else {
+            None
+        };
+        Ok(Controller::new(self.name, election, run))
     }
 }
 
@@ -183,7 +237,7 @@ impl<'a> Setup<'a> {
 /// until it ends; exits the process on errors.
 pub fn main<S: Sidecar>(args: impl IntoIterator<Item = OsString>) {
     let cli: S::Cli = parse_args(args, S::SYNTAX);
-    let common = S::common(&cli);
+    let common = cli.as_ref();
     lifecycle::exit_if_version(&common.process, S::VERSION);
     logging::init(&common.logging);
     S::warn(&cli);
@@ -200,7 +254,7 @@ pub async fn serve<S: Sidecar>(
     cli: S::Cli,
     shutdown: CancellationToken,
 ) -> Result<(), RuntimeError> {
-    let common = S::common(&cli);
+    let common = cli.as_ref();
     let plan = HttpPlan::from_flags(&common.http)?;
     let config = crate::cluster::client::load_config(&common.kube, S::KUBECONFIG).await?;
     let Some(host) =
@@ -209,9 +263,7 @@ pub async fn serve<S: Sidecar>(
         return Ok(());
     };
     let setup = Setup::new::<S>(&host, &config, &cli)?;
-    let controller = S::prepare(&cli, &setup)
-        .await
-        .map_err(|err| RuntimeError::Sidecar(Box::new(err)))?;
+    let controller = S::prepare(&cli, &setup).await?;
     host::run(
         &host,
         &plan,
@@ -306,7 +358,7 @@ impl<S: Sidecar> Parsed for Cli<S> {
     }
 
     fn common(&self) -> &CommonFlags {
-        S::common(&self.0)
+        self.0.as_ref()
     }
 
     fn warn(&self) {
