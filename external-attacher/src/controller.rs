@@ -3,7 +3,7 @@
 //! and the periodic resync.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::ListVolumesRequest;
@@ -14,9 +14,8 @@ use kube::api::{Api, Patch, PatchParams};
 use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
-use sidecar_kit::pipeline::views::Needs;
 use sidecar_kit::pipeline::workqueue::{Backoff, Item, WorkQueue};
-use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
+use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -109,7 +108,7 @@ struct Controller {
     vas: Api<VolumeAttachment>,
     pvs: Api<PersistentVolume>,
     csi: CsiClient,
-    index: Mutex<Index>,
+    feed: Feeder<Index>,
     va_queue: WorkQueue<Arc<str>>,
     pv_queue: WorkQueue<Arc<str>>,
     /// VolumeAttachments the reconciler found out of sync with the driver, with what the driver
@@ -132,7 +131,7 @@ pub async fn run(
         vas: Api::all(client.clone()),
         pvs: Api::all(client.clone()),
         csi,
-        index: Mutex::new(Index::new(&config.policy.driver)),
+        feed: Feeder::new(Index::new(&config.policy.driver), client.clone(), NEEDS),
         va_queue: config.wiring.queue(VA_QUEUE, &Lane::NAMES, config.backoff),
         pv_queue: config.wiring.queue(PV_QUEUE, &["default"], config.backoff),
         forced: Mutex::new(HashMap::new()),
@@ -148,16 +147,8 @@ impl Fed for Controller {
     type Index = Index;
     type Work = Work;
 
-    fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
-    fn needs(&self) -> Needs {
-        NEEDS
-    }
-
-    fn index(&self) -> MutexGuard<'_, Index> {
-        lock(&self.index)
+    fn feeder(&self) -> &Feeder<Index> {
+        &self.feed
     }
 
     fn enqueue(&self, work: Vec<Work>) {

@@ -8,19 +8,18 @@
 //! one volume at once, its #385). ListVolumes pages are handled as they arrive, not gathered.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::{ControllerGetVolumeRequest, ListVolumesRequest};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::runtime::watcher;
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
-use sidecar_kit::pipeline::views::{ClaimView, Needs, PvView};
+use sidecar_kit::pipeline::views::{ClaimView, PvView};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
-use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
+use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
 use tokio_util::sync::CancellationToken;
 
 use crate::decide::{self, Mode, NodeStep, Report};
@@ -56,7 +55,7 @@ struct Controller {
     config: Config,
     client: kube::Client,
     csi: CsiClient,
-    index: Mutex<Index>,
+    feed: Feeder<Index>,
     volumes: WorkQueue<Arc<str>>,
     nodes: WorkQueue<Arc<str>>,
     /// The nodes whose failure was reported (until they are Ready again).
@@ -81,7 +80,7 @@ pub async fn run(
     let controller = Arc::new(Controller {
         volumes: queue("csi-monitor-pv-queue"),
         nodes: queue("nodes"),
-        index: Mutex::new(Index::new(&config.driver)),
+        feed: Feeder::new(Index::new(&config.driver), client.clone(), NEEDS).paged(500),
         marked: Mutex::new(HashSet::new()),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
         csi,
@@ -95,20 +94,8 @@ impl Fed for Controller {
     type Index = Index;
     type Work = Work;
 
-    fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
-    fn needs(&self) -> Needs {
-        NEEDS
-    }
-
-    fn watch_config(&self) -> watcher::Config {
-        watcher::Config::default().page_size(500)
-    }
-
-    fn index(&self) -> MutexGuard<'_, Index> {
-        lock(&self.index)
+    fn feeder(&self) -> &Feeder<Index> {
+        &self.feed
     }
 
     fn enqueue(&self, work: Vec<Work>) {
@@ -134,7 +121,7 @@ impl Controller {
         let me = self.clone();
         pipeline.watch(
             Api::<Event>::all(self.client.clone()),
-            self.watch_config().fields(WARNINGS),
+            self.feed.watch_config().fields(WARNINGS),
             move |change| {
                 me.index().event_event(change);
             },

@@ -2,7 +2,7 @@
 //! [`decide`](crate::decide) against the API server and the driver, and the periodic resync.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::DeleteVolumeRequest;
@@ -17,9 +17,8 @@ use kube::api::{ApiResource, DynamicObject};
 use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
-use sidecar_kit::pipeline::views::Needs;
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
-use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
+use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
 use sidecar_kit::values::shrink::ShrinkWhenSparse;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -121,7 +120,7 @@ struct Controller {
     client: kube::Client,
     pvs: Api<PersistentVolume>,
     csi: CsiClient,
-    index: Mutex<Index>,
+    feed: Feeder<Index>,
     claims: WorkQueue<Arc<str>>,
     volumes: WorkQueue<Arc<str>>,
     sources: WorkQueue<SourceKey>,
@@ -154,12 +153,16 @@ pub async fn run(
     let controller = Arc::new(Controller {
         pvs: Api::all(client.clone()),
         csi,
-        index: Mutex::new(match &config.policy.node {
-            Some(node) => {
-                Index::for_node(&config.policy.driver, &node.name, node.topology.as_ref())
-            }
-            None => Index::new(&config.policy.driver),
-        }),
+        feed: Feeder::new(
+            match &config.policy.node {
+                Some(node) => {
+                    Index::for_node(&config.policy.driver, &node.name, node.topology.as_ref())
+                }
+                None => Index::new(&config.policy.driver),
+            },
+            client.clone(),
+            NEEDS,
+        ),
         claims: config
             .wiring
             .queue(CLAIM_QUEUE, &["default"], config.backoff),
@@ -204,16 +207,8 @@ impl Fed for Controller {
     type Index = Index;
     type Work = Work;
 
-    fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
-    fn needs(&self) -> Needs {
-        NEEDS
-    }
-
-    fn index(&self) -> MutexGuard<'_, Index> {
-        lock(&self.index)
+    fn feeder(&self) -> &Feeder<Index> {
+        &self.feed
     }
 
     fn enqueue(&self, work: Vec<Work>) {

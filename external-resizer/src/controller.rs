@@ -6,7 +6,7 @@
 //! a write to the other's conflict (upstream runs them in two controllers that do, #458).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::{
@@ -16,13 +16,11 @@ use csi_proto::v1::{
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher;
 use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
-use sidecar_kit::pipeline::views::Needs;
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
-use sidecar_kit::pipeline::{Fed, Pipeline, Wiring, lock};
+use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
@@ -124,7 +122,7 @@ struct Controller {
     client: kube::Client,
     pvs: Api<PersistentVolume>,
     csi: CsiClient,
-    index: Mutex<Index>,
+    feed: Feeder<Index>,
     queue: WorkQueue<Arc<str>>,
     memos: Mutex<HashMap<String, Memo>>,
     events: Recorder,
@@ -146,7 +144,12 @@ pub async fn run(
     let controller = Arc::new(Controller {
         pvs: Api::all(client.clone()),
         csi,
-        index: Mutex::new(Index::new(&config.policy.driver, config.policy.recover)),
+        feed: Feeder::new(
+            Index::new(&config.policy.driver, config.policy.recover),
+            client.clone(),
+            NEEDS,
+        )
+        .paged(500),
         queue,
         memos: Mutex::new(HashMap::new()),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
@@ -165,20 +168,8 @@ impl Fed for Controller {
     type Index = Index;
     type Work = Arc<str>;
 
-    fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
-    fn needs(&self) -> Needs {
-        NEEDS
-    }
-
-    fn watch_config(&self) -> watcher::Config {
-        watcher::Config::default().page_size(500)
-    }
-
-    fn index(&self) -> MutexGuard<'_, Index> {
-        lock(&self.index)
+    fn feeder(&self) -> &Feeder<Index> {
+        &self.feed
     }
 
     fn enqueue(&self, work: Vec<Arc<str>>) {

@@ -9,8 +9,8 @@ use sidecar_kit::values::shrink::ShrinkWhenSparse;
 
 use crate::decide;
 use crate::model::{
-    Class, Content, GroupContent, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
-    VolumeSnapshotClass, VolumeSnapshotContent,
+    Class, Content, ContentObject, GroupContent, VolumeGroupSnapshotClass,
+    VolumeGroupSnapshotContent, VolumeSnapshotClass, VolumeSnapshotContent,
 };
 
 #[derive(Debug)]
@@ -32,27 +32,15 @@ trait Cached {
     fn resource_version(&self) -> Option<&str>;
 }
 
-impl Cached for Content {
+impl<T: ContentObject> Cached for T {
     fn name(&self) -> &str {
-        &self.name
+        ContentObject::name(self)
     }
     fn driver(&self) -> Option<&str> {
-        Some(&self.driver)
+        Some(ContentObject::driver(self))
     }
     fn resource_version(&self) -> Option<&str> {
-        Some(&self.resource_version)
-    }
-}
-
-impl Cached for GroupContent {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn driver(&self) -> Option<&str> {
-        Some(&self.driver)
-    }
-    fn resource_version(&self) -> Option<&str> {
-        Some(&self.resource_version)
+        Some(ContentObject::resource_version(self))
     }
 }
 

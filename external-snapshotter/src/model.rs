@@ -248,36 +248,65 @@ impl Content {
     pub fn has_finalizer(&self) -> bool {
         self.finalizers.iter().any(|f| f == FINALIZER)
     }
+}
+
+/// What the snapshotter reads alike of both kinds of content.
+pub trait ContentObject {
+    /// The API group of the kind.
+    const API_GROUP: &'static str;
+    const KIND: &'static str;
+    fn name(&self) -> &str;
+    fn uid(&self) -> &str;
+    fn resource_version(&self) -> &str;
+    fn driver(&self) -> &str;
+    /// Its create call may still be answered.
+    fn being_created(&self) -> bool;
 
     /// The reference an Event about this content names.
-    pub fn object_ref(&self) -> ObjectReference {
-        let api_version = format!("{GROUP}/v1");
-        event_ref(
-            api_version,
-            "VolumeSnapshotContent",
-            &self.name,
-            &self.uid,
-            &self.resource_version,
-        )
+    fn object_ref(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(format!("{}/v1", Self::API_GROUP)),
+            kind: Some(Self::KIND.into()),
+            name: Some(self.name().into()),
+            uid: Some(self.uid().into()),
+            resource_version: Some(self.resource_version().into()),
+            ..Default::default()
+        }
     }
 }
 
-/// The reference an Event about an object names.
-fn event_ref(
-    api_version: String,
-    kind: &str,
-    name: &str,
-    uid: &str,
-    resource_version: &str,
-) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(api_version),
-        kind: Some(kind.into()),
-        name: Some(name.into()),
-        uid: Some(uid.into()),
-        resource_version: Some(resource_version.into()),
-        ..Default::default()
-    }
+/// The accessors of [`ContentObject`]: both kinds of content keep these fields under the same
+/// names.
+macro_rules! content_fields {
+    () => {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        fn uid(&self) -> &str {
+            &self.uid
+        }
+        fn resource_version(&self) -> &str {
+            &self.resource_version
+        }
+        fn driver(&self) -> &str {
+            &self.driver
+        }
+        fn being_created(&self) -> bool {
+            self.being_created
+        }
+    };
+}
+
+impl ContentObject for Content {
+    const API_GROUP: &'static str = GROUP;
+    const KIND: &'static str = "VolumeSnapshotContent";
+    content_fields!();
+}
+
+impl ContentObject for GroupContent {
+    const API_GROUP: &'static str = GROUP_API;
+    const KIND: &'static str = "VolumeGroupSnapshotContent";
+    content_fields!();
 }
 
 /// What the snapshotter keeps of a VolumeSnapshotClass or a VolumeGroupSnapshotClass.
@@ -508,19 +537,6 @@ impl GroupContent {
 
     pub fn has_finalizer(&self) -> bool {
         self.finalizers.iter().any(|f| f == GROUP_FINALIZER)
-    }
-
-    /// The reference an Event about this group content names.
-    pub fn object_ref(&self) -> ObjectReference {
-        let api_version = format!("{GROUP_API}/v1");
-        let kind = "VolumeGroupSnapshotContent";
-        event_ref(
-            api_version,
-            kind,
-            &self.name,
-            &self.uid,
-            &self.resource_version,
-        )
     }
 }
 

@@ -1,8 +1,9 @@
 //! The intent journal: CreateSnapshot calls recorded before they are made, taken up after a
 //! restart (validated, never trusted), and the snapshots of contents that went away deleted.
 
-use super::kinds::{ContentKind, JournaledIntent};
+use super::kinds::{ContentKind, JournaledIntent, kind_of};
 use super::*;
+use crate::model::ContentObject;
 
 impl Controller {
     /// Takes up the CreateSnapshot calls a previous leader (or this process before a restart)
@@ -159,13 +160,13 @@ impl Controller {
             return Ok(());
         };
         if let Some(content) = K::current(&self.index(), name)
-            && K::uid(&content) == intent.content_uid()
+            && content.uid() == intent.content_uid()
         {
             return Ok(());
         }
         if !intent.delete() {
             tracing::warn!(
-                kind = K::KIND,
+                kind = kind_of::<K>(),
                 name,
                 cut = intent.name(),
                 "the content of an unanswered {} is gone and its policy retains the {}: the driver may keep a {} no content names",
@@ -185,7 +186,7 @@ impl Controller {
             }
             Err(status) if decide::is_final(Some(status.code())) => {
                 // The driver refuses the request for sure: it has nothing of that name.
-                tracing::info!(kind = K::KIND, name, error = %go_error(&status), "the {} of a gone content does not exist", K::CUT);
+                tracing::info!(kind = kind_of::<K>(), name, error = %go_error(&status), "the {} of a gone content does not exist", K::CUT);
                 self.forget::<K>(name);
                 Ok(())
             }
@@ -215,7 +216,7 @@ impl Controller {
                 ))
             })?;
             tracing::info!(
-                kind = K::KIND,
+                kind = kind_of::<K>(),
                 name,
                 handle = K::handle(cut),
                 "deleted the {} of a content that went away during its {}",

@@ -7,13 +7,12 @@ use std::fmt::Debug;
 use std::future::Future;
 
 use csi_proto::v1::{CreateVolumeGroupSnapshotRequest, DeleteVolumeGroupSnapshotRequest};
-use k8s_openapi::api::core::v1::ObjectReference;
 use serde::de::DeserializeOwned;
 
 use super::groups::{self, group_answer};
 use super::*;
 use crate::decide::GroupAnswer;
-use crate::model::GroupContent;
+use crate::model::{ContentObject, GroupContent};
 
 /// What the journal records of a create call before it is made.
 pub(super) trait JournaledIntent: Clone + PartialEq + Serialize + Send + Sync {
@@ -58,12 +57,10 @@ impl JournaledIntent for GroupIntent {
 /// What tells a kind of content apart where the flows are one.
 pub(super) trait ContentKind {
     type Object: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug;
-    type Content: Clone + Send + Sync;
+    type Content: ContentObject + Clone + Send + Sync;
     type Intent: JournaledIntent;
     /// What the create call cut, as the driver answered.
     type Cut: Send + Sync;
-    /// The kind, in logs.
-    const KIND: &'static str;
     /// What the create call cuts, in logs: "snapshot".
     const CUT: &'static str;
     /// The create call, in logs.
@@ -89,8 +86,6 @@ pub(super) trait ContentKind {
     fn current(index: &Index, name: &str) -> Option<Self::Content> {
         Self::view(index, name).map(|(content, _)| content)
     }
-    fn name(content: &Self::Content) -> &str;
-    fn uid(content: &Self::Content) -> &str;
     /// Whether the content is to be deleted now.
     fn should_delete(content: &Self::Content) -> bool;
     /// Carries out the content's plan; `Ok(true)` when it needs nothing more for now.
@@ -114,8 +109,6 @@ pub(super) trait ContentKind {
     fn handle(cut: &Self::Cut) -> &str;
     /// What is kept of content `name` until it is done, let go.
     fn done(_controller: &Controller, _name: &str) {}
-    fn being_created(content: &Self::Content) -> bool;
-    fn object_ref(content: &Self::Content) -> ObjectReference;
     /// The error status patch for `message`, `None` when the status already says it.
     fn error_patch(content: &Self::Content, message: &str, now: &str) -> Option<serde_json::Value>;
     /// Logs that the error status could not be written.
@@ -131,7 +124,6 @@ impl ContentKind for Snapshots {
     type Intent = Intent;
     /// The snapshot's handle.
     type Cut = String;
-    const KIND: &'static str = "VolumeSnapshotContent";
     const CUT: &'static str = "snapshot";
     const CREATE: &'static str = "CreateSnapshot";
     const BEING_CREATED: &'static str = model::BEING_CREATED;
@@ -164,14 +156,6 @@ impl ContentKind for Snapshots {
 
     fn view(index: &Index, name: &str) -> Option<(Content, Option<Class>)> {
         index.view(name)
-    }
-
-    fn name(content: &Content) -> &str {
-        &content.name
-    }
-
-    fn uid(content: &Content) -> &str {
-        &content.uid
     }
 
     fn should_delete(content: &Content) -> bool {
@@ -229,14 +213,6 @@ impl ContentKind for Snapshots {
         lock(&controller.calls).remove(name);
     }
 
-    fn being_created(content: &Content) -> bool {
-        content.being_created
-    }
-
-    fn object_ref(content: &Content) -> ObjectReference {
-        content.object_ref()
-    }
-
     fn error_patch(content: &Content, message: &str, now: &str) -> Option<serde_json::Value> {
         decide::error_patch(content.status.as_ref(), message, now)
     }
@@ -254,7 +230,6 @@ impl ContentKind for Groups {
     type Content = GroupContent;
     type Intent = GroupIntent;
     type Cut = GroupAnswer;
-    const KIND: &'static str = "VolumeGroupSnapshotContent";
     const CUT: &'static str = "group snapshot";
     const CREATE: &'static str = "CreateVolumeGroupSnapshot";
     const BEING_CREATED: &'static str = model::GROUP_BEING_CREATED;
@@ -288,14 +263,6 @@ impl ContentKind for Groups {
 
     fn view(index: &Index, name: &str) -> Option<(GroupContent, Option<Class>)> {
         index.group_view(name)
-    }
-
-    fn name(content: &GroupContent) -> &str {
-        &content.name
-    }
-
-    fn uid(content: &GroupContent) -> &str {
-        &content.uid
     }
 
     fn should_delete(content: &GroupContent) -> bool {
@@ -353,14 +320,6 @@ impl ContentKind for Groups {
         &answer.handle
     }
 
-    fn being_created(content: &GroupContent) -> bool {
-        content.being_created
-    }
-
-    fn object_ref(content: &GroupContent) -> ObjectReference {
-        content.object_ref()
-    }
-
     fn error_patch(content: &GroupContent, message: &str, now: &str) -> Option<serde_json::Value> {
         decide::group_error_patch(content.status.as_ref(), message, now)
     }
@@ -368,6 +327,11 @@ impl ContentKind for Groups {
     fn log_error_status_failed(name: &str, error: &str) {
         tracing::info!(group_content = %name, error, "cannot write the error status");
     }
+}
+
+/// The kind of `K`'s contents, in logs.
+pub(super) fn kind_of<K: ContentKind>() -> &'static str {
+    <K::Content as ContentObject>::KIND
 }
 
 impl Controller {
@@ -393,11 +357,11 @@ impl Controller {
             Ok(true) => queue.forget(&key),
             Ok(false) => {
                 let delay = queue.add_rate_limited(key, 0);
-                tracing::debug!(kind = K::KIND, name, retry_in = ?delay, "{} not ready yet", K::CUT);
+                tracing::debug!(kind = kind_of::<K>(), name, retry_in = ?delay, "{} not ready yet", K::CUT);
             }
             Err(failure) => {
                 let delay = queue.add_rate_limited(key, 0);
-                tracing::info!(kind = K::KIND, name, error = %failure.message, retry_in = ?delay, "content not done");
+                tracing::info!(kind = kind_of::<K>(), name, error = %failure.message, retry_in = ?delay, "content not done");
             }
         }
     }
@@ -408,11 +372,11 @@ impl Controller {
             return;
         };
         self.events
-            .record(K::object_ref(content), EventType::Warning, reason, message);
+            .record(content.object_ref(), EventType::Warning, reason, message);
         if !failure.status {
             return;
         }
-        let name = K::name(content);
+        let name = content.name();
         let current = K::current(&self.index(), name);
         let patch = K::error_patch(current.as_ref().unwrap_or(content), message, &now());
         if let Some(patch) = patch
@@ -450,10 +414,10 @@ impl Controller {
         &self,
         content: &K::Content,
     ) -> Result<K::Content, Failure> {
-        if !K::being_created(content) {
+        if !content.being_created() {
             return Ok(content.clone());
         }
-        let name = K::name(content);
+        let name = content.name();
         let patch = serde_json::json!({"metadata": {"annotations": {K::BEING_CREATED: null}}});
         self.patch_metadata::<K, _>(name, &Patch::Merge(&patch))
             .await

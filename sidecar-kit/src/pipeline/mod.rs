@@ -159,22 +159,51 @@ impl Relist {
     }
 }
 
+/// What a controller's watches feed: its index, with the client they watch with, the fields it
+/// reads of the process's shared views and the watches' settings.
+pub struct Feeder<I> {
+    index: Mutex<I>,
+    client: kube::Client,
+    needs: Needs,
+    watch_config: watcher::Config,
+}
+
+impl<I> Feeder<I> {
+    /// `index`, fed by watches through `client` with the views' fields `needs`.
+    pub fn new(index: I, client: kube::Client, needs: Needs) -> Self {
+        Self {
+            index: Mutex::new(index),
+            client,
+            needs,
+            watch_config: watcher::Config::default(),
+        }
+    }
+
+    /// The watches list `page_size` objects a page (when they list in pages at all).
+    pub fn paged(mut self, page_size: u32) -> Self {
+        self.watch_config = self.watch_config.page_size(page_size);
+        self
+    }
+
+    /// The watches' settings.
+    pub fn watch_config(&self) -> watcher::Config {
+        self.watch_config.clone()
+    }
+}
+
 /// A controller fed by its watches: each change goes through its index, which answers with the
 /// work it finds, and the work into its queues. [`Pipeline::feed`] and
 /// [`Pipeline::feed_view`] wire a kind's watch to it.
 pub trait Fed: Send + Sync + 'static {
     type Index;
     type Work;
-    /// The client the watches list and watch with.
-    fn client(&self) -> &kube::Client;
-    /// The fields it reads of the process's shared views.
-    fn needs(&self) -> Needs;
-    /// The watches' settings (their page size).
-    fn watch_config(&self) -> watcher::Config {
-        watcher::Config::default()
-    }
-    fn index(&self) -> MutexGuard<'_, Self::Index>;
+    fn feeder(&self) -> &Feeder<Self::Index>;
     fn enqueue(&self, work: Vec<Self::Work>);
+
+    /// The index, locked.
+    fn index(&self) -> MutexGuard<'_, Self::Index> {
+        lock(&self.feeder().index)
+    }
 }
 
 /// How a fed controller's index takes a change of `T`: the work it finds.
@@ -291,9 +320,10 @@ impl Pipeline {
         K::DynamicType: Default,
     {
         let me = controller.clone();
+        let feeder = controller.feeder();
         self.watch(
-            Api::<K>::all(controller.client().clone()),
-            controller.watch_config(),
+            Api::<K>::all(feeder.client.clone()),
+            feeder.watch_config(),
             move |change| {
                 let work = apply(&mut me.index(), change);
                 me.enqueue(work);
@@ -308,10 +338,11 @@ impl Pipeline {
         <V::Object as kube::Resource>::DynamicType: Default,
     {
         let me = controller.clone();
+        let feeder = controller.feeder();
         self.watch_view(
-            Api::all(controller.client().clone()),
-            controller.watch_config(),
-            controller.needs(),
+            Api::all(feeder.client.clone()),
+            feeder.watch_config(),
+            feeder.needs,
             move |change| {
                 let work = apply(&mut me.index(), change);
                 me.enqueue(work);
