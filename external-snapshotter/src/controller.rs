@@ -38,7 +38,7 @@ mod groups;
 mod intents;
 mod kinds;
 
-use kinds::{Groups, Snapshots};
+use kinds::{Groups, Lane, Snapshots};
 
 pub use groups::{GROUP_QUEUE, GroupIntent, GroupNaming};
 
@@ -129,6 +129,18 @@ pub struct Intent {
     pub delete: bool,
 }
 
+impl Intent {
+    /// The CreateSnapshot call it stands for.
+    fn request(&self, secrets: BTreeMap<String, String>) -> CreateSnapshotRequest {
+        CreateSnapshotRequest {
+            source_volume_id: self.source_volume.clone(),
+            name: self.name.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: self.parameters.clone().into_iter().collect(),
+        }
+    }
+}
+
 /// What the journal holds: a snapshot's intent under its content's name, or a group's under
 /// `G_<group content name>` (no object name has an underscore or a capital).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -170,17 +182,11 @@ fn now_ns() -> i64 {
 struct Controller {
     config: Config,
     client: kube::Client,
-    contents: Api<VolumeSnapshotContent>,
-    group_contents: Api<VolumeGroupSnapshotContent>,
+    contents: Lane<Snapshots>,
+    group_contents: Lane<Groups>,
     csi: CsiClient,
     index: Mutex<Index>,
-    queue: WorkQueue<String>,
-    group_queue: WorkQueue<String>,
     journal: Journal,
-    /// The recorded intents by content name.
-    intents: Mutex<HashMap<String, Intent>>,
-    /// The recorded group intents by group content name.
-    group_intents: Mutex<HashMap<String, GroupIntent>>,
     /// Driver calls per content until ready.
     calls: Mutex<HashMap<String, u32>>,
     polls: Semaphore,
@@ -196,24 +202,24 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
-    let queue = config.wiring.queue(QUEUE, &["default"], config.backoff);
-    let group_queue = config
-        .wiring
-        .queue(GROUP_QUEUE, &["default"], config.backoff);
     let journal = match &config.journal {
         Some(location) => Journal::start(journal_client, location.clone(), OWNER),
         None => Journal::off(OWNER),
     };
     let controller = Arc::new(Controller {
-        contents: Api::all(client.clone()),
-        group_contents: Api::all(client.clone()),
+        contents: Lane::new(
+            &client,
+            config.wiring.queue(QUEUE, &["default"], config.backoff),
+        ),
+        group_contents: Lane::new(
+            &client,
+            config
+                .wiring
+                .queue(GROUP_QUEUE, &["default"], config.backoff),
+        ),
         csi,
         index: Mutex::new(Index::new(&config.driver)),
-        queue,
-        group_queue,
         journal,
-        intents: Mutex::new(HashMap::new()),
-        group_intents: Mutex::new(HashMap::new()),
         calls: Mutex::new(HashMap::new()),
         polls: Semaphore::new(config.workers.div_ceil(2)),
         events: Recorder::spawn(client.clone(), config.reporter.clone()),
@@ -231,53 +237,9 @@ impl Controller {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.driver, "starting CSI snapshotter");
         let mut pipeline = self.config.wiring.pipeline();
-        let mut contents = watcher::Config::default().page_size(500);
-        if let Some(node) = &self.config.node {
-            contents = contents.labels(&format!("{}={node}", model::MANAGED_BY));
-        }
-        let me = self.clone();
-        pipeline.watch(
-            self.contents.clone(),
-            contents,
-            move |change: Change<&VolumeSnapshotContent>| {
-                let work = me.index().content_event(change);
-                for name in work {
-                    me.queue.add(name, 0);
-                }
-            },
-        );
-        let me = self.clone();
-        pipeline.watch(
-            Api::<VolumeSnapshotClass>::all(self.client.clone()),
-            watcher::Config::default(),
-            move |change: Change<&VolumeSnapshotClass>| {
-                me.index().class_event(change);
-            },
-        );
+        self.watch::<Snapshots>(&mut pipeline);
         if self.config.groups.is_some() {
-            let mut group_contents = watcher::Config::default().page_size(500);
-            if let Some(node) = &self.config.node {
-                group_contents = group_contents.labels(&format!("{}={node}", model::MANAGED_BY));
-            }
-            let me = self.clone();
-            pipeline.watch(
-                self.group_contents.clone(),
-                group_contents,
-                move |change: Change<&VolumeGroupSnapshotContent>| {
-                    let work = me.index().group_content_event(change);
-                    for name in work {
-                        me.group_queue.add(name, 0);
-                    }
-                },
-            );
-            let me = self.clone();
-            pipeline.watch(
-                Api::<VolumeGroupSnapshotClass>::all(self.client.clone()),
-                watcher::Config::default(),
-                move |change: Change<&VolumeGroupSnapshotClass>| {
-                    me.index().group_class_event(change);
-                },
-            );
+            self.watch::<Groups>(&mut pipeline);
         }
         let me = self.clone();
         let stop = shutdown.clone();
@@ -293,30 +255,14 @@ impl Controller {
     async fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         tracing::info!(contents = self.index().content_count(), "caches synced");
         self.take_up_journal(&shutdown).await;
-        let me = self.clone();
-        pipeline.workers(&self.queue, self.config.workers, move |item| {
-            let me = me.clone();
-            async move { me.sync::<Snapshots>(&item.key).await }
-        });
+        self.workers::<Snapshots>(pipeline);
         if self.config.groups.is_some() {
-            let me = self.clone();
-            pipeline.workers(&self.group_queue, self.config.workers, move |item| {
-                let me = me.clone();
-                async move { me.sync::<Groups>(&item.key).await }
-            });
+            self.workers::<Groups>(pipeline);
         }
         let me = self.clone();
         pipeline.every(self.config.resync, move || {
-            let (names, groups) = {
-                let index = me.index();
-                (index.content_names(), index.group_content_names())
-            };
-            for name in names {
-                me.queue.add(name, 0);
-            }
-            for name in groups {
-                me.group_queue.add(name, 0);
-            }
+            me.resync::<Snapshots>();
+            me.resync::<Groups>();
         });
     }
 
@@ -438,12 +384,7 @@ impl Controller {
                 .await
                 .map_err(fail)?;
         }
-        let request = CreateSnapshotRequest {
-            source_volume_id: intent.source_volume.clone(),
-            name: intent.name.clone(),
-            secrets: secrets.into_iter().collect(),
-            parameters: intent.parameters.clone().into_iter().collect(),
-        };
+        let request = intent.request(secrets);
         self.count_call(&content.name);
         let answer = match self.csi.create_snapshot(request, self.options()).await {
             Ok(response) => response

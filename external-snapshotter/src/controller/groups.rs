@@ -49,6 +49,21 @@ pub struct GroupIntent {
     pub delete: bool,
 }
 
+impl GroupIntent {
+    /// The CreateVolumeGroupSnapshot call it stands for.
+    pub(super) fn request(
+        &self,
+        secrets: BTreeMap<String, String>,
+    ) -> CreateVolumeGroupSnapshotRequest {
+        CreateVolumeGroupSnapshotRequest {
+            name: self.name.clone(),
+            source_volume_ids: self.source_volumes.clone(),
+            secrets: secrets.into_iter().collect(),
+            parameters: self.parameters.clone().into_iter().collect(),
+        }
+    }
+}
+
 pub(super) fn group_answer(group: csi_proto::v1::VolumeGroupSnapshot) -> GroupAnswer {
     let ns = |t: Option<prost_types::Timestamp>| {
         t.map(|t| {
@@ -212,12 +227,7 @@ impl Controller {
                 .await
                 .map_err(fail)?;
         }
-        let request = CreateVolumeGroupSnapshotRequest {
-            name: intent.name.clone(),
-            source_volume_ids: intent.source_volumes.clone(),
-            secrets: secrets.into_iter().collect(),
-            parameters: intent.parameters.clone().into_iter().collect(),
-        };
+        let request = intent.request(secrets);
         let answer = match self
             .csi
             .create_volume_group_snapshot(request, self.options())

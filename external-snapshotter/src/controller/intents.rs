@@ -34,18 +34,12 @@ impl Controller {
             match (recorded, key.strip_prefix(groups::KEY_PREFIX)) {
                 (Recorded::Group(intent), Some(name)) => {
                     match self.check_group_intent(name, &intent) {
-                        Ok(()) => {
-                            lock(&self.group_intents).insert(name.to_string(), intent);
-                            self.group_queue.add(name.to_string(), 0);
-                        }
+                        Ok(()) => self.adopt::<Groups>(name, intent),
                         Err(rejected) => self.reject_intent(&key, &rejected),
                     }
                 }
                 (Recorded::Snapshot(intent), None) => match self.check_intent(&key, &intent) {
-                    Ok(()) => {
-                        lock(&self.intents).insert(key.clone(), intent);
-                        self.queue.add(key, 0);
-                    }
+                    Ok(()) => self.adopt::<Snapshots>(&key, intent),
                     Err(rejected) => self.reject_intent(&key, &rejected),
                 },
                 _ => {
@@ -113,11 +107,11 @@ impl Controller {
         name: &str,
         intent: &K::Intent,
     ) -> Result<(), String> {
-        if lock(K::intents(self)).get(name) == Some(intent) {
+        if lock(&K::lane(self).intents).get(name) == Some(intent) {
             return Ok(());
         }
         self.write_intent(&K::journal_key(name), intent).await?;
-        lock(K::intents(self)).insert(name.to_string(), intent.clone());
+        lock(&K::lane(self).intents).insert(name.to_string(), intent.clone());
         Ok(())
     }
 
@@ -146,7 +140,7 @@ impl Controller {
 
     /// The create call of content `name` is answered: its intent is done.
     pub(super) fn forget<K: ContentKind>(&self, name: &str) {
-        if lock(K::intents(self)).remove(name).is_some() {
+        if lock(&K::lane(self).intents).remove(name).is_some() {
             self.journal.forget(&K::journal_key(name));
         }
     }
@@ -155,7 +149,7 @@ impl Controller {
     /// for it may have cut something, that is found (the call is idempotent by name) and
     /// deleted unless the content's policy kept it.
     pub(super) async fn settle_gone<K: ContentKind>(&self, name: &str) -> Result<(), Failure> {
-        let Some(intent) = lock(K::intents(self)).get(name).cloned() else {
+        let Some(intent) = lock(&K::lane(self).intents).get(name).cloned() else {
             K::done(self, name);
             return Ok(());
         };

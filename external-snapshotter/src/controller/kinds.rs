@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 
-use csi_proto::v1::{CreateVolumeGroupSnapshotRequest, DeleteVolumeGroupSnapshotRequest};
+use csi_proto::v1::DeleteVolumeGroupSnapshotRequest;
 use serde::de::DeserializeOwned;
 
 use super::groups::{self, group_answer};
@@ -54,9 +54,41 @@ impl JournaledIntent for GroupIntent {
     }
 }
 
+/// What the controller keeps per kind of content.
+pub(super) struct Lane<K: ContentKind> {
+    api: Api<K::Object>,
+    queue: WorkQueue<String>,
+    /// The recorded intents by content name.
+    pub(super) intents: Mutex<HashMap<String, K::Intent>>,
+}
+
+impl<K: ContentKind> Lane<K> {
+    pub(super) fn new(client: &kube::Client, queue: WorkQueue<String>) -> Self {
+        Self {
+            api: Api::all(client.clone()),
+            queue,
+            intents: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
 /// What tells a kind of content apart where the flows are one.
-pub(super) trait ContentKind {
-    type Object: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug;
+pub(super) trait ContentKind: Sized + 'static {
+    type Object: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static;
+    /// The kind of its classes.
+    type ClassObject: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static;
     type Content: ContentObject + Clone + Send + Sync;
     type Intent: JournaledIntent;
     /// What the create call cut, as the driver answered.
@@ -72,10 +104,13 @@ pub(super) trait ContentKind {
     /// The reason of the Events about a failed deletion.
     const DELETE_ERROR: &'static str;
 
-    fn api(controller: &Controller) -> &Api<Self::Object>;
-    fn queue(controller: &Controller) -> &WorkQueue<String>;
-    /// The recorded intents by content name.
-    fn intents(controller: &Controller) -> &Mutex<HashMap<String, Self::Intent>>;
+    fn lane(controller: &Controller) -> &Lane<Self>;
+    /// A watch event of a content: the names to work on.
+    fn apply(index: &mut Index, change: Change<&Self::Object>) -> Vec<String>;
+    /// A watch event of a class.
+    fn apply_class(index: &mut Index, change: Change<&Self::ClassObject>);
+    /// Every content's name, as a resync delivers them.
+    fn names(index: &Index) -> Vec<String>;
     /// The journal's key of the intent of content `name`.
     fn journal_key(name: &str) -> String;
     fn store(index: &mut Index, object: &Self::Object);
@@ -120,6 +155,7 @@ pub(super) struct Snapshots;
 
 impl ContentKind for Snapshots {
     type Object = VolumeSnapshotContent;
+    type ClassObject = VolumeSnapshotClass;
     type Content = Content;
     type Intent = Intent;
     /// The snapshot's handle.
@@ -130,16 +166,20 @@ impl ContentKind for Snapshots {
     const BEING_CREATED_ON: &'static str = "VolumeSnapshotBeingCreated annotation on the content";
     const DELETE_ERROR: &'static str = decide::DELETE_ERROR;
 
-    fn api(controller: &Controller) -> &Api<VolumeSnapshotContent> {
+    fn lane(controller: &Controller) -> &Lane<Self> {
         &controller.contents
     }
 
-    fn queue(controller: &Controller) -> &WorkQueue<String> {
-        &controller.queue
+    fn apply(index: &mut Index, change: Change<&VolumeSnapshotContent>) -> Vec<String> {
+        index.content_event(change)
     }
 
-    fn intents(controller: &Controller) -> &Mutex<HashMap<String, Intent>> {
-        &controller.intents
+    fn apply_class(index: &mut Index, change: Change<&VolumeSnapshotClass>) {
+        index.class_event(change);
+    }
+
+    fn names(index: &Index) -> Vec<String> {
+        index.content_names()
     }
 
     fn journal_key(name: &str) -> String {
@@ -175,15 +215,9 @@ impl ContentKind for Snapshots {
         intent: &Intent,
         secrets: BTreeMap<String, String>,
     ) -> Result<Option<String>, Status> {
-        let request = CreateSnapshotRequest {
-            source_volume_id: intent.source_volume.clone(),
-            name: intent.name.clone(),
-            secrets: secrets.into_iter().collect(),
-            parameters: intent.parameters.clone().into_iter().collect(),
-        };
         let response = controller
             .csi
-            .create_snapshot(request, controller.options())
+            .create_snapshot(intent.request(secrets), controller.options())
             .await?;
         Ok(response.snapshot.map(|s| s.snapshot_id))
     }
@@ -227,6 +261,7 @@ pub(super) struct Groups;
 
 impl ContentKind for Groups {
     type Object = VolumeGroupSnapshotContent;
+    type ClassObject = VolumeGroupSnapshotClass;
     type Content = GroupContent;
     type Intent = GroupIntent;
     type Cut = GroupAnswer;
@@ -237,16 +272,20 @@ impl ContentKind for Groups {
         "VolumeGroupSnapshotBeingCreated annotation on the group snapshot content";
     const DELETE_ERROR: &'static str = decide::GROUP_DELETE_ERROR;
 
-    fn api(controller: &Controller) -> &Api<VolumeGroupSnapshotContent> {
+    fn lane(controller: &Controller) -> &Lane<Self> {
         &controller.group_contents
     }
 
-    fn queue(controller: &Controller) -> &WorkQueue<String> {
-        &controller.group_queue
+    fn apply(index: &mut Index, change: Change<&VolumeGroupSnapshotContent>) -> Vec<String> {
+        index.group_content_event(change)
     }
 
-    fn intents(controller: &Controller) -> &Mutex<HashMap<String, GroupIntent>> {
-        &controller.group_intents
+    fn apply_class(index: &mut Index, change: Change<&VolumeGroupSnapshotClass>) {
+        index.group_class_event(change);
+    }
+
+    fn names(index: &Index) -> Vec<String> {
+        index.group_content_names()
     }
 
     fn journal_key(name: &str) -> String {
@@ -282,15 +321,9 @@ impl ContentKind for Groups {
         intent: &GroupIntent,
         secrets: BTreeMap<String, String>,
     ) -> Result<Option<GroupAnswer>, Status> {
-        let request = CreateVolumeGroupSnapshotRequest {
-            name: intent.name.clone(),
-            source_volume_ids: intent.source_volumes.clone(),
-            secrets: secrets.into_iter().collect(),
-            parameters: intent.parameters.clone().into_iter().collect(),
-        };
         let response = controller
             .csi
-            .create_volume_group_snapshot(request, controller.options())
+            .create_volume_group_snapshot(intent.request(secrets), controller.options())
             .await?;
         Ok(response.group_snapshot.map(group_answer))
     }
@@ -335,6 +368,51 @@ pub(super) fn kind_of<K: ContentKind>() -> &'static str {
 }
 
 impl Controller {
+    /// Watches the contents of kind `K` (with `--node-deployment`, this node's only) and their
+    /// classes.
+    pub(super) fn watch<K: ContentKind>(self: &Arc<Self>, pipeline: &mut Pipeline) {
+        let mut contents = watcher::Config::default().page_size(500);
+        if let Some(node) = &self.config.node {
+            contents = contents.labels(&format!("{}={node}", model::MANAGED_BY));
+        }
+        let me = self.clone();
+        pipeline.watch(K::lane(self).api.clone(), contents, move |change| {
+            let work = K::apply(&mut me.index(), change);
+            for name in work {
+                K::lane(&me).queue.add(name, 0);
+            }
+        });
+        let me = self.clone();
+        pipeline.watch(
+            Api::<K::ClassObject>::all(self.client.clone()),
+            watcher::Config::default(),
+            move |change| K::apply_class(&mut me.index(), change),
+        );
+    }
+
+    /// The workers of the contents of kind `K`.
+    pub(super) fn workers<K: ContentKind>(self: &Arc<Self>, pipeline: &mut Pipeline) {
+        let me = self.clone();
+        pipeline.workers(&K::lane(self).queue, self.config.workers, move |item| {
+            let me = me.clone();
+            async move { me.sync::<K>(&item.key).await }
+        });
+    }
+
+    /// Every content of kind `K` to its queue.
+    pub(super) fn resync<K: ContentKind>(&self) {
+        let names = K::names(&self.index());
+        for name in names {
+            K::lane(self).queue.add(name, 0);
+        }
+    }
+
+    /// Takes up the recorded `intent` of content `name`: the worker carries it on.
+    pub(super) fn adopt<K: ContentKind>(&self, name: &str, intent: K::Intent) {
+        lock(&K::lane(self).intents).insert(name.to_string(), intent);
+        K::lane(self).queue.add(name.to_string(), 0);
+    }
+
     /// One content of kind `K`: what it needs next; retried with backoff until done.
     pub(super) async fn sync<K: ContentKind>(&self, name: &str) {
         let view = K::view(&self.index(), name);
@@ -351,7 +429,7 @@ impl Controller {
                 result = K::step(self, &content, class.as_ref()).await;
             }
         }
-        let queue = K::queue(self);
+        let queue = &K::lane(self).queue;
         let key = name.to_string();
         match result {
             Ok(true) => queue.forget(&key),
@@ -391,7 +469,8 @@ impl Controller {
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<K::Content, kube::Error> {
-        let written = K::api(self)
+        let written = K::lane(self)
+            .api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
         K::store(&mut self.index(), &written);
@@ -403,7 +482,8 @@ impl Controller {
         name: &str,
         patch: &Patch<P>,
     ) -> Result<K::Content, kube::Error> {
-        let written = K::api(self)
+        let written = K::lane(self)
+            .api
             .patch(name, &PatchParams::default(), patch)
             .await?;
         K::store(&mut self.index(), &written);
