@@ -18,20 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/platforms.sh
+source scripts/released.sh
 rust_target[windows]=x86_64-pc-windows-gnu
 oci_platform[windows]=windows/amd64
-# image name (the binary) → Cargo package
-declare -A package=(
-    [livenessprobe]=livenessprobe
-    [csi-node-driver-registrar]=node-driver-registrar
-    [csi-attacher]=external-attacher
-    [csi-resizer]=external-resizer
-    [csi-snapshotter]=external-snapshotter
-    [csi-provisioner]=external-provisioner
-    [csi-external-health-monitor-controller]=external-health-monitor
-    [csi-sidecars]=csi-sidecars
-)
-images=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner csi-external-health-monitor-controller csi-sidecars)
+# An image per released binary, named after it.
+images=("${released_binaries[@]}")
 
 platforms=("${linux_platforms[@]}" windows)
 select_platforms "$@"
@@ -120,8 +111,8 @@ for image in "${images[@]}"; do
     done
     aliases=()
     if [ "$image" = csi-sidecars ]; then
-        for sidecar in livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner csi-external-health-monitor-controller; do
-            aliases+=(--alias "$sidecar")
+        for sidecar in "${released_binaries[@]}"; do
+            [ "$sidecar" = csi-sidecars ] || aliases+=(--alias "$sidecar")
         done
     fi
     layout="$out/$image"
@@ -150,7 +141,7 @@ assert image["Labels"]["org.opencontainers.image.revision"] == sys.argv[3]
         mkdir -p "$out/sbom/$image"
         components=(--component "std@$rustc_version")
         [ "$platform" != windows ] && components+=(--component "musl@$musl_version")
-        "$builder" sbom --package "${package[$image]}" --binary "$image" \
+        "$builder" sbom --package "${released_package[$image]}" --binary "$image" \
             --target "${rust_target[$platform]}" "${components[@]}" \
             --out "$out/sbom/$image/${oci_platform[$platform]//\//-}.cdx.json"
 

@@ -22,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/platforms.sh
+source scripts/released.sh
 platforms=("${linux_platforms[@]}")
 select_platforms "$@"
 
@@ -61,8 +62,9 @@ export CARGO_TARGET_DIR="$work"
 # zig supplies the C runtime objects and musl: rustc must not add the self-contained ones it
 # would look for next to a prebuilt std.
 export RUSTFLAGS="-C link-self-contained=no -C target-feature=+crt-static"
-crates=(-p livenessprobe -p node-driver-registrar -p external-attacher -p external-resizer -p external-snapshotter -p external-provisioner -p external-health-monitor -p csi-sidecars)
-binaries=(livenessprobe csi-node-driver-registrar csi-attacher csi-resizer csi-snapshotter csi-provisioner csi-external-health-monitor-controller csi-sidecars)
+binaries=("${released_binaries[@]}")
+crates=()
+for binary in "${binaries[@]}"; do crates+=(-p "${released_package[$binary]}"); done
 
 for platform in "${platforms[@]}"; do
     target="${rust_target[$platform]}"

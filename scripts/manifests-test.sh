@@ -78,8 +78,8 @@ fi
 echo "kubectl: $kubectl ($("$kubectl" version --client 2>/dev/null | tr '\n' ' '))"
 
 # The binaries whose --help the flags are checked against.
-for bin in csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-external-health-monitor-controller csi-node-driver-registrar \
-    livenessprobe csi-sidecars; do
+source scripts/released.sh
+for bin in "${released_binaries[@]}"; do
     if [ ! -x "$target/debug/$bin" ]; then
         echo "building the sidecars"
         # As the whole workspace's tests, the build CI has made already (see prometheus-test.sh).
