@@ -106,7 +106,7 @@ pub enum PrepareError {
     Identity(#[from] IdentityError),
     #[error("cannot register metrics: {0}")]
     Registry(#[from] prometheus::Error),
-    /// A reason of the sidecar's own (its [`Sidecar::Error`]).
+    /// A reason of the sidecar's own.
     #[error(transparent)]
     Sidecar(Box<dyn std::error::Error + Send + Sync>),
 }
