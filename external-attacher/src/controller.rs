@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_proto::v1::ListVolumesRequest;
-use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use sidecar_kit::cluster::client::{api_code, api_message};
+use sidecar_kit::cluster::client::{api_code, api_message, secret_data};
 use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::workqueue::{Backoff, Item, WorkQueue};
@@ -337,21 +337,13 @@ impl Controller {
         let Some(reference) = reference else {
             return Ok(HashMap::new());
         };
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
-        let secret = api
-            .get(&reference.name)
+        secret_data(&self.client, &reference.namespace, &reference.name)
             .await
             .map_err(|err| Failure::Secret {
                 namespace: reference.namespace.clone(),
                 name: reference.name.clone(),
                 message: api_message(&err),
-            })?;
-        Ok(secret
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-            .collect())
+            })
     }
 
     /// Sends a strategic merge patch of the metadata; returns the object as written.

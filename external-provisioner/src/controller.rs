@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use csi_proto::v1::DeleteVolumeRequest;
 use either::Either;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{
     CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
 };

@@ -676,21 +676,12 @@ impl Controller {
         let Some(reference) = reference else {
             return Ok(HashMap::new());
         };
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
-        let secret = api.get(&reference.name).await.map_err(|err| {
-            format!(
-                "error getting secret {} in namespace {}: {}",
-                reference.name,
-                reference.namespace,
-                api_message(&err)
-            )
-        })?;
-        Ok(secret
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-            .collect())
+        sidecar_kit::cluster::client::fetch_secret(
+            &self.client,
+            &reference.namespace,
+            &reference.name,
+        )
+        .await
     }
 
     /// Asks capacity tracking to read again the capacities a volume created or deleted in

@@ -18,7 +18,6 @@ use tonic::Status;
 
 use super::{Controller, Failure, Groups, now_ns};
 use crate::decide::{self, GroupAnswer, GroupPlan};
-use crate::journal;
 use crate::model::{self, Class, GroupContent, SecretRef, SnapshotInfo};
 
 /// The group queue's name in the workqueue metrics, as upstream's.
@@ -123,7 +122,7 @@ impl Controller {
     }
 
     /// The request of a CreateVolumeGroupSnapshot for `content`.
-    fn group_input(
+    pub(super) fn group_input(
         &self,
         content: &GroupContent,
         class: Option<&Class>,
@@ -425,56 +424,5 @@ impl Controller {
         }
         self.events.forget_object(&content.uid);
         Ok(())
-    }
-
-    // --- the journal ---
-
-    /// Whether the recorded intent for group content `name` is one this snapshotter would
-    /// have recorded (see [`crate::journal`]).
-    pub(super) fn check_group_intent(
-        &self,
-        name: &str,
-        intent: &GroupIntent,
-    ) -> Result<(), journal::Rejected> {
-        let Some(naming) = &self.config.groups else {
-            return Err(journal::Rejected::Unverifiable(
-                "group snapshots are off (the CSIVolumeGroupSnapshot gate)".into(),
-            ));
-        };
-        journal::check_name(
-            decide::group_snapshot_name(
-                &naming.prefix,
-                &intent.group_snapshot_uid,
-                naming.uuid_length,
-            ),
-            &intent.name,
-        )?;
-        let live = self
-            .index()
-            .group_view(name)
-            .filter(|(content, _)| content.uid == intent.content_uid);
-        let Some((content, class)) = live else {
-            return match self
-                .index()
-                .group_content_bound_to(&intent.group_snapshot_uid, &intent.content_uid)
-            {
-                Some(owner) => Err(journal::Rejected::Owned(owner)),
-                None => Ok(()),
-            };
-        };
-        journal::check_bound(&content.group_ref.uid, &intent.group_snapshot_uid)?;
-        let now = self
-            .group_input(&content, class.as_ref(), naming)
-            .map_err(journal::Rejected::Unverifiable)?;
-        journal::check_parts([
-            ("group snapshot name", intent.name == now.name),
-            (
-                "source volumes",
-                intent.source_volumes == now.source_volumes,
-            ),
-            ("parameters", intent.parameters == now.parameters),
-            ("secret reference", intent.secret == now.secret),
-            ("deletion policy", intent.delete == now.delete),
-        ])
     }
 }

@@ -33,15 +33,17 @@ impl Controller {
         for (key, recorded) in intents {
             match (recorded, key.strip_prefix(groups::KEY_PREFIX)) {
                 (Recorded::Group(intent), Some(name)) => {
-                    match self.check_group_intent(name, &intent) {
+                    match self.check_intent::<Groups>(name, &intent) {
                         Ok(()) => self.adopt::<Groups>(name, intent),
                         Err(rejected) => self.reject_intent(&key, &rejected),
                     }
                 }
-                (Recorded::Snapshot(intent), None) => match self.check_intent(&key, &intent) {
-                    Ok(()) => self.adopt::<Snapshots>(&key, intent),
-                    Err(rejected) => self.reject_intent(&key, &rejected),
-                },
+                (Recorded::Snapshot(intent), None) => {
+                    match self.check_intent::<Snapshots>(&key, &intent) {
+                        Ok(()) => self.adopt::<Snapshots>(&key, intent),
+                        Err(rejected) => self.reject_intent(&key, &rejected),
+                    }
+                }
                 _ => {
                     tracing::warn!(%key, "dropping an intent journal entry of the wrong kind");
                     self.journal.forget(&key);
@@ -50,38 +52,21 @@ impl Controller {
         }
     }
 
-    /// Whether the recorded intent for content `name` is one this snapshotter would have
-    /// recorded (see [`crate::journal`]).
-    fn check_intent(&self, name: &str, intent: &Intent) -> Result<(), Rejected> {
-        let naming = &self.config.naming;
-        journal::check_name(
-            decide::snapshot_name(&naming.prefix, &intent.snapshot_uid, naming.uuid_length),
-            &intent.name,
-        )?;
-        let live = self
-            .index()
-            .view(name)
-            .filter(|(content, _)| content.uid == intent.content_uid);
+    /// Whether the recorded intent for content `name` of kind `K` is one this snapshotter
+    /// would have recorded (see [`crate::journal`]).
+    fn check_intent<K: ContentKind>(&self, name: &str, intent: &K::Intent) -> Result<(), Rejected> {
+        journal::check_name(K::derived_name(self, intent)?, intent.name())?;
+        let live = K::view(&self.index(), name)
+            .filter(|(content, _)| content.uid() == intent.content_uid());
         let Some((content, class)) = live else {
-            return match self
-                .index()
-                .content_bound_to(&intent.snapshot_uid, &intent.content_uid)
-            {
+            return match K::bound_to(&self.index(), intent.source_uid(), intent.content_uid()) {
                 Some(owner) => Err(Rejected::Owned(owner)),
                 None => Ok(()),
             };
         };
-        journal::check_bound(&content.snapshot_ref.uid, &intent.snapshot_uid)?;
-        let (now, _) = self
-            .create_input(&content, class.as_ref())
-            .map_err(Rejected::Unverifiable)?;
-        journal::check_parts([
-            ("snapshot name", intent.name == now.name),
-            ("source volume", intent.source_volume == now.source_volume),
-            ("parameters", intent.parameters == now.parameters),
-            ("secret reference", intent.secret == now.secret),
-            ("deletion policy", intent.delete == now.delete),
-        ])
+        journal::check_bound(K::source_uid(&content), intent.source_uid())?;
+        let now = K::intent(self, &content, class.as_ref()).map_err(Rejected::Unverifiable)?;
+        journal::check_parts(intent.agreement(&now))
     }
 
     /// Drops an entry of the journal that is not what this snapshotter records, saying so in

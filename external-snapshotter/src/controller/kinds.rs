@@ -17,16 +17,24 @@ use crate::model::{ContentObject, GroupContent};
 /// What the journal records of a create call before it is made.
 pub(super) trait JournaledIntent: Clone + PartialEq + Serialize + Send + Sync {
     fn content_uid(&self) -> &str;
+    /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) its content is bound to.
+    fn source_uid(&self) -> &str;
     /// The name the call gives what it cuts.
     fn name(&self) -> &str;
     fn secret(&self) -> Option<&SecretRef>;
     /// The content's deletion policy is `Delete`.
     fn delete(&self) -> bool;
+    /// Its parts, by name, each with whether `now` (the request the content asks for now)
+    /// agrees.
+    fn agreement(&self, now: &Self) -> [(&'static str, bool); 5];
 }
 
 impl JournaledIntent for Intent {
     fn content_uid(&self) -> &str {
         &self.content_uid
+    }
+    fn source_uid(&self) -> &str {
+        &self.snapshot_uid
     }
     fn name(&self) -> &str {
         &self.name
@@ -36,6 +44,15 @@ impl JournaledIntent for Intent {
     }
     fn delete(&self) -> bool {
         self.delete
+    }
+    fn agreement(&self, now: &Self) -> [(&'static str, bool); 5] {
+        [
+            ("snapshot name", self.name == now.name),
+            ("source volume", self.source_volume == now.source_volume),
+            ("parameters", self.parameters == now.parameters),
+            ("secret reference", self.secret == now.secret),
+            ("deletion policy", self.delete == now.delete),
+        ]
     }
 }
 
@@ -43,6 +60,9 @@ impl JournaledIntent for GroupIntent {
     fn content_uid(&self) -> &str {
         &self.content_uid
     }
+    fn source_uid(&self) -> &str {
+        &self.group_snapshot_uid
+    }
     fn name(&self) -> &str {
         &self.name
     }
@@ -51,6 +71,15 @@ impl JournaledIntent for GroupIntent {
     }
     fn delete(&self) -> bool {
         self.delete
+    }
+    fn agreement(&self, now: &Self) -> [(&'static str, bool); 5] {
+        [
+            ("group snapshot name", self.name == now.name),
+            ("source volumes", self.source_volumes == now.source_volumes),
+            ("parameters", self.parameters == now.parameters),
+            ("secret reference", self.secret == now.secret),
+            ("deletion policy", self.delete == now.delete),
+        ]
     }
 }
 
@@ -142,6 +171,22 @@ pub(super) trait ContentKind: Sized + 'static {
         secrets: BTreeMap<String, String>,
     ) -> impl Future<Output = Result<(), Status>> + Send;
     fn handle(cut: &Self::Cut) -> &str;
+    /// The name the create call of `intent` must give what it cuts, derived from the UID it
+    /// records (or why none can be).
+    fn derived_name(
+        controller: &Controller,
+        intent: &Self::Intent,
+    ) -> Result<Result<String, String>, Rejected>;
+    /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) `content` is bound to.
+    fn source_uid(content: &Self::Content) -> &str;
+    /// The content other than `content_uid` bound to `source_uid`, if any.
+    fn bound_to(index: &Index, source_uid: &str, content_uid: &str) -> Option<String>;
+    /// The intent of the create call `content` asks for now.
+    fn intent(
+        controller: &Controller,
+        content: &Self::Content,
+        class: Option<&Class>,
+    ) -> Result<Self::Intent, String>;
     /// What is kept of content `name` until it is done, let go.
     fn done(_controller: &Controller, _name: &str) {}
     /// The error status patch for `message`, `None` when the status already says it.
@@ -240,6 +285,36 @@ impl ContentKind for Snapshots {
 
     fn handle(handle: &String) -> &str {
         handle
+    }
+
+    fn derived_name(
+        controller: &Controller,
+        intent: &Intent,
+    ) -> Result<Result<String, String>, Rejected> {
+        let naming = &controller.config.naming;
+        Ok(decide::snapshot_name(
+            &naming.prefix,
+            &intent.snapshot_uid,
+            naming.uuid_length,
+        ))
+    }
+
+    fn source_uid(content: &Content) -> &str {
+        &content.snapshot_ref.uid
+    }
+
+    fn bound_to(index: &Index, source_uid: &str, content_uid: &str) -> Option<String> {
+        index.content_bound_to(source_uid, content_uid)
+    }
+
+    fn intent(
+        controller: &Controller,
+        content: &Content,
+        class: Option<&Class>,
+    ) -> Result<Intent, String> {
+        controller
+            .create_input(content, class)
+            .map(|(intent, _)| intent)
     }
 
     /// The count of driver calls until ready.
@@ -353,6 +428,35 @@ impl ContentKind for Groups {
         &answer.handle
     }
 
+    fn derived_name(
+        controller: &Controller,
+        intent: &GroupIntent,
+    ) -> Result<Result<String, String>, Rejected> {
+        let naming = group_naming(controller)?;
+        Ok(decide::group_snapshot_name(
+            &naming.prefix,
+            &intent.group_snapshot_uid,
+            naming.uuid_length,
+        ))
+    }
+
+    fn source_uid(content: &GroupContent) -> &str {
+        &content.group_ref.uid
+    }
+
+    fn bound_to(index: &Index, source_uid: &str, content_uid: &str) -> Option<String> {
+        index.group_content_bound_to(source_uid, content_uid)
+    }
+
+    fn intent(
+        controller: &Controller,
+        content: &GroupContent,
+        class: Option<&Class>,
+    ) -> Result<GroupIntent, String> {
+        let naming = group_naming(controller).map_err(|rejected| rejected.to_string())?;
+        controller.group_input(content, class, naming)
+    }
+
     fn error_patch(content: &GroupContent, message: &str, now: &str) -> Option<serde_json::Value> {
         decide::group_error_patch(content.status.as_ref(), message, now)
     }
@@ -360,6 +464,13 @@ impl ContentKind for Groups {
     fn log_error_status_failed(name: &str, error: &str) {
         tracing::info!(group_content = %name, error, "cannot write the error status");
     }
+}
+
+/// How group snapshots are named: `Unverifiable` with the gate off.
+fn group_naming(controller: &Controller) -> Result<&GroupNaming, Rejected> {
+    controller.config.groups.as_ref().ok_or_else(|| {
+        Rejected::Unverifiable("group snapshots are off (the CSIVolumeGroupSnapshot gate)".into())
+    })
 }
 
 /// The kind of `K`'s contents, in logs.

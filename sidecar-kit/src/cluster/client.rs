@@ -638,26 +638,35 @@ where
 }
 
 /// The data of a secret as the strings CSI requests carry, read with a direct GET (secrets are
-/// never cached); the error is upstream's text.
-pub async fn fetch_secret(
+/// never cached).
+pub async fn secret_data<M: FromIterator<(String, String)>>(
     client: &kube::Client,
     namespace: &str,
     name: &str,
-) -> Result<std::collections::BTreeMap<String, String>, String> {
+) -> Result<M, kube::Error> {
     let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(client.clone(), namespace);
-    let secret = api.get(name).await.map_err(|err| {
-        format!(
-            "error getting secret {name} in namespace {namespace}: {}",
-            api_message(&err)
-        )
-    })?;
+    let secret = api.get(name).await?;
     Ok(secret
         .data
         .unwrap_or_default()
         .into_iter()
         .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
         .collect())
+}
+
+/// [`secret_data`], failing with upstream's text.
+pub async fn fetch_secret<M: FromIterator<(String, String)>>(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<M, String> {
+    secret_data(client, namespace, name).await.map_err(|err| {
+        format!(
+            "error getting secret {name} in namespace {namespace}: {}",
+            api_message(&err)
+        )
+    })
 }
 
 /// Implements [`kube::Resource`] for a type of ours that holds `metadata` and projects a custom
