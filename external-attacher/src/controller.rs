@@ -168,17 +168,15 @@ impl Controller {
         pipeline.feed(&self, Index::va_event);
         pipeline.feed_view(&self, Index::pv_event);
         pipeline.feed(&self, Index::csinode_event);
-        let me = self.clone();
-        let stop = shutdown.clone();
         pipeline
-            .run(&shutdown, async move |pipeline| me.start(pipeline, stop))
+            .run(&shutdown, async |pipeline, stop| self.start(pipeline, stop))
             .await;
         // Workers finished the operation they were in; the timers stopped at once.
         tracing::info!("CSI attacher stopped");
     }
 
     /// Once the caches synced: the workers, the reconciler and the resync.
-    fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
+    fn start(self: &Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         {
             let index = self.index();
             tracing::info!(
@@ -200,7 +198,7 @@ impl Controller {
         if let Some(reconcile) = self.config.reconcile {
             pipeline.spawn(self.clone().reconciler(reconcile, shutdown));
         }
-        pipeline.resync(&self, self.config.resync, Index::resync);
+        pipeline.resync(self, self.config.resync, Index::resync);
     }
 
     fn backlog_report_due(&self) -> bool {

@@ -130,17 +130,15 @@ impl Controller {
             pipeline.feed::<Pod, _>(&self, Index::pod_event);
             pipeline.feed::<Node, _>(&self, Index::node_event);
         }
-        let me = self.clone();
-        let stop = shutdown.clone();
         pipeline
-            .run(&shutdown, async move |pipeline| me.start(pipeline, stop))
+            .run(&shutdown, async |pipeline, stop| self.start(pipeline, stop))
             .await;
         tracing::info!("Shutting down CSI External PV Health Monitor Controller");
     }
 
     /// Once the caches synced: the checks of the volumes and, with the node watcher, of the
     /// nodes.
-    fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
+    fn start(self: &Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         {
             let index = self.index();
             tracing::info!(

@@ -247,11 +247,9 @@ impl Controller {
         if self.config.watch_grants {
             pipeline.feed::<ReferenceGrant, _>(&self, Index::grant_event);
         }
-        let me = self.clone();
-        let stop = shutdown.clone();
         pipeline
-            .run(&shutdown, async move |pipeline| {
-                me.start(pipeline, stop).await
+            .run(&shutdown, async |pipeline, stop| {
+                self.start(pipeline, stop).await
             })
             .await;
         let unanswered = lock(&self.in_flight).len();
@@ -266,7 +264,7 @@ impl Controller {
 
     /// Once the caches synced: the journal replayed, then the workers, the resync and the
     /// orphan sweep.
-    async fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
+    async fn start(self: &Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         {
             let index = self.index();
             tracing::info!(
@@ -295,7 +293,7 @@ impl Controller {
                 async move { me.sync_source(&item.key).await }
             },
         );
-        pipeline.resync(&self, self.config.resync, Index::resync);
+        pipeline.resync(self, self.config.resync, Index::resync);
         if self.config.watch_snapshots && !self.config.orphan_sweep.is_zero() {
             pipeline.spawn(self.clone().orphan_sweeper(shutdown));
         }

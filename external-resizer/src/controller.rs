@@ -191,15 +191,14 @@ impl Controller {
         if self.config.modify {
             pipeline.feed(&self, Index::class_event);
         }
-        let me = self.clone();
         pipeline
-            .run(&shutdown, async move |pipeline| me.start(pipeline))
+            .run(&shutdown, async |pipeline, _| self.start(pipeline))
             .await;
         tracing::info!("CSI resizer stopped");
     }
 
     /// Once the caches synced: the workers and the resync.
-    fn start(self: Arc<Self>, pipeline: &mut Pipeline) {
+    fn start(self: &Arc<Self>, pipeline: &mut Pipeline) {
         {
             let index = self.index();
             tracing::info!(
@@ -214,7 +213,7 @@ impl Controller {
             let me = me.clone();
             async move { me.sync(&item.key).await }
         });
-        pipeline.resync(&self, self.config.resync, Index::claim_keys);
+        pipeline.resync(self, self.config.resync, Index::claim_keys);
     }
 
     fn memo<T>(&self, key: &str, f: impl FnOnce(&mut Memo) -> T) -> T {

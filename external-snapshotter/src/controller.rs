@@ -241,18 +241,16 @@ impl Controller {
         if self.config.groups.is_some() {
             self.watch::<Groups>(&mut pipeline);
         }
-        let me = self.clone();
-        let stop = shutdown.clone();
         pipeline
-            .run(&shutdown, async move |pipeline| {
-                me.start(pipeline, stop).await
+            .run(&shutdown, async |pipeline, stop| {
+                self.start(pipeline, stop).await
             })
             .await;
         tracing::info!("CSI snapshotter stopped");
     }
 
     /// Once the caches synced: the journal taken up, then the workers and the resync.
-    async fn start(self: Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
+    async fn start(self: &Arc<Self>, pipeline: &mut Pipeline, shutdown: CancellationToken) {
         tracing::info!(contents = self.index().content_count(), "caches synced");
         self.take_up_journal(&shutdown).await;
         self.workers::<Snapshots>(pipeline);

@@ -362,7 +362,7 @@ impl Capacity {
         );
 
         pipeline
-            .run(&shutdown, async |pipeline| {
+            .run(&shutdown, async |pipeline, shutdown| {
                 running.start();
                 let r = running.clone();
                 pipeline.workers(&running.queue, settings.workers, move |item| {

@@ -430,11 +430,16 @@ impl Pipeline {
     }
 
     /// Runs the pipeline until `shutdown`: once every watch has listed, `start` adds the
-    /// workers and periodic tasks; then it [`stop`](Self::stop)s. A shutdown before the watches
-    /// synced stops it without starting anything.
-    pub async fn run(mut self, shutdown: &CancellationToken, start: impl AsyncFnOnce(&mut Self)) {
+    /// workers and periodic tasks (it is given `shutdown`, for tasks of its own); then it
+    /// [`stop`](Self::stop)s. A shutdown before the watches synced stops it without starting
+    /// anything.
+    pub async fn run(
+        mut self,
+        shutdown: &CancellationToken,
+        start: impl AsyncFnOnce(&mut Self, CancellationToken),
+    ) {
         if self.wait_synced(shutdown).await {
-            start(&mut self).await;
+            start(&mut self, shutdown.clone()).await;
             shutdown.cancelled().await;
         }
         self.stop().await;
