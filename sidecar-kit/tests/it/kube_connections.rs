@@ -23,33 +23,56 @@ struct Counts {
     open: AtomicUsize,
 }
 
+/// A test server's answers to `/version`: with `together`, each answer but the first waits until
+/// that many requests have arrived, so that they are all in flight at once.
+#[derive(Clone)]
+pub(crate) struct Answers {
+    version: &'static str,
+    barrier: Option<Arc<Barrier>>,
+    answered: Arc<AtomicUsize>,
+}
+
+impl Answers {
+    pub(crate) fn new(version: &'static str, together: Option<usize>) -> Self {
+        Self {
+            version,
+            barrier: together.map(|n| Arc::new(Barrier::new(n))),
+            answered: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The next answer, once it may be given.
+    pub(crate) fn answer(
+        &self,
+    ) -> impl Future<Output = Result<hyper::Response<Full<Bytes>>, Infallible>> + use<> {
+        let first = self.answered.fetch_add(1, Ordering::SeqCst) == 0;
+        let barrier = self.barrier.clone().filter(|_| !first);
+        let version = self.version;
+        async move {
+            if let Some(barrier) = barrier {
+                barrier.wait().await;
+            }
+            Ok(hyper::Response::new(Full::new(Bytes::from(version))))
+        }
+    }
+}
+
 /// A server answering `/version`; with `together`, each answer but the first waits until that
 /// many requests have arrived, so that they are all in flight at once.
 async fn counting_server(together: Option<usize>) -> (String, Arc<Counts>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let counts = Arc::new(Counts::default());
-    let barrier = together.map(|n| Arc::new(Barrier::new(n)));
-    let answered = Arc::new(AtomicUsize::new(0));
+    let answers = Answers::new(VERSION, together);
     let seen = counts.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             seen.accepted.fetch_add(1, Ordering::SeqCst);
             seen.open.fetch_add(1, Ordering::SeqCst);
             let seen = seen.clone();
-            let barrier = barrier.clone();
-            let answered = answered.clone();
+            let answers = answers.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |_request| {
-                    let barrier = barrier.clone();
-                    let first = answered.fetch_add(1, Ordering::SeqCst) == 0;
-                    async move {
-                        if let Some(barrier) = barrier.filter(|_| !first) {
-                            barrier.wait().await;
-                        }
-                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(VERSION))))
-                    }
-                });
+                let service = service_fn(move |_request| answers.answer());
                 let _ = http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;

@@ -5,21 +5,20 @@
 //! `tls/` holds a test CA and a server certificate it signed for `apiserver.test` and
 //! 127.0.0.1, made for these tests only (valid until 2126; the CA's key was not kept).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sidecar_kit::cluster::client::Connections;
+
+use crate::kube_connections::Answers;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Barrier, Notify};
+use tokio::sync::Notify;
 
 const CA: &[u8] = include_bytes!("tls/ca.pem");
 const CERT: &[u8] = include_bytes!("tls/cert.pem");
@@ -52,30 +51,19 @@ async fn tls_server(alpn: &[&[u8]], together: Option<usize>) -> (u16, Arc<Counts
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let counts = Arc::new(Counts::default());
-    let barrier = together.map(|n| Arc::new(Barrier::new(n)));
-    let answered = Arc::new(AtomicUsize::new(0));
+    let answers = Answers::new(VERSION, together);
     let seen = counts.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             seen.accepted.fetch_add(1, Ordering::SeqCst);
-            let (acceptor, seen, barrier) = (acceptor.clone(), seen.clone(), barrier.clone());
-            let answered = answered.clone();
+            let (acceptor, seen, answers) = (acceptor.clone(), seen.clone(), answers.clone());
             tokio::spawn(async move {
                 let Ok(stream) = acceptor.accept(stream).await else {
                     return;
                 };
                 seen.open.fetch_add(1, Ordering::SeqCst);
                 let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                let service = service_fn(move |_request| {
-                    let barrier = barrier.clone();
-                    let first = answered.fetch_add(1, Ordering::SeqCst) == 0;
-                    async move {
-                        if let Some(barrier) = barrier.filter(|_| !first) {
-                            barrier.wait().await;
-                        }
-                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(VERSION))))
-                    }
-                });
+                let service = service_fn(move |_request| answers.answer());
                 let io = TokioIo::new(stream);
                 if h2 {
                     seen.h2.fetch_add(1, Ordering::SeqCst);
