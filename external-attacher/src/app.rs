@@ -6,18 +6,17 @@ use std::time::Duration;
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::cluster::events::Reporter;
-use sidecar_kit::cluster::leader;
+
 use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::driver::identity::{self, IdentityError};
 use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
 use sidecar_kit::runtime::host::Controller;
-use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config, Reconcile};
 use crate::decide::Policy;
-use crate::flags::{Cli, InvalidFlags};
+use crate::flags::Cli;
 use crate::model;
 
 /// Timeout of the identity calls at start-up (upstream's `csiTimeout`).
@@ -65,7 +64,7 @@ pub async fn capabilities(csi: &CsiClient) -> Result<Capabilities, IdentityError
 }
 
 /// The controller configuration for `driver` with `caps`, from the flags.
-pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Config {
+pub fn config(cli: &Cli, driver: &str, caps: Capabilities) -> Config {
     Config {
         policy: Policy {
             driver: driver.to_string(),
@@ -87,11 +86,7 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, instance: &str) -> Co
             period: cli.reconcile_sync,
             max_entries: cli.max_entries,
         }),
-        reporter: Reporter {
-            component: COMPONENT.to_string(),
-            instance: instance.to_string(),
-        },
-        wiring: Wiring::default(),
+        wiring: Wiring::reporting(Reporter::here(COMPONENT)),
     }
 }
 
@@ -102,25 +97,6 @@ impl Sidecar for Attacher {
     const NAME: &'static str = "attacher";
     const BINARY: &'static str = "csi-attacher";
     type Cli = Cli;
-    type Error = InvalidFlags;
-
-    fn validate(cli: &Cli) -> Result<(), InvalidFlags> {
-        cli.validate()
-    }
-
-    fn release_lease_on_exit(cli: &Cli) -> bool {
-        cli.feature_gates.release_leader_election_on_exit
-    }
-
-    /// The probe bounded by `--timeout`, the identity calls by [`IDENTITY_TIMEOUT`].
-    fn greeting(cli: &Cli) -> Greeting<'_> {
-        Greeting {
-            csi_address: &cli.common.csi.csi_address,
-            probe_timeout: cli.timeout,
-            identity_timeout: IDENTITY_TIMEOUT,
-            max_log_length: cli.max_grpc_log_length,
-        }
-    }
 
     /// The driver's capabilities, the controller's configuration, client and Lease.
     async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
@@ -132,9 +108,8 @@ impl Sidecar for Attacher {
                 "the driver does not implement ControllerPublishVolume: VolumeAttachments are marked attached without calling it"
             );
         }
-        let identity_name = leader::default_identity();
-        let mut config = config(cli, &host.driver, caps, &identity_name);
-        config.wiring = setup.wiring();
+        let mut config = config(cli, &host.driver, caps);
+        setup.share(&mut config.wiring);
         let csi = host.csi.clone();
         Ok(
             setup.controller(&model::lease_name(&host.driver), move |token| {
@@ -204,7 +179,6 @@ mod tests {
             ]),
             "hostpath.csi.k8s.io",
             caps,
-            "pod-0",
         );
         assert_eq!(c.policy.finalizer, "external-attacher/hostpath-csi-k8s-io");
         assert!(c.policy.publish_unpublish && c.policy.publish_readonly);
@@ -221,8 +195,8 @@ mod tests {
             })
         );
         assert_eq!(c.workers, 10);
-        assert_eq!(c.reporter.component, "csi-attacher");
-        let trivial = config(&cli(&[]), "d", Capabilities::default(), "pod-0");
+        assert_eq!(c.wiring.reporter.component, "csi-attacher");
+        let trivial = config(&cli(&[]), "d", Capabilities::default());
         assert!(!trivial.policy.publish_unpublish);
         assert_eq!(trivial.reconcile, None);
     }

@@ -12,7 +12,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use sidecar_kit::cluster::client::{api_code, api_message, secret_data};
-use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::workqueue::{Backoff, Item, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
@@ -49,8 +49,6 @@ pub struct Config {
     pub resync: Duration,
     /// ListVolumes reconciliation, when the driver reports published nodes.
     pub reconcile: Option<Reconcile>,
-    /// Who the Events say reported them.
-    pub reporter: Reporter,
     /// The watches and queue metrics, shared with the other controllers of the process.
     pub wiring: Wiring,
 }
@@ -136,7 +134,7 @@ pub async fn run(
         pv_queue: config.wiring.queue(PV_QUEUE, &["default"], config.backoff),
         forced: Mutex::new(HashMap::new()),
         last_backlog_report: Mutex::new(None),
-        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        events: config.wiring.recorder(client.clone()),
         client,
         config,
     });

@@ -4,6 +4,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use sidecar_kit::process::flags::{CommonFlags, feature_gate_pairs, parse_go_duration};
+use sidecar_kit::runtime::SidecarCli;
+use sidecar_kit::runtime::startup::Greeting;
+
+use crate::app::IDENTITY_TIMEOUT;
 
 /// The feature gates upstream accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,12 +101,6 @@ pub struct Cli {
     pub feature_gates: FeatureGates,
 }
 
-impl AsRef<CommonFlags> for Cli {
-    fn as_ref(&self) -> &CommonFlags {
-        &self.common
-    }
-}
-
 /// Settings upstream refuses after parsing (it exits with code 1, not 2).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {
@@ -110,12 +108,32 @@ pub enum InvalidFlags {
     ZeroWorkers,
 }
 
-impl Cli {
-    pub fn validate(&self) -> Result<(), InvalidFlags> {
+impl SidecarCli for Cli {
+    type Invalid = InvalidFlags;
+
+    fn common(&self) -> &CommonFlags {
+        &self.common
+    }
+
+    fn validate(&self) -> Result<(), InvalidFlags> {
         if self.worker_threads == 0 {
             return Err(InvalidFlags::ZeroWorkers);
         }
         Ok(())
+    }
+
+    /// The probe bounded by `--timeout`, the identity calls by [`IDENTITY_TIMEOUT`].
+    fn greeting(&self) -> Greeting<'_> {
+        Greeting {
+            csi_address: &self.common.csi.csi_address,
+            probe_timeout: self.timeout,
+            identity_timeout: IDENTITY_TIMEOUT,
+            max_log_length: self.max_grpc_log_length,
+        }
+    }
+
+    fn release_lease_on_exit(&self) -> bool {
+        self.feature_gates.release_leader_election_on_exit
     }
 }
 

@@ -8,7 +8,6 @@ use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::driver::identity;
 use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::runtime::host::Controller;
-use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, Config};
@@ -18,8 +17,6 @@ use crate::model;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error(transparent)]
-    Flags(#[from] crate::flags::InvalidFlags),
     #[error(transparent)]
     Unsupported(#[from] Unsupported),
 }
@@ -51,11 +48,7 @@ pub fn config(cli: &Cli, driver: &str, mode: Mode) -> Config {
         workers: usize::try_from(cli.worker_threads).unwrap_or(usize::MAX),
         node_watcher: cli.enable_node_watcher,
         // Upstream's recorder names no host.
-        reporter: Reporter {
-            component: model::component(driver),
-            instance: String::new(),
-        },
-        wiring: Wiring::default(),
+        wiring: Wiring::reporting(Reporter::nameless(model::component(driver))),
     }
 }
 
@@ -66,17 +59,6 @@ impl Sidecar for HealthMonitor {
     const NAME: &'static str = "health-monitor";
     const BINARY: &'static str = "csi-external-health-monitor-controller";
     type Cli = Cli;
-    type Error = AppError;
-
-    /// Every call bounded by `--timeout` (upstream gives its five start-up calls one second
-    /// in all).
-    fn greeting(cli: &Cli) -> Greeting<'_> {
-        Greeting::bounded_by(&cli.common.csi.csi_address, cli.timeout)
-    }
-
-    fn validate(cli: &Cli) -> Result<(), AppError> {
-        Ok(cli.validate()?)
-    }
 
     /// The driver's capabilities checked, the controller's configuration, client and Lease.
     async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
@@ -85,7 +67,7 @@ impl Sidecar for HealthMonitor {
         tracing::info!(driver = %host.driver, ?mode, "the driver reports volume conditions");
         let client = setup.client()?;
         let mut config = config(cli, &host.driver, mode);
-        config.wiring = setup.wiring();
+        setup.share(&mut config.wiring);
         let csi = host.csi.clone();
         Ok(
             setup.controller(&model::lease_name(&host.driver), move |token| {

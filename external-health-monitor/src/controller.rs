@@ -15,7 +15,7 @@ use csi_proto::v1::{ControllerGetVolumeRequest, ListVolumesRequest};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
 use sidecar_kit::pipeline::views::{ClaimView, PvView};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
@@ -46,7 +46,6 @@ pub struct Config {
     pub node_list_add_interval: Duration,
     pub workers: usize,
     pub node_watcher: bool,
-    pub reporter: Reporter,
     /// The watches and queue metrics, shared with the other controllers of the process.
     pub wiring: Wiring,
 }
@@ -82,7 +81,7 @@ pub async fn run(
         nodes: queue("nodes"),
         feed: Feeder::new(Index::new(&config.driver), client.clone(), NEEDS).paged(500),
         marked: Mutex::new(HashSet::new()),
-        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        events: config.wiring.recorder(client.clone()),
         csi,
         client,
         config,

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use sidecar_kit::process::flags::{CommonFlags, parse_go_bool, parse_go_duration};
+use sidecar_kit::runtime::SidecarCli;
+use sidecar_kit::runtime::startup::Greeting;
 
 /// CSI external-health-monitor-controller: reports the volumes the driver finds abnormal, and
 /// the claims of pods on failed nodes, as Events on the claims.
@@ -55,12 +57,6 @@ pub struct Cli {
     pub enable_node_watcher: bool,
 }
 
-impl AsRef<CommonFlags> for Cli {
-    fn as_ref(&self) -> &CommonFlags {
-        &self.common
-    }
-}
-
 /// Settings upstream refuses after parsing (it exits with code 1, not 2).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {
@@ -70,8 +66,14 @@ pub enum InvalidFlags {
     ZeroInterval(&'static str),
 }
 
-impl Cli {
-    pub fn validate(&self) -> Result<(), InvalidFlags> {
+impl SidecarCli for Cli {
+    type Invalid = InvalidFlags;
+
+    fn common(&self) -> &CommonFlags {
+        &self.common
+    }
+
+    fn validate(&self) -> Result<(), InvalidFlags> {
         if self.worker_threads == 0 {
             return Err(InvalidFlags::ZeroWorkers);
         }
@@ -85,6 +87,12 @@ impl Cli {
             }
         }
         Ok(())
+    }
+
+    /// Every call bounded by `--timeout` (upstream gives its five start-up calls one second
+    /// in all).
+    fn greeting(&self) -> Greeting<'_> {
+        Greeting::bounded_by(&self.common.csi.csi_address, self.timeout)
     }
 }
 

@@ -9,7 +9,7 @@ use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::cluster::client::KubeconfigRule;
 use sidecar_kit::cluster::events::Reporter;
-use sidecar_kit::cluster::leader;
+
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::driver::identity::{self, IdentityError};
 use sidecar_kit::pipeline::Wiring;
@@ -17,7 +17,6 @@ use sidecar_kit::pipeline::workqueue::Backoff;
 use sidecar_kit::process::flags::FlagSyntax;
 use sidecar_kit::process::http::{Reply, Routes};
 use sidecar_kit::runtime::host::Controller;
-use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{PrepareError, RouteHook, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config};
@@ -39,8 +38,6 @@ pub const RESYNC: Duration = Duration::from_secs(15 * 60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error(transparent)]
-    Flags(#[from] crate::flags::InvalidFlags),
     #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
     NoNodeName,
     #[error("Failed to get node info from CSI driver: {0}")]
@@ -110,13 +107,7 @@ pub fn identity_string(driver: &str) -> String {
 }
 
 /// The controller configuration for `driver` with `caps`, from the flags.
-pub fn config(
-    cli: &Cli,
-    driver: &str,
-    caps: Capabilities,
-    identity: &str,
-    instance: &str,
-) -> Config {
+pub fn config(cli: &Cli, driver: &str, caps: Capabilities, identity: &str) -> Config {
     let topology = caps.accessibility_constraints && cli.feature_gates.topology;
     Config {
         policy: Policy {
@@ -160,11 +151,7 @@ pub fn config(
         journal: None,
         event_client: None,
         journal_client: None,
-        reporter: Reporter {
-            component: COMPONENT.to_string(),
-            instance: instance.to_string(),
-        },
-        wiring: Wiring::default(),
+        wiring: Wiring::reporting(Reporter::here(COMPONENT)),
     }
 }
 
@@ -252,32 +239,6 @@ impl Sidecar for Provisioner {
     const SYNTAX: FlagSyntax = FlagSyntax::Gnu;
     const KUBECONFIG: KubeconfigRule = KubeconfigRule::EnvironmentFirst;
     type Cli = Cli;
-    type Error = AppError;
-
-    /// Every call bounded by `--timeout`.
-    fn greeting(cli: &Cli) -> Greeting<'_> {
-        Greeting::bounded_by(&cli.common.csi.csi_address, cli.timeout)
-    }
-
-    fn warn(cli: &Cli) {
-        cli.warn_removed_flags();
-    }
-
-    fn validate(cli: &Cli) -> Result<(), AppError> {
-        Ok(cli.validate()?)
-    }
-
-    fn master(cli: &Cli) -> &str {
-        &cli.master
-    }
-
-    fn leader_election(cli: &Cli) -> bool {
-        cli.leader_election()
-    }
-
-    fn release_lease_on_exit(cli: &Cli) -> bool {
-        cli.feature_gates.release_leader_election_on_exit
-    }
 
     fn routes(cli: &Cli) -> RouteHook {
         pprof_routes(cli)
@@ -294,9 +255,8 @@ impl Sidecar for Provisioner {
         let caps = capabilities(&csi, cli.timeout).await?;
         let identity_string = identity_string(&driver);
         tracing::info!(identity = %identity_string, ?caps, "provisioner identity");
-        let instance = leader::default_identity();
-        let mut config = config(cli, &driver, caps, &identity_string, &instance);
-        config.wiring = setup.wiring();
+        let mut config = config(cli, &driver, caps, &identity_string);
+        setup.share(&mut config.wiring);
         config.metrics = Some(ProvisionMetrics::register(host.metrics.registry())?);
         config.event_client = Some(clients.background);
         config.journal_client = Some(setup.journal_client()?);
@@ -408,21 +368,14 @@ mod tests {
             "d",
             caps,
             "id",
-            "pod-0",
         );
         assert!(c.policy.topology && c.watch_topology && c.watch_attachments);
         assert!(c.policy.strict_topology);
         assert_eq!(c.workers, 7);
         assert_eq!(c.timeout, Duration::from_secs(10));
-        let no_gate = config(
-            &cli(&["--feature-gates=Topology=false"]),
-            "d",
-            caps,
-            "id",
-            "p",
-        );
+        let no_gate = config(&cli(&["--feature-gates=Topology=false"]), "d", caps, "id");
         assert!(!no_gate.policy.topology && !no_gate.watch_topology);
-        let plain = config(&cli(&[]), "d", Capabilities::default(), "id", "p");
+        let plain = config(&cli(&[]), "d", Capabilities::default(), "id");
         assert!(!plain.watch_topology && !plain.watch_attachments);
     }
 }

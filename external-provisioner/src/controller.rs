@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::api::{ApiResource, DynamicObject};
 use sidecar_kit::cluster::client::{api_code, api_message};
-use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
@@ -88,7 +88,6 @@ pub struct Config {
     /// Capacity tracking, told when provisioning or deletion may have changed a capacity.
     pub capacity: Option<crate::capacity::controller::CapacityHandle>,
     pub metrics: Option<ProvisionMetrics>,
-    pub reporter: Reporter,
     /// Where unfinished CreateVolume calls are recorded (`None`: nowhere, as upstream).
     pub journal: Option<Location>,
     /// Client of the Events: one that only uses the rate-limit tokens the PV writes leave free
@@ -179,12 +178,11 @@ pub async fn run(
         contents: Mutex::new(HashMap::new()),
         content_reads: tokio::sync::Mutex::new(()),
         infeasible: Mutex::new(HashMap::new()),
-        events: Recorder::spawn(
+        events: config.wiring.recorder(
             config
                 .event_client
                 .clone()
                 .unwrap_or_else(|| client.clone()),
-            config.reporter.clone(),
         ),
         journal: match &config.journal {
             Some(location) => Journal::start(

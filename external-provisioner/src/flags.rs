@@ -6,6 +6,8 @@ use clap::Parser;
 use sidecar_kit::process::flags::{
     CommonFlags, feature_gate_pairs, parse_go_bool, parse_go_duration,
 };
+use sidecar_kit::runtime::SidecarCli;
+use sidecar_kit::runtime::startup::Greeting;
 
 /// The feature gates upstream accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,12 +219,6 @@ pub struct Cli {
     pub leader_election_type: Option<String>,
 }
 
-impl AsRef<CommonFlags> for Cli {
-    fn as_ref(&self) -> &CommonFlags {
-        &self.common
-    }
-}
-
 /// Settings upstream refuses after parsing (it exits with code 1, not 2).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {
@@ -236,8 +232,14 @@ pub enum InvalidFlags {
     BothEndpoints,
 }
 
-impl Cli {
-    pub fn validate(&self) -> Result<(), InvalidFlags> {
+impl SidecarCli for Cli {
+    type Invalid = InvalidFlags;
+
+    fn common(&self) -> &CommonFlags {
+        &self.common
+    }
+
+    fn validate(&self) -> Result<(), InvalidFlags> {
         if self.worker_threads == 0 {
             return Err(InvalidFlags::ZeroWorkers);
         }
@@ -256,6 +258,32 @@ impl Cli {
         Ok(())
     }
 
+    /// Every call bounded by `--timeout`.
+    fn greeting(&self) -> Greeting<'_> {
+        Greeting::bounded_by(&self.common.csi.csi_address, self.timeout)
+    }
+
+    fn warn(&self) {
+        for warning in self.removed_flag_warnings() {
+            tracing::warn!("{warning}");
+        }
+    }
+
+    fn master(&self) -> &str {
+        &self.master
+    }
+
+    /// `--leader-election`, or the removed flag that meant it.
+    fn leader_election(&self) -> bool {
+        self.common.leader_election.leader_election || self.enable_leader_election == Some(true)
+    }
+
+    fn release_lease_on_exit(&self) -> bool {
+        self.feature_gates.release_leader_election_on_exit
+    }
+}
+
+impl Cli {
     /// The warnings for flags upstream removed; an old manifest keeps working.
     pub fn removed_flag_warnings(&self) -> Vec<&'static str> {
         let mut warnings = Vec::new();
@@ -274,17 +302,6 @@ impl Cli {
             );
         }
         warnings
-    }
-
-    pub fn warn_removed_flags(&self) {
-        for warning in self.removed_flag_warnings() {
-            tracing::warn!("{warning}");
-        }
-    }
-
-    /// Whether leader election runs: `--leader-election`, or the removed flag that meant it.
-    pub fn leader_election(&self) -> bool {
-        self.common.leader_election.leader_election || self.enable_leader_election == Some(true)
     }
 }
 

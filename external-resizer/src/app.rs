@@ -6,13 +6,12 @@ use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::cluster::events::Reporter;
-use sidecar_kit::cluster::leader;
+
 use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::driver::identity;
 use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
 use sidecar_kit::runtime::host::Controller;
-use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config};
@@ -22,8 +21,6 @@ use crate::model;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error(transparent)]
-    Flags(#[from] crate::flags::InvalidFlags),
     #[error("the CSI driver does not provide the controller service")]
     NoControllerService,
     #[error("CSI driver neither supports controller resize nor modify volume")]
@@ -87,13 +84,7 @@ async fn serves_classes(client: &kube::Client) -> bool {
 }
 
 /// The controller configuration for `driver` with `caps`, from the flags.
-pub fn config(
-    cli: &Cli,
-    driver: &str,
-    caps: Capabilities,
-    classes: bool,
-    instance: &str,
-) -> Config {
+pub fn config(cli: &Cli, driver: &str, caps: Capabilities, classes: bool) -> Config {
     Config {
         policy: Policy {
             driver: driver.to_string(),
@@ -112,11 +103,7 @@ pub fn config(
         modify: caps.modify && classes,
         extra_modify_metadata: cli.extra_modify_metadata,
         single_node_multi_writer: caps.single_node_multi_writer,
-        reporter: Reporter {
-            component: format!("{COMPONENT} {driver}"),
-            instance: instance.to_string(),
-        },
-        wiring: Wiring::default(),
+        wiring: Wiring::reporting(Reporter::here(format!("{COMPONENT} {driver}"))),
     }
 }
 
@@ -127,24 +114,6 @@ impl Sidecar for Resizer {
     const NAME: &'static str = "resizer";
     const BINARY: &'static str = "csi-resizer";
     type Cli = Cli;
-    type Error = AppError;
-
-    /// Every call bounded by `--timeout`.
-    fn greeting(cli: &Cli) -> Greeting<'_> {
-        Greeting::bounded_by(&cli.common.csi.csi_address, cli.timeout)
-    }
-
-    fn validate(cli: &Cli) -> Result<(), AppError> {
-        Ok(cli.validate()?)
-    }
-
-    fn master(cli: &Cli) -> &str {
-        &cli.master
-    }
-
-    fn release_lease_on_exit(cli: &Cli) -> bool {
-        cli.feature_gates.release_leader_election_on_exit
-    }
 
     /// The VolumeAttributesClass API and the driver's capabilities checked, the controller's
     /// configuration, client and Lease.
@@ -178,9 +147,8 @@ impl Sidecar for Resizer {
                 "the driver expands volumes on nodes only: expansions are handed to kubelet without a driver call"
             );
         }
-        let identity_name = leader::default_identity();
-        let mut config = config(cli, &host.driver, caps, classes, &identity_name);
-        config.wiring = setup.wiring();
+        let mut config = config(cli, &host.driver, caps, classes);
+        setup.share(&mut config.wiring);
         let csi = host.csi.clone();
         Ok(
             setup.controller(&model::lease_name(&host.driver), move |token| {

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use sidecar_kit::cluster::client::{api_code, api_message};
-use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
@@ -51,7 +51,6 @@ pub struct Config {
     pub extra_modify_metadata: bool,
     /// The driver has SINGLE_NODE_MULTI_WRITER (access modes in expansion requests).
     pub single_node_multi_writer: bool,
-    pub reporter: Reporter,
     /// The watches and queue metrics, shared with the other controllers of the process.
     pub wiring: Wiring,
 }
@@ -152,7 +151,7 @@ pub async fn run(
         .paged(500),
         queue,
         memos: Mutex::new(HashMap::new()),
-        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        events: config.wiring.recorder(client.clone()),
         client,
         config,
     });

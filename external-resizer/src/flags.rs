@@ -6,6 +6,8 @@ use clap::Parser;
 use sidecar_kit::process::flags::{
     CommonFlags, feature_gate_pairs, parse_go_bool, parse_go_duration,
 };
+use sidecar_kit::runtime::SidecarCli;
+use sidecar_kit::runtime::startup::Greeting;
 
 /// The feature gates upstream accepts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,12 +118,6 @@ pub struct Cli {
     pub feature_gates: FeatureGates,
 }
 
-impl AsRef<CommonFlags> for Cli {
-    fn as_ref(&self) -> &CommonFlags {
-        &self.common
-    }
-}
-
 /// Settings refused after parsing (exit code 1, as upstream's checks).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {
@@ -131,8 +127,14 @@ pub enum InvalidFlags {
     ZeroWorkers,
 }
 
-impl Cli {
-    pub fn validate(&self) -> Result<(), InvalidFlags> {
+impl SidecarCli for Cli {
+    type Invalid = InvalidFlags;
+
+    fn common(&self) -> &CommonFlags {
+        &self.common
+    }
+
+    fn validate(&self) -> Result<(), InvalidFlags> {
         if let Some(gate) = &self.feature_gates.unknown {
             return Err(InvalidFlags::UnknownGate(gate.clone()));
         }
@@ -140,6 +142,19 @@ impl Cli {
             return Err(InvalidFlags::ZeroWorkers);
         }
         Ok(())
+    }
+
+    /// Every call bounded by `--timeout`.
+    fn greeting(&self) -> Greeting<'_> {
+        Greeting::bounded_by(&self.common.csi.csi_address, self.timeout)
+    }
+
+    fn master(&self) -> &str {
+        &self.master
+    }
+
+    fn release_lease_on_exit(&self) -> bool {
+        self.feature_gates.release_leader_election_on_exit
     }
 }
 

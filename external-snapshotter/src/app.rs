@@ -4,12 +4,11 @@
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use sidecar_kit::cluster::events::Reporter;
-use sidecar_kit::cluster::leader;
+
 use sidecar_kit::driver::identity;
 use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
 use sidecar_kit::runtime::host::Controller;
-use sidecar_kit::runtime::startup::Greeting;
 use sidecar_kit::runtime::{PrepareError, Setup, Sidecar};
 
 use crate::controller::{self, COMPONENT, Config, GroupNaming, Naming, SnapshotMetrics};
@@ -21,16 +20,12 @@ use csi_proto::v1::group_controller_service_capability::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error(transparent)]
-    Flags(#[from] crate::flags::InvalidFlags),
     #[error("CSI driver {0} does not support ControllerCreateSnapshot")]
     NoSnapshots(String),
-    #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
-    NoNodeName,
 }
 
 /// The controller configuration for `driver`, from the flags.
-pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> Config {
+pub fn config(cli: &Cli, driver: &str, list_snapshots: bool) -> Config {
     Config {
         driver: driver.to_string(),
         naming: Naming {
@@ -49,10 +44,6 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> 
         node: None,
         journal: None,
         snapshot_metrics: None,
-        reporter: Reporter {
-            component: format!("{COMPONENT} {driver}"),
-            instance: instance.to_string(),
-        },
         groups: cli
             .feature_gates
             .volume_group_snapshot
@@ -60,7 +51,7 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool, instance: &str) -> 
                 prefix: cli.groupsnapshot_name_prefix.clone(),
                 uuid_length: cli.groupsnapshot_name_uuid_length,
             }),
-        wiring: Wiring::default(),
+        wiring: Wiring::reporting(Reporter::here(format!("{COMPONENT} {driver}"))),
     }
 }
 
@@ -93,18 +84,6 @@ async fn group_snapshots_offered(
     }
 }
 
-/// `NODE_NAME` with `--node-deployment`.
-fn node_name(cli: &Cli) -> Result<Option<String>, AppError> {
-    if !cli.node_deployment {
-        return Ok(None);
-    }
-    std::env::var("NODE_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
-        .map(Some)
-        .ok_or(AppError::NoNodeName)
-}
-
 /// The snapshotter, a plug-in of the sidecar runtime.
 pub struct Snapshotter;
 
@@ -112,27 +91,11 @@ impl Sidecar for Snapshotter {
     const NAME: &'static str = "snapshotter";
     const BINARY: &'static str = "csi-snapshotter";
     type Cli = Cli;
-    type Error = AppError;
-
-    /// Every call bounded by `--timeout`.
-    fn greeting(cli: &Cli) -> Greeting<'_> {
-        Greeting::bounded_by(&cli.common.csi.csi_address, cli.timeout)
-    }
-
-    /// The command line, and `NODE_NAME` with `--node-deployment`.
-    fn validate(cli: &Cli) -> Result<(), AppError> {
-        cli.validate()?;
-        node_name(cli).map(drop)
-    }
-
-    fn release_lease_on_exit(cli: &Cli) -> bool {
-        cli.feature_gates.release_leader_election_on_exit
-    }
 
     /// The driver's capabilities checked, the controller's configuration, clients, journal
     /// and Lease.
     async fn prepare(cli: &Cli, setup: &Setup<'_>) -> Result<Controller, PrepareError> {
-        let node = node_name(cli).map_err(PrepareError::own)?;
+        let node = cli.node_name().map_err(PrepareError::own)?;
         let host = setup.host;
         let client = setup.client()?;
         let rpcs = identity::controller_capabilities(&host.csi, cli.timeout).await?;
@@ -147,12 +110,11 @@ impl Sidecar for Snapshotter {
                 "the driver has no ListSnapshots: pre-provisioned snapshots count as ready, as upstream counts them"
             );
         }
-        let instance = leader::default_identity();
-        let mut config = config(cli, &host.driver, list_snapshots, &instance);
+        let mut config = config(cli, &host.driver, list_snapshots);
         if config.groups.is_some() && !group_snapshots_offered(&host.csi, cli.timeout).await {
             config.groups = None;
         }
-        config.wiring = setup.wiring();
+        setup.share(&mut config.wiring);
         config.snapshot_metrics = Some(SnapshotMetrics::register(host.metrics.registry())?);
         config.journal =
             Some(setup.journal_location(&model::lease_name(&host.driver), node.as_deref()));

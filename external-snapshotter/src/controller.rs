@@ -17,7 +17,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 use sidecar_kit::cluster::client::{api_code, api_message};
-use sidecar_kit::cluster::events::{EventType, Recorder, Reporter};
+use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::cluster::journal::{Journal, Location, Owner};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
@@ -85,7 +85,6 @@ pub struct Config {
     /// Where the intent journal lives (`None`: no journal, upstream's behaviour).
     pub journal: Option<Location>,
     pub snapshot_metrics: Option<SnapshotMetrics>,
-    pub reporter: Reporter,
     /// VolumeGroupSnapshotContents are handled (gate `CSIVolumeGroupSnapshot` on and a driver
     /// with the group controller service), named so.
     pub groups: Option<GroupNaming>,
@@ -222,7 +221,7 @@ pub async fn run(
         journal,
         calls: Mutex::new(HashMap::new()),
         polls: Semaphore::new(config.workers.div_ceil(2)),
-        events: Recorder::spawn(client.clone(), config.reporter.clone()),
+        events: config.wiring.recorder(client.clone()),
         client,
         config,
     });

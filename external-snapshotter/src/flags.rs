@@ -6,6 +6,8 @@ use clap::Parser;
 use sidecar_kit::process::flags::{
     CommonFlags, feature_gate_pairs, parse_go_bool, parse_go_duration,
 };
+use sidecar_kit::runtime::SidecarCli;
+use sidecar_kit::runtime::startup::Greeting;
 
 /// The feature gates upstream accepts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -105,12 +107,6 @@ pub struct Cli {
     pub feature_gates: FeatureGates,
 }
 
-impl AsRef<CommonFlags> for Cli {
-    fn as_ref(&self) -> &CommonFlags {
-        &self.common
-    }
-}
-
 /// Settings refused after parsing (exit code 1, as upstream's checks).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidFlags {
@@ -128,10 +124,18 @@ pub enum InvalidFlags {
     NodeDeploymentWithLeaderElection,
     #[error("only one of --http-endpoint and --metrics-address can be set")]
     BothEndpoints,
+    #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
+    NoNodeName,
 }
 
-impl Cli {
-    pub fn validate(&self) -> Result<(), InvalidFlags> {
+impl SidecarCli for Cli {
+    type Invalid = InvalidFlags;
+
+    fn common(&self) -> &CommonFlags {
+        &self.common
+    }
+
+    fn validate(&self) -> Result<(), InvalidFlags> {
         if let Some(gate) = &self.feature_gates.unknown {
             return Err(InvalidFlags::UnknownGate(gate.clone()));
         }
@@ -165,7 +169,30 @@ impl Cli {
         {
             return Err(InvalidFlags::BothEndpoints);
         }
-        Ok(())
+        self.node_name().map(drop)
+    }
+
+    /// Every call bounded by `--timeout`.
+    fn greeting(&self) -> Greeting<'_> {
+        Greeting::bounded_by(&self.common.csi.csi_address, self.timeout)
+    }
+
+    fn release_lease_on_exit(&self) -> bool {
+        self.feature_gates.release_leader_election_on_exit
+    }
+}
+
+impl Cli {
+    /// `NODE_NAME` with `--node-deployment`.
+    pub fn node_name(&self) -> Result<Option<String>, InvalidFlags> {
+        if !self.node_deployment {
+            return Ok(None);
+        }
+        std::env::var("NODE_NAME")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .map(Some)
+            .ok_or(InvalidFlags::NoNodeName)
     }
 }
 

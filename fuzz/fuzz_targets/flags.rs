@@ -22,6 +22,7 @@ use sidecar_kit::driver::endpoint::Platform;
 use sidecar_kit::process::flags::{
     FlagSyntax, feature_gate_pairs, normalize_args, parse_from, parse_go_duration, parse_labels,
 };
+use sidecar_kit::runtime::SidecarCli;
 
 #[derive(Arbitrary, Debug)]
 enum Sidecar {

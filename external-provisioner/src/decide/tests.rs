@@ -13,7 +13,7 @@ pub(crate) fn policy() -> Policy {
         create_delete_volume: true,
         ..Capabilities::default()
     };
-    crate::app::config(&cli, "d", caps, "1-2-d", "instance").policy
+    crate::app::config(&cli, "d", caps, "1-2-d").policy
 }
 
 pub(crate) fn claim(spec: serde_json::Value) -> Claim {

@@ -45,7 +45,7 @@ fn storage_classes_the_fuzzer_found_are_answered_quickly() {
         };
         let policy = Policy {
             extra_create_metadata: true,
-            ..app::config(&cli, &driver, caps, &format!("1-2-{driver}"), "instance").policy
+            ..app::config(&cli, &driver, caps, &format!("1-2-{driver}")).policy
         };
         let claim = Claim {
             uid: "1234-abcd".into(),

@@ -42,10 +42,28 @@ impl EventType {
 }
 
 /// Who reports: `source.component`/`reportingComponent` and `source.host`/`reportingInstance`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reporter {
     pub component: String,
     pub instance: String,
+}
+
+impl Reporter {
+    /// `component` on this host: the instance is the leader election identity.
+    pub fn here(component: impl Into<String>) -> Self {
+        Self {
+            component: component.into(),
+            instance: crate::cluster::leader::default_identity(),
+        }
+    }
+
+    /// `component`, naming no instance.
+    pub fn nameless(component: impl Into<String>) -> Self {
+        Self {
+            component: component.into(),
+            instance: String::new(),
+        }
+    }
 }
 
 /// One event to record.

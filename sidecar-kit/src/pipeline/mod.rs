@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::events::{Recorder, Reporter};
 use crate::pipeline::views::{Needs, View};
 use crate::pipeline::watches::{Subscription, Synced, WatchHub};
 use crate::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
@@ -32,13 +33,15 @@ pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// What the controllers of one process share to build their pipelines: the watches and the
-/// work-queue metrics of the process's registry. The default has watches of its own and no
-/// metrics (a controller run alone, in tests).
+/// What a controller builds its pipeline from and reports through: the watches and the
+/// work-queue metrics it shares with the other controllers of the process (see
+/// `runtime::Setup::share`), and who its Events say reported them. Until shared it has watches
+/// of its own and no metrics (a controller run alone, in tests).
 #[derive(Clone, Default)]
 pub struct Wiring {
     pub watches: WatchHub,
     pub queue_metrics: Option<WorkQueueMetrics>,
+    pub reporter: Reporter,
 }
 
 impl std::fmt::Debug for Wiring {
@@ -46,11 +49,25 @@ impl std::fmt::Debug for Wiring {
         f.debug_struct("Wiring")
             .field("watches", &self.watches)
             .field("queue_metrics", &self.queue_metrics.is_some())
+            .field("reporter", &self.reporter)
             .finish()
     }
 }
 
 impl Wiring {
+    /// The wiring of a controller whose Events `reporter` reports.
+    pub fn reporting(reporter: Reporter) -> Self {
+        Self {
+            reporter,
+            ..Self::default()
+        }
+    }
+
+    /// The Event recorder of the controller, writing with `client`.
+    pub fn recorder(&self, client: kube::Client) -> Recorder {
+        Recorder::spawn(client, self.reporter.clone())
+    }
+
     /// A pipeline on the shared watches.
     pub fn pipeline(&self) -> Pipeline {
         Pipeline::with_watches(self.watches.clone())

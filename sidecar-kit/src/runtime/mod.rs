@@ -51,36 +51,8 @@ pub trait Sidecar: 'static {
     /// Which of `--kubeconfig` and `$KUBECONFIG` wins, as its upstream decides.
     const KUBECONFIG: KubeconfigRule = KubeconfigRule::FlagOnly;
 
-    /// Its command line, which holds the flags every sidecar has.
-    type Cli: clap::Parser + AsRef<CommonFlags> + Send + Sync + 'static;
-    /// Why its command line is refused, or its start fails for a reason of its own.
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// Logs what the command line deserves a warning for (removed flags).
-    fn warn(_cli: &Self::Cli) {}
-
-    /// Checks the command line (and the environment it names) before anything starts.
-    fn validate(cli: &Self::Cli) -> Result<(), Self::Error>;
-
-    /// How the driver is greeted: the probe's and identity calls' timeouts.
-    fn greeting(cli: &Self::Cli) -> Greeting<'_>;
-
-    /// `--master`, for the sidecars that have it: the API server's URL instead of the
-    /// configuration's.
-    fn master(_cli: &Self::Cli) -> &str {
-        ""
-    }
-
-    /// Whether its controller elects a leader: `--leader-election`.
-    fn leader_election(cli: &Self::Cli) -> bool {
-        cli.as_ref().leader_election.leader_election
-    }
-
-    /// Whether its Lease is released on exit although `--leader-election-release-on-exit` is
-    /// off (a feature gate of its own).
-    fn release_lease_on_exit(_cli: &Self::Cli) -> bool {
-        false
-    }
+    /// Its command line: the flags every sidecar has, and how the runtime reads its own.
+    type Cli: SidecarCli;
 
     /// The controller, ready to run: its capabilities learnt, its configuration, clients,
     /// journal and Lease.
@@ -92,6 +64,41 @@ pub trait Sidecar: 'static {
     /// Routes of its own on the HTTP endpoint.
     fn routes(_cli: &Self::Cli) -> RouteHook {
         Box::new(|routes| routes)
+    }
+}
+
+/// A controller sidecar's command line, as the runtime reads it before the sidecar prepares.
+pub trait SidecarCli: clap::Parser + Send + Sync + 'static {
+    /// Why the command line is refused after parsing (exit code 1, as upstream's checks).
+    type Invalid: std::error::Error + Send + Sync + 'static;
+
+    /// The flags every sidecar has.
+    fn common(&self) -> &CommonFlags;
+
+    /// Checks the command line (and the environment it names) before anything starts.
+    fn validate(&self) -> Result<(), Self::Invalid>;
+
+    /// How the driver is greeted: the probe's and identity calls' timeouts.
+    fn greeting(&self) -> Greeting<'_>;
+
+    /// Logs what the command line deserves a warning for (removed flags).
+    fn warn(&self) {}
+
+    /// `--master`, for the sidecars that have it: the API server's URL instead of the
+    /// configuration's.
+    fn master(&self) -> &str {
+        ""
+    }
+
+    /// Whether the controller elects a leader: `--leader-election`.
+    fn leader_election(&self) -> bool {
+        self.common().leader_election.leader_election
+    }
+
+    /// Whether the Lease is released on exit although `--leader-election-release-on-exit` is
+    /// off (a feature gate of the sidecar's own).
+    fn release_lease_on_exit(&self) -> bool {
+        false
     }
 }
 
@@ -151,14 +158,14 @@ impl<'a> Setup<'a> {
     ) -> Result<Self, KubeError> {
         let mut kube_config =
             crate::cluster::client::as_program(kube_config, S::BINARY, S::VERSION);
-        crate::cluster::client::override_master(&mut kube_config, S::master(cli))?;
+        crate::cluster::client::override_master(&mut kube_config, cli.master())?;
         Ok(Self {
             host,
             kube_config,
-            common: cli.as_ref(),
+            common: cli.common(),
             name: S::NAME,
-            elect: S::leader_election(cli),
-            release_lease_on_exit: S::release_lease_on_exit(cli),
+            elect: cli.leader_election(),
+            release_lease_on_exit: cli.release_lease_on_exit(),
         })
     }
 
@@ -202,12 +209,11 @@ impl<'a> Setup<'a> {
         }
     }
 
-    /// The watches and work-queue metrics the process's controllers share.
-    pub fn wiring(&self) -> Wiring {
-        Wiring {
-            watches: self.host.watches.clone(),
-            queue_metrics: Some(self.host.queue_metrics.clone()),
-        }
+    /// Puts the watches and work-queue metrics the process's controllers share into a
+    /// controller's `wiring`.
+    pub fn share(&self, wiring: &mut Wiring) {
+        wiring.watches = self.host.watches.clone();
+        wiring.queue_metrics = Some(self.host.queue_metrics.clone());
     }
 
     /// The sidecar's controller, which `run`s until the token it is given is cancelled, under
@@ -237,11 +243,11 @@ impl<'a> Setup<'a> {
 /// until it ends; exits the process on errors.
 pub fn main<S: Sidecar>(args: impl IntoIterator<Item = OsString>) {
     let cli: S::Cli = parse_args(args, S::SYNTAX);
-    let common = cli.as_ref();
+    let common = cli.common();
     lifecycle::exit_if_version(&common.process, S::VERSION);
     logging::init(&common.logging);
-    S::warn(&cli);
-    if let Err(err) = S::validate(&cli) {
+    cli.warn();
+    if let Err(err) = cli.validate() {
         lifecycle::fatal(&err.to_string());
     }
     let process = common.process.clone();
@@ -254,11 +260,10 @@ pub async fn serve<S: Sidecar>(
     cli: S::Cli,
     shutdown: CancellationToken,
 ) -> Result<(), RuntimeError> {
-    let common = cli.as_ref();
+    let common = cli.common();
     let plan = HttpPlan::from_flags(&common.http)?;
     let config = crate::cluster::client::load_config(&common.kube, S::KUBECONFIG).await?;
-    let Some(host) =
-        Host::start(S::greeting(&cli), WatchHub::default(), &config, &shutdown).await?
+    let Some(host) = Host::start(cli.greeting(), WatchHub::default(), &config, &shutdown).await?
     else {
         return Ok(());
     };
@@ -342,7 +347,7 @@ impl<S: Sidecar> Plugin for Plug<S> {
 
     fn check(&self, args: Vec<OsString>) -> Result<(), String> {
         let cli: S::Cli = parse_from(args, S::SYNTAX).map_err(|e| e.to_string())?;
-        S::validate(&cli).map_err(|e| e.to_string())
+        cli.validate().map_err(|e| e.to_string())
     }
 
     fn parse(&self, args: Vec<OsString>) -> Box<dyn Parsed> {
@@ -358,19 +363,19 @@ impl<S: Sidecar> Parsed for Cli<S> {
     }
 
     fn common(&self) -> &CommonFlags {
-        self.0.as_ref()
+        self.0.common()
     }
 
     fn warn(&self) {
-        S::warn(&self.0)
+        self.0.warn()
     }
 
     fn validate(&self) -> Result<(), String> {
-        S::validate(&self.0).map_err(|e| e.to_string())
+        self.0.validate().map_err(|e| e.to_string())
     }
 
     fn greeting(&self) -> Greeting<'_> {
-        S::greeting(&self.0)
+        self.0.greeting()
     }
 
     fn prepare<'a>(

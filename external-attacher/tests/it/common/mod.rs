@@ -126,7 +126,7 @@ pub async fn csi_client(mock: &MockHandle) -> CsiClient {
 /// with fast retries for tests.
 pub async fn test_config_for(csi: &CsiClient, cli: &Cli, driver: &str) -> Config {
     let caps = app::capabilities(csi).await.unwrap();
-    let mut config = app::config(cli, driver, caps, "test-replica");
+    let mut config = app::config(cli, driver, caps);
     config.backoff = Backoff {
         start: Duration::from_millis(50),
         max: Duration::from_secs(1),

@@ -160,7 +160,7 @@ impl Env {
         let caps = app::capabilities(csi, Duration::from_secs(5))
             .await
             .unwrap();
-        let mut config = app::config(&cli, &self.driver, caps, &self.identity(), "test-replica");
+        let mut config = app::config(&cli, &self.driver, caps, &self.identity());
         config.backoff = Backoff {
             start: Duration::from_millis(50),
             max: Duration::from_secs(2),

@@ -105,7 +105,7 @@ impl Env {
         let csi = CsiClient::new(connection, CsiMetrics::new().unwrap());
         let cli = default_cli();
         let caps = app::capabilities(&csi, cli.timeout).await.unwrap();
-        let mut config = app::config(&cli, &driver, caps, true, "test-replica");
+        let mut config = app::config(&cli, &driver, caps, true);
         config.backoff = Backoff {
             start: Duration::from_millis(50),
             max: Duration::from_secs(2),

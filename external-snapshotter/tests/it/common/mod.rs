@@ -127,7 +127,7 @@ impl Env {
         .unwrap();
         let csi = CsiClient::new(connection, CsiMetrics::new().unwrap());
         let cli = default_cli();
-        let mut config = app::config(&cli, &driver, true, "test-replica");
+        let mut config = app::config(&cli, &driver, true);
         config.backoff = Backoff {
             start: Duration::from_millis(50),
             max: Duration::from_secs(2),
