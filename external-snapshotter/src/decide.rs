@@ -9,8 +9,8 @@ use sidecar_kit::values::names::{is_dns1123_label, is_dns1123_subdomain, resolve
 use tonic::Code;
 
 use crate::model::{
-    self, Class, Content, ContentStatus, GroupContent, GroupContentStatus, SecretAnnotations,
-    SecretRef, SnapshotInfo,
+    self, Class, Content, ContentObject, ContentStatus, GroupContent, GroupContentStatus,
+    SecretAnnotations, SecretRef, SnapshotInfo,
 };
 
 const PREFIX: &str = "csi.storage.k8s.io/";
@@ -47,10 +47,8 @@ pub const GROUP_DELETE_ERROR: &str = "GroupSnapshotDeleteError";
 
 /// Whether the content is this driver's (upstream's `isDriverMatch`): it names a source, this
 /// driver, and a class of this driver if its class exists.
-pub fn driver_match(content: &Content, class: Option<&Class>, driver: &str) -> bool {
-    (content.volume_handle.is_some() || content.snapshot_handle_source.is_some())
-        && content.driver == driver
-        && class.is_none_or(|c| c.driver == driver)
+pub fn driver_match(content: &impl ContentObject, class: Option<&Class>, driver: &str) -> bool {
+    content.has_source() && content.driver() == driver && class.is_none_or(|c| c.driver == driver)
 }
 
 /// Whether a change of a content is one to act on (upstream's `ShouldEnqueueContentChange`):
@@ -433,13 +431,6 @@ pub fn is_final(code: Option<Code>) -> bool {
 }
 
 // --- group snapshots ---
-
-/// Whether the group content is this driver's (upstream's `isDriverMatch` for groups).
-pub fn group_driver_match(content: &GroupContent, class: Option<&Class>, driver: &str) -> bool {
-    (!content.volume_handles.is_empty() || content.pre_provisioned.is_some())
-        && content.driver == driver
-        && class.is_none_or(|c| c.driver == driver)
-}
 
 /// Whether the group content is to be deleted now (upstream's
 /// `shouldDeleteGroupSnapshotContent`), by the same rules as a snapshot content's.

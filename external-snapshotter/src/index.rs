@@ -16,11 +16,49 @@ use crate::model::{
 #[derive(Debug)]
 pub struct Index {
     driver: String,
-    contents: Table<Content>,
-    classes: Table<Class>,
+    snapshots: Shelf<Content>,
     /// Watched only with the `CSIVolumeGroupSnapshot` gate on.
-    group_contents: Table<GroupContent>,
-    group_classes: Table<Class>,
+    groups: Shelf<GroupContent>,
+}
+
+/// The cached contents of one kind and the classes of that kind.
+#[derive(Debug)]
+pub struct Shelf<T> {
+    contents: Table<T>,
+    classes: Table<Class>,
+}
+
+impl<T> Default for Shelf<T> {
+    fn default() -> Self {
+        Self {
+            contents: Table::default(),
+            classes: Table::default(),
+        }
+    }
+}
+
+/// A kind of content the index keeps, and where.
+pub trait Shelved: ContentObject + Clone {
+    fn shelf(index: &Index) -> &Shelf<Self>;
+    fn shelf_mut(index: &mut Index) -> &mut Shelf<Self>;
+}
+
+impl Shelved for Content {
+    fn shelf(index: &Index) -> &Shelf<Self> {
+        &index.snapshots
+    }
+    fn shelf_mut(index: &mut Index) -> &mut Shelf<Self> {
+        &mut index.snapshots
+    }
+}
+
+impl Shelved for GroupContent {
+    fn shelf(index: &Index) -> &Shelf<Self> {
+        &index.groups
+    }
+    fn shelf_mut(index: &mut Index) -> &mut Shelf<Self> {
+        &mut index.groups
+    }
 }
 
 /// What the cache reads of a cached object.
@@ -159,93 +197,75 @@ impl Index {
     pub fn new(driver: &str) -> Self {
         Self {
             driver: driver.to_string(),
-            contents: Table::default(),
-            classes: Table::default(),
-            group_contents: Table::default(),
-            group_classes: Table::default(),
+            snapshots: Shelf::default(),
+            groups: Shelf::default(),
         }
     }
 
     pub fn content_count(&self) -> usize {
-        self.contents.items.len()
+        self.snapshots.contents.items.len()
     }
 
     /// The content and its class, if the content is this driver's.
-    pub fn view(&self, name: &str) -> Option<(Content, Option<Class>)> {
-        let content = self.contents.items.get(name)?;
-        let class = self.classes.class_of(content.class.as_ref());
+    pub fn view<T: Shelved>(&self, name: &str) -> Option<(T, Option<Class>)> {
+        let shelf = T::shelf(self);
+        let content = shelf.contents.items.get(name)?;
+        let class = shelf.classes.class_of(content.class());
         decide::driver_match(content, class.as_ref(), &self.driver)
             .then(|| (content.clone(), class))
     }
 
+    /// The content, if it is this driver's.
+    pub fn current<T: Shelved>(&self, name: &str) -> Option<T> {
+        self.view(name).map(|(content, _)| content)
+    }
+
     /// Whether a content of this name is cached (of any driver).
     pub fn has_content(&self, name: &str) -> bool {
-        self.contents.items.contains_key(name)
+        self.snapshots.contents.items.contains_key(name)
     }
 
     pub fn class(&self, name: &str) -> Option<Class> {
-        self.classes.items.get(name).cloned()
+        self.snapshots.classes.items.get(name).cloned()
     }
 
     /// The names of the contents of this driver, for the periodic resync.
-    pub fn content_names(&self) -> Vec<String> {
-        self.contents.items.keys().cloned().collect()
+    pub fn names<T: Shelved>(&self) -> Vec<String> {
+        T::shelf(self).contents.items.keys().cloned().collect()
     }
 
-    /// The content (of any driver) with UID `content_uid` or bound to the VolumeSnapshot with
-    /// UID `snapshot_uid`, if one exists: the snapshot derived from that UID is its.
-    pub fn content_bound_to(&self, snapshot_uid: &str, content_uid: &str) -> Option<String> {
-        self.contents
+    /// The content (of any driver) with UID `content_uid` or bound to the VolumeSnapshot
+    /// (VolumeGroupSnapshot) with UID `source_uid`, if one exists: what the name derived from
+    /// that UID cut is its.
+    pub fn bound_to<T: Shelved>(&self, source_uid: &str, content_uid: &str) -> Option<String> {
+        T::shelf(self)
+            .contents
             .items
             .values()
-            .find(|c| c.uid == content_uid || c.snapshot_ref.uid == snapshot_uid)
-            .map(|c| c.name.clone())
+            .find(|c| c.uid() == content_uid || c.source_uid() == source_uid)
+            .map(|c| c.name().to_string())
     }
 
     /// Stores a content the snapshotter wrote, unless the cache already has a newer version.
-    pub fn store(&mut self, object: &VolumeSnapshotContent) {
-        self.contents.store(Content::from_api(object));
+    pub fn store<T: Shelved>(&mut self, content: T) {
+        T::shelf_mut(self).contents.store(content);
     }
 
     /// A content event; a newer version is work when [`decide::should_enqueue`] says so.
     pub fn content_event(&mut self, change: Change<&VolumeSnapshotContent>) -> Vec<String> {
-        let driver = &self.driver;
-        self.contents
-            .apply(driver, change, Content::from_api, decide::should_enqueue)
+        self.snapshots.contents.apply(
+            &self.driver,
+            change,
+            Content::from_api,
+            decide::should_enqueue,
+        )
     }
 
     pub fn class_event(&mut self, change: Change<&VolumeSnapshotClass>) -> Vec<String> {
-        self.classes
+        self.snapshots
+            .classes
             .apply(&self.driver, change, Class::from_api, |_, _| false);
         Vec::new()
-    }
-
-    /// The group content and its class, if the content is this driver's.
-    pub fn group_view(&self, name: &str) -> Option<(GroupContent, Option<Class>)> {
-        let content = self.group_contents.items.get(name)?;
-        let class = self.group_classes.class_of(content.class.as_ref());
-        decide::group_driver_match(content, class.as_ref(), &self.driver)
-            .then(|| (content.clone(), class))
-    }
-
-    /// The names of the group contents of this driver, for the periodic resync.
-    pub fn group_content_names(&self) -> Vec<String> {
-        self.group_contents.items.keys().cloned().collect()
-    }
-
-    /// The group content with UID `content_uid` or bound to the VolumeGroupSnapshot with UID
-    /// `group_uid`, if one exists.
-    pub fn group_content_bound_to(&self, group_uid: &str, content_uid: &str) -> Option<String> {
-        self.group_contents
-            .items
-            .values()
-            .find(|c| c.uid == content_uid || c.group_ref.uid == group_uid)
-            .map(|c| c.name.clone())
-    }
-
-    /// Stores a group content the snapshotter wrote, unless the cache has a newer version.
-    pub fn group_store(&mut self, object: &VolumeGroupSnapshotContent) {
-        self.group_contents.store(GroupContent::from_api(object));
     }
 
     /// A group content event; every newer version is work, as upstream enqueues every update
@@ -254,12 +274,14 @@ impl Index {
         &mut self,
         change: Change<&VolumeGroupSnapshotContent>,
     ) -> Vec<String> {
-        self.group_contents
+        self.groups
+            .contents
             .apply(&self.driver, change, GroupContent::from_api, |_, _| true)
     }
 
     pub fn group_class_event(&mut self, change: Change<&VolumeGroupSnapshotClass>) {
-        self.group_classes
+        self.groups
+            .classes
             .apply(&self.driver, change, Class::from_group_api, |_, _| false);
     }
 }
@@ -311,12 +333,12 @@ mod tests {
         assert!(index.content_event(Change::Apply(&status_only)).is_empty());
         let older = content("a", "d", "1", serde_json::Value::Null);
         assert!(index.content_event(Change::Apply(&older)).is_empty());
-        assert!(index.view("a").is_some());
+        assert!(index.view::<Content>("a").is_some());
         let other = content("b", "other", "3", serde_json::Value::Null);
         assert!(index.content_event(Change::Apply(&other)).is_empty());
-        assert!(index.view("b").is_none() && !index.has_content("b"));
+        assert!(index.view::<Content>("b").is_none() && !index.has_content("b"));
         assert_eq!(index.content_event(Change::Delete(&status_only)), vec!["a"]);
-        assert!(index.view("a").is_none());
+        assert!(index.view::<Content>("a").is_none());
     }
 
     #[test]
@@ -342,7 +364,7 @@ mod tests {
             serde_json::Value::Null,
         )));
         assert_eq!(index.content_event(Change::Relisted), vec!["b"]);
-        assert_eq!(index.content_names(), vec!["a"]);
+        assert_eq!(index.names::<Content>(), vec!["a"]);
     }
 
     #[test]
@@ -351,16 +373,19 @@ mod tests {
         let mut object = content("a", "d", "1", serde_json::Value::Null);
         object.spec.volume_snapshot_class_name = Some("c".into());
         index.content_event(Change::Apply(&object));
-        assert!(index.view("a").is_some(), "an unknown class does not");
+        assert!(
+            index.view::<Content>("a").is_some(),
+            "an unknown class does not"
+        );
         let class: VolumeSnapshotClass =
             serde_json::from_value(json!({"metadata": {"name": "c"}, "driver": "other"})).unwrap();
         index.class_event(Change::Apply(&class));
-        assert!(index.view("a").is_none());
+        assert!(index.view::<Content>("a").is_none());
         // A class has no version the cache compares: each event replaces it.
         let mine: VolumeSnapshotClass =
             serde_json::from_value(json!({"metadata": {"name": "c"}, "driver": "d"})).unwrap();
         index.class_event(Change::Apply(&mine));
-        assert!(index.view("a").is_some());
+        assert!(index.view::<Content>("a").is_some());
     }
 
     #[test]
@@ -388,12 +413,14 @@ mod tests {
             index.group_content_event(Change::Apply(&group("2", "d"))),
             vec!["g"]
         );
-        assert!(index.group_view("g").is_some());
+        assert!(index.view::<GroupContent>("g").is_some());
         // Moved to another driver: named once more, then no longer kept.
         assert_eq!(
             index.group_content_event(Change::Apply(&group("3", "x"))),
             vec!["g"]
         );
-        assert!(index.group_view("g").is_none() && index.group_content_names().is_empty());
+        assert!(
+            index.view::<GroupContent>("g").is_none() && index.names::<GroupContent>().is_empty()
+        );
     }
 }

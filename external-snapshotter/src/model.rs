@@ -251,16 +251,25 @@ impl Content {
 }
 
 /// What the snapshotter reads alike of both kinds of content.
-pub trait ContentObject {
+pub trait ContentObject: Sized {
     /// The API group of the kind.
     const API_GROUP: &'static str;
     const KIND: &'static str;
+    /// The API object it is projected from.
+    type Object;
+    fn project(object: &Self::Object) -> Self;
     fn name(&self) -> &str;
     fn uid(&self) -> &str;
     fn resource_version(&self) -> &str;
     fn driver(&self) -> &str;
     /// Its create call may still be answered.
     fn being_created(&self) -> bool;
+    /// The name of its class, if it names one.
+    fn class(&self) -> Option<&String>;
+    /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) it is bound to.
+    fn source_uid(&self) -> &str;
+    /// It names what it is cut from: a volume (volumes), or a pre-provisioned handle.
+    fn has_source(&self) -> bool;
 
     /// The reference an Event about this content names.
     fn object_ref(&self) -> ObjectReference {
@@ -294,19 +303,43 @@ macro_rules! content_fields {
         fn being_created(&self) -> bool {
             self.being_created
         }
+        fn class(&self) -> Option<&String> {
+            self.class.as_ref()
+        }
+        fn project(object: &Self::Object) -> Self {
+            Self::from_api(object)
+        }
     };
 }
 
 impl ContentObject for Content {
     const API_GROUP: &'static str = GROUP;
     const KIND: &'static str = "VolumeSnapshotContent";
+    type Object = VolumeSnapshotContent;
     content_fields!();
+
+    fn source_uid(&self) -> &str {
+        &self.snapshot_ref.uid
+    }
+
+    fn has_source(&self) -> bool {
+        self.volume_handle.is_some() || self.snapshot_handle_source.is_some()
+    }
 }
 
 impl ContentObject for GroupContent {
     const API_GROUP: &'static str = GROUP_API;
     const KIND: &'static str = "VolumeGroupSnapshotContent";
+    type Object = VolumeGroupSnapshotContent;
     content_fields!();
+
+    fn source_uid(&self) -> &str {
+        &self.group_ref.uid
+    }
+
+    fn has_source(&self) -> bool {
+        !self.volume_handles.is_empty() || self.pre_provisioned.is_some()
+    }
 }
 
 /// What the snapshotter keeps of a VolumeSnapshotClass or a VolumeGroupSnapshotClass.

@@ -56,15 +56,20 @@ impl Controller {
     /// would have recorded (see [`crate::journal`]).
     fn check_intent<K: ContentKind>(&self, name: &str, intent: &K::Intent) -> Result<(), Rejected> {
         journal::check_name(K::derived_name(self, intent)?, intent.name())?;
-        let live = K::view(&self.index(), name)
+        let live = self
+            .index()
+            .view::<K::Content>(name)
             .filter(|(content, _)| content.uid() == intent.content_uid());
         let Some((content, class)) = live else {
-            return match K::bound_to(&self.index(), intent.source_uid(), intent.content_uid()) {
+            return match self
+                .index()
+                .bound_to::<K::Content>(intent.source_uid(), intent.content_uid())
+            {
                 Some(owner) => Err(Rejected::Owned(owner)),
                 None => Ok(()),
             };
         };
-        journal::check_bound(K::source_uid(&content), intent.source_uid())?;
+        journal::check_bound(content.source_uid(), intent.source_uid())?;
         let now = K::intent(self, &content, class.as_ref()).map_err(Rejected::Unverifiable)?;
         journal::check_parts(intent.agreement(&now))
     }
@@ -138,7 +143,7 @@ impl Controller {
             K::done(self, name);
             return Ok(());
         };
-        if let Some(content) = K::current(&self.index(), name)
+        if let Some(content) = self.index().current::<K::Content>(name)
             && content.uid() == intent.content_uid()
         {
             return Ok(());

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use super::groups::{self, group_answer};
 use super::*;
 use crate::decide::GroupAnswer;
+use crate::index::Shelved;
 use crate::model::{ContentObject, GroupContent};
 
 /// What the journal records of a create call before it is made.
@@ -118,7 +119,7 @@ pub(super) trait ContentKind: Sized + 'static {
         + Send
         + Sync
         + 'static;
-    type Content: ContentObject + Clone + Send + Sync;
+    type Content: Shelved + ContentObject<Object = Self::Object> + Send + Sync;
     type Intent: JournaledIntent;
     /// What the create call cut, as the driver answered.
     type Cut: Send + Sync;
@@ -138,18 +139,8 @@ pub(super) trait ContentKind: Sized + 'static {
     fn apply(index: &mut Index, change: Change<&Self::Object>) -> Vec<String>;
     /// A watch event of a class.
     fn apply_class(index: &mut Index, change: Change<&Self::ClassObject>);
-    /// Every content's name, as a resync delivers them.
-    fn names(index: &Index) -> Vec<String>;
     /// The journal's key of the intent of content `name`.
     fn journal_key(name: &str) -> String;
-    fn store(index: &mut Index, object: &Self::Object);
-    fn project(object: &Self::Object) -> Self::Content;
-    /// The content and its class as the index holds them now.
-    fn view(index: &Index, name: &str) -> Option<(Self::Content, Option<Class>)>;
-    /// The content as the index holds it now.
-    fn current(index: &Index, name: &str) -> Option<Self::Content> {
-        Self::view(index, name).map(|(content, _)| content)
-    }
     /// Whether the content is to be deleted now.
     fn should_delete(content: &Self::Content) -> bool;
     /// Carries out the content's plan; `Ok(true)` when it needs nothing more for now.
@@ -177,10 +168,6 @@ pub(super) trait ContentKind: Sized + 'static {
         controller: &Controller,
         intent: &Self::Intent,
     ) -> Result<Result<String, String>, Rejected>;
-    /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) `content` is bound to.
-    fn source_uid(content: &Self::Content) -> &str;
-    /// The content other than `content_uid` bound to `source_uid`, if any.
-    fn bound_to(index: &Index, source_uid: &str, content_uid: &str) -> Option<String>;
     /// The intent of the create call `content` asks for now.
     fn intent(
         controller: &Controller,
@@ -223,24 +210,8 @@ impl ContentKind for Snapshots {
         index.class_event(change);
     }
 
-    fn names(index: &Index) -> Vec<String> {
-        index.content_names()
-    }
-
     fn journal_key(name: &str) -> String {
         name.to_string()
-    }
-
-    fn store(index: &mut Index, object: &VolumeSnapshotContent) {
-        index.store(object);
-    }
-
-    fn project(object: &VolumeSnapshotContent) -> Content {
-        Content::from_api(object)
-    }
-
-    fn view(index: &Index, name: &str) -> Option<(Content, Option<Class>)> {
-        index.view(name)
     }
 
     fn should_delete(content: &Content) -> bool {
@@ -299,14 +270,6 @@ impl ContentKind for Snapshots {
         ))
     }
 
-    fn source_uid(content: &Content) -> &str {
-        &content.snapshot_ref.uid
-    }
-
-    fn bound_to(index: &Index, source_uid: &str, content_uid: &str) -> Option<String> {
-        index.content_bound_to(source_uid, content_uid)
-    }
-
     fn intent(
         controller: &Controller,
         content: &Content,
@@ -359,24 +322,8 @@ impl ContentKind for Groups {
         index.group_class_event(change);
     }
 
-    fn names(index: &Index) -> Vec<String> {
-        index.group_content_names()
-    }
-
     fn journal_key(name: &str) -> String {
         format!("{}{name}", groups::KEY_PREFIX)
-    }
-
-    fn store(index: &mut Index, object: &VolumeGroupSnapshotContent) {
-        index.group_store(object);
-    }
-
-    fn project(object: &VolumeGroupSnapshotContent) -> GroupContent {
-        GroupContent::from_api(object)
-    }
-
-    fn view(index: &Index, name: &str) -> Option<(GroupContent, Option<Class>)> {
-        index.group_view(name)
     }
 
     fn should_delete(content: &GroupContent) -> bool {
@@ -438,14 +385,6 @@ impl ContentKind for Groups {
             &intent.group_snapshot_uid,
             naming.uuid_length,
         ))
-    }
-
-    fn source_uid(content: &GroupContent) -> &str {
-        &content.group_ref.uid
-    }
-
-    fn bound_to(index: &Index, source_uid: &str, content_uid: &str) -> Option<String> {
-        index.group_content_bound_to(source_uid, content_uid)
     }
 
     fn intent(
@@ -512,7 +451,7 @@ impl Controller {
 
     /// Every content of kind `K` to its queue.
     pub(super) fn resync<K: ContentKind>(&self) {
-        let names = K::names(&self.index());
+        let names = self.index().names::<K::Content>();
         for name in names {
             K::lane(self).queue.add(name, 0);
         }
@@ -526,7 +465,7 @@ impl Controller {
 
     /// One content of kind `K`: what it needs next; retried with backoff until done.
     pub(super) async fn sync<K: ContentKind>(&self, name: &str) {
-        let view = K::view(&self.index(), name);
+        let view = self.index().view::<K::Content>(name);
         let mut result = match view {
             Some((content, class)) => K::step(self, &content, class.as_ref()).await,
             None => self.settle_gone::<K>(name).await.map(|()| true),
@@ -535,7 +474,7 @@ impl Controller {
         // waited for its create call to be answered is deleted now (upstream re-queues on the
         // readiness it wrote itself, external-snapshotter #1388).
         if matches!(result, Ok(true)) {
-            let now = K::view(&self.index(), name);
+            let now = self.index().view::<K::Content>(name);
             if let Some((content, class)) = now.filter(|(c, _)| K::should_delete(c)) {
                 result = K::step(self, &content, class.as_ref()).await;
             }
@@ -566,7 +505,7 @@ impl Controller {
             return;
         }
         let name = content.name();
-        let current = K::current(&self.index(), name);
+        let current = self.index().current::<K::Content>(name);
         let patch = K::error_patch(current.as_ref().unwrap_or(content), message, &now());
         if let Some(patch) = patch
             && let Err(err) = self.patch_status::<K>(name, &patch).await
@@ -584,8 +523,9 @@ impl Controller {
             .api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
-        K::store(&mut self.index(), &written);
-        Ok(K::project(&written))
+        let content = K::Content::project(&written);
+        self.index().store(content.clone());
+        Ok(content)
     }
 
     pub(super) async fn patch_metadata<K: ContentKind, P: Serialize + Debug>(
@@ -597,8 +537,9 @@ impl Controller {
             .api
             .patch(name, &PatchParams::default(), patch)
             .await?;
-        K::store(&mut self.index(), &written);
-        Ok(K::project(&written))
+        let content = K::Content::project(&written);
+        self.index().store(content.clone());
+        Ok(content)
     }
 
     pub(super) async fn remove_being_created<K: ContentKind>(

@@ -235,13 +235,13 @@ fn member(volume: &str, snapshot: &str, ready: bool) -> SnapshotInfo {
 #[test]
 fn what_each_group_content_needs() {
     let fresh = group_content();
-    assert!(group_driver_match(&fresh, None, "d"));
-    assert!(!group_driver_match(&fresh, None, "other"));
+    assert!(driver_match(&fresh, None, "d"));
+    assert!(!driver_match(&fresh, None, "other"));
     let no_source = GroupContent {
         volume_handles: vec![],
         ..fresh.clone()
     };
-    assert!(!group_driver_match(&no_source, None, "d"));
+    assert!(!driver_match(&no_source, None, "d"));
     assert_eq!(group_plan(&fresh), GroupPlan::Create);
     let cut = GroupContent {
         status: Some(GroupContentStatus {
