@@ -149,12 +149,10 @@ impl Fed for Controller {
         &self.feed
     }
 
-    fn enqueue(&self, work: Vec<Work>) {
-        for item in work {
-            match item {
-                Work::Va { name, lane } => self.va_queue.add(name, lane as usize),
-                Work::Pv(name) => self.pv_queue.add(name, 0),
-            }
+    fn route(&self, work: Work) {
+        match work {
+            Work::Va { name, lane } => self.va_queue.add(name, lane as usize),
+            Work::Pv(name) => self.pv_queue.add(name, 0),
         }
     }
 }

@@ -97,16 +97,12 @@ impl Fed for Controller {
         &self.feed
     }
 
-    fn enqueue(&self, work: Vec<Work>) {
-        for item in work {
-            match item {
-                // In ListVolumes mode the periodic list checks every volume.
-                Work::Volume(name) if self.config.mode == Mode::GetVolume => {
-                    self.volumes.add(name, 0)
-                }
-                Work::Volume(_) => {}
-                Work::Node(name) => self.nodes.add(name, 0),
-            }
+    fn route(&self, work: Work) {
+        match work {
+            // In ListVolumes mode the periodic list checks every volume.
+            Work::Volume(name) if self.config.mode == Mode::GetVolume => self.volumes.add(name, 0),
+            Work::Volume(_) => {}
+            Work::Node(name) => self.nodes.add(name, 0),
         }
     }
 }

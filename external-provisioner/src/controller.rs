@@ -209,13 +209,11 @@ impl Fed for Controller {
         &self.feed
     }
 
-    fn enqueue(&self, work: Vec<Work>) {
-        for item in work {
-            match item {
-                Work::Claim(uid) => self.claims.add(uid, 0),
-                Work::Volume(name) => self.volumes.add(name, 0),
-                Work::Source(key) => self.sources.add(key, 0),
-            }
+    fn route(&self, work: Work) {
+        match work {
+            Work::Claim(uid) => self.claims.add(uid, 0),
+            Work::Volume(name) => self.volumes.add(name, 0),
+            Work::Source(key) => self.sources.add(key, 0),
         }
     }
 }

@@ -171,10 +171,8 @@ impl Fed for Controller {
         &self.feed
     }
 
-    fn enqueue(&self, work: Vec<Arc<str>>) {
-        for key in work {
-            self.queue.add(key, 0);
-        }
+    fn route(&self, key: Arc<str>) {
+        self.queue.add(key, 0);
     }
 }
 

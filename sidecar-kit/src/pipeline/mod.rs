@@ -215,7 +215,15 @@ pub trait Fed: Send + Sync + 'static {
     type Index;
     type Work;
     fn feeder(&self) -> &Feeder<Self::Index>;
-    fn enqueue(&self, work: Vec<Self::Work>);
+    /// Puts one piece of work on the queue that takes it.
+    fn route(&self, work: Self::Work);
+
+    /// Puts each piece of `work` on its queue.
+    fn enqueue(&self, work: Vec<Self::Work>) {
+        for item in work {
+            self.route(item);
+        }
+    }
 
     /// The index, locked.
     fn index(&self) -> MutexGuard<'_, Self::Index> {
