@@ -361,28 +361,9 @@ pub fn status_patch(
     (!status.is_empty()).then(|| json!({ "status": status }))
 }
 
-/// The error status patch, or `None` when the status already carries this message (upstream
-/// writes each message once; the Event is emitted every time).
-pub fn error_patch(current: Option<&ContentStatus>, message: &str, now: &str) -> Option<Value> {
-    let current = current
-        .and_then(|s| s.error.as_ref())
-        .and_then(|e| e.message.as_deref());
-    error_patch_over(current, message, now)
-}
-
-/// The same for a group content.
-pub fn group_error_patch(
-    current: Option<&GroupContentStatus>,
-    message: &str,
-    now: &str,
-) -> Option<Value> {
-    let current = current
-        .and_then(|s| s.error.as_ref())
-        .and_then(|e| e.message.as_deref());
-    error_patch_over(current, message, now)
-}
-
-fn error_patch_over(current: Option<&str>, message: &str, now: &str) -> Option<Value> {
+/// The error status patch, or `None` when the status's error (`current`) already carries this
+/// message (upstream writes each message once; the Event is emitted every time).
+pub fn error_patch(current: Option<&str>, message: &str, now: &str) -> Option<Value> {
     (current != Some(message)).then(
         || json!({"status": {"readyToUse": false, "error": {"time": now, "message": message}}}),
     )

@@ -270,6 +270,8 @@ pub trait ContentObject: Sized {
     fn source_uid(&self) -> &str;
     /// It names what it is cut from: a volume (volumes), or a pre-provisioned handle.
     fn has_source(&self) -> bool;
+    /// The message of its status's error.
+    fn error_message(&self) -> Option<&str>;
 
     /// The reference an Event about this content names.
     fn object_ref(&self) -> ObjectReference {
@@ -305,6 +307,10 @@ macro_rules! content_fields {
         }
         fn class(&self) -> Option<&String> {
             self.class.as_ref()
+        }
+        fn error_message(&self) -> Option<&str> {
+            let error = self.status.as_ref()?.error.as_ref()?;
+            error.message.as_deref()
         }
         fn project(object: &Self::Object) -> Self {
             Self::from_api(object)

@@ -17,70 +17,78 @@ use crate::model::{ContentObject, GroupContent};
 
 /// What the journal records of a create call before it is made.
 pub(super) trait JournaledIntent: Clone + PartialEq + Serialize + Send + Sync {
+    /// The name of what the call cuts, and of its source, as a mismatch names them.
+    const PARTS: [&'static str; 2];
     fn content_uid(&self) -> &str;
     /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) its content is bound to.
     fn source_uid(&self) -> &str;
     /// The name the call gives what it cuts.
     fn name(&self) -> &str;
+    fn parameters(&self) -> &BTreeMap<String, String>;
     fn secret(&self) -> Option<&SecretRef>;
     /// The content's deletion policy is `Delete`.
     fn delete(&self) -> bool;
+    /// It cuts from the same volume (volumes) as `other`.
+    fn same_source(&self, other: &Self) -> bool;
+
     /// Its parts, by name, each with whether `now` (the request the content asks for now)
     /// agrees.
-    fn agreement(&self, now: &Self) -> [(&'static str, bool); 5];
+    fn agreement(&self, now: &Self) -> [(&'static str, bool); 5] {
+        let [name, source] = Self::PARTS;
+        [
+            (name, self.name() == now.name()),
+            (source, self.same_source(now)),
+            ("parameters", self.parameters() == now.parameters()),
+            ("secret reference", self.secret() == now.secret()),
+            ("deletion policy", self.delete() == now.delete()),
+        ]
+    }
+}
+
+/// The accessors of [`JournaledIntent`]: both intents keep these fields under the same names.
+macro_rules! intent_fields {
+    () => {
+        fn content_uid(&self) -> &str {
+            &self.content_uid
+        }
+        fn name(&self) -> &str {
+            &self.name
+        }
+        fn parameters(&self) -> &BTreeMap<String, String> {
+            &self.parameters
+        }
+        fn secret(&self) -> Option<&SecretRef> {
+            self.secret.as_ref()
+        }
+        fn delete(&self) -> bool {
+            self.delete
+        }
+    };
 }
 
 impl JournaledIntent for Intent {
-    fn content_uid(&self) -> &str {
-        &self.content_uid
-    }
+    const PARTS: [&'static str; 2] = ["snapshot name", "source volume"];
+    intent_fields!();
+
     fn source_uid(&self) -> &str {
         &self.snapshot_uid
     }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn secret(&self) -> Option<&SecretRef> {
-        self.secret.as_ref()
-    }
-    fn delete(&self) -> bool {
-        self.delete
-    }
-    fn agreement(&self, now: &Self) -> [(&'static str, bool); 5] {
-        [
-            ("snapshot name", self.name == now.name),
-            ("source volume", self.source_volume == now.source_volume),
-            ("parameters", self.parameters == now.parameters),
-            ("secret reference", self.secret == now.secret),
-            ("deletion policy", self.delete == now.delete),
-        ]
+
+    fn same_source(&self, other: &Self) -> bool {
+        self.source_volume == other.source_volume
     }
 }
 
 impl JournaledIntent for GroupIntent {
-    fn content_uid(&self) -> &str {
-        &self.content_uid
-    }
+    const PARTS: [&'static str; 2] = ["group snapshot name", "source volumes"];
+    intent_fields!();
+
     fn source_uid(&self) -> &str {
         &self.group_snapshot_uid
     }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn secret(&self) -> Option<&SecretRef> {
-        self.secret.as_ref()
-    }
-    fn delete(&self) -> bool {
-        self.delete
-    }
-    fn agreement(&self, now: &Self) -> [(&'static str, bool); 5] {
-        [
-            ("group snapshot name", self.name == now.name),
-            ("source volumes", self.source_volumes == now.source_volumes),
-            ("parameters", self.parameters == now.parameters),
-            ("secret reference", self.secret == now.secret),
-            ("deletion policy", self.delete == now.delete),
-        ]
+
+    fn same_source(&self, other: &Self) -> bool {
+        self.source_volumes == other.source_volumes
     }
 }
 
@@ -176,10 +184,6 @@ pub(super) trait ContentKind: Sized + 'static {
     ) -> Result<Self::Intent, String>;
     /// What is kept of content `name` until it is done, let go.
     fn done(_controller: &Controller, _name: &str) {}
-    /// The error status patch for `message`, `None` when the status already says it.
-    fn error_patch(content: &Self::Content, message: &str, now: &str) -> Option<serde_json::Value>;
-    /// Logs that the error status could not be written.
-    fn log_error_status_failed(name: &str, error: &str);
 }
 
 /// VolumeSnapshotContents.
@@ -284,14 +288,6 @@ impl ContentKind for Snapshots {
     fn done(controller: &Controller, name: &str) {
         lock(&controller.calls).remove(name);
     }
-
-    fn error_patch(content: &Content, message: &str, now: &str) -> Option<serde_json::Value> {
-        decide::error_patch(content.status.as_ref(), message, now)
-    }
-
-    fn log_error_status_failed(name: &str, error: &str) {
-        tracing::info!(content = %name, error, "cannot write the error status");
-    }
 }
 
 /// VolumeGroupSnapshotContents.
@@ -394,14 +390,6 @@ impl ContentKind for Groups {
     ) -> Result<GroupIntent, String> {
         let naming = group_naming(controller).map_err(|rejected| rejected.to_string())?;
         controller.group_input(content, class, naming)
-    }
-
-    fn error_patch(content: &GroupContent, message: &str, now: &str) -> Option<serde_json::Value> {
-        decide::group_error_patch(content.status.as_ref(), message, now)
-    }
-
-    fn log_error_status_failed(name: &str, error: &str) {
-        tracing::info!(group_content = %name, error, "cannot write the error status");
     }
 }
 
@@ -506,11 +494,17 @@ impl Controller {
         }
         let name = content.name();
         let current = self.index().current::<K::Content>(name);
-        let patch = K::error_patch(current.as_ref().unwrap_or(content), message, &now());
-        if let Some(patch) = patch
+        let written = current.as_ref().unwrap_or(content).error_message();
+        if let Some(patch) = decide::error_patch(written, message, &now())
             && let Err(err) = self.patch_status::<K>(name, &patch).await
         {
-            K::log_error_status_failed(name, &api_message(&err));
+            let error = api_message(&err);
+            tracing::info!(
+                kind = K::Content::KIND,
+                name,
+                error,
+                "cannot write the error status"
+            );
         }
     }
 

@@ -359,7 +359,11 @@ fn group_status_follows_the_driver_as_upstream_writes_it() {
     };
     assert_eq!(group_status_patch(Some(&written_ready), &ready, 0), None);
     assert_eq!(
-        group_error_patch(Some(&written), "boom", "t"),
+        error_patch(
+            written.error.as_ref().and_then(|e| e.message.as_deref()),
+            "boom",
+            "t"
+        ),
         Some(json!({"status": {"readyToUse": false, "error": {"time": "t", "message": "boom"}}}))
     );
     assert_eq!(
@@ -482,7 +486,11 @@ fn status_follows_the_driver_as_upstream_writes_it() {
         "creation time kept, error cleared"
     );
     assert_eq!(
-        error_patch(Some(&failed), "boom", "t"),
+        error_patch(
+            failed.error.as_ref().and_then(|e| e.message.as_deref()),
+            "boom",
+            "t"
+        ),
         None,
         "the same message is written once"
     );
