@@ -80,17 +80,18 @@ pub fn should_enqueue(old: &Content, new: &Content) -> bool {
     strip(old) != strip(new)
 }
 
-/// Whether the content is to be deleted now (upstream's `shouldDelete`): it is being deleted,
-/// and it is an unbound pre-provisioned content, or its VolumeSnapshot is being deleted and no
-/// CreateSnapshot is unanswered.
-pub fn should_delete(content: &Content) -> bool {
-    if !content.deleting {
+/// Whether the content is to be deleted now (upstream's `shouldDelete`, and
+/// `shouldDeleteGroupSnapshotContent` by the same rules): it is being deleted, and it is an
+/// unbound pre-provisioned content, or its VolumeSnapshot (VolumeGroupSnapshot) is being
+/// deleted and no create call is unanswered.
+pub fn should_delete(content: &impl ContentObject) -> bool {
+    if !content.deleting() {
         return false;
     }
-    if content.snapshot_handle_source.is_some() && content.snapshot_ref.uid.is_empty() {
+    if content.pre_provisioned() && content.source_uid().is_empty() {
         return true;
     }
-    !content.being_created && content.being_deleted
+    !content.being_created() && content.being_deleted()
 }
 
 /// What a content needs next.
@@ -413,18 +414,6 @@ pub fn is_final(code: Option<Code>) -> bool {
 
 // --- group snapshots ---
 
-/// Whether the group content is to be deleted now (upstream's
-/// `shouldDeleteGroupSnapshotContent`), by the same rules as a snapshot content's.
-pub fn should_delete_group(content: &GroupContent) -> bool {
-    if !content.deleting {
-        return false;
-    }
-    if content.pre_provisioned.is_some() && content.group_ref.uid.is_empty() {
-        return true;
-    }
-    !content.being_created && content.being_deleted
-}
-
 /// What a group content needs next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GroupPlan {
@@ -448,7 +437,7 @@ pub enum GroupPlan {
 }
 
 pub fn group_plan(content: &GroupContent) -> GroupPlan {
-    if should_delete_group(content) {
+    if should_delete(content) {
         let handle = content
             .status
             .as_ref()

@@ -262,8 +262,15 @@ pub trait ContentObject: Sized {
     fn uid(&self) -> &str;
     fn resource_version(&self) -> &str;
     fn driver(&self) -> &str;
+    /// Its deletion was asked for (it has a deletion timestamp).
+    fn deleting(&self) -> bool;
     /// Its create call may still be answered.
     fn being_created(&self) -> bool;
+    /// The snapshot-controller marked it: its VolumeSnapshot (VolumeGroupSnapshot) is being
+    /// deleted.
+    fn being_deleted(&self) -> bool;
+    /// It stands for a snapshot (group) the driver already has.
+    fn pre_provisioned(&self) -> bool;
     /// The name of its class, if it names one.
     fn class(&self) -> Option<&String>;
     /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) it is bound to.
@@ -302,8 +309,14 @@ macro_rules! content_fields {
         fn driver(&self) -> &str {
             &self.driver
         }
+        fn deleting(&self) -> bool {
+            self.deleting
+        }
         fn being_created(&self) -> bool {
             self.being_created
+        }
+        fn being_deleted(&self) -> bool {
+            self.being_deleted
         }
         fn class(&self) -> Option<&String> {
             self.class.as_ref()
@@ -329,7 +342,11 @@ impl ContentObject for Content {
     }
 
     fn has_source(&self) -> bool {
-        self.volume_handle.is_some() || self.snapshot_handle_source.is_some()
+        self.volume_handle.is_some() || self.pre_provisioned()
+    }
+
+    fn pre_provisioned(&self) -> bool {
+        self.snapshot_handle_source.is_some()
     }
 }
 
@@ -344,7 +361,11 @@ impl ContentObject for GroupContent {
     }
 
     fn has_source(&self) -> bool {
-        !self.volume_handles.is_empty() || self.pre_provisioned.is_some()
+        !self.volume_handles.is_empty() || self.pre_provisioned()
+    }
+
+    fn pre_provisioned(&self) -> bool {
+        self.pre_provisioned.is_some()
     }
 }
 

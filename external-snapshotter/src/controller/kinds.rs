@@ -149,8 +149,6 @@ pub(super) trait ContentKind: Sized + 'static {
     fn apply_class(index: &mut Index, change: Change<&Self::ClassObject>);
     /// The journal's key of the intent of content `name`.
     fn journal_key(name: &str) -> String;
-    /// Whether the content is to be deleted now.
-    fn should_delete(content: &Self::Content) -> bool;
     /// Carries out the content's plan; `Ok(true)` when it needs nothing more for now.
     fn step(
         controller: &Controller,
@@ -216,10 +214,6 @@ impl ContentKind for Snapshots {
 
     fn journal_key(name: &str) -> String {
         name.to_string()
-    }
-
-    fn should_delete(content: &Content) -> bool {
-        decide::should_delete(content)
     }
 
     async fn step(
@@ -320,10 +314,6 @@ impl ContentKind for Groups {
 
     fn journal_key(name: &str) -> String {
         format!("{}{name}", groups::KEY_PREFIX)
-    }
-
-    fn should_delete(content: &GroupContent) -> bool {
-        decide::should_delete_group(content)
     }
 
     async fn step(
@@ -463,7 +453,7 @@ impl Controller {
         // readiness it wrote itself, external-snapshotter #1388).
         if matches!(result, Ok(true)) {
             let now = self.index().view::<K::Content>(name);
-            if let Some((content, class)) = now.filter(|(c, _)| K::should_delete(c)) {
+            if let Some((content, class)) = now.filter(|(c, _)| decide::should_delete(c)) {
                 result = K::step(self, &content, class.as_ref()).await;
             }
         }

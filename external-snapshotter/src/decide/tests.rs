@@ -275,10 +275,7 @@ fn what_each_group_content_needs() {
         being_created: true,
         ..cut.clone()
     };
-    assert!(
-        !should_delete_group(&waiting),
-        "an unanswered call holds it"
-    );
+    assert!(!should_delete(&waiting), "an unanswered call holds it");
     let deleting = GroupContent {
         being_created: false,
         ..waiting
