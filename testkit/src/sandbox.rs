@@ -273,13 +273,35 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     // Every process first, so that all of them are up (and stoppable) before any step waits.
     let probe = spawn_livenessprobe(&mut sandbox, binary("livenessprobe"), &endpoint)?;
     let registrar = spawn_registrar(&mut sandbox, binary("csi-node-driver-registrar"), &endpoint)?;
-    let attacher = spawn_attacher(&mut sandbox, binary("csi-attacher"), &endpoint)?;
-    let resizer = spawn_resizer(&mut sandbox, binary("csi-resizer"), &endpoint)?;
-    let snapshotter = spawn_snapshotter(&mut sandbox, binary("csi-snapshotter"), &endpoint)?;
-    let monitor = spawn_health_monitor(
+    let bin_dir = &options.bin_dir;
+    let attacher = spawn_controller(
         &mut sandbox,
-        binary("csi-external-health-monitor-controller"),
-        &endpoint,
+        "external-attacher",
+        "csi-attacher",
+        bin_dir,
+        &[],
+    )?;
+    let resizer = spawn_controller(
+        &mut sandbox,
+        "external-resizer",
+        "csi-resizer",
+        bin_dir,
+        &[],
+    )?;
+    let snapshotter = spawn_controller(
+        &mut sandbox,
+        "external-snapshotter",
+        "csi-snapshotter",
+        bin_dir,
+        &[],
+    )?;
+    // Checking the volumes every second.
+    let monitor = spawn_controller(
+        &mut sandbox,
+        "external-health-monitor",
+        "csi-external-health-monitor-controller",
+        bin_dir,
+        &["--list-volumes-interval=1s"],
     )?;
     let provisioner = spawn_provisioner(
         &mut sandbox,
@@ -426,95 +448,34 @@ async fn check_registrar(sandbox: &mut Sandbox, registrar: Option<(PathBuf, u16)
     sandbox.record("node-driver-registrar", outcome);
 }
 
-/// Starts the attacher; its HTTP port, or `None` when it is not built.
-fn spawn_attacher(
+/// Starts the controller sidecar `binary` as a deployment runs it (leader election in the
+/// sandbox's namespace), with `extra` flags, as step `step`; its HTTP port, or `None` when it
+/// is not built.
+fn spawn_controller(
     sandbox: &mut Sandbox,
-    binary: Option<PathBuf>,
-    endpoint: &str,
+    step: &'static str,
+    binary: &str,
+    bin_dir: &Path,
+    extra: &[&str],
 ) -> Result<Option<u16>, SandboxError> {
-    let Some(binary) = binary else {
-        sandbox.record(
-            "external-attacher",
-            Outcome::Skipped("binary csi-attacher not built".into()),
-        );
+    let path = bin_dir.join(binary);
+    if !path.is_file() {
+        sandbox.record(step, Outcome::Skipped(format!("binary {binary} not built")));
         return Ok(None);
-    };
+    }
+    let endpoint = sandbox.driver.endpoint();
     let kubeconfig = sandbox.kubeconfig().display().to_string();
     let port = crate::measure::free_port()?;
-    sandbox.spawn(
-        "external-attacher",
-        &binary,
-        &[
-            format!("--csi-address={endpoint}"),
-            format!("--kubeconfig={kubeconfig}"),
-            "--leader-election".into(),
-            format!("--leader-election-namespace={NAMESPACE}"),
-            format!("--http-endpoint=127.0.0.1:{port}"),
-        ],
-    )?;
-    sandbox.metrics.push(("external-attacher", port));
-    Ok(Some(port))
-}
-
-/// Starts the resizer; its HTTP port, or `None` when it is not built.
-fn spawn_resizer(
-    sandbox: &mut Sandbox,
-    binary: Option<PathBuf>,
-    endpoint: &str,
-) -> Result<Option<u16>, SandboxError> {
-    let Some(binary) = binary else {
-        sandbox.record(
-            "external-resizer",
-            Outcome::Skipped("binary csi-resizer not built".into()),
-        );
-        return Ok(None);
-    };
-    let kubeconfig = sandbox.kubeconfig().display().to_string();
-    let port = crate::measure::free_port()?;
-    sandbox.spawn(
-        "external-resizer",
-        &binary,
-        &[
-            format!("--csi-address={endpoint}"),
-            format!("--kubeconfig={kubeconfig}"),
-            "--leader-election".into(),
-            format!("--leader-election-namespace={NAMESPACE}"),
-            format!("--http-endpoint=127.0.0.1:{port}"),
-        ],
-    )?;
-    sandbox.metrics.push(("external-resizer", port));
-    Ok(Some(port))
-}
-
-/// Starts the health monitor, checking the volumes every second; its HTTP port, or `None` when
-/// it is not built.
-fn spawn_health_monitor(
-    sandbox: &mut Sandbox,
-    binary: Option<PathBuf>,
-    endpoint: &str,
-) -> Result<Option<u16>, SandboxError> {
-    let Some(binary) = binary else {
-        sandbox.record(
-            "external-health-monitor",
-            Outcome::Skipped("binary csi-external-health-monitor-controller not built".into()),
-        );
-        return Ok(None);
-    };
-    let kubeconfig = sandbox.kubeconfig().display().to_string();
-    let port = crate::measure::free_port()?;
-    sandbox.spawn(
-        "external-health-monitor",
-        &binary,
-        &[
-            format!("--csi-address={endpoint}"),
-            format!("--kubeconfig={kubeconfig}"),
-            "--leader-election".into(),
-            format!("--leader-election-namespace={NAMESPACE}"),
-            format!("--http-endpoint=127.0.0.1:{port}"),
-            "--list-volumes-interval=1s".into(),
-        ],
-    )?;
-    sandbox.metrics.push(("external-health-monitor", port));
+    let mut args = vec![
+        format!("--csi-address={endpoint}"),
+        format!("--kubeconfig={kubeconfig}"),
+        "--leader-election".into(),
+        format!("--leader-election-namespace={NAMESPACE}"),
+        format!("--http-endpoint=127.0.0.1:{port}"),
+    ];
+    args.extend(extra.iter().map(|flag| flag.to_string()));
+    sandbox.spawn(step, &path, &args)?;
+    sandbox.metrics.push((step, port));
     Ok(Some(port))
 }
 
@@ -807,36 +768,6 @@ async fn capacity(sandbox: &Sandbox) -> Result<Outcome, SandboxError> {
             "no CSIStorageCapacity for StorageClass sandbox-late within {STEP_TIMEOUT:?}"
         )),
     })
-}
-
-/// Starts the snapshotter; its HTTP port, or `None` when it is not built.
-fn spawn_snapshotter(
-    sandbox: &mut Sandbox,
-    binary: Option<PathBuf>,
-    endpoint: &str,
-) -> Result<Option<u16>, SandboxError> {
-    let Some(binary) = binary else {
-        sandbox.record(
-            "external-snapshotter",
-            Outcome::Skipped("binary csi-snapshotter not built".into()),
-        );
-        return Ok(None);
-    };
-    let kubeconfig = sandbox.kubeconfig().display().to_string();
-    let port = crate::measure::free_port()?;
-    sandbox.spawn(
-        "external-snapshotter",
-        &binary,
-        &[
-            format!("--csi-address={endpoint}"),
-            format!("--kubeconfig={kubeconfig}"),
-            "--leader-election".into(),
-            format!("--leader-election-namespace={NAMESPACE}"),
-            format!("--http-endpoint=127.0.0.1:{port}"),
-        ],
-    )?;
-    sandbox.metrics.push(("external-snapshotter", port));
-    Ok(Some(port))
 }
 
 fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
