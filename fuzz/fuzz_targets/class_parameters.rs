@@ -199,14 +199,7 @@ fuzz_target!(|input: Input| {
         strict_topology: input.strict_topology,
         default_fstype: input.default_fstype.clone(),
         extra_create_metadata: input.extra_create_metadata,
-        ..app::config(
-            &DEFAULT_FLAGS,
-            driver,
-            caps,
-            &format!("1-2-{driver}"),
-            "instance",
-        )
-        .policy
+        ..app::config(&DEFAULT_FLAGS, driver, caps, &format!("1-2-{driver}")).policy
     };
     let class = Class {
         name: "fast".into(),

@@ -288,7 +288,7 @@ fn group_content(input: &[u8]) {
     };
     let content = model::GroupContent::from_api(&object);
     let plan = decide::group_plan(&content);
-    if decide::should_delete_group(&content) {
+    if decide::should_delete(&content) {
         assert!(matches!(plan, decide::GroupPlan::Delete { .. }), "{plan:?}");
     }
     if let decide::GroupPlan::Check { snapshot_ids, .. } = &plan
