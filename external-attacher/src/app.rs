@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
-use sidecar_kit::cluster::events::Reporter;
-
 use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::driver::identity::{self, IdentityError};
 use sidecar_kit::pipeline::Wiring;
@@ -86,7 +84,7 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities) -> Config {
             period: cli.reconcile_sync,
             max_entries: cli.max_entries,
         }),
-        wiring: Wiring::reporting(Reporter::here(COMPONENT)),
+        wiring: Wiring::reporting(COMPONENT),
     }
 }
 

@@ -3,7 +3,6 @@
 //! GET_VOLUME) and how it configures its controller.
 
 use csi_proto::v1::plugin_capability::service::Type as Service;
-use sidecar_kit::cluster::events::Reporter;
 use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::driver::identity;
 use sidecar_kit::pipeline::Wiring;
@@ -48,7 +47,7 @@ pub fn config(cli: &Cli, driver: &str, mode: Mode) -> Config {
         workers: usize::try_from(cli.worker_threads).unwrap_or(usize::MAX),
         node_watcher: cli.enable_node_watcher,
         // Upstream's recorder names no host.
-        wiring: Wiring::reporting(Reporter::nameless(model::component(driver))),
+        wiring: Wiring::nameless(model::component(driver)),
     }
 }
 

@@ -8,8 +8,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
 use sidecar_kit::cluster::client::KubeconfigRule;
-use sidecar_kit::cluster::events::Reporter;
-
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::driver::identity::{self, IdentityError};
 use sidecar_kit::pipeline::Wiring;
@@ -151,7 +149,7 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, identity: &str) -> Co
         journal: None,
         event_client: None,
         journal_client: None,
-        wiring: Wiring::reporting(Reporter::here(COMPONENT)),
+        wiring: Wiring::reporting(COMPONENT),
     }
 }
 

@@ -5,8 +5,6 @@
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_proto::v1::plugin_capability::service::Type as Service;
-use sidecar_kit::cluster::events::Reporter;
-
 use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::driver::identity;
 use sidecar_kit::pipeline::Wiring;
@@ -103,7 +101,7 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, classes: bool) -> Con
         modify: caps.modify && classes,
         extra_modify_metadata: cli.extra_modify_metadata,
         single_node_multi_writer: caps.single_node_multi_writer,
-        wiring: Wiring::reporting(Reporter::here(format!("{COMPONENT} {driver}"))),
+        wiring: Wiring::reporting(format!("{COMPONENT} {driver}")),
     }
 }
 

@@ -3,8 +3,6 @@
 //! controller.
 
 use csi_proto::v1::controller_service_capability::rpc::Type as Rpc;
-use sidecar_kit::cluster::events::Reporter;
-
 use sidecar_kit::driver::identity;
 use sidecar_kit::pipeline::Wiring;
 use sidecar_kit::pipeline::workqueue::Backoff;
@@ -51,7 +49,7 @@ pub fn config(cli: &Cli, driver: &str, list_snapshots: bool) -> Config {
                 prefix: cli.groupsnapshot_name_prefix.clone(),
                 uuid_length: cli.groupsnapshot_name_uuid_length,
             }),
-        wiring: Wiring::reporting(Reporter::here(format!("{COMPONENT} {driver}"))),
+        wiring: Wiring::reporting(format!("{COMPONENT} {driver}")),
     }
 }
 

@@ -264,10 +264,7 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
     );
 
     create_node(&sandbox.api.client()).await?;
-    let binary = |name: &str| {
-        let path = options.bin_dir.join(name);
-        path.is_file().then_some(path)
-    };
+    let binary = |name: &str| built(&options.bin_dir, name);
     let endpoint = sandbox.driver.endpoint();
 
     // Every process first, so that all of them are up (and stoppable) before any step waits.
@@ -448,6 +445,12 @@ async fn check_registrar(sandbox: &mut Sandbox, registrar: Option<(PathBuf, u16)
     sandbox.record("node-driver-registrar", outcome);
 }
 
+/// The path of `binary` in `bin_dir`, if it is built.
+fn built(bin_dir: &Path, binary: &str) -> Option<PathBuf> {
+    let path = bin_dir.join(binary);
+    path.is_file().then_some(path)
+}
+
 /// Starts the controller sidecar `binary` as a deployment runs it (leader election in the
 /// sandbox's namespace), with `extra` flags, as step `step`; its HTTP port, or `None` when it
 /// is not built.
@@ -458,11 +461,10 @@ fn spawn_controller(
     bin_dir: &Path,
     extra: &[&str],
 ) -> Result<Option<u16>, SandboxError> {
-    let path = bin_dir.join(binary);
-    if !path.is_file() {
+    let Some(path) = built(bin_dir, binary) else {
         sandbox.record(step, Outcome::Skipped(format!("binary {binary} not built")));
         return Ok(None);
-    }
+    };
     let endpoint = sandbox.driver.endpoint();
     let kubeconfig = sandbox.kubeconfig().display().to_string();
     let port = crate::measure::free_port()?;

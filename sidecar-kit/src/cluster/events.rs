@@ -48,24 +48,6 @@ pub struct Reporter {
     pub instance: String,
 }
 
-impl Reporter {
-    /// `component` on this host: the instance is the leader election identity.
-    pub fn here(component: impl Into<String>) -> Self {
-        Self {
-            component: component.into(),
-            instance: crate::cluster::leader::default_identity(),
-        }
-    }
-
-    /// `component`, naming no instance.
-    pub fn nameless(component: impl Into<String>) -> Self {
-        Self {
-            component: component.into(),
-            instance: String::new(),
-        }
-    }
-}
-
 /// One event to record.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Occurrence {

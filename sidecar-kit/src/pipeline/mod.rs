@@ -42,6 +42,8 @@ pub struct Wiring {
     pub watches: WatchHub,
     pub queue_metrics: Option<WorkQueueMetrics>,
     pub reporter: Reporter,
+    /// The Events name this host as their instance once shared (its leader election identity).
+    pub(crate) names_host: bool,
 }
 
 impl std::fmt::Debug for Wiring {
@@ -50,15 +52,27 @@ impl std::fmt::Debug for Wiring {
             .field("watches", &self.watches)
             .field("queue_metrics", &self.queue_metrics.is_some())
             .field("reporter", &self.reporter)
+            .field("names_host", &self.names_host)
             .finish()
     }
 }
 
 impl Wiring {
-    /// The wiring of a controller whose Events `reporter` reports.
-    pub fn reporting(reporter: Reporter) -> Self {
+    /// The wiring of a controller whose Events name `component` and, once shared, this host.
+    pub fn reporting(component: impl Into<String>) -> Self {
         Self {
-            reporter,
+            names_host: true,
+            ..Self::nameless(component)
+        }
+    }
+
+    /// The wiring of a controller whose Events name `component` and no host.
+    pub fn nameless(component: impl Into<String>) -> Self {
+        Self {
+            reporter: Reporter {
+                component: component.into(),
+                instance: String::new(),
+            },
             ..Self::default()
         }
     }

@@ -210,10 +210,14 @@ impl<'a> Setup<'a> {
     }
 
     /// Puts the watches and work-queue metrics the process's controllers share into a
-    /// controller's `wiring`.
+    /// controller's `wiring`, and this host's name (the leader election identity) into its
+    /// Events unless they name none.
     pub fn share(&self, wiring: &mut Wiring) {
         wiring.watches = self.host.watches.clone();
         wiring.queue_metrics = Some(self.host.queue_metrics.clone());
+        if wiring.names_host {
+            wiring.reporter.instance = leader::default_identity();
+        }
     }
 
     /// The sidecar's controller, which `run`s until the token it is given is cancelled, under
