@@ -27,7 +27,7 @@ use crate::decide::{
     self, Created, DeletionSecret, Failure, Lookups, Policy, Prepared, State, VolumePlan,
 };
 use crate::index::{Index, Work};
-use crate::journal::{self, Intent, Journal, Location, Rejected};
+use crate::journal::{self, Intent, Journal, Location, Rejected, Reporting};
 use crate::metrics::ProvisionMetrics;
 use crate::model::{self, Claim, Class, NEEDS, SecretRef, SourceKey, SourceKind};
 use crate::sources::{
@@ -149,6 +149,12 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
+    let events = config.wiring.recorder(
+        config
+            .event_client
+            .clone()
+            .unwrap_or_else(|| client.clone()),
+    );
     let controller = Arc::new(Controller {
         pvs: Api::all(client.clone()),
         csi,
@@ -178,12 +184,6 @@ pub async fn run(
         contents: Mutex::new(HashMap::new()),
         content_reads: tokio::sync::Mutex::new(()),
         infeasible: Mutex::new(HashMap::new()),
-        events: config.wiring.recorder(
-            config
-                .event_client
-                .clone()
-                .unwrap_or_else(|| client.clone()),
-        ),
         journal: match &config.journal {
             Some(location) => Journal::start(
                 config
@@ -192,9 +192,14 @@ pub async fn run(
                     .unwrap_or_else(|| client.clone()),
                 location.clone(),
                 crate::journal::OWNER,
+                Reporting {
+                    events: events.clone(),
+                    metrics: config.wiring.journal_metrics.clone(),
+                },
             ),
-            None => Journal::off(crate::journal::OWNER),
+            None => Journal::off(),
         },
+        events,
         client,
         config,
     });
@@ -255,6 +260,7 @@ impl Controller {
                 "stopping with CreateVolume calls not answered for sure; the next leader repeats them for claims that still exist"
             );
         }
+        self.journal.flush().await;
         tracing::info!("CSI provisioner stopped");
     }
 
@@ -321,13 +327,16 @@ impl Controller {
             "taking up unfinished provisionings from the intent journal"
         );
         for (uid, intent) in intents {
-            if let Err(rejected) = self.check_intent(&uid, &intent).await {
-                self.reject_intent(&uid, &rejected);
+            if self.index().has_volume(&intent.prepared.pv.name) {
+                // The PV was written: the intent is done (its forget had not been written
+                // when the last leader stopped). Nothing is asked of the driver, so there is
+                // nothing to check.
+                self.journal.forget(&uid);
                 continue;
             }
-            if self.index().has_volume(&intent.prepared.pv.name) {
-                // The PV was written: the intent is done.
-                self.journal.forget(&uid);
+            if let Err(rejected) = self.check_intent(&uid, &intent).await {
+                self.journal
+                    .drop_entry(&uid, rejected.reason(), &rejected.to_string());
                 continue;
             }
             lock(&self.in_flight).insert(
@@ -345,45 +354,45 @@ impl Controller {
         }
     }
 
-    /// Whether a recorded intent is one this provisioner would have recorded: see
-    /// [`crate::journal`]. While its claim exists, the claim's request is prepared again
-    /// (without topology, which follows the nodes) and must agree with the recorded one.
+    /// Whether a sealed intent is still what this provisioner would record: see
+    /// [`crate::journal`]. The claim's request is prepared again (without topology, which
+    /// follows the nodes) from the live claim or, once it is gone, from the recorded one, and
+    /// its live class, and must agree with the recorded one. Only a claim gone together with
+    /// its class leaves nothing to prepare again: the seal vouches for the entry then.
     async fn check_intent(&self, uid: &str, intent: &Intent) -> Result<(), Rejected> {
         journal::check_recorded(&self.config.policy, uid, intent)?;
-        let Some(claim) = self.index().claim(uid) else {
+        let live = self.index().claim(uid);
+        let claim = live.clone().unwrap_or_else(|| intent.claim.clone());
+        let class_name = claim.storage_class.clone().unwrap_or_default();
+        if live.is_some() && class_name != intent.class {
+            return Err(Rejected::Class {
+                recorded: intent.class.clone(),
+                live: class_name.to_string(),
+            });
+        }
+        let Some(class) = self.index().class(&intent.class).cloned() else {
+            tracing::info!(key = %uid, storage_class = %intent.class, "the class of an unfinished provisioning is gone; its sealed request is repeated as recorded");
             return Ok(());
-        };
-        let class_name = claim.storage_class.as_deref().unwrap_or_default();
-        let Some(class) = self.index().class(class_name).cloned() else {
-            return Err(Rejected::Unverifiable(format!(
-                "storageclass.storage.k8s.io {class_name:?} not found"
-            )));
         };
         let lookups = self.lookups(&claim, &class).await;
         let policy = Policy {
             topology: false,
             ..self.config.policy.clone()
         };
-        let now = decide::prepare(&policy, &claim, &class, &*self.index(), &lookups)
-            .map_err(|failure| Rejected::Unverifiable(failure.message))?;
-        journal::check_against(intent, &claim, &class.name, &now)
-    }
-
-    /// Drops an entry of the journal that is not what this provisioner records, saying so in
-    /// the log and in a Warning Event on the journal's ConfigMap.
-    fn reject_intent(&self, uid: &str, rejected: &Rejected) {
-        tracing::warn!(key = %uid, reason = %rejected, "dropping an intent journal entry this provisioner did not record; nothing is asked of the driver for it");
-        if let Some(location) = &self.config.journal {
-            self.events.record(
-                location.object_ref(),
-                EventType::Warning,
-                journal::REJECTED_REASON,
-                &format!(
-                    "Dropped intent journal entry {uid:?}: {rejected}; nothing was asked of the driver for it"
-                ),
-            );
+        let now = decide::prepare(&policy, &claim, &class, &*self.index(), &lookups);
+        match now {
+            Ok(now) => journal::check_against(intent, &claim, &class.name, &now),
+            Err(failure) if live.is_none() => {
+                // What the gone claim read (its data source, its attributes class) may be
+                // gone too: every part that does not depend on them must still agree.
+                let bare = journal::without_lookups(&claim);
+                let now =
+                    decide::prepare(&policy, &bare, &class, &*self.index(), &Default::default())
+                        .map_err(|_| Rejected::Unverifiable(failure.message))?;
+                journal::check_against_bare(intent, &claim, &class.name, &now)
+            }
+            Err(failure) => Err(Rejected::Unverifiable(failure.message)),
         }
-        self.journal.forget(uid);
     }
 
     /// A CreateVolume is answered for sure and its outcome settled.

@@ -6,18 +6,20 @@
 //! leaks a volume.
 //!
 //! The journal is a ConfigMap, so whoever may write ConfigMaps in its namespace may write it
-//! too: an entry is acted on only if it is what this provisioner would have recorded
-//! ([`check_recorded`], then [`check_against`] while the claim exists). Anything else is
-//! dropped, never called.
+//! too: an entry is acted on only if its seal opens with this provisioner's key (the kit checks
+//! it, and that its key is a claim UID) and it is what this provisioner would record
+//! ([`check_recorded`], then [`check_against`] with the request prepared again from the live
+//! claim, or from the recorded one once the claim is gone, and the live class). Anything else
+//! is dropped, never called.
 
 use serde::{Deserialize, Serialize};
-use sidecar_kit::cluster::journal::Owner;
+use sidecar_kit::cluster::journal::{DropReason, Owner, seal};
 
 use crate::decide::{self, Policy, Prepared};
 use crate::model::Claim;
 
 pub use sidecar_kit::cluster::journal::{
-    Entries, Journal, JournalError, Location, REJECTED_REASON, decode, journal_name,
+    Entries, Journal, JournalError, Location, REJECTED_REASON, Reporting, journal_name,
 };
 
 /// One unfinished provisioning.
@@ -32,6 +34,8 @@ pub struct Intent {
 pub const OWNER: Owner = Owner {
     sidecar: "the provisioner",
     risk: "a restart during a CreateVolume may then leak a volume",
+    key_form: seal::is_uid,
+    key_form_name: "a claim UID",
 };
 
 /// Why a recorded intent is not acted on: it is not what this provisioner records.
@@ -55,6 +59,23 @@ pub enum Rejected {
     Differs(&'static str),
     #[error("it cannot be checked against its claim: {0}")]
     Unverifiable(String),
+}
+
+impl Rejected {
+    /// How the dropped-entries metric counts it: what this provisioner never records is a
+    /// forgery even under a good seal; a genuine intent the objects moved away from is a
+    /// mismatch.
+    pub fn reason(&self) -> DropReason {
+        match self {
+            Self::Key { .. }
+            | Self::VolumeName { .. }
+            | Self::PvName { .. }
+            | Self::ClaimRef
+            | Self::SecretValues => DropReason::Forged,
+            Self::ClaimMoved { .. } | Self::Class { .. } | Self::Differs(_) => DropReason::Mismatch,
+            Self::Unverifiable(_) => DropReason::Unverifiable,
+        }
+    }
 }
 
 /// The checks that need nothing but the entry: it names the claim it is recorded under, the
@@ -154,6 +175,46 @@ pub fn check_against(
         Some((part, _)) => Err(Rejected::Differs(part)),
         None => Ok(()),
     }
+}
+
+/// The claim as [`decide::prepare`] sees it without its lookups: no data source and no
+/// VolumeAttributesClass, which a claim that is gone may name although they are gone too.
+pub fn without_lookups(claim: &Claim) -> Claim {
+    let mut bare = claim.clone();
+    if let Some(spec) = bare.pending.as_mut() {
+        spec.data_source = None;
+        spec.volume_attributes_class = None;
+    }
+    bare
+}
+
+/// [`check_against`] for a gone claim whose data source or attributes class can no longer be
+/// looked up, `now` prepared from [`without_lookups`]: every other part must agree, and the
+/// recorded request may fill from a source only if the claim named one, and set mutable
+/// parameters only if it named an attributes class.
+pub fn check_against_bare(
+    intent: &Intent,
+    claim: &Claim,
+    class: &str,
+    now: &Prepared,
+) -> Result<(), Rejected> {
+    let spec = claim.pending.as_deref();
+    let was = &intent.prepared;
+    if was.request.volume_content_source.is_some() && spec.is_none_or(|s| s.data_source.is_none()) {
+        return Err(Rejected::Differs("volume content source"));
+    }
+    if !was.request.mutable_parameters.is_empty()
+        && spec.is_none_or(|s| s.volume_attributes_class.is_none())
+    {
+        return Err(Rejected::Differs("mutable parameters"));
+    }
+    let mut looked_up = intent.clone();
+    let (request, pv) = (&mut looked_up.prepared.request, &mut looked_up.prepared.pv);
+    request.volume_content_source = now.request.volume_content_source.clone();
+    request.mutable_parameters = now.request.mutable_parameters.clone();
+    pv.volume_attributes_class = now.pv.volume_attributes_class.clone();
+    looked_up.prepared.source = now.source.clone();
+    check_against(&looked_up, claim, class, now)
 }
 
 /// Two PV templates alike but for the claim's resourceVersion, which moves on by itself.

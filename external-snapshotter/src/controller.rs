@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder};
-use sidecar_kit::cluster::journal::{Journal, Location, Owner};
+use sidecar_kit::cluster::journal::{Journal, Location, Owner, Reporting};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Change, Pipeline, Wiring, lock};
@@ -40,7 +40,7 @@ mod kinds;
 
 use kinds::{Groups, Lane, Snapshots};
 
-pub use groups::{GROUP_QUEUE, GroupIntent, GroupNaming};
+pub use groups::{GROUP_QUEUE, GroupIntent, GroupNaming, KEY_PREFIX as GROUP_KEY_PREFIX};
 
 /// Reporting component of the Events, followed by the driver name (upstream's
 /// `csi-snapshotter <driver>`).
@@ -56,6 +56,8 @@ const JOURNAL_WAIT: Duration = Duration::from_secs(60);
 pub const OWNER: Owner = Owner {
     sidecar: "the snapshotter",
     risk: "a restart during a CreateSnapshot whose content is deleted meanwhile may then leak a snapshot",
+    key_form: journal::is_key,
+    key_form_name: "a content name (a group content's after \"G_\")",
 };
 
 /// How snapshots are named and what CreateSnapshot is given.
@@ -201,9 +203,18 @@ pub async fn run(
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {
+    let events = config.wiring.recorder(client.clone());
     let journal = match &config.journal {
-        Some(location) => Journal::start(journal_client, location.clone(), OWNER),
-        None => Journal::off(OWNER),
+        Some(location) => Journal::start(
+            journal_client,
+            location.clone(),
+            OWNER,
+            Reporting {
+                events: events.clone(),
+                metrics: config.wiring.journal_metrics.clone(),
+            },
+        ),
+        None => Journal::off(),
     };
     let controller = Arc::new(Controller {
         contents: Lane::new(
@@ -221,7 +232,7 @@ pub async fn run(
         journal,
         calls: Mutex::new(HashMap::new()),
         polls: Semaphore::new(config.workers.div_ceil(2)),
-        events: config.wiring.recorder(client.clone()),
+        events,
         client,
         config,
     });
@@ -245,6 +256,7 @@ impl Controller {
                 self.start(pipeline, stop).await
             })
             .await;
+        self.journal.flush().await;
         tracing::info!("CSI snapshotter stopped");
     }
 

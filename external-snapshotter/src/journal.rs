@@ -1,14 +1,30 @@
 //! The intent journal's entries are checked before they are acted on (`sidecar_kit::cluster::journal`
 //! keeps them): the journal is a ConfigMap, so whoever may write ConfigMaps in its namespace may
-//! write it too. An entry is taken up only if it is what this snapshotter would have recorded:
+//! write it too. An entry is taken up only if its seal opens with this snapshotter's key and
+//! its key is a content name (the kit checks both), the UIDs it records are UIDs, and it is
+//! what this snapshotter would have recorded:
 //! its snapshot (group snapshot) name is the one derived from the VolumeSnapshot (group) UID it
 //! records; while its content exists, the request asked for it now agrees with it; once its
 //! content is gone, no other content is bound to that snapshot. Anything else is dropped,
 //! never called.
 
+use sidecar_kit::cluster::journal::{DropReason, seal};
+use sidecar_kit::values::names::is_dns1123_subdomain;
+
+/// Whether `key` is a journal key of this snapshotter: a content's name, or `G_` and a group
+/// content's name.
+pub fn is_key(key: &str) -> bool {
+    is_dns1123_subdomain(
+        key.strip_prefix(crate::controller::GROUP_KEY_PREFIX)
+            .unwrap_or(key),
+    )
+}
+
 /// Why a recorded intent is not acted on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
+    #[error("its {0} is not a UID")]
+    NotAUid(&'static str),
     #[error(
         "its snapshot name {found:?} is not the one derived from the UID it records ({expected})"
     )]
@@ -21,6 +37,27 @@ pub enum Rejected {
     Differs(&'static str),
     #[error("it cannot be checked against its content: {0}")]
     Unverifiable(String),
+}
+
+impl Rejected {
+    /// How the dropped-entries metric counts it: what this snapshotter never records is a
+    /// forgery even under a good seal; a genuine intent its content moved away from is a
+    /// mismatch.
+    pub fn reason(&self) -> DropReason {
+        match self {
+            Self::NotAUid(_) | Self::Name { .. } => DropReason::Forged,
+            Self::Owned(_) | Self::Rebound { .. } | Self::Differs(_) => DropReason::Mismatch,
+            Self::Unverifiable(_) => DropReason::Unverifiable,
+        }
+    }
+}
+
+/// The recorded UIDs (`what` names each) are UIDs.
+pub fn check_uids<const N: usize>(uids: [(&'static str, &str); N]) -> Result<(), Rejected> {
+    match uids.into_iter().find(|(_, uid)| !seal::is_uid(uid)) {
+        Some((what, _)) => Err(Rejected::NotAUid(what)),
+        None => Ok(()),
+    }
 }
 
 /// The recorded name against the one derived from the recorded UID (`derived`, or why none

@@ -6,9 +6,12 @@ use std::time::Duration;
 use crate::common::{Env, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use external_provisioner::journal::{self, Location};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use serde_json::json;
+use sidecar_kit::cluster::journal::keys::keyring_of;
+use sidecar_kit::cluster::journal::read_entry;
+use sidecar_kit::cluster::journal::seal::{Key, Keyring, seal};
 use sidecar_kit::pipeline::workqueue::Backoff;
 use testkit::apiserver::counters::Verb;
 use tonic::Code;
@@ -21,6 +24,38 @@ async fn entries(env: &Env) -> journal::Entries {
         .unwrap()
         .and_then(|cm| cm.data)
         .unwrap_or_default()
+}
+
+/// The keys the provisioner seals its journal with.
+async fn keys(env: &Env) -> Keyring {
+    let secret = Api::<Secret>::namespaced(env.client(), &env.namespace())
+        .get("provisioner-journal-key")
+        .await
+        .unwrap();
+    keyring_of(&secret).expect("the key Secret holds a key")
+}
+
+/// The journal's entries as the provisioner's keys open them: (key, intent), and the keys of
+/// those that do not open.
+async fn recorded(env: &Env) -> (Vec<(String, journal::Intent)>, Vec<String>) {
+    let keys = keys(env).await;
+    let location = env.journal_location();
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for (key, value) in entries(env).await {
+        match read_entry(&keys, &location, &journal::OWNER, &key, &value) {
+            Ok(intent) => good.push((key, intent)),
+            Err(_) => bad.push(key),
+        }
+    }
+    (good, bad)
+}
+
+/// `intent` as the journal would hold it under `key`, sealed with `key`.
+fn sealed(env: &Env, seal_key: &Key, key: &str, intent: &journal::Intent) -> String {
+    let location = env.journal_location();
+    let text = serde_json::to_string(intent).unwrap();
+    seal(seal_key, location.place(key), &text)
 }
 
 /// Waits until the claim is gone for good, not merely being deleted (a real cluster holds it
@@ -77,8 +112,7 @@ async fn restart_with_journal(env: &mut Env) {
 async fn a_crash_with_an_unanswered_create_and_a_deleted_claim_leaks_nothing() {
     let mut env = Env::without_controller(mock()).await;
     let uid = crash_after_a_lost_answer(&mut env, true).await;
-    let recorded = entries(&env).await;
-    let (intents, bad) = journal::decode::<journal::Intent>(&recorded);
+    let (intents, bad) = recorded(&env).await;
     assert!(bad.is_empty());
     assert_eq!(intents.len(), 1, "the intent was recorded before the call");
     assert_eq!(intents[0].0, uid);
@@ -182,7 +216,7 @@ async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes
     let mut config = env.config(&[]).await;
     config.journal = Some(Location {
         namespace: format!("{}-missing", env.namespace()),
-        name: "provisioner-journal".into(),
+        ..env.journal_location()
     });
     env.launch(config);
     let class = env.create_class(json!({})).await;
@@ -190,10 +224,11 @@ async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes
     env.wait_bound("data").await;
     if let Some(counters) = env.cluster.counters() {
         assert_eq!(
-            counters.total(Verb::Create, "configmaps"),
+            counters.total(Verb::Create, "secrets"),
             1,
-            "one refused create, then the journal is off"
+            "one refused create of the key Secret, then the journal is off"
         );
+        assert_eq!(counters.total(Verb::Create, "configmaps"), 0);
     }
     env.stop().await;
 }
@@ -221,13 +256,14 @@ async fn write_entries(env: &Env, entries: &journal::Entries) {
     .await;
 }
 
-/// Whoever can write ConfigMaps in the journal's namespace forges entries out of genuine ones:
-/// one under another claim's UID, one naming another tenant's volume for a claim that does not
-/// exist, one cloning that volume into a live claim, one reading a secret the claim's class
-/// does not name. Each is dropped with a Warning Event on the journal; the driver sees none of
-/// them: the claims are provisioned as their classes say, and the other volume is untouched.
+/// Whoever holds the journal's key (stolen, say) forges entries out of genuine ones: one under
+/// another claim's UID, one naming another tenant's volume for a claim that does not exist,
+/// one cloning that volume into a live claim, one reading a secret the claim's class does not
+/// name. Behind the seal, each is still checked against what the provisioner would record:
+/// each is dropped with a Warning Event on the journal; the driver sees none of them: the
+/// claims are provisioned as their classes say, and the other volume is untouched.
 #[tokio::test]
-async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
+async fn forged_entries_under_a_stolen_key_are_dropped_and_never_reach_the_driver() {
     use csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
     use csi_proto::v1::{
         CreateVolumeRequest, VolumeCapability, VolumeContentSource, volume_content_source,
@@ -321,8 +357,9 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     .await;
     env.crash().await;
     env.mock.faults().lose_answers(CREATE_VOLUME, 0, Code::Ok);
-    let (genuine, bad) = journal::decode::<journal::Intent>(&entries(&env).await);
+    let (genuine, bad) = recorded(&env).await;
     assert!(bad.is_empty());
+    let stolen_key = keys(&env).await.current;
     let intent = |name: &str| {
         genuine
             .iter()
@@ -332,9 +369,11 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     };
 
     let mut forged = journal::Entries::new();
-    let text = |intent: &journal::Intent| serde_json::to_string(intent).unwrap();
+    let mut forge = |key: &str, intent: &journal::Intent| {
+        forged.insert(key.to_string(), sealed(&env, &stolen_key, key, intent));
+    };
     // Alice's intent under Bob's UID.
-    forged.insert(uid["bob"].clone(), text(&intent("alice")));
+    forge(&uid["bob"], &intent("alice"));
     // A claim that does not exist, whose "volume" is the other tenant's: a replay would find
     // it by name and delete it.
     let gone = "0b5ae7e0-0000-4000-8000-00000000dead".to_string();
@@ -343,7 +382,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     foreign.prepared.pv.claim_ref.uid = Some(gone.clone());
     foreign.prepared.request.name = "tenant-b-data".into();
     foreign.prepared.pv.name = "tenant-b-data".into();
-    forged.insert(gone, text(&foreign));
+    forge(&gone, &foreign);
     // Alice's volume cloned from the other tenant's.
     let mut clone = intent("alice");
     clone.prepared.request.volume_content_source = Some(VolumeContentSource {
@@ -353,14 +392,14 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
             },
         )),
     });
-    forged.insert(uid["alice"].clone(), text(&clone));
+    forge(&uid["alice"], &clone);
     // Carol's CreateVolume with the other tenant's credentials.
     let mut borrowed = intent("carol");
     borrowed.prepared.provisioner_secret = Some(SecretRef {
         namespace: ns.clone(),
         name: "tenant-b-admin".into(),
     });
-    forged.insert(uid["carol"].clone(), text(&borrowed));
+    forge(&uid["carol"], &borrowed);
     write_entries(&env, &forged).await;
 
     let before = env.mock.calls().count(CREATE_VOLUME);
@@ -425,5 +464,289 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
         env.driver_volumes_by_id().contains(&victim),
         "the other tenant's volume is untouched"
     );
+    env.stop().await;
+}
+
+/// The keys of the journal's Secret replaced as two rotations leave them: `current` new,
+/// `previous` the one before, and the key before that gone.
+async fn rotate_twice(env: &Env, previous: &[u8; 32]) {
+    let api = Api::<Secret>::namespaced(env.client(), &env.namespace());
+    let mut secret = api.get("provisioner-journal-key").await.unwrap();
+    let data = secret.data.get_or_insert_default();
+    data.insert("key".into(), k8s_openapi::ByteString(vec![0x5a; 32]));
+    data.insert(
+        "previous-key".into(),
+        k8s_openapi::ByteString(previous.to_vec()),
+    );
+    data.insert(
+        "rotated-at".into(),
+        k8s_openapi::ByteString(k8s_openapi::jiff::Timestamp::now().to_string().into_bytes()),
+    );
+    api.replace(
+        "provisioner-journal-key",
+        &kube::api::PostParams::default(),
+        &secret,
+    )
+    .await
+    .unwrap();
+}
+
+/// The attack the seal is for: a claim provisioned under a Retain class is deleted and its PV
+/// deleted by an administrator to keep the data, so nothing in the cluster names its volume
+/// `pvc-<uid>` any more. Whoever may write the journal's ConfigMap (but not read its key)
+/// records intents under that UID so that a replay would find the volume by name and delete
+/// it, or hand another tenant's secret or a clone source to the driver. None is acted on:
+/// unsealed, under a made-up seal, under a key rotated out, under a key that is not a UID,
+/// or (sealed with the previous key, which still opens) asking what the gone claim's live
+/// class would not. The volume stays, nothing is deleted, no forged field reaches the driver,
+/// and each entry is one Warning Event and one count of the metric by its reason.
+#[tokio::test]
+async fn without_the_key_no_entry_is_acted_on_for_a_gone_claim() {
+    use csi_proto::v1::{VolumeContentSource, volume_content_source};
+    use external_provisioner::model::SecretRef;
+    use sidecar_kit::cluster::journal::{DropReason, JournalMetrics};
+    use testkit::leaks::distinctive_secret;
+
+    let mut env = Env::without_controller(mock()).await;
+    let ns = env.namespace();
+    let stolen = distinctive_secret();
+    let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
+    for (name, password) in [
+        ("victim-prov", distinctive_secret()),
+        ("donor-prov", distinctive_secret()),
+        ("tenant-b-admin", stolen.clone()),
+    ] {
+        let secret: Secret = serde_json::from_value(
+            json!({"metadata": {"name": name}, "stringData": {"password": password}}),
+        )
+        .unwrap();
+        secrets
+            .create(&kube::api::PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+    let class = env
+        .create_class(json!({"reclaimPolicy": "Retain", "parameters": {
+            "csi.storage.k8s.io/provisioner-secret-name": "${pvc.name}-prov",
+            "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+        }}))
+        .await;
+    // The metric of the provisioner that takes the entries up (the crashed one's journal
+    // writer may still be writing, with a metric of its own).
+    let metrics = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
+    let launch = |env: &mut Env,
+                  config: external_provisioner::controller::Config,
+                  metrics: &JournalMetrics| {
+        let mut config = config;
+        config.journal = Some(env.journal_location());
+        config.wiring.journal_metrics = Some(metrics.clone());
+        config.backoff = Backoff {
+            start: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+        };
+        env.launch(config);
+    };
+    let config = env.config(&[]).await;
+    let crashed = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
+    launch(&mut env, config, &crashed);
+    let victim = env.create_claim("victim", &class, json!({})).await;
+    let victim_uid = victim.metadata.uid.unwrap();
+    let pv = env.wait_bound("victim").await;
+    let victim_volume = pv.spec.unwrap().csi.unwrap().volume_handle;
+    // A genuine intent to forge from: the donor's CreateVolume answer is lost, then a crash.
+    env.mock
+        .faults()
+        .lose_answers(CREATE_VOLUME, 1000, Code::DeadlineExceeded);
+    let donor = env.create_claim("donor", &class, json!({})).await;
+    let donor_uid = donor.metadata.uid.unwrap();
+    let donor_intent = eventually("the donor's intent recorded", || async {
+        recorded(&env)
+            .await
+            .0
+            .into_iter()
+            .find(|(key, _)| key == &donor_uid)
+            .map(|(_, intent)| intent)
+    })
+    .await;
+    env.crash().await;
+    env.mock.faults().lose_answers(CREATE_VOLUME, 0, Code::Ok);
+    // The administrator keeps the data: claim deleted, then its Retain PV.
+    env.delete_claim("victim").await;
+    wait_claim_gone(&env, "victim").await;
+    env.pvs()
+        .delete(&format!("pvc-{victim_uid}"), &Default::default())
+        .await
+        .unwrap();
+    env.wait_pv_gone(&format!("pvc-{victim_uid}")).await;
+
+    // The donor's intent turned into the victim's, as the source code says entries look.
+    let as_victim = |uid: &str| {
+        let mut intent = donor_intent.clone();
+        intent.claim.uid = uid.to_string();
+        intent.claim.name = "victim".into();
+        intent.prepared.request.name = format!("pvc-{uid}");
+        intent.prepared.pv.name = format!("pvc-{uid}");
+        intent.prepared.pv.claim_ref.uid = Some(uid.to_string());
+        intent.prepared.pv.claim_ref.name = Some("victim".into());
+        intent.prepared.provisioner_secret = Some(SecretRef {
+            namespace: ns.clone(),
+            name: "victim-prov".into(),
+        });
+        intent
+    };
+    let real = keys(&env).await.current;
+    let made_up = Key::from_bytes(&[7; 32]).unwrap();
+    let previous = [0x3c; 32];
+    let previous_key = Key::from_bytes(&previous).unwrap();
+    let mut forged = journal::Entries::new();
+    // Unsealed.
+    let text = serde_json::to_string(&as_victim(&victim_uid)).unwrap();
+    forged.insert(victim_uid.clone(), text);
+    // A made-up seal that names a key the provisioner has.
+    let other = "0b5ae7e0-0000-4000-8000-00000000beef";
+    let fake = sealed(&env, &made_up, other, &as_victim(other)).replacen(
+        made_up.id(),
+        previous_key.id(),
+        1,
+    );
+    forged.insert(other.to_string(), fake);
+    // The key rotated out (the real one, after two rotations), and the donor's genuine entry
+    // with it: the donor is provisioned anew all the same.
+    let old = "0b5ae7e0-0000-4000-8000-00000000c01d";
+    forged.insert(old.to_string(), sealed(&env, &real, old, &as_victim(old)));
+    forged.insert(
+        donor_uid.clone(),
+        sealed(&env, &real, &donor_uid, &donor_intent),
+    );
+    // Under the previous key, which still opens: a key that is not a UID, another tenant's
+    // secret, and a clone of the victim's volume, each for a gone claim of the live class.
+    let named = "tenant-b-data";
+    forged.insert(
+        named.to_string(),
+        sealed(&env, &previous_key, named, &as_victim(named)),
+    );
+    let borrowing = "0b5ae7e0-0000-4000-8000-00000000b0b0";
+    let mut borrowed = as_victim(borrowing);
+    borrowed.prepared.provisioner_secret = Some(SecretRef {
+        namespace: ns.clone(),
+        name: "tenant-b-admin".into(),
+    });
+    forged.insert(
+        borrowing.to_string(),
+        sealed(&env, &previous_key, borrowing, &borrowed),
+    );
+    let cloning = "0b5ae7e0-0000-4000-8000-00000000c10e";
+    let mut clone = as_victim(cloning);
+    clone.prepared.request.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Volume(
+            volume_content_source::VolumeSource {
+                volume_id: victim_volume.clone(),
+            },
+        )),
+    });
+    forged.insert(
+        cloning.to_string(),
+        sealed(&env, &previous_key, cloning, &clone),
+    );
+    write_entries(&env, &forged).await;
+    rotate_twice(&env, &previous).await;
+
+    let before = env.mock.calls().count(CREATE_VOLUME);
+    let config = env.config(&[]).await;
+    launch(&mut env, config, &metrics);
+    env.wait_bound("donor").await;
+    eventually("every forged entry dropped", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    let rejected = eventually("a Warning Event per dropped entry", || async {
+        let rejected: Vec<String> = env
+            .events_for(&ns, "provisioner-journal")
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(journal::REJECTED_REASON))
+            .filter_map(|e| e.message)
+            .collect();
+        (rejected.len() == 7).then_some(rejected)
+    })
+    .await;
+    for part in [
+        format!("{victim_uid:?} (unverifiable)"),
+        format!("{other:?} (forged)"),
+        format!("{old:?} (unverifiable)"),
+        format!("{donor_uid:?} (unverifiable)"),
+        format!("{named:?} (forged): its key is not a claim UID"),
+        format!("{borrowing:?} (mismatch): its provisioner secret reference"),
+        format!("{cloning:?} (mismatch): its volume content source"),
+    ] {
+        assert!(
+            rejected.iter().any(|m| m.contains(&part)),
+            "no Event says {part:?}: {rejected:?}"
+        );
+    }
+    for (reason, count) in [
+        (DropReason::Unverifiable, 3),
+        (DropReason::Forged, 2),
+        (DropReason::Mismatch, 2),
+    ] {
+        assert_eq!(
+            metrics.dropped("provisioner-journal", reason),
+            count,
+            "{reason:?}"
+        );
+    }
+    assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0, "nothing deleted");
+    assert!(
+        env.driver_volumes_by_id().contains(&victim_volume),
+        "the retained volume is untouched"
+    );
+    let calls = env.mock.calls().of(CREATE_VOLUME);
+    let replayed: Vec<_> = calls.iter().skip(before as usize).collect();
+    for call in &replayed {
+        let request: serde_json::Value = serde_json::from_str(&call.request).unwrap();
+        assert_eq!(request["name"], format!("pvc-{donor_uid}"), "{request}");
+        assert!(!call.carries_secret("password", &stolen));
+    }
+    env.stop().await;
+}
+
+/// A genuine intent whose claim and class are both gone when the next provisioner starts:
+/// nothing is left to prepare its request again from, and its seal vouches for it, so the
+/// volume is found by name and deleted.
+#[tokio::test]
+async fn a_genuine_entry_whose_class_was_deleted_still_cleans_up_its_volume() {
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let mut env = Env::without_controller(mock()).await;
+    let uid = crash_after_a_lost_answer(&mut env, true).await;
+    let (intents, _) = recorded(&env).await;
+    assert_eq!(intents[0].0, uid);
+    let class = intents[0].1.class.clone();
+    env.delete_claim("data").await;
+    wait_claim_gone(&env, "data").await;
+    Api::<StorageClass>::all(env.client())
+        .delete(&class, &Default::default())
+        .await
+        .unwrap();
+    restart_with_journal(&mut env).await;
+    eventually("the volume deleted", || async {
+        env.driver_volumes().is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(
+        requests(&env.mock, CREATE_VOLUME).len(),
+        2,
+        "found by name once more"
+    );
+    eventually("the intent forgotten", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    let rejected = env
+        .events_for(&env.namespace(), "provisioner-journal")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(journal::REJECTED_REASON))
+        .count();
+    assert_eq!(rejected, 0, "no false alarm");
     env.stop().await;
 }

@@ -23,7 +23,7 @@ use crate::model::{self, Class, GroupContent, SecretRef, SnapshotInfo};
 /// The group queue's name in the workqueue metrics, as upstream's.
 pub const GROUP_QUEUE: &str = "csi-snapshotter-groupsnapshotcontent";
 /// Journal keys of group intents start with this.
-pub(super) const KEY_PREFIX: &str = "G_";
+pub const KEY_PREFIX: &str = "G_";
 
 /// How group snapshots are named: `--groupsnapshot-name-prefix`,
 /// `--groupsnapshot-name-uuid-length`.

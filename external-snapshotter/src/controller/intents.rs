@@ -4,6 +4,7 @@
 use super::kinds::{ContentKind, JournaledIntent, kind_of};
 use super::*;
 use crate::model::ContentObject;
+use sidecar_kit::cluster::journal::DropReason;
 
 impl Controller {
     /// Takes up the CreateSnapshot calls a previous leader (or this process before a restart)
@@ -44,10 +45,11 @@ impl Controller {
                         Err(rejected) => self.reject_intent(&key, &rejected),
                     }
                 }
-                _ => {
-                    tracing::warn!(%key, "dropping an intent journal entry of the wrong kind");
-                    self.journal.forget(&key);
-                }
+                _ => self.journal.drop_entry(
+                    &key,
+                    DropReason::WrongKind,
+                    "its intent is not of the kind its key names",
+                ),
             }
         }
     }
@@ -55,6 +57,10 @@ impl Controller {
     /// Whether the recorded intent for content `name` of kind `K` is one this snapshotter
     /// would have recorded (see [`crate::journal`]).
     fn check_intent<K: ContentKind>(&self, name: &str, intent: &K::Intent) -> Result<(), Rejected> {
+        journal::check_uids([
+            ("content UID", intent.content_uid()),
+            (K::Intent::PARTS[1], intent.source_uid()),
+        ])?;
         journal::check_name(K::derived_name(self, intent)?, intent.name())?;
         let live = self
             .index()
@@ -74,21 +80,10 @@ impl Controller {
         journal::check_parts(intent.agreement(&now))
     }
 
-    /// Drops an entry of the journal that is not what this snapshotter records, saying so in
-    /// the log and in a Warning Event on the journal's ConfigMap.
+    /// Drops an entry of the journal that is not what this snapshotter records.
     fn reject_intent(&self, key: &str, rejected: &Rejected) {
-        tracing::warn!(%key, reason = %rejected, "dropping an intent journal entry this snapshotter did not record; nothing is asked of the driver for it");
-        if let Some(location) = &self.config.journal {
-            self.events.record(
-                location.object_ref(),
-                EventType::Warning,
-                sidecar_kit::cluster::journal::REJECTED_REASON,
-                &format!(
-                    "Dropped intent journal entry {key:?}: {rejected}; nothing was asked of the driver for it"
-                ),
-            );
-        }
-        self.journal.forget(key);
+        self.journal
+            .drop_entry(key, rejected.reason(), &rejected.to_string());
     }
 
     /// Records `intent` for content `name` of kind `K` before its create call is made.

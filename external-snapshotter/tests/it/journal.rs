@@ -152,12 +152,14 @@ async fn a_restart_lets_a_content_that_still_exists_carry_on() {
     .await;
 }
 
-/// Whoever can write ConfigMaps in the journal's namespace forges entries while the snapshotter
-/// is down: one naming another content's snapshot for a content that does not exist, one
-/// recording the VolumeSnapshot UID another content is bound to, and one giving a live
-/// content's genuine intent the credentials of another tenant. Each is dropped with a Warning
-/// Event on the journal, and the driver sees none of them: the other snapshot is untouched,
-/// nothing is deleted, and no call carries the other tenant's secret.
+/// Entries forged while the snapshotter is down. Without its key: one unsealed and one under a
+/// made-up seal, both naming another content's snapshot for a content that is gone. With its
+/// key (stolen, say), behind which every entry is still checked: one naming another content's
+/// snapshot for a content that does not exist, one recording the VolumeSnapshot UID another
+/// content is bound to, and one giving a live content's genuine intent the credentials of
+/// another tenant. Each is dropped with a Warning Event on the journal, and the driver sees
+/// none of them: the other snapshot is untouched, nothing is deleted, and no call carries the
+/// other tenant's secret.
 #[tokio::test]
 async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     use k8s_openapi::api::core::v1::{Event, Secret};
@@ -204,10 +206,8 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     .await;
     env.kill().await;
 
-    let journals: Api<ConfigMap> = Api::namespaced(env.client(), &ns);
-    let journal = journals.get("snapshotter-journal").await.unwrap();
-    let entries = journal.data.clone().unwrap_or_default();
-    let mut genuine: serde_json::Value = serde_json::from_str(&entries[&live_content]).unwrap();
+    let mut genuine: serde_json::Value =
+        serde_json::from_str(&journal_text(&env, &live_content).await).unwrap();
     assert_eq!(genuine["snapshot_uid"], live_uid.as_str());
     let mut forged = std::collections::BTreeMap::new();
     let intent = |content_uid: &str, snapshot_uid: &str, name: &str| {
@@ -236,7 +236,30 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
     // The live content's intent with another tenant's credentials.
     genuine["secret"] = json!({"namespace": ns, "name": "tenant-b-admin"});
     forged.insert(live_content.clone(), genuine.to_string());
-    write_journal(&env, forged).await;
+    let key = journal_keys(&env).await.current;
+    let mut forged: std::collections::BTreeMap<String, String> = forged
+        .into_iter()
+        .map(|(entry, text)| {
+            let value = seal_entry(&env, &key, &entry, &text);
+            (entry, value)
+        })
+        .collect();
+    // Without the key: the other tenant's snapshot, unsealed and under a made-up seal that
+    // names the real key.
+    let victim_intent = intent(
+        "c0ffee00-0000-4000-8000-000000000004",
+        "c0ffee00-0000-4000-8000-000000000005",
+        &format!("snapshot-{victim_uid}"),
+    );
+    forged.insert("snapcontent-unsealed".into(), victim_intent.clone());
+    let made_up = sidecar_kit::cluster::journal::seal::Key::from_bytes(&[7; 32]).unwrap();
+    let fake = seal_entry(&env, &made_up, "snapcontent-made-up", &victim_intent).replacen(
+        made_up.id(),
+        key.id(),
+        1,
+    );
+    forged.insert("snapcontent-made-up".into(), fake);
+    write_journal_as_is(&env, forged).await;
 
     let creates_before = env.mock.calls().count(CREATE);
     env.run();
@@ -260,13 +283,15 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
             .filter(|e| e.reason.as_deref() == Some(sidecar_kit::cluster::journal::REJECTED_REASON))
             .filter_map(|e| e.message)
             .collect();
-        (rejected.len() == 3).then_some(rejected)
+        (rejected.len() == 5).then_some(rejected)
     })
     .await;
     for part in [
         "is not the one derived from the UID it records",
         &format!("belongs to content {victim_content:?}"),
         "secret reference",
+        "\"snapcontent-unsealed\" (unverifiable)",
+        "\"snapcontent-made-up\" (forged)",
     ] {
         assert!(
             rejected.iter().any(|m| m.contains(part)),

@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::events::{Recorder, Reporter};
+use crate::cluster::journal::JournalMetrics;
 use crate::pipeline::views::{Needs, View};
 use crate::pipeline::watches::{Subscription, Synced, WatchHub};
 use crate::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
@@ -41,6 +42,8 @@ pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Wiring {
     pub watches: WatchHub,
     pub queue_metrics: Option<WorkQueueMetrics>,
+    /// The intent journals' dropped-entries metric, shared like the queue metrics.
+    pub journal_metrics: Option<JournalMetrics>,
     pub reporter: Reporter,
     /// The Events name this host as their instance once shared (its leader election identity).
     pub(crate) names_host: bool,
@@ -51,6 +54,7 @@ impl std::fmt::Debug for Wiring {
         f.debug_struct("Wiring")
             .field("watches", &self.watches)
             .field("queue_metrics", &self.queue_metrics.is_some())
+            .field("journal_metrics", &self.journal_metrics.is_some())
             .field("reporter", &self.reporter)
             .field("names_host", &self.names_host)
             .finish()

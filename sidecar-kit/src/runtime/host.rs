@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::client::Connections;
+use crate::cluster::journal::JournalMetrics;
 use crate::cluster::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use crate::driver::csi::CsiClient;
 use crate::pipeline::watches::WatchHub;
@@ -50,6 +51,7 @@ pub struct Host {
     pub driver: String,
     pub metrics: CsiMetrics,
     pub queue_metrics: WorkQueueMetrics,
+    pub journal_metrics: JournalMetrics,
     pub watches: WatchHub,
     /// The connections to the API server every client of the process shares.
     pub connections: Connections,
@@ -75,6 +77,7 @@ impl Host {
             csi: driver.csi,
             driver: driver.name,
             queue_metrics: WorkQueueMetrics::register(metrics.registry())?,
+            journal_metrics: JournalMetrics::register(metrics.registry())?,
             leader_metrics: LeaderMetrics::register(metrics.registry())?,
             metrics,
             watches,

@@ -206,6 +206,7 @@ impl<'a> Setup<'a> {
                 &self.common.leader_election.leader_election_namespace,
             ),
             name: journal_name(lease, node),
+            key_secret: journal::keys::secret_name(lease),
         }
     }
 
@@ -215,6 +216,7 @@ impl<'a> Setup<'a> {
     pub fn share(&self, wiring: &mut Wiring) {
         wiring.watches = self.host.watches.clone();
         wiring.queue_metrics = Some(self.host.queue_metrics.clone());
+        wiring.journal_metrics = Some(self.host.journal_metrics.clone());
         if wiring.names_host {
             wiring.reporter.instance = leader::default_identity();
         }

@@ -188,6 +188,7 @@ impl Env {
         Location {
             namespace: self.namespace(),
             name: "provisioner-journal".into(),
+            key_secret: "provisioner-journal-key".into(),
         }
     }
 

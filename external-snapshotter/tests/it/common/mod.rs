@@ -136,6 +136,7 @@ impl Env {
         config.journal = Some(Location {
             namespace: cluster.namespace().to_string(),
             name: "snapshotter-journal".into(),
+            key_secret: "snapshotter-journal-key".into(),
         });
         adjust(&mut config);
         let mut env = Self {
@@ -494,9 +495,67 @@ pub fn finalizers(object: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The keys the snapshotter seals its journal with.
+pub async fn journal_keys(env: &Env) -> sidecar_kit::cluster::journal::seal::Keyring {
+    use k8s_openapi::api::core::v1::Secret;
+    let secret = Api::<Secret>::namespaced(env.client(), env.ns())
+        .get("snapshotter-journal-key")
+        .await
+        .unwrap();
+    sidecar_kit::cluster::journal::keys::keyring_of(&secret).expect("the key Secret holds a key")
+}
+
+/// `text` sealed with `key` as entry `entry` of the tests' journal.
+pub fn seal_entry(
+    env: &Env,
+    key: &sidecar_kit::cluster::journal::seal::Key,
+    entry: &str,
+    text: &str,
+) -> String {
+    let location = Location {
+        namespace: env.ns().to_string(),
+        name: "snapshotter-journal".into(),
+        key_secret: "snapshotter-journal-key".into(),
+    };
+    sidecar_kit::cluster::journal::seal::seal(key, location.place(entry), text)
+}
+
+/// The text of entry `entry` of the journal, opened with the snapshotter's keys.
+pub async fn journal_text(env: &Env, entry: &str) -> String {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let keys = journal_keys(env).await;
+    let journal = Api::<ConfigMap>::namespaced(env.client(), env.ns())
+        .get("snapshotter-journal")
+        .await
+        .unwrap();
+    let value = journal.data.unwrap_or_default().remove(entry).unwrap();
+    let location = Location {
+        namespace: env.ns().to_string(),
+        name: "snapshotter-journal".into(),
+        key_secret: "snapshotter-journal-key".into(),
+    };
+    sidecar_kit::cluster::journal::seal::open(&keys, location.place(entry), &value)
+        .unwrap()
+        .to_string()
+}
+
+/// Writes `data` into the snapshotter's journal, each entry sealed with its key, as whoever
+/// holds that key (stolen, say) could.
+pub async fn write_journal(env: &Env, data: std::collections::BTreeMap<String, String>) {
+    let key = journal_keys(env).await.current;
+    let sealed = data
+        .into_iter()
+        .map(|(entry, text)| {
+            let value = seal_entry(env, &key, &entry, &text);
+            (entry, value)
+        })
+        .collect();
+    write_journal_as_is(env, sealed).await;
+}
+
 /// Replaces the data of the snapshotter's journal, creating it if needed (again on a conflict:
 /// a killed snapshotter's journal writer may still be forgetting).
-pub async fn write_journal(env: &Env, data: std::collections::BTreeMap<String, String>) {
+pub async fn write_journal_as_is(env: &Env, data: std::collections::BTreeMap<String, String>) {
     use k8s_openapi::api::core::v1::ConfigMap;
     let journals: Api<ConfigMap> = Api::namespaced(env.client(), env.ns());
     eventually("the journal rewritten", || async {
