@@ -750,3 +750,61 @@ async fn a_genuine_entry_whose_class_was_deleted_still_cleans_up_its_volume() {
     assert_eq!(rejected, 0, "no false alarm");
     env.stop().await;
 }
+
+/// A rolling update in the middle of a burst of 50 provisionings: the old provisioner stops
+/// gracefully (its last forgets written), the new one takes up what is left. No entry is
+/// reported as rejected, every claim is bound to exactly one volume, and the journal ends
+/// empty.
+#[tokio::test]
+async fn a_rolling_update_during_a_burst_raises_no_false_alarm_and_leaks_nothing() {
+    let mut env = Env::without_controller(mock()).await;
+    let ns = env.namespace();
+    let mut config = env.config(&[]).await;
+    config.journal = Some(env.journal_location());
+    config.workers = 10;
+    env.launch(config);
+    let class = env.create_class(json!({})).await;
+    let claims = 50;
+    let creates = (0..claims).map(|i| {
+        let env = &env;
+        let class = class.clone();
+        async move { env.create_claim(&format!("c{i}"), &class, json!({})).await }
+    });
+    futures::future::join_all(creates).await;
+    let pvs = env.pvs();
+    eventually("a part of the burst provisioned", || async {
+        let bound = pvs.list(&Default::default()).await.unwrap().items.len();
+        (bound >= 10).then_some(())
+    })
+    .await;
+    env.stop_gracefully().await;
+    // What the stopped provisioner leaves in the journal is unfinished: no entry's PV exists.
+    let (left, bad) = recorded(&env).await;
+    assert!(bad.is_empty());
+    for (key, intent) in &left {
+        assert!(
+            pvs.get_opt(&intent.prepared.pv.name)
+                .await
+                .unwrap()
+                .is_none(),
+            "the finished intent of {key} was not forgotten before the stop"
+        );
+    }
+    restart_with_journal(&mut env).await;
+    for i in 0..claims {
+        env.wait_bound(&format!("c{i}")).await;
+    }
+    eventually("every intent forgotten", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(env.driver_volumes().len(), claims, "one volume per claim");
+    let rejected = env
+        .events_for(&ns, "provisioner-journal")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(journal::REJECTED_REASON))
+        .count();
+    assert_eq!(rejected, 0, "no false alarm");
+    env.stop().await;
+}

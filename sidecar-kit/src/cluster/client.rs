@@ -193,6 +193,14 @@ const KEEPALIVE_PROBES: u32 = 4;
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// HTTP/2 flow-control windows, client-go's (golang.org/x/net/http2's transport: 1 GiB for the
+/// connection, 4 MiB per stream). hyper's defaults (5 MiB and 2 MiB) let three watches whose
+/// events are not read yet take the whole connection window, stalling every other request on
+/// the one connection, Lease renewals included. A window is a permission, not a buffer: what
+/// a stream receives is held only until it is read.
+const H2_CONNECTION_WINDOW: u32 = 1 << 30;
+const H2_STREAM_WINDOW: u32 = 4 << 20;
+
 /// An answer of the API server, its body bounded in time.
 type Answer = Response<Bounded<Incoming>>;
 
@@ -354,6 +362,8 @@ impl Connections {
             .http2_keep_alive_interval(interval)
             .http2_keep_alive_timeout(timeout)
             .http2_keep_alive_while_idle(true)
+            .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .build(connector);
         Ok(Self {
             transport: BoxCloneSyncService::new(FirstAnswered::new(Deadline::new(pool))),

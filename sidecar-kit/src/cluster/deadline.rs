@@ -2,7 +2,12 @@
 //! (a control-plane node gone after the handshake, a stalled load balancer) costs a controller
 //! one failed call, never a stuck worker, journal or Event writer.
 //!
-//! - A call other than a watch must be answered, its body included, within [`REQUEST_TIMEOUT`].
+//! - A call other than a watch or a read must be answered, its body included, within
+//!   [`REQUEST_TIMEOUT`].
+//! - A read (GET) must be answered within the same time, and then show a frame of its body at
+//!   least once per [`REQUEST_TIMEOUT`]: a large list sent slowly (a server without streaming
+//!   lists sends a whole collection at once; kube-apiserver itself allows it 60 s) completes as
+//!   long as it moves, and a stalled one fails as fast as a stalled write.
 //! - A watch must be answered within the same time, and then show a frame (an event or a
 //!   bookmark) at least once per its own `timeoutSeconds` plus [`WATCH_SLACK`]: the server ends
 //!   a watch at its timeout, and kube-apiserver's watch cache sends a bookmark every minute, so
@@ -41,6 +46,8 @@ pub enum DeadlineError {
     Request(Duration),
     #[error("the watch showed nothing (no event, no bookmark) for {0:?}")]
     WatchIdle(Duration),
+    #[error("the answer's body stalled (nothing received) for {0:?}")]
+    Stalled(Duration),
 }
 
 /// The time bound of one request, from its method and URL.
@@ -48,14 +55,17 @@ pub enum DeadlineError {
 pub enum Bound {
     /// Answer and body within this time.
     Total(Duration),
-    /// Answer within [`REQUEST_TIMEOUT`], then a frame at least this often.
+    /// Answer within [`REQUEST_TIMEOUT`], then a frame at least this often (a watch).
     Idle(Duration),
+    /// Answer within [`REQUEST_TIMEOUT`], then a body frame at least this often (a read).
+    Progress(Duration),
 }
 
 impl Bound {
-    /// The bound of a request to `uri`: a watch (`watch=true` or `watch=1` in its query) is
-    /// bounded by its silence, any other call by its total time.
-    pub fn of(uri: &http::Uri) -> Self {
+    /// The bound of a `method` request to `uri`: a watch (`watch=true` or `watch=1` in its
+    /// query) is bounded by its silence, any other read by its progress, any other call by
+    /// its total time.
+    pub fn of(method: &http::Method, uri: &http::Uri) -> Self {
         let mut watch = false;
         let mut timeout = None;
         for pair in uri.query().unwrap_or("").split('&') {
@@ -66,7 +76,11 @@ impl Bound {
             }
         }
         if !watch {
-            return Self::Total(REQUEST_TIMEOUT);
+            return if method == http::Method::GET {
+                Self::Progress(REQUEST_TIMEOUT)
+            } else {
+                Self::Total(REQUEST_TIMEOUT)
+            };
         }
         let timeout = timeout.map_or(DEFAULT_WATCH_TIMEOUT, Duration::from_secs);
         Self::Idle(timeout.saturating_add(WATCH_SLACK))
@@ -102,7 +116,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let bound = Bound::of(request.uri());
+        let bound = Bound::of(request.method(), request.uri());
         let answer = self.inner.call(request);
         Box::pin(async move {
             let started = Instant::now();
@@ -128,7 +142,7 @@ impl<B> Bounded<B> {
     fn new(inner: B, bound: Bound, started: Instant) -> Self {
         let deadline = match bound {
             Bound::Total(limit) => started + limit,
-            Bound::Idle(limit) => Instant::now() + limit,
+            Bound::Idle(limit) | Bound::Progress(limit) => Instant::now() + limit,
         };
         Self {
             inner,
@@ -152,7 +166,7 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if let Bound::Idle(limit) = this.bound {
+            if let Bound::Idle(limit) | Bound::Progress(limit) = this.bound {
                 this.timer.as_mut().reset(Instant::now() + limit);
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
@@ -161,6 +175,7 @@ where
         let error = match this.bound {
             Bound::Total(limit) => DeadlineError::Request(limit),
             Bound::Idle(limit) => DeadlineError::WatchIdle(limit),
+            Bound::Progress(limit) => DeadlineError::Stalled(limit),
         };
         Poll::Ready(Some(Err(error.into())))
     }
@@ -182,8 +197,22 @@ mod tests {
     use http_body_util::{BodyExt, StreamBody};
 
     #[test]
-    fn watches_are_bounded_by_their_silence_and_calls_by_their_time() {
-        let bound = |uri: &str| Bound::of(&uri.parse().unwrap());
+    fn watches_are_bounded_by_their_silence_reads_by_their_progress_and_writes_by_their_time() {
+        let bound = |uri: &str| Bound::of(&http::Method::GET, &uri.parse().unwrap());
+        let write = |method: http::Method| {
+            Bound::of(
+                &method,
+                &"/api/v1/namespaces/ns/configmaps/j".parse().unwrap(),
+            )
+        };
+        for method in [
+            http::Method::PUT,
+            http::Method::POST,
+            http::Method::PATCH,
+            http::Method::DELETE,
+        ] {
+            assert_eq!(write(method), Bound::Total(REQUEST_TIMEOUT));
+        }
         assert_eq!(
             bound(
                 "/api/v1/persistentvolumes?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true"
@@ -196,13 +225,13 @@ mod tests {
         );
         assert_eq!(
             bound("/api/v1/persistentvolumes?limit=500"),
-            Bound::Total(REQUEST_TIMEOUT)
+            Bound::Progress(REQUEST_TIMEOUT)
         );
         assert_eq!(
             bound("/api/v1/persistentvolumes?watch=false"),
-            Bound::Total(REQUEST_TIMEOUT)
+            Bound::Progress(REQUEST_TIMEOUT)
         );
-        assert_eq!(bound("/version"), Bound::Total(REQUEST_TIMEOUT));
+        assert_eq!(bound("/version"), Bound::Progress(REQUEST_TIMEOUT));
     }
 
     fn trickle(
@@ -230,6 +259,27 @@ mod tests {
         assert_eq!(
             error.downcast_ref::<DeadlineError>(),
             Some(&DeadlineError::WatchIdle(limit))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_lives_while_its_body_moves_however_long_it_takes() {
+        // A large list trickled over 45 s, a frame every 9 s, then a stall.
+        let limit = REQUEST_TIMEOUT;
+        let gaps = vec![Duration::from_secs(9); 5]
+            .into_iter()
+            .chain([Duration::from_secs(31)])
+            .collect();
+        let started = Instant::now();
+        let mut body = Bounded::new(Box::pin(trickle(gaps)), Bound::Progress(limit), started);
+        for _ in 0..5 {
+            assert!(body.frame().await.unwrap().is_ok());
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(45));
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(
+            error.downcast_ref::<DeadlineError>(),
+            Some(&DeadlineError::Stalled(limit))
         );
     }
 

@@ -5,10 +5,14 @@
 //! `tls/` holds a test CA and a server certificate it signed for `apiserver.test` and
 //! 127.0.0.1, made for these tests only (valid until 2126; the CA's key was not kept).
 
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{Either, StreamBody};
+use hyper::body::Frame;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -33,8 +37,14 @@ struct Counts {
     h2: AtomicUsize,
 }
 
-/// A TLS server offering `alpn`, answering `/version`; with `together`, each answer but the
-/// first waits until that many requests have arrived, so that they are all in flight at once.
+/// What `/flood` answers: more than hyper's default HTTP/2 windows let a client hold unread
+/// on three streams (2 MiB a stream, 5 MiB the connection), less than client-go's (4 MiB).
+const FLOOD_BYTES: usize = 3 << 20;
+static FLOOD_CHUNK: [u8; 16 * 1024] = [b'x'; 16 * 1024];
+
+/// A TLS server offering `alpn`, answering `/version` and `/flood` ([`FLOOD_BYTES`]); with
+/// `together`, each `/version` answer but the first waits until that many requests have
+/// arrived, so that they are all in flight at once.
 async fn tls_server(alpn: &[&[u8]], together: Option<usize>) -> (u16, Arc<Counts>) {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
@@ -63,7 +73,19 @@ async fn tls_server(alpn: &[&[u8]], together: Option<usize>) -> (u16, Arc<Counts
                 };
                 seen.open.fetch_add(1, Ordering::SeqCst);
                 let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                let service = service_fn(move |_request| answers.answer());
+                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let answers = answers.clone();
+                    async move {
+                        if request.uri().path() != "/flood" {
+                            return answers.answer().await.map(|r| r.map(Either::Left));
+                        }
+                        let frames = (0..FLOOD_BYTES / FLOOD_CHUNK.len()).map(|_| {
+                            Ok::<_, Infallible>(Frame::data(Bytes::from_static(&FLOOD_CHUNK)))
+                        });
+                        let body = StreamBody::new(futures::stream::iter(frames));
+                        Ok(hyper::Response::new(Either::Right(body)))
+                    }
+                });
                 let io = TokioIo::new(stream);
                 if h2 {
                     seen.h2.fetch_add(1, Ordering::SeqCst);
@@ -222,4 +244,38 @@ async fn a_connection_that_stops_answering_is_replaced_after_its_pings_fail() {
     );
     assert_eq!(through.load(Ordering::SeqCst), 2, "a new connection");
     assert_eq!(counts.h2.load(Ordering::SeqCst), 2);
+}
+
+/// Three watches whose events the process has not read yet (a slow consumer) hold their
+/// streams' data; with client-go's windows the other requests on the one connection, a Lease
+/// renewal among them, still go through. With hyper's defaults the three took the whole
+/// connection window and every other answer waited.
+#[tokio::test]
+async fn streams_not_read_do_not_stall_the_other_requests_of_the_connection() {
+    let (port, counts) = tls_server(&[b"h2"], None).await;
+    let config = config(port);
+    let connections = Connections::new(&config).unwrap();
+    let client = connections.client(&config, -1.0, 1).unwrap();
+    client.apiserver_version().await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let request = http::Request::get("/flood")
+            .body(kube::client::Body::from(Vec::new()))
+            .unwrap();
+        held.push(client.send(request).await.unwrap());
+    }
+    let renewal = connections.client(&config, -1.0, 1).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), renewal.apiserver_version()).await;
+    assert!(
+        matches!(answer, Ok(Ok(_))),
+        "a request behind three unread streams: {answer:?}"
+    );
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 1, "one connection");
+    // The held streams are read to their end: nothing was lost while they waited.
+    for response in held {
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap();
+        assert_eq!(body.to_bytes().len(), FLOOD_BYTES);
+    }
 }

@@ -203,6 +203,14 @@ impl Env {
         )));
     }
 
+    /// Stops the controller as SIGTERM does (a rolling update): it finishes what it runs.
+    pub async fn stop_gracefully(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+        }
+    }
+
     /// Crashes the controller: its task is dropped wherever it is.
     pub async fn crash(&mut self) {
         if let Some(task) = self.task.take() {
