@@ -13,7 +13,7 @@ pub type Ctl = &'static Entry;
 
 /// Settings of the process as a whole: one driver, one API server, one HTTP endpoint, one log.
 /// Given once, never per controller.
-const PROCESS_FLAGS: [&str; 11] = [
+const PROCESS_FLAGS: [&str; 15] = [
     "csi-address",
     "kubeconfig",
     "http-endpoint",
@@ -23,6 +23,10 @@ const PROCESS_FLAGS: [&str; 11] = [
     "vmodule",
     "logging-format",
     "log-flush-frequency",
+    "log-text-split-stream",
+    "log-text-info-buffer-size",
+    "log-json-split-stream",
+    "log-json-info-buffer-size",
     "automaxprocs",
     "version",
 ];
@@ -487,6 +491,40 @@ mod tests {
         assert_eq!(p.controllers.len(), 5);
         let p = plan(&["--controllers=*,health-monitor"]).unwrap();
         assert_eq!(p.controllers.len(), 5);
+    }
+
+    #[test]
+    fn logging_flags_are_the_process_s() {
+        let p = plan(&[
+            "--controllers=attacher,livenessprobe",
+            "--log-text-split-stream",
+            "--log-text-info-buffer-size",
+            "64Ki",
+            "--log-json-split-stream=false",
+            "-log-json-info-buffer-size=0",
+        ])
+        .unwrap();
+        for (ctl, args) in &p.controllers {
+            assert_eq!(
+                args[1..],
+                [
+                    "--log-text-split-stream",
+                    "--log-text-info-buffer-size=64Ki",
+                    "--log-json-split-stream=false",
+                    "--log-json-info-buffer-size=0"
+                ]
+                .map(OsString::from),
+                "{ctl:?}"
+            );
+            assert_eq!(super::super::check(ctl, args.clone()), Ok(()), "{args:?}");
+        }
+        assert_eq!(
+            plan(&["--controllers=attacher", "--attacher-log-json-split-stream"]),
+            Err(RouteError::ProcessWide(
+                "attacher-log-json-split-stream".into(),
+                "log-json-split-stream".into()
+            ))
+        );
     }
 
     #[test]
