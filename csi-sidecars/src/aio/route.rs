@@ -294,9 +294,10 @@ pub fn help() -> String {
          A flag shared by several sidecars is given once; --<sidecar>-<flag> sets it for that\n\
          sidecar only and wins. Each keeps its own defaults (the timeouts differ).\n\
          --leader-election-consolidated: one Lease for the process instead of one per\n\
-         controller; the single sidecars' Leases are taken over when it is first won.\n\n\
-         Flags of every controller (process-wide ones cannot be prefixed):\n",
+         controller; the single sidecars' Leases are taken over when it is first won.\n",
     );
+    text.push_str(&format!("--kubeconfig: {}.\n\n", super::KUBECONFIG.help()));
+    text.push_str("Flags of every controller (process-wide ones cannot be prefixed):\n");
     let controllers: Vec<&BTreeSet<String>> = commands
         .iter()
         .zip(&all)
@@ -555,5 +556,6 @@ mod tests {
         assert!(text.contains("  --snapshotter-snapshot-name-prefix\n"));
         assert!(text.contains("  --livenessprobe-probe-timeout\n"));
         assert!(text.contains("  --node-driver-registrar-kubelet-registration-path\n"));
+        assert!(text.contains(super::super::KUBECONFIG.help()));
     }
 }

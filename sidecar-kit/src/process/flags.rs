@@ -352,7 +352,8 @@ pub struct HttpFlags {
 /// Kubernetes client flags.
 #[derive(Args, Clone, Debug)]
 pub struct KubeFlags {
-    /// Path to a kubeconfig; empty uses $KUBECONFIG, then the in-cluster configuration
+    // Its help is each binary's: which of it, $KUBECONFIG and the in-cluster configuration
+    // wins is the binary's `KubeconfigRule`, which words the help.
     #[arg(long, default_value = "", value_name = "PATH")]
     pub kubeconfig: String,
 
@@ -429,8 +430,23 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString>,
 {
+    parse_with(P::command(), args, syntax)
+}
+
+/// [`parse_from`] with `command` as `P`'s declaration: `P::command()` with what the binary
+/// words its own way (a help text).
+pub fn parse_with<P, I, T>(
+    command: clap::Command,
+    args: I,
+    syntax: FlagSyntax,
+) -> Result<P, clap::Error>
+where
+    P: clap::FromArgMatches,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
     // Both upstream parsers let a repeated flag override the earlier occurrences.
-    let mut command = P::command().args_override_self(true);
+    let mut command = command.args_override_self(true);
     let args = merge_accumulating(normalize_args(args, syntax, &command));
     let mut matches = command.try_get_matches_from_mut(args)?;
     P::from_arg_matches_mut(&mut matches).map_err(|err| err.format(&mut command))

@@ -28,7 +28,7 @@ use crate::cluster::leader::{self, ElectionConfig};
 use crate::driver::identity::IdentityError;
 use crate::pipeline::Wiring;
 use crate::pipeline::watches::WatchHub;
-use crate::process::flags::{CommonFlags, FlagSyntax, parse_args, parse_from};
+use crate::process::flags::{CommonFlags, FlagSyntax, parse_with};
 use crate::process::http::{HttpError, HttpPlan, Routes};
 use crate::process::logging;
 use crate::runtime::startup::Greeting;
@@ -243,10 +243,32 @@ impl<'a> Setup<'a> {
     }
 }
 
+/// `S`'s command line, its `--kubeconfig` help stating the rule `S` reads it by.
+fn command<S: Sidecar>() -> clap::Command {
+    // Not `mut_arg`, which would move the flag to the end of the help.
+    S::Cli::command().mut_args(|arg| {
+        if arg.get_id() == "kubeconfig" {
+            arg.help(S::KUBECONFIG.help())
+        } else {
+            arg
+        }
+    })
+}
+
+/// Parses `args` as `S`'s binary does.
+fn parse_from<S: Sidecar>(args: Vec<OsString>) -> Result<S::Cli, clap::Error> {
+    parse_with(command::<S>(), args, S::SYNTAX)
+}
+
+/// Parses `args` as `S`'s binary does, printing help or errors and exiting as it does.
+fn parse_args<S: Sidecar>(args: Vec<OsString>) -> S::Cli {
+    parse_from::<S>(args).unwrap_or_else(|err| err.exit())
+}
+
 /// Runs `S` as its own binary with the command line `args` (the first item names the program)
 /// until it ends; exits the process on errors.
 pub fn main<S: Sidecar>(args: impl IntoIterator<Item = OsString>) {
-    let cli: S::Cli = parse_args(args, S::SYNTAX);
+    let cli = parse_args::<S>(args.into_iter().collect());
     let common = cli.common();
     lifecycle::exit_if_version(&common.process, S::VERSION);
     logging::init(&common.logging);
@@ -342,7 +364,7 @@ impl<S: Sidecar> Plugin for Plug<S> {
     }
 
     fn command(&self) -> clap::Command {
-        S::Cli::command()
+        command::<S>()
     }
 
     fn main(&self, args: Vec<OsString>) {
@@ -350,12 +372,12 @@ impl<S: Sidecar> Plugin for Plug<S> {
     }
 
     fn check(&self, args: Vec<OsString>) -> Result<(), String> {
-        let cli: S::Cli = parse_from(args, S::SYNTAX).map_err(|e| e.to_string())?;
+        let cli = parse_from::<S>(args).map_err(|e| e.to_string())?;
         cli.validate().map_err(|e| e.to_string())
     }
 
     fn parse(&self, args: Vec<OsString>) -> Box<dyn Parsed> {
-        Box::new(Cli::<S>(parse_args(args, S::SYNTAX)))
+        Box::new(Cli::<S>(parse_args::<S>(args)))
     }
 }
 
