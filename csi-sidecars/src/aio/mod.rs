@@ -216,7 +216,7 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
         if controllers.iter().any(|c| c.election.is_some()) {
             controllers = host::consolidate(
                 controllers,
-                sidecar_kit::runtime::consolidated::lease_name(&host.driver),
+                &sidecar_kit::runtime::consolidated::lock_name(&host.driver),
             );
         } else {
             tracing::warn!("--{CONSOLIDATED_FLAG} has no effect without --leader-election");

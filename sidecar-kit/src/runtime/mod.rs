@@ -221,18 +221,19 @@ impl<'a> Setup<'a> {
     }
 
     /// The sidecar's controller, which `run`s until the token it is given is cancelled, under
-    /// the leader election of the Lease `lease` when `--leader-election` asks: with a client of
-    /// its own and the controller's budget (so that the controller's requests never throttle
-    /// its renewals) and the settings of the leader election flags. The Lease is released on
-    /// exit when `--leader-election-release-on-exit` or the sidecar asks.
-    pub fn controller<F, Fut>(&self, lease: &str, run: F) -> Result<Controller, HostError>
+    /// the leader election of the Lease named after `lock` (sanitized, as upstream names its
+    /// Lease after its lock name) when `--leader-election` asks: with a client of its own and the
+    /// controller's budget (so that the controller's requests never throttle its renewals) and
+    /// the settings of the leader election flags. The Lease is released on exit when
+    /// `--leader-election-release-on-exit` or the sidecar asks.
+    pub fn controller<F, Fut>(&self, lock: &str, run: F) -> Result<Controller, HostError>
     where
         F: FnOnce(CancellationToken) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let election = if self.elect {
             let flags = &self.common.leader_election;
-            let mut settings = ElectionConfig::from_flags(lease, flags)?;
+            let mut settings = ElectionConfig::from_flags(lock, flags)?;
             settings.release_on_exit =
                 flags.leader_election_release_on_exit || self.release_lease_on_exit;
             Some((self.client()?, settings))
