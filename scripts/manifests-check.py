@@ -76,6 +76,10 @@ PROCESS_FLAGS = {
     "vmodule",
     "logging-format",
     "log-flush-frequency",
+    "log-text-split-stream",
+    "log-text-info-buffer-size",
+    "log-json-split-stream",
+    "log-json-info-buffer-size",
     "automaxprocs",
     "version",
 }

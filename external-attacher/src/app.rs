@@ -110,7 +110,7 @@ impl Sidecar for Attacher {
         setup.share(&mut config.wiring);
         let csi = host.csi.clone();
         Ok(
-            setup.controller(&model::lease_name(&host.driver), move |token| {
+            setup.controller(&model::lock_name(&host.driver), move |token| {
                 controller::run(config, client, csi, token)
             })?,
         )

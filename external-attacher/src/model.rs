@@ -30,9 +30,15 @@ pub fn finalizer_name(driver: &str) -> String {
     )
 }
 
+/// The leader election lock name, as upstream's: its Lease's name before sanitizing, and what
+/// its Events name.
+pub fn lock_name(driver: &str) -> String {
+    format!("external-attacher-leader-{driver}")
+}
+
 /// The leader election Lease name, as upstream names it.
 pub fn lease_name(driver: &str) -> String {
-    sidecar_kit::cluster::leader::sanitize_name(&format!("external-attacher-leader-{driver}"))
+    sidecar_kit::cluster::leader::sanitize_name(&lock_name(driver))
 }
 
 pub use sidecar_kit::pipeline::views::SecretRef;
@@ -347,6 +353,10 @@ mod tests {
         assert_eq!(
             lease_name("hostpath.csi.k8s.io"),
             "external-attacher-leader-hostpath-csi-k8s-io"
+        );
+        assert_eq!(
+            lock_name("hostpath.csi.k8s.io"),
+            "external-attacher-leader-hostpath.csi.k8s.io"
         );
     }
 

@@ -2,7 +2,6 @@
 //! with upstream: the Lease, the Event source, the Events' reasons and messages.
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
-use sidecar_kit::cluster::leader::sanitize_name;
 use sidecar_kit::pipeline::views::{ClaimView, Needs};
 use sidecar_kit::values::atom::{Atom, List};
 
@@ -22,9 +21,10 @@ pub const NODE_FAILED: &str = "NodeFailed";
 /// That node is Ready again (Warning, as upstream records it).
 pub const NODE_RECOVERED: &str = "NodeRecovered";
 
-/// The Lease name, as upstream's: `external-health-monitor-leader-<driver>`, sanitized.
-pub fn lease_name(driver: &str) -> String {
-    sanitize_name(&format!("external-health-monitor-leader-{driver}"))
+/// The leader election lock name, as upstream's: `external-health-monitor-leader-<driver>`;
+/// sanitized, the Lease's name; as it is, what its Events name.
+pub fn lock_name(driver: &str) -> String {
+    format!("external-health-monitor-leader-{driver}")
 }
 
 /// The Event source of `driver`'s monitor.

@@ -297,7 +297,7 @@ impl Sidecar for Provisioner {
             None
         };
 
-        Ok(setup.controller(&model::lease_name(&driver), move |token| {
+        Ok(setup.controller(&model::lock_name(&driver), move |token| {
             crate::capacity::controller::beside(
                 capacity,
                 token.clone(),

@@ -33,9 +33,15 @@ pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finali
 /// Volume attribute naming the provisioner instance that created the volume.
 pub const PROVISIONER_ID_KEY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
 
-/// The leader election Lease name, as upstream names it: the driver name with `/` replaced.
+/// The leader election lock name, as upstream's: the driver name with `/` replaced; its Lease's
+/// name before sanitizing, and what its Events name.
+pub fn lock_name(driver: &str) -> String {
+    driver.replace('/', "-")
+}
+
+/// The leader election Lease name, as upstream names it.
 pub fn lease_name(driver: &str) -> String {
-    sidecar_kit::cluster::leader::sanitize_name(&driver.replace('/', "-"))
+    sidecar_kit::cluster::leader::sanitize_name(&lock_name(driver))
 }
 
 fn name_of(meta: &ObjectMeta) -> String {
@@ -530,5 +536,6 @@ mod tests {
     fn lease_name_is_the_sanitized_driver_name() {
         assert_eq!(lease_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
         assert_eq!(lease_name("example.com/x"), "example-com-x");
+        assert_eq!(lock_name("example.com/x"), "example.com-x");
     }
 }

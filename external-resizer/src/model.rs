@@ -40,7 +40,8 @@ pub const RESIZE_CONDITIONS: [&str; 4] = [
 pub const MODIFYING_VOLUME: &str = "ModifyingVolume";
 pub const MODIFY_VOLUME_ERROR: &str = "ModifyVolumeError";
 
-/// The leader election Lease name, as upstream names it.
+/// The leader election Lease name, as upstream names it; also its lock name, which its Events
+/// name (upstream sanitizes the driver's name before, so sanitizing again changes nothing).
 pub fn lease_name(driver: &str) -> String {
     format!(
         "external-resizer-{}",

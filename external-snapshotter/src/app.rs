@@ -120,7 +120,7 @@ impl Sidecar for Snapshotter {
         let journal_client = setup.journal_client()?;
         let csi = host.csi.clone();
         Ok(
-            setup.controller(&model::lease_name(&host.driver), move |token| {
+            setup.controller(&model::lock_name(&host.driver), move |token| {
                 controller::run(config, client, journal_client, csi, token)
             })?,
         )

@@ -41,12 +41,15 @@ pub const GROUP_SECRET_NAMESPACE: &str =
 pub const GROUP_FINALIZER: &str =
     "groupsnapshot.storage.kubernetes.io/volumegroupsnapshotcontent-bound-protection";
 
-/// The name of the leader Lease, as upstream's: `external-snapshotter-leader-<driver>`.
+/// The leader election lock name, as upstream's: `external-snapshotter-leader-<driver>`, `/`
+/// replaced; its Lease's name before sanitizing, and what its Events name.
+pub fn lock_name(driver: &str) -> String {
+    format!("external-snapshotter-leader-{}", driver.replace('/', "-"))
+}
+
+/// The name of the leader Lease, as upstream's.
 pub fn lease_name(driver: &str) -> String {
-    format!(
-        "external-snapshotter-leader-{}",
-        sidecar_kit::cluster::leader::sanitize_name(driver)
-    )
+    sidecar_kit::cluster::leader::sanitize_name(&lock_name(driver))
 }
 
 /// A `snapshot.storage.k8s.io/v1` VolumeSnapshotContent, as read.
@@ -689,6 +692,10 @@ mod tests {
         assert_eq!(
             lease_name("hostpath.csi.k8s.io"),
             "external-snapshotter-leader-hostpath-csi-k8s-io"
+        );
+        assert_eq!(
+            lock_name("example.com/x"),
+            "external-snapshotter-leader-example.com-x"
         );
     }
 }

@@ -9,6 +9,7 @@ pub mod route;
 
 use std::ffi::OsString;
 
+use sidecar_kit::cluster::client::KubeconfigRule;
 use sidecar_kit::pipeline::watches::WatchHub;
 use sidecar_kit::process::http::HttpPlan;
 use sidecar_kit::runtime::Parsed as ControllerCli;
@@ -18,6 +19,10 @@ use tokio_util::sync::CancellationToken;
 use crate::registry::{Kind, LIVENESSPROBE, REGISTRAR};
 use route::CONSOLIDATED_FLAG;
 pub use route::{Ctl, Plan, RouteError, help, route};
+
+/// How the process finds its cluster. It has no upstream to follow: the flag its pod spec gives
+/// wins over a `$KUBECONFIG` an image or a wrapper may bring, as in kubectl.
+pub const KUBECONFIG: KubeconfigRule = KubeconfigRule::FlagFirst;
 
 /// A selected sidecar's command line, parsed by its own parser.
 enum Parsed {
@@ -181,11 +186,7 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
     };
     let common = first.common();
     let http = HttpPlan::from_flags(&common.http)?;
-    let kube_config = sidecar_kit::cluster::client::load_config(
-        &common.kube,
-        sidecar_kit::cluster::client::KubeconfigRule::FlagFirst,
-    )
-    .await?;
+    let kube_config = sidecar_kit::cluster::client::load_config(&common.kube, KUBECONFIG).await?;
     let mut greeting = first.greeting();
     for controller in &selection.controllers[1..] {
         let other = controller.greeting();
@@ -215,7 +216,7 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
         if controllers.iter().any(|c| c.election.is_some()) {
             controllers = host::consolidate(
                 controllers,
-                sidecar_kit::runtime::consolidated::lease_name(&host.driver),
+                &sidecar_kit::runtime::consolidated::lock_name(&host.driver),
             );
         } else {
             tracing::warn!("--{CONSOLIDATED_FLAG} has no effect without --leader-election");

@@ -13,7 +13,7 @@ pub type Ctl = &'static Entry;
 
 /// Settings of the process as a whole: one driver, one API server, one HTTP endpoint, one log.
 /// Given once, never per controller.
-const PROCESS_FLAGS: [&str; 11] = [
+const PROCESS_FLAGS: [&str; 15] = [
     "csi-address",
     "kubeconfig",
     "http-endpoint",
@@ -23,6 +23,10 @@ const PROCESS_FLAGS: [&str; 11] = [
     "vmodule",
     "logging-format",
     "log-flush-frequency",
+    "log-text-split-stream",
+    "log-text-info-buffer-size",
+    "log-json-split-stream",
+    "log-json-info-buffer-size",
     "automaxprocs",
     "version",
 ];
@@ -290,9 +294,10 @@ pub fn help() -> String {
          A flag shared by several sidecars is given once; --<sidecar>-<flag> sets it for that\n\
          sidecar only and wins. Each keeps its own defaults (the timeouts differ).\n\
          --leader-election-consolidated: one Lease for the process instead of one per\n\
-         controller; the single sidecars' Leases are taken over when it is first won.\n\n\
-         Flags of every controller (process-wide ones cannot be prefixed):\n",
+         controller; the single sidecars' Leases are taken over when it is first won.\n",
     );
+    text.push_str(&format!("--kubeconfig: {}.\n\n", super::KUBECONFIG.help()));
+    text.push_str("Flags of every controller (process-wide ones cannot be prefixed):\n");
     let controllers: Vec<&BTreeSet<String>> = commands
         .iter()
         .zip(&all)
@@ -490,6 +495,40 @@ mod tests {
     }
 
     #[test]
+    fn logging_flags_are_the_process_s() {
+        let p = plan(&[
+            "--controllers=attacher,livenessprobe",
+            "--log-text-split-stream",
+            "--log-text-info-buffer-size",
+            "64Ki",
+            "--log-json-split-stream=false",
+            "-log-json-info-buffer-size=0",
+        ])
+        .unwrap();
+        for (ctl, args) in &p.controllers {
+            assert_eq!(
+                args[1..],
+                [
+                    "--log-text-split-stream",
+                    "--log-text-info-buffer-size=64Ki",
+                    "--log-json-split-stream=false",
+                    "--log-json-info-buffer-size=0"
+                ]
+                .map(OsString::from),
+                "{ctl:?}"
+            );
+            assert_eq!(super::super::check(ctl, args.clone()), Ok(()), "{args:?}");
+        }
+        assert_eq!(
+            plan(&["--controllers=attacher", "--attacher-log-json-split-stream"]),
+            Err(RouteError::ProcessWide(
+                "attacher-log-json-split-stream".into(),
+                "log-json-split-stream".into()
+            ))
+        );
+    }
+
+    #[test]
     fn the_consolidated_lease_is_the_process_s_own_flag() {
         let p = plan(&["--controllers=attacher", "--leader-election-consolidated"]).unwrap();
         assert!(p.consolidated);
@@ -517,5 +556,6 @@ mod tests {
         assert!(text.contains("  --snapshotter-snapshot-name-prefix\n"));
         assert!(text.contains("  --livenessprobe-probe-timeout\n"));
         assert!(text.contains("  --node-driver-registrar-kubelet-registration-path\n"));
+        assert!(text.contains(super::super::KUBECONFIG.help()));
     }
 }

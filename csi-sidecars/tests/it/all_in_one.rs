@@ -60,6 +60,52 @@ fn start(
     testkit::process::spawn_sidecar(&mut command, stderr).unwrap()
 }
 
+/// This machine's host name, which the sidecars' leader election Events name.
+fn host_name() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer is writable for the length given.
+    let rc = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) };
+    assert_eq!(rc, 0, "gethostname");
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..end]).into_owned()
+}
+
+/// Checks the Event of the election won on the Lease `lease` as client-go's LeaseLock records
+/// it, from the component csi-lib-utils names after the lock `lock`.
+async fn assert_won_election_event(client: &kube::Client, ns: &str, lease: &str, lock: &str) {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let event = eventually(&format!("the LeaderElection Event on {lease}"), || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.involved_object.kind.as_deref() == Some("Lease")
+                    && e.involved_object.name.as_deref() == Some(lease)
+                    && e.reason.as_deref() == Some("LeaderElection")
+            })
+    })
+    .await;
+    let holder = Api::<Lease>::namespaced(client.clone(), ns)
+        .get(lease)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    assert_eq!(
+        event.message.as_deref(),
+        Some(format!("{holder} became leader").as_str())
+    );
+    assert_eq!(event.type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        event.source.and_then(|s| s.component),
+        Some(format!("{lock}/{}", host_name()))
+    );
+}
+
 /// Waits until the claim `name` is bound; its PV's name.
 async fn bound(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
     eventually("the claim bound", || async {
@@ -154,6 +200,29 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
                 .and_then(|l| l.spec?.holder_identity)
         })
         .await;
+    }
+    // Each election won is an Event on its Lease, from upstream's recorder, named after the
+    // lock name (the Lease's name before sanitizing).
+    for (lease, lock) in [
+        (sanitized.clone(), driver.clone()),
+        (
+            format!("external-attacher-leader-{sanitized}"),
+            format!("external-attacher-leader-{driver}"),
+        ),
+        (
+            format!("external-resizer-{sanitized}"),
+            format!("external-resizer-{sanitized}"),
+        ),
+        (
+            format!("external-snapshotter-leader-{sanitized}"),
+            format!("external-snapshotter-leader-{driver}"),
+        ),
+        (
+            format!("external-health-monitor-leader-{sanitized}"),
+            format!("external-health-monitor-leader-{driver}"),
+        ),
+    ] {
+        assert_won_election_event(&client, &ns, &lease, &lock).await;
     }
 
     // Provisioner: a claim of an expandable class is bound.
@@ -517,6 +586,13 @@ async fn a_consolidated_lease_takes_over_the_legacy_ones_whose_holders_are_gone(
     })
     .await;
     assert!(!holder.is_empty());
+    assert_won_election_event(
+        &client,
+        &ns,
+        &consolidated_lease,
+        &format!("csi-sidecars-leader-{driver}"),
+    )
+    .await;
     // Both legacy Leases were taken and then, after the mark, released: the provisioner's was
     // created for it.
     for name in [legacy_attacher.clone(), sanitized.clone()] {

@@ -5,6 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sidecar_kit::cluster::client::KubeconfigRule;
 use testkit::measure::{free_port, http_get};
 use testkit::mockdriver::MockDriver;
 use testkit::process::CleanEnv;
@@ -116,16 +117,18 @@ async fn the_livenessprobe_serves_through_it() {
 
 /// Each sidecar of the multi-call binary reads its kubeconfig by its upstream's rule; the
 /// all-in-one process, which has no upstream, lets the flag win and falls back to
-/// `$KUBECONFIG`, then to the in-cluster configuration.
+/// `$KUBECONFIG`, then to the in-cluster configuration. Each one's `--help` words the rule it is
+/// seen to follow, and no other.
 #[tokio::test]
-async fn each_binary_keeps_its_kubeconfig_rule() {
+async fn each_binary_keeps_its_kubeconfig_rule_and_says_so() {
     use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
     let csi = "--csi-address=/nonexistent/csi.sock";
-    let cases: [(&[&str], [testkit::process::KubeconfigRead; 3]); 6] = [
+    let cases: [(&[&str], [testkit::process::KubeconfigRead; 3]); 7] = [
         (&["provisioner", csi], [Environment, Environment, Flag]),
         (&["attacher", csi], [Flag, InCluster, Flag]),
         (&["resizer", csi], [Flag, InCluster, Flag]),
         (&["snapshotter", csi], [Flag, InCluster, Flag]),
+        (&["health-monitor", csi], [Flag, InCluster, Flag]),
         (
             &["--controllers=provisioner,attacher", csi],
             [Flag, Environment, Flag],
@@ -133,6 +136,44 @@ async fn each_binary_keeps_its_kubeconfig_rule() {
         (&["--controllers=*", csi], [Flag, Environment, Flag]),
     ];
     for (args, expected) in cases {
-        assert_eq!(kubeconfig_reads(BIN, args).await, expected, "{args:?}");
+        let reads = kubeconfig_reads(BIN, args).await;
+        assert_eq!(reads, expected, "{args:?}");
+        let seen = rule_reading(reads);
+        let help = match args[0] {
+            all_in_one if all_in_one.starts_with("--") => run(&["--help"]).1,
+            sidecar => run(&[sidecar, "--help"]).1,
+        };
+        for rule in RULES {
+            assert_eq!(
+                help.contains(rule.help()),
+                rule == seen,
+                "{args:?} reads by {seen:?}; its help:\n{help}"
+            );
+        }
     }
+}
+
+const RULES: [KubeconfigRule; 3] = [
+    KubeconfigRule::FlagOnly,
+    KubeconfigRule::EnvironmentFirst,
+    KubeconfigRule::FlagFirst,
+];
+
+/// The rule that reads what `reads` saw: with the flag and the variable set, the variable
+/// alone, the flag alone.
+fn rule_reading(reads: [testkit::process::KubeconfigRead; 3]) -> KubeconfigRule {
+    use testkit::process::KubeconfigRead::*;
+    let picks = |rule: KubeconfigRule| {
+        [("flag", Some("env")), ("", Some("env")), ("flag", None)].map(|(flag, environment)| {
+            match rule.choose(flag, environment).as_deref() {
+                Some("flag") => Flag,
+                Some(_) => Environment,
+                None => InCluster,
+            }
+        })
+    };
+    RULES
+        .into_iter()
+        .find(|rule| picks(*rule) == reads)
+        .unwrap_or_else(|| panic!("no rule reads {reads:?}"))
 }

@@ -3,3 +3,4 @@
 mod all_in_one;
 mod binary;
 mod faults;
+mod upstream_flags;

@@ -454,10 +454,13 @@ async fn a_status_patch_that_is_never_answered_does_not_stop_attaching() {
 }
 
 /// Upstream's attacher reads `--kubeconfig`, else the in-cluster configuration, and never
-/// `$KUBECONFIG`; so does this one.
+/// `$KUBECONFIG`; so does this one, and its help says so.
 #[tokio::test]
 async fn kubeconfig_comes_from_the_flag_only() {
     use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
     let reads = kubeconfig_reads(BIN, &["--csi-address=/nonexistent/csi.sock"]).await;
     assert_eq!(reads, [Flag, InCluster, Flag]);
+    let (_, help, _) = testkit::process::run_to_exit(BIN, &["--help"], WAIT).await;
+    let rule = sidecar_kit::cluster::client::KubeconfigRule::FlagOnly;
+    assert!(help.contains(rule.help()), "{help}");
 }

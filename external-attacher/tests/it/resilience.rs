@@ -78,6 +78,7 @@ fn election(env: &Env, identity: &str) -> ElectionConfig {
         retry_period: Duration::from_millis(250),
         labels: BTreeMap::new(),
         release_on_exit: false,
+        event_source: format!("external-attacher-leader-{}/{identity}", env.driver),
     }
 }
 

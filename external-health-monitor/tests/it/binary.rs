@@ -135,3 +135,15 @@ async fn the_binary_reports_an_abnormal_volume_serves_metrics_and_holds_its_leas
     assert!(leases.get(&lease).await.is_ok(), "Lease {lease}");
     child.start_kill().unwrap();
 }
+
+/// Upstream's health monitor reads `--kubeconfig`, else the in-cluster configuration, and never
+/// `$KUBECONFIG`; so does this one, and its help says so.
+#[tokio::test]
+async fn kubeconfig_comes_from_the_flag_only() {
+    use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
+    let reads = kubeconfig_reads(BIN, &["--csi-address=/nonexistent/csi.sock"]).await;
+    assert_eq!(reads, [Flag, InCluster, Flag]);
+    let (_, help, _) = testkit::process::run_to_exit(BIN, &["--help"], WAIT).await;
+    let rule = sidecar_kit::cluster::client::KubeconfigRule::FlagOnly;
+    assert!(help.contains(rule.help()), "{help}");
+}

@@ -380,12 +380,16 @@ async fn slow_and_bloated_http_clients_cannot_exhaust_the_endpoint() {
     env.stop().await;
 }
 
-/// Upstream's provisioner lets `$KUBECONFIG` win over `--kubeconfig`; so does this one.
+/// Upstream's provisioner lets `$KUBECONFIG` win over `--kubeconfig`; so does this one, and its
+/// help says so.
 #[tokio::test]
 async fn kubeconfig_from_the_environment_wins_over_the_flag() {
     use testkit::process::{KubeconfigRead::*, kubeconfig_reads};
     let reads = kubeconfig_reads(BIN, &["--csi-address=/nonexistent/csi.sock"]).await;
     assert_eq!(reads, [Environment, Environment, Flag]);
+    let (_, help, _) = testkit::process::run_to_exit(BIN, &["--help"], WAIT).await;
+    let rule = sidecar_kit::cluster::client::KubeconfigRule::EnvironmentFirst;
+    assert!(help.contains(rule.help()), "{help}");
 }
 
 /// Replaces a token file as the kubelet does: a new file renamed over the old.

@@ -22,6 +22,7 @@ fn election(env: &Env, identity: &str) -> ElectionConfig {
         retry_period: Duration::from_millis(200),
         labels: Default::default(),
         release_on_exit: true,
+        event_source: format!("hostpath.csi.k8s.io/{identity}"),
     }
 }
 

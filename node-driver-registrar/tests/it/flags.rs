@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::common::process::run_to_exit;
+use crate::common::process::{run_to_exit, run_to_exit_streams};
 
 const WAIT: Duration = Duration::from_secs(20);
 #[cfg(not(windows))]
@@ -40,6 +40,8 @@ async fn bad_values_exit_2_as_go_flag_does() {
         "--socket-check-interval=5",
         "--health-port=ninety",
         "--no-such-flag",
+        "--log-text-info-buffer-size=1K",
+        "--log-json-split-stream=yes",
     ] {
         let (status, output) = run_to_exit(&[REG, bad], WAIT).await;
         assert_eq!(status.code(), Some(2), "{bad}: {output}");
@@ -148,4 +150,60 @@ async fn deprecated_flags_are_accepted_with_warnings() {
         "{output}"
     );
     assert!(output.contains("--enable-pprof has no effect"), "{output}");
+}
+
+/// component-base's split streams: in text, info on stdout and warnings and errors on stderr;
+/// in JSON only errors on stderr. Without them everything goes to stderr. The info buffer sizes
+/// are accepted.
+#[tokio::test]
+async fn split_streams_send_messages_by_severity() {
+    const INFO: &str = "starting node-driver-registrar";
+    const WARNING: &str = "--connection-timeout is deprecated";
+    const ERROR: &str = "cannot connect to the CSI driver";
+    // A run that warns, starts and fails at once: no driver.
+    let dir = tempfile::tempdir().unwrap();
+    let csi = format!("--csi-address={}", dir.path().join("none.sock").display());
+    let run = [
+        REG,
+        &csi,
+        "--connection-timeout=15s",
+        "--driver-startup-timeout=200ms",
+    ];
+    let cases: [(&[&str], &[&str]); 4] = [
+        (&[], &[]),
+        (
+            &[
+                "--log-text-split-stream",
+                "--log-text-info-buffer-size=64Ki",
+            ],
+            &[INFO],
+        ),
+        (
+            &[
+                "--logging-format=json",
+                "--log-json-split-stream",
+                "-log-json-info-buffer-size",
+                "1M",
+            ],
+            &[INFO, WARNING],
+        ),
+        // A format splits on its own flag only.
+        (&["--logging-format=json", "--log-text-split-stream"], &[]),
+    ];
+    for (flags, on_stdout) in cases {
+        let args: Vec<&str> = run.iter().chain(flags).copied().collect();
+        let (status, out, err) = run_to_exit_streams(&args, WAIT).await;
+        assert_eq!(status.code(), Some(1), "{flags:?}: {err}");
+        for message in [INFO, WARNING, ERROR] {
+            let (expected, other) = if on_stdout.contains(&message) {
+                (&out, &err)
+            } else {
+                (&err, &out)
+            };
+            assert!(
+                expected.contains(message) && !other.contains(message),
+                "{flags:?}: {message:?}\nstdout: {out}\nstderr: {err}"
+            );
+        }
+    }
 }

@@ -95,6 +95,22 @@ pub enum KubeconfigRule {
 }
 
 impl KubeconfigRule {
+    /// `--kubeconfig`'s help in a binary that follows the rule.
+    pub fn help(self) -> &'static str {
+        match self {
+            Self::FlagOnly => {
+                "Path to a kubeconfig; empty uses the in-cluster configuration ($KUBECONFIG is not read)"
+            }
+            Self::EnvironmentFirst => {
+                "Path to a kubeconfig; $KUBECONFIG, when set, wins over it; with neither the \
+                 in-cluster configuration is used"
+            }
+            Self::FlagFirst => {
+                "Path to a kubeconfig; empty uses $KUBECONFIG, then the in-cluster configuration"
+            }
+        }
+    }
+
     /// The kubeconfig to read (`None`: the in-cluster configuration) from the flag and the
     /// variable's value. Like upstream's, a `$KUBECONFIG` of several paths is not merged: it
     /// names one file.

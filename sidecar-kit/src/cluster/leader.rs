@@ -9,6 +9,10 @@
 //!
 //! Unlike client-go, a waiting candidate also watches the Lease, so a released Lease is taken
 //! over at once instead of after up to one retry period.
+//!
+//! A won election is recorded as client-go's LeaseLock records it: an Event on the Lease,
+//! Normal, reason `LeaderElection`, `<identity> became leader`, from the component
+//! csi-lib-utils names its recorder (`<lock name>/<host name>`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,12 +22,14 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::events::{EventType, Recorder, Reporter};
 use crate::process::flags::LeaderElectionFlags;
 use crate::process::http::Reply;
 
@@ -88,17 +94,30 @@ pub fn lease_namespace(flag: &str) -> String {
         .unwrap_or_else(|| "default".to_string())
 }
 
-/// This process's identity: the host name (the pod name in Kubernetes), sanitized.
-pub fn default_identity() -> String {
+/// The host name: the pod name in Kubernetes.
+fn host_name() -> String {
     let from_kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
-    let name = from_kernel
+    from_kernel
         .or_else(|| std::env::var("HOSTNAME").ok())
         .or_else(|| std::env::var("COMPUTERNAME").ok())
         .map(|n| n.trim().to_string())
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "unknown".to_string());
-    sanitize_name(&name)
+        .unwrap_or_else(|| "unknown".to_string())
 }
+
+/// This process's identity: the host name, sanitized.
+pub fn default_identity() -> String {
+    sanitize_name(&host_name())
+}
+
+/// The component of the Events of an election on the Lock `lock_name` (as the sidecar names it,
+/// before sanitizing): csi-lib-utils' `<lock name>/<host name>`.
+pub fn event_source(lock_name: &str) -> String {
+    format!("{lock_name}/{}", host_name())
+}
+
+/// The reason of the Event of a won election, client-go's.
+pub const LEADER_ELECTION_REASON: &str = "LeaderElection";
 
 /// Settings of one election.
 #[derive(Clone, Debug)]
@@ -111,10 +130,13 @@ pub struct ElectionConfig {
     pub retry_period: Duration,
     pub labels: BTreeMap<String, String>,
     pub release_on_exit: bool,
+    /// The component the Event of a won election is from ([`event_source`]).
+    pub event_source: String,
 }
 
 impl ElectionConfig {
-    /// Settings from the upstream flags, for a Lease named after `lock_name` (sanitized).
+    /// Settings from the upstream flags, for a Lease named after `lock_name` (sanitized), whose
+    /// Events name `lock_name` as it is.
     pub fn from_flags(lock_name: &str, flags: &LeaderElectionFlags) -> Result<Self, LeaderError> {
         let config = Self {
             lease_name: sanitize_name(lock_name),
@@ -125,6 +147,7 @@ impl ElectionConfig {
             retry_period: flags.leader_election_retry_period,
             labels: flags.leader_election_labels.0.iter().cloned().collect(),
             release_on_exit: flags.leader_election_release_on_exit,
+            event_source: event_source(lock_name),
         };
         config.validate()?;
         Ok(config)
@@ -289,6 +312,7 @@ impl LeaderHealth {
 
 /// One candidate in an election.
 pub struct LeaderElector {
+    client: kube::Client,
     api: Api<Lease>,
     config: ElectionConfig,
     observed: Arc<Mutex<Observed>>,
@@ -300,7 +324,7 @@ impl LeaderElector {
     /// `client` should be a client of its own, so that renewals are not throttled by the
     /// controllers' requests.
     pub fn new(client: kube::Client, config: ElectionConfig) -> Self {
-        let api = Api::namespaced(client, &config.namespace);
+        let api = Api::namespaced(client.clone(), &config.namespace);
         let observed = Observed {
             spec: None,
             changed_at: Instant::now(),
@@ -309,6 +333,7 @@ impl LeaderElector {
             written: None,
         };
         Self {
+            client,
             api,
             config,
             observed: Arc::new(Mutex::new(observed)),
@@ -348,6 +373,7 @@ impl LeaderElector {
         }
         tracing::info!(lease = %self.config.lease_name, namespace = %self.config.namespace, identity = %self.config.identity, "became leader");
         self.set_leading(true);
+        self.record_won();
 
         let leading = CancellationToken::new();
         let work = lead(leading.clone());
@@ -397,6 +423,27 @@ impl LeaderElector {
         let acquired = self.acquire(shutdown).await;
         watch.abort();
         acquired
+    }
+
+    /// Records the won election on the Lease as it was written, in the background.
+    fn record_won(&self) {
+        let Some(lease) = self.observed.lock().ok().and_then(|o| o.written.clone()) else {
+            return;
+        };
+        let reporter = Reporter {
+            component: self.config.event_source.clone(),
+            instance: String::new(),
+        };
+        // client-go's reference names the Lease as written, its version included.
+        let mut object = lease.object_ref(&());
+        object.resource_version = lease.metadata.resource_version;
+        // The writer task ends once this one Event is written.
+        Recorder::spawn(self.client.clone(), reporter).record(
+            object,
+            EventType::Normal,
+            LEADER_ELECTION_REASON,
+            &format!("{} became leader", self.config.identity),
+        );
     }
 
     fn set_leading(&self, leading: bool) {
@@ -743,6 +790,7 @@ mod tests {
             retry_period: Duration::from_secs(5),
             labels: BTreeMap::new(),
             release_on_exit: true,
+            event_source: "l/me".into(),
         };
         assert!(config.validate().is_ok());
         config.renew_deadline = Duration::from_secs(6);

@@ -141,6 +141,8 @@ pub enum ValueError {
     Bool(String),
     #[error("invalid label {0:?}: expected key:value")]
     Label(String),
+    #[error("invalid size {0:?}: expected a quantity of bytes such as 0, 512, 1k, 2Ki or 3M")]
+    Size(String),
 }
 
 /// Parses a Go `time.Duration` string (`1h2m3.5s`, `300ms`, `0`). Negative values are refused:
@@ -196,6 +198,13 @@ pub fn parse_go_bool(text: &str) -> Result<bool, ValueError> {
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
         _ => Err(ValueError::Bool(text.to_string())),
     }
+}
+
+/// Parses a byte count written as a Kubernetes quantity (`512`, `1k`, `2Ki`, `3M`), as
+/// component-base's buffer size flags read it; a negative count is refused.
+pub fn parse_byte_size(text: &str) -> Result<u64, ValueError> {
+    let bytes = crate::values::quantity::parse(text).map_err(|_| ValueError::Size(text.into()))?;
+    u64::try_from(bytes).map_err(|_| ValueError::Size(text.into()))
 }
 
 /// Key/value pairs given as `k:v,k2:v2`.
@@ -264,6 +273,40 @@ pub struct LoggingFlags {
     /// Maximum time between log flushes (accepted for compatibility; logs are written unbuffered)
     #[arg(long, default_value = "5s", value_parser = parse_go_duration, value_name = "DURATION")]
     pub log_flush_frequency: Duration,
+
+    /// In text format, write info and debug messages to stdout, warnings and errors to stderr
+    /// (without it, all go to stderr)
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value = "false", value_parser = parse_go_bool)]
+    pub log_text_split_stream: bool,
+
+    /// Buffer for info messages with --log-text-split-stream, in bytes as a quantity (512, 1k,
+    /// 2Ki, 3M); accepted for compatibility, no effect: every message is written at once
+    #[arg(long, default_value = "0", value_parser = parse_byte_size, value_name = "QUANTITY")]
+    pub log_text_info_buffer_size: u64,
+
+    /// In JSON format, write errors to stderr and all other messages to stdout (without it, all
+    /// go to stderr)
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value = "false", value_parser = parse_go_bool)]
+    pub log_json_split_stream: bool,
+
+    /// Buffer for info messages with --log-json-split-stream, in bytes as a quantity (512, 1k,
+    /// 2Ki, 3M); accepted for compatibility, no effect: every message is written at once
+    #[arg(long, default_value = "0", value_parser = parse_byte_size, value_name = "QUANTITY")]
+    pub log_json_info_buffer_size: u64,
+}
+
+impl LoggingFlags {
+    /// The least severe level still written to stderr when the format's split stream is on
+    /// (everything less severe goes to stdout); `None`: one stream, stderr. Upstream's text
+    /// format sends warnings with errors, its JSON format only errors (it has no warning level).
+    pub fn stderr_from(&self) -> Option<tracing::Level> {
+        match self.logging_format {
+            LogFormat::Text => self.log_text_split_stream.then_some(tracing::Level::WARN),
+            LogFormat::Json => self.log_json_split_stream.then_some(tracing::Level::ERROR),
+        }
+    }
 }
 
 /// Flags every sidecar has besides logging.
@@ -309,7 +352,8 @@ pub struct HttpFlags {
 /// Kubernetes client flags.
 #[derive(Args, Clone, Debug)]
 pub struct KubeFlags {
-    /// Path to a kubeconfig; empty uses $KUBECONFIG, then the in-cluster configuration
+    // Its help is each binary's: which of it, $KUBECONFIG and the in-cluster configuration
+    // wins is the binary's `KubeconfigRule`, which words the help.
     #[arg(long, default_value = "", value_name = "PATH")]
     pub kubeconfig: String,
 
@@ -386,8 +430,23 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString>,
 {
+    parse_with(P::command(), args, syntax)
+}
+
+/// [`parse_from`] with `command` as `P`'s declaration: `P::command()` with what the binary
+/// words its own way (a help text).
+pub fn parse_with<P, I, T>(
+    command: clap::Command,
+    args: I,
+    syntax: FlagSyntax,
+) -> Result<P, clap::Error>
+where
+    P: clap::FromArgMatches,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
     // Both upstream parsers let a repeated flag override the earlier occurrences.
-    let mut command = P::command().args_override_self(true);
+    let mut command = command.args_override_self(true);
     let args = merge_accumulating(normalize_args(args, syntax, &command));
     let mut matches = command.try_get_matches_from_mut(args)?;
     P::from_arg_matches_mut(&mut matches).map_err(|err| err.format(&mut command))
@@ -645,6 +704,71 @@ mod tests {
         assert_eq!(cli.common.logging.verbosity, 3);
         // pflag has no single-dash long options.
         assert!(gnu(&["-csi-address=/x"]).is_err());
+    }
+
+    #[test]
+    fn component_base_logging_flags() {
+        let cli = go(&[]).unwrap();
+        let logging = &cli.common.logging;
+        assert!(!logging.log_text_split_stream && !logging.log_json_split_stream);
+        assert_eq!(logging.log_text_info_buffer_size, 0);
+        assert_eq!(logging.log_json_info_buffer_size, 0);
+        assert_eq!(logging.stderr_from(), None);
+        for parse in [go, gnu] {
+            let cli = parse(&[
+                "--log-text-split-stream",
+                "--log-text-info-buffer-size",
+                "64Ki",
+                "--log-json-split-stream=true",
+                "--log-json-info-buffer-size=1M",
+            ])
+            .unwrap();
+            let logging = &cli.common.logging;
+            assert!(logging.log_text_split_stream && logging.log_json_split_stream);
+            assert_eq!(logging.log_text_info_buffer_size, 64 << 10);
+            assert_eq!(logging.log_json_info_buffer_size, 1_000_000);
+            assert_eq!(logging.stderr_from(), Some(tracing::Level::WARN));
+        }
+        let cli = go(&["-logging-format=json", "-log-json-split-stream"]).unwrap();
+        assert_eq!(
+            cli.common.logging.stderr_from(),
+            Some(tracing::Level::ERROR)
+        );
+        // Each format splits on its own flag only.
+        let cli = go(&["--logging-format=json", "--log-text-split-stream"]).unwrap();
+        assert_eq!(cli.common.logging.stderr_from(), None);
+        let cli = go(&["--log-text-split-stream=false"]).unwrap();
+        assert_eq!(cli.common.logging.stderr_from(), None);
+        // As Go: a boolean never takes the next word; quantities as Kubernetes reads them.
+        for bad in [
+            &["--log-text-split-stream", "true"][..],
+            &["--log-json-split-stream=yes"],
+            &["--log-text-info-buffer-size=1K"],
+            &["--log-json-info-buffer-size=-1"],
+            &["--log-json-info-buffer-size="],
+            &["--log-text-info-buffer-size=64KB"],
+        ] {
+            assert!(go(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn byte_sizes() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("512", 512),
+            ("1k", 1000),
+            ("2Ki", 2048),
+            ("3M", 3_000_000),
+            ("5Mi", 5 << 20),
+            ("1.5Ki", 1536),
+            ("1e3", 1000),
+        ] {
+            assert_eq!(parse_byte_size(text), Ok(bytes), "{text}");
+        }
+        for bad in ["", "K", "1K", "1 Mi", "-1", "x"] {
+            assert!(parse_byte_size(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

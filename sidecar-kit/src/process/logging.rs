@@ -7,11 +7,17 @@
 //! | >= 5  | plus trace: every gRPC request and response, secrets stripped |
 //!
 //! HTTP/2 and TLS transport crates log at most at info, so `-v=5` shows the sidecar's own work.
-//! Logs go to stderr, as klog's do, as text or as JSON lines (`--logging-format=json`).
+//! Logs go to stderr, as klog's do, as text or as JSON lines (`--logging-format=json`); with the
+//! format's split stream (`--log-text-split-stream`, `--log-json-split-stream`) the less severe
+//! messages go to stdout, as component-base splits them.
 
-use tracing::Level;
+use std::io::{IsTerminal, Stderr, Stdout};
+
+use tracing::{Level, Metadata};
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::writer::EitherWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -58,13 +64,57 @@ pub fn filter(verbosity: u8) -> Targets {
         .unwrap_or_else(|_| Targets::new().with_default(level))
 }
 
+/// Where each message is written: stderr, or by severity to stderr and stdout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Streams {
+    /// The least severe level written to stderr; `None`: everything is.
+    stderr_from: Option<Level>,
+}
+
+impl Streams {
+    fn new(flags: &LoggingFlags) -> Self {
+        Self {
+            stderr_from: flags.stderr_from(),
+        }
+    }
+
+    /// Whether a message of `level` goes to stdout.
+    fn goes_to_stdout(&self, level: &Level) -> bool {
+        // More verbose levels compare greater.
+        self.stderr_from.is_some_and(|least| *level > least)
+    }
+
+    /// Colour codes only for a person at a terminal, never in container logs: every stream
+    /// written to must be one.
+    fn ansi(&self) -> bool {
+        std::io::stderr().is_terminal()
+            && (self.stderr_from.is_none() || std::io::stdout().is_terminal())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Streams {
+    type Writer = EitherWriter<Stderr, Stdout>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EitherWriter::A(std::io::stderr())
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Self::Writer {
+        if self.goes_to_stdout(meta.level()) {
+            EitherWriter::B(std::io::stdout())
+        } else {
+            EitherWriter::A(std::io::stderr())
+        }
+    }
+}
+
 /// Installs the global subscriber. Calling it twice keeps the first one (tests do that).
 pub fn init(flags: &LoggingFlags) {
     let filter = filter(flags.verbosity);
+    let streams = Streams::new(flags);
     let layer = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, never in container logs.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(streams.ansi())
+        .with_writer(streams)
         .with_target(false);
     let installed = match flags.logging_format {
         LogFormat::Text => tracing_subscriber::registry()
@@ -82,6 +132,52 @@ pub fn init(flags: &LoggingFlags) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::flags::{FlagSyntax, parse_from};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        logging: LoggingFlags,
+    }
+
+    /// The levels that go to stdout with the command line `args`.
+    fn on_stdout(args: &[&str]) -> Vec<Level> {
+        let cli: Cli = parse_from(
+            std::iter::once("bin").chain(args.iter().copied()),
+            FlagSyntax::Go,
+        )
+        .unwrap();
+        let streams = Streams::new(&cli.logging);
+        [
+            Level::ERROR,
+            Level::WARN,
+            Level::INFO,
+            Level::DEBUG,
+            Level::TRACE,
+        ]
+        .into_iter()
+        .filter(|level| streams.goes_to_stdout(level))
+        .collect()
+    }
+
+    #[test]
+    fn split_streams_as_component_base() {
+        const NONE: [Level; 0] = [];
+        assert_eq!(on_stdout(&[]), NONE);
+        assert_eq!(on_stdout(&["--logging-format=json"]), NONE);
+        assert_eq!(
+            on_stdout(&["--log-text-split-stream"]),
+            [Level::INFO, Level::DEBUG, Level::TRACE]
+        );
+        assert_eq!(
+            on_stdout(&["--logging-format=json", "--log-json-split-stream"]),
+            [Level::WARN, Level::INFO, Level::DEBUG, Level::TRACE]
+        );
+        assert_eq!(
+            on_stdout(&["--logging-format=json", "--log-text-split-stream"]),
+            NONE
+        );
+    }
 
     #[test]
     fn verbosity_mapping() {

@@ -27,9 +27,15 @@ use crate::cluster::leader::{ElectionConfig, LeaderError};
 pub const MIGRATION_ANNOTATION: &str = "migration.csi.k8s.io/status";
 pub const MIGRATION_COMPLETED: &str = "completed";
 
+/// The consolidated Lease's lock name for `driver`: its Lease's name before sanitizing, and
+/// what its Events name.
+pub fn lock_name(driver: &str) -> String {
+    format!("csi-sidecars-leader-{driver}")
+}
+
 /// The consolidated Lease's name for `driver`.
 pub fn lease_name(driver: &str) -> String {
-    crate::cluster::leader::sanitize_name(&format!("csi-sidecars-leader-{driver}"))
+    crate::cluster::leader::sanitize_name(&lock_name(driver))
 }
 
 /// Who holds a legacy Lease, as read.

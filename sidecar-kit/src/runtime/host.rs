@@ -117,11 +117,12 @@ impl Controller {
 }
 
 /// KEP-4958's consolidated Lease: the controllers that elect a leader run under one election
-/// on the Lease `lease_name` (with the first one's client and settings) instead of one each.
+/// on the Lease named after `lock` (with the first one's client and settings) instead of one
+/// each.
 /// The first time it is won, their own Leases are taken over (see [`consolidated`]); a single
 /// sidecar still leading one of them stops the process with that message. Controllers without
 /// an election are left as they are.
-pub fn consolidate(controllers: Vec<Controller>, lease_name: String) -> Vec<Controller> {
+pub fn consolidate(controllers: Vec<Controller>, lock: &str) -> Vec<Controller> {
     let (electing, mut others): (Vec<Controller>, Vec<Controller>) =
         controllers.into_iter().partition(|c| c.election.is_some());
     let Some((client, first)) = electing.first().and_then(|c| c.election.clone()) else {
@@ -132,8 +133,9 @@ pub fn consolidate(controllers: Vec<Controller>, lease_name: String) -> Vec<Cont
         .filter_map(|c| c.election.as_ref().map(|(_, config)| config.clone()))
         .collect();
     let config = ElectionConfig {
-        lease_name,
+        lease_name: crate::cluster::leader::sanitize_name(lock),
         labels: consolidated::labels(&legacy),
+        event_source: crate::cluster::leader::event_source(lock),
         ..first
     };
     let runs: Vec<Controller> = electing

@@ -28,7 +28,7 @@ use crate::cluster::leader::{self, ElectionConfig};
 use crate::driver::identity::IdentityError;
 use crate::pipeline::Wiring;
 use crate::pipeline::watches::WatchHub;
-use crate::process::flags::{CommonFlags, FlagSyntax, parse_args, parse_from};
+use crate::process::flags::{CommonFlags, FlagSyntax, parse_with};
 use crate::process::http::{HttpError, HttpPlan, Routes};
 use crate::process::logging;
 use crate::runtime::startup::Greeting;
@@ -223,18 +223,19 @@ impl<'a> Setup<'a> {
     }
 
     /// The sidecar's controller, which `run`s until the token it is given is cancelled, under
-    /// the leader election of the Lease `lease` when `--leader-election` asks: with a client of
-    /// its own and the controller's budget (so that the controller's requests never throttle
-    /// its renewals) and the settings of the leader election flags. The Lease is released on
-    /// exit when `--leader-election-release-on-exit` or the sidecar asks.
-    pub fn controller<F, Fut>(&self, lease: &str, run: F) -> Result<Controller, HostError>
+    /// the leader election of the Lease named after `lock` (sanitized, as upstream names its
+    /// Lease after its lock name) when `--leader-election` asks: with a client of its own and the
+    /// controller's budget (so that the controller's requests never throttle its renewals) and
+    /// the settings of the leader election flags. The Lease is released on exit when
+    /// `--leader-election-release-on-exit` or the sidecar asks.
+    pub fn controller<F, Fut>(&self, lock: &str, run: F) -> Result<Controller, HostError>
     where
         F: FnOnce(CancellationToken) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let election = if self.elect {
             let flags = &self.common.leader_election;
-            let mut settings = ElectionConfig::from_flags(lease, flags)?;
+            let mut settings = ElectionConfig::from_flags(lock, flags)?;
             settings.release_on_exit =
                 flags.leader_election_release_on_exit || self.release_lease_on_exit;
             Some((self.client()?, settings))
@@ -245,10 +246,32 @@ impl<'a> Setup<'a> {
     }
 }
 
+/// `S`'s command line, its `--kubeconfig` help stating the rule `S` reads it by.
+fn command<S: Sidecar>() -> clap::Command {
+    // Not `mut_arg`, which would move the flag to the end of the help.
+    S::Cli::command().mut_args(|arg| {
+        if arg.get_id() == "kubeconfig" {
+            arg.help(S::KUBECONFIG.help())
+        } else {
+            arg
+        }
+    })
+}
+
+/// Parses `args` as `S`'s binary does.
+fn parse_from<S: Sidecar>(args: Vec<OsString>) -> Result<S::Cli, clap::Error> {
+    parse_with(command::<S>(), args, S::SYNTAX)
+}
+
+/// Parses `args` as `S`'s binary does, printing help or errors and exiting as it does.
+fn parse_args<S: Sidecar>(args: Vec<OsString>) -> S::Cli {
+    parse_from::<S>(args).unwrap_or_else(|err| err.exit())
+}
+
 /// Runs `S` as its own binary with the command line `args` (the first item names the program)
 /// until it ends; exits the process on errors.
 pub fn main<S: Sidecar>(args: impl IntoIterator<Item = OsString>) {
-    let cli: S::Cli = parse_args(args, S::SYNTAX);
+    let cli = parse_args::<S>(args.into_iter().collect());
     let common = cli.common();
     lifecycle::exit_if_version(&common.process, S::VERSION);
     logging::init(&common.logging);
@@ -344,7 +367,7 @@ impl<S: Sidecar> Plugin for Plug<S> {
     }
 
     fn command(&self) -> clap::Command {
-        S::Cli::command()
+        command::<S>()
     }
 
     fn main(&self, args: Vec<OsString>) {
@@ -352,12 +375,12 @@ impl<S: Sidecar> Plugin for Plug<S> {
     }
 
     fn check(&self, args: Vec<OsString>) -> Result<(), String> {
-        let cli: S::Cli = parse_from(args, S::SYNTAX).map_err(|e| e.to_string())?;
+        let cli = parse_from::<S>(args).map_err(|e| e.to_string())?;
         cli.validate().map_err(|e| e.to_string())
     }
 
     fn parse(&self, args: Vec<OsString>) -> Box<dyn Parsed> {
-        Box::new(Cli::<S>(parse_args(args, S::SYNTAX)))
+        Box::new(Cli::<S>(parse_args::<S>(args)))
     }
 }
 

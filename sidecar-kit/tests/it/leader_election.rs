@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -29,6 +30,7 @@ fn config(cluster: &TestCluster, identity: &str) -> ElectionConfig {
         retry_period: Duration::from_millis(300),
         labels: BTreeMap::from([("app".to_string(), "csi-attacher".to_string())]),
         release_on_exit: true,
+        event_source: format!("external-attacher-leader-mock.csi.example.com/{identity}"),
     }
 }
 
@@ -138,6 +140,85 @@ async fn one_leader_failover_and_fast_release() {
     assert_eq!(terms.load(Ordering::SeqCst), 3);
     c.shutdown.cancel();
     c.task.await.unwrap().unwrap();
+}
+
+/// The Events on the Lease, oldest first.
+async fn lease_events(server: &TestCluster) -> Vec<Event> {
+    let mut events: Vec<Event> = Api::<Event>::default_namespaced(server.client())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some("Lease")
+                && e.involved_object.name.as_deref() == Some(LEASE)
+        })
+        .collect();
+    events.sort_by_key(|e| e.first_timestamp.clone().map(|t| t.0));
+    events
+}
+
+/// Each won election is an Event on the Lease, as client-go's LeaseLock records it.
+#[tokio::test]
+async fn a_won_election_is_an_event_on_the_lease() {
+    let server = TestCluster::start().await.unwrap();
+    let terms = Arc::new(AtomicUsize::new(0));
+    let mut a = Candidate::start(&server, config(&server, "replica-a"), terms.clone());
+    assert!(a.wait_leading(Duration::from_secs(10)).await);
+    let mut b = Candidate::start(&server, config(&server, "replica-b"), terms);
+    a.shutdown.cancel();
+    a.task.await.unwrap().unwrap();
+    assert!(b.wait_leading(Duration::from_secs(5)).await);
+    let held = lease(&server).await;
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let events = lease_events(&server).await;
+        if events.len() >= 2 || Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let seen: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                e.message.as_deref(),
+                e.source.as_ref().and_then(|s| s.component.as_deref()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                Some("replica-a became leader"),
+                Some("external-attacher-leader-mock.csi.example.com/replica-a")
+            ),
+            (
+                Some("replica-b became leader"),
+                Some("external-attacher-leader-mock.csi.example.com/replica-b")
+            ),
+        ]
+    );
+    for event in &events {
+        assert_eq!(event.reason.as_deref(), Some("LeaderElection"));
+        assert_eq!(event.type_.as_deref(), Some("Normal"));
+        assert_eq!(event.count, Some(1));
+        let object = &event.involved_object;
+        assert_eq!(
+            object.api_version.as_deref(),
+            Some("coordination.k8s.io/v1")
+        );
+        assert_eq!(object.namespace.as_deref(), Some(server.namespace()));
+        assert_eq!(object.uid, held.metadata.uid);
+    }
+    // The Lease as the new leader wrote it.
+    let taken = events[1].involved_object.resource_version.as_deref();
+    assert!(taken.is_some_and(|version| !version.is_empty()));
+    b.shutdown.cancel();
+    b.task.await.unwrap().unwrap();
 }
 
 #[tokio::test]

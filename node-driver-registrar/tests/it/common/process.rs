@@ -154,8 +154,15 @@ impl Registrar {
     }
 }
 
-/// Runs the binary to completion with `args`; returns its status and stderr.
+/// Runs the binary to completion with `args`; returns its status and its stdout and stderr
+/// together.
 pub async fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {
+    let (status, out, err) = run_to_exit_streams(args, timeout).await;
+    (status, format!("{out}{err}"))
+}
+
+/// Runs the binary to completion with `args`; returns its status, stdout and stderr.
+pub async fn run_to_exit_streams(args: &[&str], timeout: Duration) -> (ExitStatus, String, String) {
     let mut child = die_with_parent(
         Command::new(BINARY)
             .clean_env()
@@ -178,7 +185,7 @@ pub async fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, Strin
         );
         a.and(b).expect("read output");
         let status = child.wait().await.expect("wait");
-        (status, format!("{out}{err}"))
+        (status, out, err)
     };
     tokio::time::timeout(timeout, collect)
         .await
