@@ -7,7 +7,10 @@
 //! idle-memory run, `BENCH_SOURCE_CLAIMS` (default 1000) the clones of one claim and the
 //! restores of one snapshot at the default QPS, `BENCH_SEGMENTS` (default 2000),
 //! `BENCH_CAPACITY_POLL` (seconds, default 60) and `BENCH_CYCLES` (default 10) the capacity
-//! tracking run; `BENCH_ONLY=unlimited|default|idle|sources|capacity` runs one scenario and
+//! tracking run; `BENCH_CLAIMS_PRODUCTION` (default 1000) those of the production run (QPS 100,
+//! burst 200, 100 workers, over HTTPS and HTTP/2 with kube-apiserver's cap of 100 streams a
+//! connection), compared with `benches/baseline.txt` (`BENCH_WRITE_BASELINE=1` rewrites it);
+//! `BENCH_ONLY=production|unlimited|default|idle|sources|capacity` runs one scenario and
 //! `BENCH_BIN` measures another build of the binary. `BENCH_ONLY=burst` (run only when asked)
 //! follows the resident memory through a burst at the default QPS: `BENCH_CLAIMS_DEFAULT_QPS`
 //! claims created, bound and deleted, then every 10 s for `BENCH_SETTLE` seconds (default 60);
@@ -100,10 +103,20 @@ impl Bench {
         Self::start_with(MockDriver::builder().driver_name(DRIVER)).await
     }
 
+    /// A bench whose API server speaks HTTPS and HTTP/2 with kube-apiserver's stream cap.
+    async fn start_tls() -> Self {
+        Self::start_over(MockDriver::builder().driver_name(DRIVER), true).await
+    }
+
     async fn start_with(driver: MockDriver) -> Self {
+        Self::start_over(driver, false).await
+    }
+
+    async fn start_over(driver: MockDriver, tls: bool) -> Self {
         // With the PV controller, as kube-controller-manager binds claims in a cluster.
         let api = ApiServer::start_with(Options {
             pv_controller: true,
+            tls,
             ..Options::default()
         })
         .await
@@ -301,8 +314,73 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// Where the production run's figures are kept.
+const BASELINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/baseline.txt");
+
+/// Every request the provisioner made, per claim, and the busiest kinds of them.
+fn requests_per_claim(bench: &Bench, count: usize) -> (f64, String) {
+    let requests = bench.api.counters().of_program("csi-provisioner");
+    let total: u64 = requests.values().sum();
+    let mut parts: Vec<(u64, String)> = requests
+        .iter()
+        .map(|(key, n)| {
+            let resource = match &key.subresource {
+                Some(sub) => format!("{}/{sub}", key.resource),
+                None => key.resource.clone(),
+            };
+            (*n, format!("{} {resource} {n}", key.verb))
+        })
+        .collect();
+    parts.sort_by_key(|part| std::cmp::Reverse(part.0));
+    let detail: Vec<String> = parts.into_iter().map(|(_, part)| part).collect();
+    (total as f64 / count as f64, detail.join(", "))
+}
+
+/// Compares the production run with [`BASELINE`] (`BENCH_WRITE_BASELINE=1` records it).
+fn against_baseline(claims_per_second: f64, requests: f64) {
+    if std::env::var_os("BENCH_WRITE_BASELINE").is_some() {
+        let text = format!(
+            "# The production run of the provision bench (`BENCH_ONLY=production cargo bench -p external-provisioner --bench provision`).\n\
+             # A change that makes claims_per_second 10 % lower, or requests_per_claim higher, says so in its commit.\n\
+             claims_per_second = {claims_per_second:.1}\nrequests_per_claim = {requests:.3}\n"
+        );
+        std::fs::write(BASELINE, text).unwrap();
+        println!("baseline written to {BASELINE}");
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(BASELINE) else {
+        println!("no baseline at {BASELINE}");
+        return;
+    };
+    let value = |name: &str| {
+        text.lines()
+            .filter_map(|line| line.split_once('='))
+            .find(|(key, _)| key.trim() == name)
+            .and_then(|(_, value)| value.trim().parse::<f64>().ok())
+    };
+    let (Some(base_speed), Some(base_requests)) =
+        (value("claims_per_second"), value("requests_per_claim"))
+    else {
+        println!("the baseline at {BASELINE} does not parse");
+        return;
+    };
+    let ratio = claims_per_second / base_speed;
+    println!(
+        "against the baseline: ×{ratio:.2} claims/s ({base_speed:.1}), {requests:.3} requests per claim ({base_requests:.3})"
+    );
+    if ratio < 0.9 {
+        println!("SLOWER: {:.0} % below the baseline", (1.0 - ratio) * 100.0);
+    }
+    if requests > base_requests * 1.01 {
+        println!("MORE REQUESTS per claim than the baseline");
+    }
+}
+
 async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
-    let bench = Bench::start().await;
+    throughput_run_on(Bench::start().await, label, count, extra).await;
+}
+
+async fn throughput_run_on(bench: Bench, label: &str, count: usize, extra: &[&str]) {
     let port = free_port().unwrap();
     let child = bench.spawn(port, extra);
     let pid = child.id().unwrap();
@@ -317,6 +395,7 @@ async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
     let provision_time = last.duration_since(start);
     let after_provision = usage(pid, bench.ticks);
     let (writes, detail) = bench.writes();
+    let (requests, request_detail) = requests_per_claim(&bench, count);
     // Let lone journal forgets and folded events settle before counting the deletions.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (settled, settled_detail) = bench.writes();
@@ -331,10 +410,10 @@ async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
     let end = usage(pid, bench.ticks);
     let volumes_left = bench.mock.state().volumes.len();
 
+    let claims_per_second = count as f64 / provision_time.as_secs_f64();
     println!("## {label}: {count} claims");
     println!(
-        "provision: {:.0} claims/s; claim→Bound p50 {} p99 {} max {}",
-        count as f64 / provision_time.as_secs_f64(),
+        "provision: {claims_per_second:.0} claims/s; claim→Bound p50 {} p99 {} max {}",
         ms(percentile(&latencies, 0.5)),
         ms(percentile(&latencies, 0.99)),
         ms(*latencies.last().unwrap_or(&Duration::ZERO))
@@ -344,6 +423,7 @@ async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
         writes as f64 / count as f64,
         settled as f64 / count as f64
     );
+    println!("API requests per provisioned volume: {requests:.3} ({request_detail})");
     println!(
         "delete: {:.0} volumes/s; API writes per deleted volume {:.3} ({delete_detail}); volumes left in the driver: {volumes_left}",
         count as f64 / delete_time.as_secs_f64(),
@@ -358,8 +438,14 @@ async fn throughput_run(label: &str, count: usize, extra: &[&str]) {
         "RSS: idle {} KiB, peak {} KiB, end {} KiB",
         idle.rss_kib, end.peak_rss_kib, end.rss_kib
     );
+    if label.starts_with(PRODUCTION) {
+        against_baseline(claims_per_second, requests);
+    }
     drop(child);
 }
+
+/// The production run's label: the settings vendors deploy the provisioner with at scale.
+const PRODUCTION: &str = "production";
 
 /// Resident memory through a burst at the default QPS: `count` claims created, bound, deleted,
 /// then the process left alone for `settle`.
@@ -738,6 +824,15 @@ fn main() {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let run = |name: &str| only.is_empty() || only == name;
     runtime.block_on(async {
+        if run("production") {
+            throughput_run_on(
+                Bench::start_tls().await,
+                &format!("{PRODUCTION} (--kube-api-qps=100 --kube-api-burst=200 --worker-threads=100, HTTPS and HTTP/2 capped at 100 streams a connection)"),
+                env_usize("BENCH_CLAIMS_PRODUCTION", 1000),
+                &["--kube-api-qps=100", "--kube-api-burst=200", "--worker-threads=100"],
+            )
+            .await;
+        }
         if run("unlimited") {
             throughput_run(
                 "unlimited QPS (--kube-api-qps=-1)",

@@ -13,3 +13,4 @@ pub mod process;
 pub mod rng;
 #[cfg(unix)]
 pub mod sandbox;
+pub mod tls;

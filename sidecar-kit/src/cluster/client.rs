@@ -4,13 +4,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper_rustls::FixedServerNameResolver;
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -24,7 +22,8 @@ use tower::retry::RetryLayer;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder};
 
-use crate::cluster::deadline::{Bounded, Deadline};
+use crate::cluster::deadline::{Bounded, Deadline, is_watch};
+use crate::cluster::pool::{Pool, Streamed, Timings};
 use crate::cluster::token::{TokenFile, TokenLayer};
 use crate::process::flags::KubeFlags;
 
@@ -202,23 +201,8 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 const KEEPALIVE_PROBES: u32 = 4;
 
-/// HTTP/2 connection health, as client-go checks it (`ReadIdleTimeout` 30 s, `PingTimeout`
-/// 15 s): a PING every 30 s, and a connection whose PING is not answered within 15 s is closed,
-/// failing its streams (requests are retried, watches restart) and making way for a new one.
-/// One connection carries every request and watch of the process, so it must never hang.
-const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
-const H2_PING_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// HTTP/2 flow-control windows, client-go's (golang.org/x/net/http2's transport: 1 GiB for the
-/// connection, 4 MiB per stream). hyper's defaults (5 MiB and 2 MiB) let three watches whose
-/// events are not read yet take the whole connection window, stalling every other request on
-/// the one connection, Lease renewals included. A window is a permission, not a buffer: what
-/// a stream receives is held only until it is read.
-const H2_CONNECTION_WINDOW: u32 = 1 << 30;
-const H2_STREAM_WINDOW: u32 = 4 << 20;
-
 /// An answer of the API server, its body bounded in time.
-type Answer = Response<Bounded<Incoming>>;
+type Answer = Response<Bounded<Streamed>>;
 
 type Transport = BoxCloneSyncService<Request<Body>, Answer, BoxError>;
 
@@ -253,80 +237,6 @@ fn https_connector(
         .wrap_connector(tcp_connector()))
 }
 
-/// Holds the requests of a process back until its first one is answered, for
-/// [`FIRST_ANSWER_WAIT`] at most. Until a connection is up, the pool cannot know that the server
-/// speaks HTTP/2 (TLS says so once it is), so requests made at once would each dial a
-/// connection of their own, and HTTP/2 keeps them all: the watches of a start-up spread over
-/// several connections for good. A first request that is not answered (a black-holed server)
-/// holds nobody longer than the bound.
-const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(2);
-
-#[derive(Clone)]
-struct FirstAnswered<S> {
-    inner: S,
-    gate: Arc<Gate>,
-}
-
-struct Gate {
-    open: AtomicBool,
-    first: tokio::sync::Mutex<()>,
-}
-
-impl<S> FirstAnswered<S> {
-    fn new(inner: S) -> Self {
-        Self {
-            inner,
-            gate: Arc::new(Gate {
-                open: AtomicBool::new(false),
-                first: tokio::sync::Mutex::new(()),
-            }),
-        }
-    }
-}
-
-impl<S> Service<Request<Body>> for FirstAnswered<S>
-where
-    S: Service<Request<Body>, Response = Answer, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Answer;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Answer, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        // The inner service was made ready for this call; a clone takes its place.
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
-        let gate = self.gate.clone();
-        Box::pin(async move {
-            if gate.open.load(Ordering::Acquire) {
-                return inner.call(request).await;
-            }
-            let _turn = gate.first.lock().await;
-            if gate.open.load(Ordering::Acquire) {
-                return inner.call(request).await;
-            }
-            let call = inner.call(request);
-            tokio::pin!(call);
-            let answer = tokio::select! {
-                answer = &mut call => Some(answer),
-                _ = tokio::time::sleep(FIRST_ANSWER_WAIT) => None,
-            };
-            // Any outcome opens the gate: a failed first request must not hold the others.
-            gate.open.store(true, Ordering::Release);
-            drop(_turn);
-            match answer {
-                Some(answer) => answer,
-                None => call.await,
-            }
-        })
-    }
-}
-
 /// The connections of a process to its API server, shared by every client it makes from them,
 /// as client-go shares one transport between the clients of one TLS configuration.
 ///
@@ -350,16 +260,11 @@ impl Connections {
     /// Connections with `config`'s server, TLS settings and timeouts. The clients made from
     /// them may differ from `config` in headers and credentials only.
     pub fn new(config: &kube::Config) -> Result<Self, KubeError> {
-        Self::with_ping(config, H2_PING_INTERVAL, H2_PING_TIMEOUT)
+        Self::with_timings(config, Timings::default())
     }
 
-    /// [`Connections::new`] whose HTTP/2 connections are PINGed every `interval` and closed
-    /// when a PING is not answered within `timeout`.
-    pub fn with_ping(
-        config: &kube::Config,
-        interval: Duration,
-        timeout: Duration,
-    ) -> Result<Self, KubeError> {
+    /// [`Connections::new`] with other HTTP/2 PING and idle times.
+    pub fn with_timings(config: &kube::Config, timings: Timings) -> Result<Self, KubeError> {
         if let Some(proxy) = &config.proxy_url {
             // Only the host: the URL's user part may hold a password.
             return Err(KubeError::Proxy(
@@ -372,17 +277,13 @@ impl Connections {
         connector.set_read_timeout(config.read_timeout);
         connector.set_write_timeout(config.write_timeout);
         connector.set_reset_reader_on_write(config.reset_reader_on_write);
-        let pool = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        let mut http1 = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+        http1
             .pool_max_idle_per_host(IDLE_PER_HOST)
-            .timer(TokioTimer::new())
-            .http2_keep_alive_interval(interval)
-            .http2_keep_alive_timeout(timeout)
-            .http2_keep_alive_while_idle(true)
-            .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
-            .build(connector);
+            .timer(TokioTimer::new());
+        let pool = Pool::new(connector, &http1, timings);
         Ok(Self {
-            transport: BoxCloneSyncService::new(FirstAnswered::new(Deadline::new(pool))),
+            transport: BoxCloneSyncService::new(Deadline::new(pool)),
         })
     }
 
@@ -394,6 +295,7 @@ impl Connections {
     ) -> Result<
         ClientBuilder<
             impl Service<Request<Body>, Response = Answer, Error = BoxError, Future: Send + 'static>
+            + Clone
             + Send
             + 'static,
         >,
@@ -597,7 +499,10 @@ where
     }
 }
 
-/// Tower layer applying a [`TokenBucket`] before each request is sent.
+/// Tower layer applying a [`TokenBucket`] before each request is sent, watches excepted: as
+/// client-go's (`Request.Watch` never waits for its limiter), a watch costs no token, so that a
+/// controller's start-up and its watches' restarts every few minutes take nothing from the
+/// writes.
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
     bucket: Option<Arc<TokenBucket>>,
@@ -618,48 +523,46 @@ impl<S> Layer<S> for RateLimitLayer {
         RateLimited {
             inner,
             bucket: self.bucket.clone(),
-            wait: None,
-            reserved: false,
         }
     }
 }
 
-/// The service made by [`RateLimitLayer`]: not ready until a token is available.
+/// The service made by [`RateLimitLayer`]: a request other than a watch waits for its token.
+#[derive(Clone)]
 pub struct RateLimited<S> {
     inner: S,
     bucket: Option<Arc<TokenBucket>>,
-    wait: Option<Pin<Box<Sleep>>>,
-    reserved: bool,
 }
 
-impl<S, R> Service<R> for RateLimited<S>
+impl<S, B> Service<Request<B>> for RateLimited<S>
 where
-    S: Service<R>,
+    S: Service<Request<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if let Some(bucket) = &self.bucket
-            && !self.reserved
-        {
-            self.reserved = true;
-            let delay = bucket.reserve();
-            if !delay.is_zero() {
-                self.wait = Some(Box::pin(tokio::time::sleep(delay)));
-            }
-        }
-        if let Some(wait) = self.wait.as_mut() {
-            ready!(Future::poll(wait.as_mut(), cx));
-            self.wait = None;
-        }
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: R) -> Self::Future {
-        self.reserved = false;
-        self.inner.call(request)
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let delay = match &self.bucket {
+            Some(bucket) if !is_watch(request.uri()) => bucket.reserve(),
+            _ => Duration::ZERO,
+        };
+        if delay.is_zero() {
+            return Box::pin(self.inner.call(request));
+        }
+        // The service made ready for this call waits with it; a clone takes its place.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            inner.call(request).await
+        })
     }
 }
 

@@ -50,6 +50,14 @@ pub enum DeadlineError {
     Stalled(Duration),
 }
 
+/// Whether a request to `uri` is a watch (`watch=true` or `watch=1` in its query).
+pub fn is_watch(uri: &http::Uri) -> bool {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .any(|pair| matches!(pair.split_once('='), Some(("watch", "true" | "1"))))
+}
+
 /// The time bound of one request, from its method and URL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bound {

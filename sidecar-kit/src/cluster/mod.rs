@@ -7,4 +7,5 @@ pub mod deadline;
 pub mod events;
 pub mod journal;
 pub mod leader;
+pub mod pool;
 pub mod token;

@@ -131,10 +131,9 @@ async fn after_a_burst_at_most_25_connections_stay_open() {
     assert_eq!(counts.open.load(Ordering::SeqCst), 25);
 }
 
-/// A first request that is never answered holds the process's other requests back for a
-/// bounded time only (they wait for it so that they can share its connection).
+/// A first request that is never answered holds none of the process's other requests back.
 #[tokio::test]
-async fn an_unanswered_first_request_holds_the_others_briefly() {
+async fn an_unanswered_first_request_holds_no_other() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let answered = Arc::new(AtomicUsize::new(0));

@@ -2,8 +2,7 @@
 //! the process on one connection; HTTP/1.1 with a server that offers only that; and a
 //! connection that stops answering found by its PINGs, closed and replaced.
 //!
-//! `tls/` holds a test CA and a server certificate it signed for `apiserver.test` and
-//! 127.0.0.1, made for these tests only (valid until 2126; the CA's key was not kept).
+//! The servers present the test kit's certificate ([`testkit::tls`]).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,22 +10,22 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use http_body_util::{Either, StreamBody};
 use hyper::body::Frame;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sidecar_kit::cluster::client::Connections;
+use sidecar_kit::cluster::pool::Timings;
 
 use crate::kube_connections::Answers;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-const CA: &[u8] = include_bytes!("tls/ca.pem");
-const CERT: &[u8] = include_bytes!("tls/cert.pem");
-const KEY: &[u8] = include_bytes!("tls/key.pem");
 const VERSION: &str = r#"{"major":"1","minor":"34","gitVersion":"v1.34.9"}"#;
 
 /// Connections a server accepted, how many are open, and how many spoke HTTP/2.
@@ -42,22 +41,48 @@ struct Counts {
 const FLOOD_BYTES: usize = 3 << 20;
 static FLOOD_CHUNK: [u8; 16 * 1024] = [b'x'; 16 * 1024];
 
-/// A TLS server offering `alpn`, answering `/version` and `/flood` ([`FLOOD_BYTES`]); with
+/// A list of ConfigMaps of [`TRICKLE_BYTES`] in all, sent in [`TRICKLE_TIME`]: longer than any
+/// request may take in total, so it completes only if reads are bounded by their progress.
+const TRICKLE_BYTES: usize = 200 << 20;
+const TRICKLE_TIME: Duration = Duration::from_secs(45);
+const TRICKLE_ITEMS: usize = 2000;
+
+/// The trickled list: its head, [`TRICKLE_ITEMS`] ConfigMaps of about 100 KiB, its tail, one
+/// item every [`TRICKLE_TIME`] / [`TRICKLE_ITEMS`].
+fn trickled_list() -> impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+    let value = "v".repeat(TRICKLE_BYTES / TRICKLE_ITEMS - 120);
+    let item = move |i: usize| {
+        let comma = if i == 0 { "" } else { "," };
+        Bytes::from(format!(
+            r#"{comma}{{"metadata":{{"name":"cm-{i}","namespace":"default"}},"data":{{"value":"{value}"}}}}"#
+        ))
+    };
+    let head = Bytes::from_static(br#"{"apiVersion":"v1","kind":"ConfigMapList","metadata":{"resourceVersion":"7"},"items":["#);
+    let pace = TRICKLE_TIME / TRICKLE_ITEMS as u32;
+    let items = futures::stream::iter(0..TRICKLE_ITEMS).then(move |i| {
+        let item = item(i);
+        async move {
+            tokio::time::sleep(pace).await;
+            item
+        }
+    });
+    futures::stream::once(async move { head })
+        .chain(items)
+        .chain(futures::stream::once(async { Bytes::from_static(b"]}") }))
+        .map(|bytes| Ok(Frame::data(bytes)))
+}
+
+/// A TLS server offering `alpn`, answering `/version`, `/flood` ([`FLOOD_BYTES`]), `/hold` (an
+/// answer whose body never ends, as a watch's) and the ConfigMaps ([`trickled_list`]); with
 /// `together`, each `/version` answer but the first waits until that many requests have
-/// arrived, so that they are all in flight at once.
-async fn tls_server(alpn: &[&[u8]], together: Option<usize>) -> (u16, Arc<Counts>) {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from_pem_slice(CERT).unwrap()],
-            PrivateKeyDer::from_pem_slice(KEY).unwrap(),
-        )
-        .unwrap();
-    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+/// arrived, so that they are all in flight at once; with `streams`, its HTTP/2 connections
+/// carry at most that many streams each.
+async fn tls_server(
+    alpn: &[&[u8]],
+    together: Option<usize>,
+    streams: Option<u32>,
+) -> (u16, Arc<Counts>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(testkit::tls::server_config(alpn));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let counts = Arc::new(Counts::default());
@@ -76,20 +101,27 @@ async fn tls_server(alpn: &[&[u8]], together: Option<usize>) -> (u16, Arc<Counts
                 let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                     let answers = answers.clone();
                     async move {
-                        if request.uri().path() != "/flood" {
-                            return answers.answer().await.map(|r| r.map(Either::Left));
-                        }
-                        let frames = (0..FLOOD_BYTES / FLOOD_CHUNK.len()).map(|_| {
-                            Ok::<_, Infallible>(Frame::data(Bytes::from_static(&FLOOD_CHUNK)))
-                        });
-                        let body = StreamBody::new(futures::stream::iter(frames));
-                        Ok(hyper::Response::new(Either::Right(body)))
+                        let body: BoxStream<'static, Result<Frame<Bytes>, Infallible>> =
+                            match request.uri().path() {
+                                "/flood" => {
+                                    let frames = (0..FLOOD_BYTES / FLOOD_CHUNK.len())
+                                        .map(|_| Ok(Frame::data(Bytes::from_static(&FLOOD_CHUNK))));
+                                    futures::stream::iter(frames).boxed()
+                                }
+                                "/hold" => futures::stream::pending().boxed(),
+                                "/api/v1/configmaps" => trickled_list().boxed(),
+                                _ => {
+                                    return answers.answer().await.map(|r| r.map(Either::Left));
+                                }
+                            };
+                        Ok(hyper::Response::new(Either::Right(StreamBody::new(body))))
                     }
                 });
                 let io = TokioIo::new(stream);
                 if h2 {
                     seen.h2.fetch_add(1, Ordering::SeqCst);
                     let _ = http2::Builder::new(TokioExecutor::new())
+                        .max_concurrent_streams(streams)
                         .serve_connection(io, service)
                         .await;
                 } else {
@@ -105,7 +137,11 @@ async fn tls_server(alpn: &[&[u8]], together: Option<usize>) -> (u16, Arc<Counts
 /// The configuration of a server on `port` with the tests' certificate.
 fn config(port: u16) -> kube::Config {
     let mut config = kube::Config::new(format!("https://127.0.0.1:{port}").parse().unwrap());
-    config.root_cert = Some(vec![CertificateDer::from_pem_slice(CA).unwrap().to_vec()]);
+    config.root_cert = Some(vec![
+        CertificateDer::from_pem_slice(testkit::tls::CA)
+            .unwrap()
+            .to_vec(),
+    ]);
     config.tls_server_name = Some("apiserver.test".into());
     config
 }
@@ -140,7 +176,7 @@ async fn open(counts: &Counts, count: usize) {
 
 #[tokio::test]
 async fn every_request_of_a_process_shares_one_http2_connection() {
-    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], None).await;
+    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], None, None).await;
     let config = config(port);
     let connections = Connections::new(&config).unwrap();
     // Eight at once from the start: the first dials, the others wait for its answer and then
@@ -154,7 +190,7 @@ async fn every_request_of_a_process_shares_one_http2_connection() {
 
 #[tokio::test]
 async fn requests_in_flight_at_once_are_streams_of_one_connection() {
-    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], Some(8)).await;
+    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], Some(8), None).await;
     let config = config(port);
     let connections = Connections::new(&config).unwrap();
     at_once(&connections, &config, 1).await;
@@ -165,7 +201,7 @@ async fn requests_in_flight_at_once_are_streams_of_one_connection() {
 
 #[tokio::test]
 async fn a_server_without_http2_gets_http1() {
-    let (port, counts) = tls_server(&[b"http/1.1"], Some(8)).await;
+    let (port, counts) = tls_server(&[b"http/1.1"], Some(8), None).await;
     let config = config(port);
     let connections = Connections::new(&config).unwrap();
     at_once(&connections, &config, 1).await;
@@ -209,15 +245,15 @@ async fn freezable_proxy(port: u16) -> (u16, Arc<Notify>, Arc<AtomicUsize>) {
 
 #[tokio::test]
 async fn a_connection_that_stops_answering_is_replaced_after_its_pings_fail() {
-    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], None).await;
+    let (port, counts) = tls_server(&[b"h2", b"http/1.1"], None, None).await;
     let (proxy, freeze, through) = freezable_proxy(port).await;
     let config = config(proxy);
-    let connections = Connections::with_ping(
-        &config,
-        Duration::from_millis(200),
-        Duration::from_millis(300),
-    )
-    .unwrap();
+    let timings = Timings {
+        ping_interval: Duration::from_millis(200),
+        ping_timeout: Duration::from_millis(300),
+        ..Timings::default()
+    };
+    let connections = Connections::with_timings(&config, timings).unwrap();
     let client = connections.client(&config, -1.0, 1).unwrap();
     client.apiserver_version().await.unwrap();
     assert_eq!(through.load(Ordering::SeqCst), 1);
@@ -252,17 +288,14 @@ async fn a_connection_that_stops_answering_is_replaced_after_its_pings_fail() {
 /// connection window and every other answer waited.
 #[tokio::test]
 async fn streams_not_read_do_not_stall_the_other_requests_of_the_connection() {
-    let (port, counts) = tls_server(&[b"h2"], None).await;
+    let (port, counts) = tls_server(&[b"h2"], None, None).await;
     let config = config(port);
     let connections = Connections::new(&config).unwrap();
     let client = connections.client(&config, -1.0, 1).unwrap();
     client.apiserver_version().await.unwrap();
     let mut held = Vec::new();
     for _ in 0..3 {
-        let request = http::Request::get("/flood")
-            .body(kube::client::Body::from(Vec::new()))
-            .unwrap();
-        held.push(client.send(request).await.unwrap());
+        held.push(ask(&client, "/flood").await);
     }
     let renewal = connections.client(&config, -1.0, 1).unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(10), renewal.apiserver_version()).await;
@@ -278,4 +311,111 @@ async fn streams_not_read_do_not_stall_the_other_requests_of_the_connection() {
             .unwrap();
         assert_eq!(body.to_bytes().len(), FLOOD_BYTES);
     }
+}
+
+/// `path` asked on `client`: the answer's head (its body left unread).
+async fn ask(client: &kube::Client, path: &str) -> http::Response<kube::client::Body> {
+    let request = http::Request::get(path)
+        .body(kube::client::Body::from(Vec::new()))
+        .unwrap();
+    client.send(request).await.unwrap()
+}
+
+/// kube-apiserver caps the streams of a connection (100); a process with more requests in
+/// flight than that, watches among them, opens another connection instead of queueing
+/// renewals behind its watches, and closes it once the load is gone.
+#[tokio::test]
+async fn a_server_that_caps_its_streams_gets_more_connections_which_close_when_the_load_ends() {
+    let (port, counts) = tls_server(&[b"h2"], None, Some(10)).await;
+    let config = config(port);
+    let timings = Timings {
+        idle: Duration::from_millis(300),
+        ..Timings::default()
+    };
+    let connections = Connections::with_timings(&config, timings).unwrap();
+    let client = connections.client(&config, -1.0, 1).unwrap();
+    client.apiserver_version().await.unwrap();
+    // Forty watches, ten a connection: four connections, full.
+    let mut watches = Vec::new();
+    for _ in 0..40 {
+        let watch = tokio::time::timeout(Duration::from_secs(10), ask(&client, "/hold"));
+        watches.push(watch.await.expect("a watch queued behind the others"));
+    }
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 4);
+    // A renewal and other requests still go through at once, on a fifth connection.
+    let renewal = connections.client(&config, -1.0, 1).unwrap();
+    for _ in 0..5 {
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), renewal.apiserver_version()).await;
+        assert!(matches!(answer, Ok(Ok(_))), "{answer:?}");
+    }
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 5);
+    open(&counts, 5).await;
+    // The load ends but for five watches of the first connection: the others close once idle.
+    watches.truncate(5);
+    open(&counts, 1).await;
+    // What is still open is the connection of the watches left, which has room again.
+    client.apiserver_version().await.unwrap();
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 5);
+    drop(watches);
+}
+
+/// A server without streaming lists sends a whole collection at once: 200 MB sent over 45 s
+/// take longer than any request may in total, and still complete, since they keep moving.
+#[tokio::test]
+async fn a_large_list_trickled_over_45_seconds_completes() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (port, _) = tls_server(&[b"h2"], None, None).await;
+    let config = config(port);
+    let connections = Connections::new(&config).unwrap();
+    let client = connections.client(&config, -1.0, 1).unwrap();
+    let started = Instant::now();
+    let list = kube::Api::<ConfigMap>::all(client)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= TRICKLE_TIME, "{:?}", started.elapsed());
+    assert_eq!(list.items.len(), TRICKLE_ITEMS);
+    assert_eq!(
+        list.items[TRICKLE_ITEMS - 1].metadata.name.as_deref(),
+        Some("cm-1999")
+    );
+}
+
+/// The test kit's API server over HTTPS caps the streams of a connection as kube-apiserver
+/// does: 150 watches and a read beside them all go through.
+#[tokio::test]
+async fn more_watches_than_the_test_kits_api_server_allows_a_connection_all_go_through() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::WatchParams;
+    let api = testkit::apiserver::ApiServer::start_with(testkit::apiserver::Options {
+        tls: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let kubeconfig = kube::config::Kubeconfig::read_from(api.kubeconfig_path()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(config.cluster_url.scheme_str(), Some("https"));
+    let connections = Connections::new(&config).unwrap();
+    let client = connections.client(&config, -1.0, 1).unwrap();
+    let configmaps = kube::Api::<ConfigMap>::namespaced(client.clone(), "default");
+    let limit = testkit::apiserver::MAX_STREAMS as usize;
+    let params = WatchParams::default();
+    let mut watches = Vec::new();
+    for _ in 0..limit + 50 {
+        let watch = tokio::time::timeout(Duration::from_secs(10), configmaps.watch(&params, "0"));
+        watches.push(
+            watch
+                .await
+                .expect("a watch queued behind the others")
+                .unwrap(),
+        );
+    }
+    let everything = Default::default();
+    let read = tokio::time::timeout(Duration::from_secs(10), configmaps.list(&everything));
+    assert!(matches!(read.await, Ok(Ok(_))));
+    drop(watches);
 }

@@ -80,3 +80,39 @@ async fn negative_qps_is_unlimited() {
     assert!(fast < slow, "unlimited {fast:?} vs limited {slow:?}");
     assert_eq!(arrivals.lock().unwrap().len(), 6);
 }
+
+/// As client-go's, a watch takes no token: ten watches at 1 QPS, burst 1, then a read, all
+/// answered at once.
+#[tokio::test]
+async fn watches_take_no_token() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api = testkit::apiserver::ApiServer::start().await.unwrap();
+    let config = kube::Config::new(api.url().parse().unwrap());
+    let mut config = config;
+    config.auth_info.token = Some(testkit::apiserver::ADMIN_TOKEN.to_string().into());
+    let client = Connections::new(&config)
+        .unwrap()
+        .client(&config, 1.0, 1)
+        .unwrap();
+    let configmaps = kube::Api::<ConfigMap>::namespaced(client, "default");
+    let params = kube::api::WatchParams::default();
+    let start = Instant::now();
+    let mut watches = Vec::new();
+    for _ in 0..10 {
+        watches.push(configmaps.watch(&params, "0").await.unwrap());
+    }
+    configmaps.get_opt("absent").await.unwrap();
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed < Duration::from_millis(900),
+        "ten watches and one read at 1 QPS took {elapsed:?}"
+    );
+    // The read took the one token: the next one waits for the next.
+    let start = Instant::now();
+    configmaps.get_opt("absent").await.unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -86,6 +86,9 @@ pub struct RequestCounters {
     inner: Arc<Mutex<HashMap<CounterKey, u64>>>,
     /// Watches that began with the objects as events (`sendInitialEvents`), by resource.
     streamed: Arc<Mutex<HashMap<String, u64>>>,
+    /// The same counts by the program that made them: the User-Agent up to its first `/`, as
+    /// kube-apiserver names a write's field manager (`csi-provisioner/v6.3.0 (linux/amd64)`).
+    programs: Arc<Mutex<HashMap<String, HashMap<CounterKey, u64>>>>,
 }
 
 impl RequestCounters {
@@ -93,13 +96,38 @@ impl RequestCounters {
         f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    pub(crate) fn record(&self, verb: Verb, resource: &str, subresource: Option<&str>) {
+    pub(crate) fn record(
+        &self,
+        verb: Verb,
+        resource: &str,
+        subresource: Option<&str>,
+        user_agent: Option<&str>,
+    ) {
         let key = CounterKey {
             verb,
             resource: resource.to_string(),
             subresource: subresource.map(str::to_string),
         };
+        if let Some(agent) = user_agent {
+            let program = agent.split('/').next().unwrap_or(agent).to_string();
+            let mut programs = self.programs.lock().unwrap_or_else(PoisonError::into_inner);
+            *programs
+                .entry(program)
+                .or_default()
+                .entry(key.clone())
+                .or_default() += 1;
+        }
         self.with(|m| *m.entry(key).or_default() += 1);
+    }
+
+    /// The requests `program` made (its User-Agent's first part), sorted.
+    pub fn of_program(&self, program: &str) -> BTreeMap<CounterKey, u64> {
+        self.programs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(program)
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default()
     }
 
     pub(crate) fn record_streamed_list(&self, resource: &str) {
@@ -162,6 +190,10 @@ impl RequestCounters {
 
     pub fn reset(&self) {
         self.with(HashMap::clear);
+        self.programs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         self.streamed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -176,10 +208,11 @@ mod tests {
     #[test]
     fn counts_by_verb_resource_and_subresource() {
         let c = RequestCounters::default();
-        c.record(Verb::Patch, "volumeattachments", None);
-        c.record(Verb::Patch, "volumeattachments", Some("status"));
-        c.record(Verb::Patch, "volumeattachments", Some("status"));
-        c.record(Verb::Get, "persistentvolumes", None);
+        let attacher = Some("csi-attacher/v4.12.0 (linux/amd64)");
+        c.record(Verb::Patch, "volumeattachments", None, attacher);
+        c.record(Verb::Patch, "volumeattachments", Some("status"), attacher);
+        c.record(Verb::Patch, "volumeattachments", Some("status"), None);
+        c.record(Verb::Get, "persistentvolumes", None, Some("kubectl"));
         assert_eq!(c.get(Verb::Patch, "volumeattachments"), 1);
         assert_eq!(
             c.get_subresource(Verb::Patch, "volumeattachments", Some("status")),
@@ -188,7 +221,10 @@ mod tests {
         assert_eq!(c.total(Verb::Patch, "volumeattachments"), 3);
         assert_eq!(c.writes(), 3);
         assert_eq!(c.snapshot().len(), 3);
+        assert_eq!(c.of_program("csi-attacher").values().sum::<u64>(), 2);
+        assert_eq!(c.of_program("kubectl").len(), 1);
         c.reset();
+        assert!(c.of_program("csi-attacher").is_empty());
         assert_eq!(c.writes(), 0);
         assert_eq!(
             "deletecollection".parse::<Verb>().unwrap(),

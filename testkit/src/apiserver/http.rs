@@ -479,9 +479,13 @@ async fn resource(
         }
     };
     let k = shared.registry.get(path.kind).clone();
+    let agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok());
     shared
         .counters
-        .record(verb, k.plural, path.subresource.as_deref());
+        .record(verb, k.plural, path.subresource.as_deref(), agent);
     let info = RequestInfo {
         verb,
         resource: k.plural,

@@ -83,7 +83,14 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// Events buffered per watch; a watch that falls further behind is closed.
     pub watch_buffer: usize,
+    /// Serve HTTPS ([`crate::tls`]'s certificate), offering HTTP/2 with at most
+    /// [`MAX_STREAMS`] streams a connection, as kube-apiserver serves; otherwise plain HTTP/1.1.
+    pub tls: bool,
 }
+
+/// The streams an HTTP/2 connection may carry at once (kube-apiserver's
+/// `--http2-max-streams-per-connection` default).
+pub const MAX_STREAMS: u32 = 100;
 
 impl Default for Options {
     fn default() -> Self {
@@ -95,6 +102,7 @@ impl Default for Options {
             history_limit: 100_000,
             bookmark_interval: Duration::from_secs(1),
             watch_buffer: 100_000,
+            tls: false,
         }
     }
 }
@@ -111,6 +119,7 @@ impl Options {
 /// A running in-process API server. Dropping it stops it.
 pub struct ApiServer {
     addr: SocketAddr,
+    url: String,
     snapshot_controller: bool,
     shared: Arc<Shared>,
     tracker: TaskTracker,
@@ -156,15 +165,19 @@ impl ApiServer {
         });
         let dir = tempfile::tempdir().map_err(ApiServerError::Kubeconfig)?;
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://{addr}")))
-            .map_err(ApiServerError::Kubeconfig)?;
-        let own = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(&format!("http://{addr}")))?;
+        let scheme = if opts.tls { "https" } else { "http" };
+        let url = format!("{scheme}://{addr}");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&url)).map_err(ApiServerError::Kubeconfig)?;
+        let own = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(&url))?;
         let config =
             kube::Config::from_custom_kubeconfig(own, &kube::config::KubeConfigOptions::default())
                 .await?;
         let client = kube::Client::try_from(config)?;
         let tracker = TaskTracker::new();
-        tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
+        let tls = opts.tls.then(|| {
+            tokio_rustls::TlsAcceptor::from(crate::tls::server_config(&[b"h2", b"http/1.1"]))
+        });
+        tracker.spawn(accept_loop(listener, tls, shared.clone(), tracker.clone()));
         if opts.pv_controller {
             tracker.spawn(pv_controller::run(
                 shared.store.clone(),
@@ -185,6 +198,7 @@ impl ApiServer {
         }
         Ok(Self {
             addr,
+            url,
             snapshot_controller: opts.snapshot_controller,
             shared,
             tracker,
@@ -194,9 +208,9 @@ impl ApiServer {
         })
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or `https://` with [`Options::tls`].
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.url.clone()
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -295,13 +309,28 @@ pub fn kubeconfig_with_token_file(server: &str, token_file: &Path) -> String {
     kubeconfig_with_user(server, &format!("tokenFile: {}", token_file.display()))
 }
 
+/// A kubeconfig naming `server` and `user`; an `https://` server is trusted by [`crate::tls::CA`].
 fn kubeconfig_with_user(server: &str, user: &str) -> String {
+    use base64::Engine as _;
+    let authority = if server.starts_with("https://") {
+        format!(
+            "\n    certificate-authority-data: {}",
+            base64::engine::general_purpose::STANDARD.encode(crate::tls::CA)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {server}\ncontexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: testkit\n    namespace: default\ncurrent-context: testkit\nusers:\n- name: testkit\n  user:\n    {user}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {server}{authority}\ncontexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: testkit\n    namespace: default\ncurrent-context: testkit\nusers:\n- name: testkit\n  user:\n    {user}\n"
     )
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTracker) {
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+) {
     loop {
         let stream = tokio::select! {
             _ = shared.shutdown.cancelled() => return,
@@ -322,32 +351,56 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
         // Small request/response exchanges: do not wait for Nagle.
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
+        let tls = tls.clone();
         tracker.spawn(async move {
-            let token = shared.shutdown.clone();
-            let mut freezing = shared.faults.freezing();
-            let svc = service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(http::handle(shared, req).await) }
-            });
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            loop {
-                // While frozen the connection is not polled: what the client sends waits in
-                // the socket, and nothing is answered.
-                let frozen = *freezing.borrow_and_update();
-                tokio::select! {
-                    _ = conn.as_mut(), if !frozen => break,
-                    _ = token.cancelled() => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
-                        break;
+            match tls {
+                None => serve(TokioIo::new(stream), shared, reachability).await,
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(stream)) => serve(TokioIo::new(stream), shared, reachability).await,
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
                     }
-                    // Dropping the connection closes its socket with requests and watches open.
-                    _ = async { reachability.wait_for(|unreachable| *unreachable).await.map(|_| ()) } => break,
-                    changed = freezing.changed() => if changed.is_err() { break },
                 }
             }
         });
+    }
+}
+
+/// How long a client may take over its TLS handshake.
+const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// Serves one connection, HTTP/1.1 or HTTP/2 (whichever the client speaks), until it closes,
+/// the server stops or the faults make it unreachable.
+async fn serve<I>(io: I, shared: Arc<Shared>, mut reachability: tokio::sync::watch::Receiver<bool>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let token = shared.shutdown.clone();
+    let mut freezing = shared.faults.freezing();
+    let svc = service_fn(move |req| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(http::handle(shared, req).await) }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(MAX_STREAMS);
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    loop {
+        // While frozen the connection is not polled: what the client sends waits in
+        // the socket, and nothing is answered.
+        let frozen = *freezing.borrow_and_update();
+        tokio::select! {
+            _ = conn.as_mut(), if !frozen => break,
+            _ = token.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+                break;
+            }
+            // Dropping the connection closes its socket with requests and watches open.
+            _ = async { reachability.wait_for(|unreachable| *unreachable).await.map(|_| ()) } => break,
+            changed = freezing.changed() => if changed.is_err() { break },
+        }
     }
 }
