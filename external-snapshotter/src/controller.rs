@@ -128,6 +128,10 @@ pub struct Intent {
     pub secret: Option<SecretRef>,
     /// The content's deletion policy is `Delete`.
     pub delete: bool,
+    /// The VolumeSnapshotClass the request was prepared from: once the content is gone, what
+    /// the class still gives (parameters, deletion policy) is checked against the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 impl Intent {
@@ -509,6 +513,7 @@ impl Controller {
                 parameters,
                 secret: secret.clone(),
                 delete: content.deletion_policy == "Delete",
+                class: Some(class.name.clone()),
             },
             secret,
         ))

@@ -229,6 +229,11 @@ impl Index {
         self.snapshots.classes.items.get(name).cloned()
     }
 
+    /// The class of contents of kind `T` named `name`.
+    pub fn class_for<T: Shelved>(&self, name: &str) -> Option<Class> {
+        T::shelf(self).classes.items.get(name).cloned()
+    }
+
     /// The names of the contents of this driver, for the periodic resync.
     pub fn names<T: Shelved>(&self) -> Vec<String> {
         T::shelf(self).contents.items.keys().cloned().collect()

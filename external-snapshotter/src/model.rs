@@ -133,6 +133,8 @@ pub struct VolumeSnapshotClass {
     pub driver: String,
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+    #[serde(default)]
+    pub deletion_policy: String,
 }
 
 sidecar_kit::custom_resource!(
@@ -378,22 +380,40 @@ pub struct Class {
     pub name: String,
     pub driver: String,
     pub parameters: BTreeMap<String, String>,
+    /// What its dynamically made contents get as their deletion policy.
+    pub deletion_policy: String,
 }
 
 impl Class {
     pub fn from_api(object: &VolumeSnapshotClass) -> Self {
-        Self::of(&object.metadata, &object.driver, &object.parameters)
+        Self::of(
+            &object.metadata,
+            &object.driver,
+            &object.parameters,
+            &object.deletion_policy,
+        )
     }
 
     pub fn from_group_api(object: &VolumeGroupSnapshotClass) -> Self {
-        Self::of(&object.metadata, &object.driver, &object.parameters)
+        Self::of(
+            &object.metadata,
+            &object.driver,
+            &object.parameters,
+            &object.deletion_policy,
+        )
     }
 
-    fn of(meta: &ObjectMeta, driver: &str, parameters: &BTreeMap<String, String>) -> Self {
+    fn of(
+        meta: &ObjectMeta,
+        driver: &str,
+        parameters: &BTreeMap<String, String>,
+        deletion_policy: &str,
+    ) -> Self {
         Self {
             name: meta.name.clone().unwrap_or_default(),
             driver: driver.to_string(),
             parameters: parameters.clone(),
+            deletion_policy: deletion_policy.to_string(),
         }
     }
 }
@@ -506,6 +526,8 @@ pub struct VolumeGroupSnapshotClass {
     pub driver: String,
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+    #[serde(default)]
+    pub deletion_policy: String,
 }
 
 sidecar_kit::custom_resource!(

@@ -46,6 +46,9 @@ pub struct GroupIntent {
     pub secret: Option<SecretRef>,
     /// The group content's deletion policy is `Delete`.
     pub delete: bool,
+    /// The VolumeGroupSnapshotClass the request was prepared from (see [`Intent::class`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 impl GroupIntent {
@@ -170,6 +173,7 @@ impl Controller {
             parameters,
             secret,
             delete: content.deletion_policy == "Delete",
+            class: Some(class.name.clone()),
         })
     }
 

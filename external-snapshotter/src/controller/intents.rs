@@ -67,11 +67,28 @@ impl Controller {
             .view::<K::Content>(name)
             .filter(|(content, _)| content.uid() == intent.content_uid());
         let Some((content, class)) = live else {
-            return match self
+            if let Some(owner) = self
                 .index()
                 .bound_to::<K::Content>(intent.source_uid(), intent.content_uid())
             {
-                Some(owner) => Err(Rejected::Owned(owner)),
+                return Err(Rejected::Owned(owner));
+            }
+            // The content is gone: what its class still gives must agree; without the class
+            // (or a record of it) the seal alone vouches for the entry.
+            let class = intent
+                .class()
+                .and_then(|class| self.index().class_for::<K::Content>(class));
+            return match class {
+                Some(class) => journal::check_against_class(
+                    &journal::Recorded {
+                        content: name,
+                        parameters: intent.parameters(),
+                        delete: intent.delete(),
+                        metadata_keys: K::Intent::METADATA_KEYS,
+                    },
+                    &class,
+                    self.config.naming.extra_create_metadata,
+                ),
                 None => Ok(()),
             };
         };

@@ -19,6 +19,9 @@ use crate::model::{ContentObject, GroupContent};
 pub(super) trait JournaledIntent: Clone + PartialEq + Serialize + Send + Sync {
     /// The name of what the call cuts, and of its source, as a mismatch names them.
     const PARTS: [&'static str; 2];
+    /// The parameters `--extra-create-metadata` adds: the snapshot's (group's) name and
+    /// namespace, then the content's name.
+    const METADATA_KEYS: [&'static str; 3];
     fn content_uid(&self) -> &str;
     /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) its content is bound to.
     fn source_uid(&self) -> &str;
@@ -28,6 +31,8 @@ pub(super) trait JournaledIntent: Clone + PartialEq + Serialize + Send + Sync {
     fn secret(&self) -> Option<&SecretRef>;
     /// The content's deletion policy is `Delete`.
     fn delete(&self) -> bool;
+    /// The class its request was prepared from (not recorded before it was).
+    fn class(&self) -> Option<&str>;
     /// It cuts from the same volume (volumes) as `other`.
     fn same_source(&self, other: &Self) -> bool;
 
@@ -63,11 +68,19 @@ macro_rules! intent_fields {
         fn delete(&self) -> bool {
             self.delete
         }
+        fn class(&self) -> Option<&str> {
+            self.class.as_deref()
+        }
     };
 }
 
 impl JournaledIntent for Intent {
     const PARTS: [&'static str; 2] = ["snapshot name", "source volume"];
+    const METADATA_KEYS: [&'static str; 3] = [
+        decide::SNAPSHOT_NAME_KEY,
+        decide::SNAPSHOT_NAMESPACE_KEY,
+        decide::CONTENT_NAME_KEY,
+    ];
     intent_fields!();
 
     fn source_uid(&self) -> &str {
@@ -81,6 +94,11 @@ impl JournaledIntent for Intent {
 
 impl JournaledIntent for GroupIntent {
     const PARTS: [&'static str; 2] = ["group snapshot name", "source volumes"];
+    const METADATA_KEYS: [&'static str; 3] = [
+        decide::GROUP_NAME_KEY,
+        decide::GROUP_NAMESPACE_KEY,
+        decide::GROUP_CONTENT_NAME_KEY,
+    ];
     intent_fields!();
 
     fn source_uid(&self) -> &str {

@@ -36,6 +36,7 @@ fn contents_of_this_driver_only() {
         name: "class".into(),
         driver: driver.into(),
         parameters: BTreeMap::new(),
+        deletion_policy: "Delete".into(),
     };
     assert!(driver_match(&content, None, "d"));
     assert!(driver_match(&content, Some(&class("d")), "d"));

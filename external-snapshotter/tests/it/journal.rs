@@ -16,6 +16,11 @@ use tonic::Code;
 /// force-deleting it would): the content is gone whatever the snapshotter does.
 async fn force_delete(env: &Env, snapshot: &str, content: &str) {
     env.delete_snapshot(snapshot).await;
+    unfinalize(env, content).await;
+}
+
+/// Takes the finalizers away from a content being deleted, and waits until it is gone.
+async fn unfinalize(env: &Env, content: &str) {
     env.content_until(content, "the content being deleted", |c| {
         c["metadata"]["deletionTimestamp"].is_string()
     })
@@ -26,6 +31,36 @@ async fn force_delete(env: &Env, snapshot: &str, content: &str) {
         .await
         .unwrap();
     env.content_gone(content).await;
+}
+
+/// A snapshotter that does not retry a failed call within a test's time.
+async fn without_retries() -> Env {
+    Env::start(MockDriver::builder(), |c| {
+        c.backoff = Backoff {
+            start: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+        };
+    })
+    .await
+}
+
+/// The messages of the `count` Warning Events that dropped journal entries, once all are there.
+async fn rejected_entries(env: &Env, count: usize) -> Vec<String> {
+    use k8s_openapi::api::core::v1::Event;
+    eventually("a Warning Event per forged entry", || async {
+        let rejected: Vec<String> = Api::<Event>::namespaced(env.client(), env.ns())
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("snapshotter-journal"))
+            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::cluster::journal::REJECTED_REASON))
+            .filter_map(|e| e.message)
+            .collect();
+        (rejected.len() == count).then_some(rejected)
+    })
+    .await
 }
 
 async fn journal_entries(env: &Env) -> usize {
@@ -66,14 +101,8 @@ async fn a_content_gone_during_its_create_snapshot_leaves_no_snapshot() {
 
 #[tokio::test]
 async fn a_restart_deletes_the_snapshot_of_a_content_gone_meanwhile() {
-    let mut env = Env::start(MockDriver::builder(), |c| {
-        // No retry before the kill below.
-        c.backoff = Backoff {
-            start: Duration::from_secs(60),
-            max: Duration::from_secs(60),
-        };
-    })
-    .await;
+    // No retry before the kill below.
+    let mut env = without_retries().await;
     env.class("class", "Delete", json!({})).await;
     env.bound_claim("data").await;
     // The driver cuts the snapshot but the answer is lost.
@@ -114,13 +143,7 @@ async fn a_restart_deletes_the_snapshot_of_a_content_gone_meanwhile() {
 
 #[tokio::test]
 async fn a_restart_lets_a_content_that_still_exists_carry_on() {
-    let mut env = Env::start(MockDriver::builder(), |c| {
-        c.backoff = Backoff {
-            start: Duration::from_secs(60),
-            max: Duration::from_secs(60),
-        };
-    })
-    .await;
+    let mut env = without_retries().await;
     env.class("class", "Delete", json!({})).await;
     env.bound_claim("data").await;
     env.mock
@@ -162,17 +185,11 @@ async fn a_restart_lets_a_content_that_still_exists_carry_on() {
 /// other tenant's secret.
 #[tokio::test]
 async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
-    use k8s_openapi::api::core::v1::{Event, Secret};
-    use kube::api::{ListParams, PostParams};
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
     use testkit::leaks::distinctive_secret;
 
-    let mut env = Env::start(MockDriver::builder(), |c| {
-        c.backoff = Backoff {
-            start: Duration::from_secs(60),
-            max: Duration::from_secs(60),
-        };
-    })
-    .await;
+    let mut env = without_retries().await;
     let ns = env.ns().to_string();
     let stolen = distinctive_secret();
     let secret: Secret = serde_json::from_value(
@@ -271,21 +288,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
         (journal_entries(&env).await == 0).then_some(())
     })
     .await;
-    let rejected = eventually("a Warning Event per forged entry", || async {
-        let events = Api::<Event>::namespaced(env.client(), &ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items;
-        let rejected: Vec<String> = events
-            .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some("snapshotter-journal"))
-            .filter(|e| e.reason.as_deref() == Some(sidecar_kit::cluster::journal::REJECTED_REASON))
-            .filter_map(|e| e.message)
-            .collect();
-        (rejected.len() == 5).then_some(rejected)
-    })
-    .await;
+    let rejected = rejected_entries(&env, 5).await;
     for part in [
         "is not the one derived from the UID it records",
         &format!("belongs to content {victim_content:?}"),
@@ -319,5 +322,99 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
             "the other tenant's secret reached the driver"
         );
     }
+    env.stop().await;
+}
+
+/// With the key stolen, entries for contents that are gone are still held to what their
+/// classes give: one asks to delete a snapshot its class retains (an administrator deleted the
+/// VolumeSnapshot and its Retain content to keep the data), one gives a CreateSnapshot
+/// parameters its class does not. Both are dropped with a Warning; the retained snapshot stays
+/// and no call carries the forged parameters.
+#[tokio::test]
+async fn a_stolen_key_cannot_delete_a_retained_snapshot_of_a_gone_content() {
+    use kube::api::DeleteParams;
+
+    let mut env = without_retries().await;
+    env.class("kept", "Retain", json!({"tier": "gold"})).await;
+    let volume = env.bound_claim("data").await;
+    let uid = env.snapshot("precious", "data", "kept").await;
+    let content = format!("snapcontent-{uid}");
+    env.content_of(&uid).await;
+    let ready = env
+        .content_until(&content, "the snapshot ready", |c| {
+            c["status"]["readyToUse"] == true
+        })
+        .await;
+    let handle = ready["status"]["snapshotHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    env.kill().await;
+    // The administrator keeps the data: the VolumeSnapshot and its content deleted, the
+    // snapshot retained in the driver, named by nothing.
+    env.delete_snapshot("precious").await;
+    env.contents()
+        .delete(&content, &DeleteParams::default())
+        .await
+        .unwrap();
+    unfinalize(&env, &content).await;
+    assert!(env.mock.state().snapshots.contains_key(&handle));
+
+    let key = journal_keys(&env).await.current;
+    let intent = |content_uid: &str, snapshot_uid: &str, parameters: serde_json::Value| {
+        json!({"content_uid": content_uid, "snapshot_uid": snapshot_uid,
+            "name": format!("snapshot-{snapshot_uid}"), "source_volume": volume,
+            "parameters": parameters, "secret": null, "delete": true, "class": env.n("kept")})
+        .to_string()
+    };
+    let entries = [
+        (
+            content.clone(),
+            intent(
+                "c0ffee00-0000-4000-8000-000000000011",
+                &uid,
+                json!({"tier": "gold"}),
+            ),
+        ),
+        (
+            "snapcontent-forged-parameters".to_string(),
+            intent(
+                "c0ffee00-0000-4000-8000-000000000012",
+                "c0ffee00-0000-4000-8000-000000000013",
+                json!({"tier": "gold", "replicate-to": "attacker"}),
+            ),
+        ),
+    ];
+    let forged = entries
+        .into_iter()
+        .map(|(entry, text)| {
+            let value = seal_entry(&env, &key, &entry, &text);
+            (entry, value)
+        })
+        .collect();
+    write_journal_as_is(&env, forged).await;
+    let creates_before = env.mock.calls().count(CREATE);
+    env.run();
+    let rejected = rejected_entries(&env, 2).await;
+    for part in ["deletion policy", "parameters"] {
+        assert!(
+            rejected.iter().any(|m| m.contains(part)),
+            "no Event says {part:?}: {rejected:?}"
+        );
+    }
+    eventually("both entries dropped", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
+    assert_eq!(
+        env.mock.calls().count(CREATE),
+        creates_before,
+        "nothing asked"
+    );
+    assert!(
+        env.mock.state().snapshots.contains_key(&handle),
+        "the retained snapshot is kept"
+    );
     env.stop().await;
 }

@@ -193,9 +193,10 @@ impl<'a> Setup<'a> {
             .clients(&self.kube_config, kube.kube_api_qps, kube.kube_api_burst)
     }
 
-    /// The intent journal's client, with the journal's own limit.
+    /// The intent journal's client, with the journal's own limit ([`journal::qps_for`]).
     pub fn journal_client(&self) -> Result<kube::Client, KubeError> {
-        self.client_limited(journal::QPS, journal::BURST)
+        let qps = journal::qps_for(self.common.kube.kube_api_qps);
+        self.client_limited(qps, journal::BURST)
     }
 
     /// Where the journal of the Lease `lease` lives: beside the Lease, one per node with

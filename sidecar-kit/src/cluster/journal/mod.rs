@@ -40,10 +40,29 @@ use seal::{Keyring, Place, Unsealed};
 /// The journal's own request budget. Its writes gate create calls, so they must not wait
 /// behind the sidecar's writes under `--kube-api-qps`, nor take tokens from them: that would
 /// slow the sidecar below upstream's, which has no journal. A single intent is recorded at once
-/// (burst); in a burst the records that arrive while a write waits share the next one, so a
-/// burst costs about one ConfigMap write a second.
-pub const QPS: f64 = 1.0;
+/// (burst); in a burst the records that arrive while a write waits share the next one. The
+/// budget follows the sidecar's own ([`qps_for`]): at the default 5 QPS a burst costs about one
+/// ConfigMap write a second; at 100 QPS with 100 workers, ten, since a record waits for its
+/// write and one write a second would hold every worker about a second per claim (provisioning
+/// measured at 46 claims/s where the PV writes allow 100).
+pub const MIN_QPS: f64 = 1.0;
+pub const MAX_QPS: f64 = 20.0;
 pub const BURST: u32 = 2;
+
+/// The journal's writes a second for a sidecar whose work may make `kube_api_qps` requests a
+/// second (negative: unlimited; zero: client-go's default 5): a tenth of that, from
+/// [`MIN_QPS`] to [`MAX_QPS`].
+pub fn qps_for(kube_api_qps: f64) -> f64 {
+    if kube_api_qps < 0.0 || !kube_api_qps.is_finite() {
+        return MAX_QPS;
+    }
+    let work = if kube_api_qps == 0.0 {
+        5.0
+    } else {
+        kube_api_qps
+    };
+    (work / 10.0).clamp(MIN_QPS, MAX_QPS)
+}
 /// How long a lone "forget" waits for company before it is written.
 pub const FORGET_DELAY: Duration = Duration::from_secs(2);
 /// A record that comes within this time of the previous write is part of a burst...
@@ -682,6 +701,16 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_journals_budget_is_a_tenth_of_the_works_within_bounds() {
+        assert_eq!(qps_for(5.0), 1.0);
+        assert_eq!(qps_for(0.0), 1.0, "client-go's default 5");
+        assert_eq!(qps_for(100.0), 10.0);
+        assert_eq!(qps_for(1000.0), 20.0);
+        assert_eq!(qps_for(-1.0), 20.0, "unlimited work");
+        assert_eq!(qps_for(f64::NAN), 20.0);
+    }
 
     #[test]
     fn each_node_has_a_journal_of_its_own() {
