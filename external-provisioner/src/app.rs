@@ -149,6 +149,7 @@ pub fn config(cli: &Cli, driver: &str, caps: Capabilities, identity: &str) -> Co
         journal: None,
         event_client: None,
         journal_client: None,
+        snapshot_client: None,
         wiring: Wiring::reporting(COMPONENT),
     }
 }
@@ -189,7 +190,9 @@ pub async fn discover(cli: &Cli, client: &kube::Client, config: &mut Config) {
         let group_version = format!("{}/v1", model::SNAPSHOT_GROUP);
         config.watch_snapshots = match served(client, &group_version, "VolumeSnapshot").await {
             Ok(true) => {
-                let api: kube::Api<crate::sources::VolumeSnapshot> = kube::Api::all(client.clone());
+                let snapshots = config.snapshot_client.as_ref().unwrap_or(client);
+                let api: kube::Api<crate::sources::VolumeSnapshot> =
+                    kube::Api::all(snapshots.clone());
                 match api.list(&kube::api::ListParams::default().limit(1)).await {
                     Ok(_) => true,
                     Err(err) => {
@@ -258,6 +261,7 @@ impl Sidecar for Provisioner {
         config.metrics = Some(ProvisionMetrics::register(host.metrics.registry())?);
         config.event_client = Some(clients.background);
         config.journal_client = Some(setup.journal_client()?);
+        config.snapshot_client = Some(setup.client()?);
         if cli.node_deployment {
             node_deployment(cli, &csi, std::env::var("NODE_NAME").ok(), &mut config)
                 .await

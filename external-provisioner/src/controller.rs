@@ -96,6 +96,10 @@ pub struct Config {
     /// Client of the journal: one with a budget of its own, since each write gates CreateVolume
     /// calls whose PV writes then wait for the main budget (`None`: the main client).
     pub journal_client: Option<kube::Client>,
+    /// Client of the VolumeSnapshot API (its watch, reads and finalizers): one with a rate
+    /// limit of its own, as upstream's snapshot clientset has, so that they take no token from
+    /// the PV writes (`None`: the main client).
+    pub snapshot_client: Option<kube::Client>,
     /// The watches and queue metrics, shared with the other controllers of the process.
     pub wiring: Wiring,
 }
@@ -224,6 +228,14 @@ impl Fed for Controller {
 }
 
 impl Controller {
+    /// See [`Config::snapshot_client`].
+    fn snapshot_client(&self) -> kube::Client {
+        self.config
+            .snapshot_client
+            .clone()
+            .unwrap_or_else(|| self.client.clone())
+    }
+
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(driver = %self.config.policy.driver, "starting CSI provisioner");
         let mut pipeline = self.config.wiring.pipeline();
@@ -243,7 +255,11 @@ impl Controller {
             pipeline.feed::<VolumeAttachment, _>(&self, Index::attachment_event);
         }
         if self.config.watch_snapshots {
-            pipeline.feed::<VolumeSnapshot, _>(&self, Index::snapshot_event);
+            pipeline.feed_through::<VolumeSnapshot, _>(
+                &self,
+                self.snapshot_client(),
+                Index::snapshot_event,
+            );
         }
         if self.config.watch_grants {
             pipeline.feed::<ReferenceGrant, _>(&self, Index::grant_event);

@@ -339,7 +339,7 @@ impl Controller {
         let snapshot = if self.config.watch_snapshots {
             self.index().snapshot(namespace, name).cloned()
         } else {
-            let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), namespace);
+            let api: Api<VolumeSnapshot> = Api::namespaced(self.snapshot_client(), namespace);
             match api.get_opt(name).await {
                 Ok(found) => found.as_ref().map(sources::Snapshot::from_api),
                 Err(err) => {
@@ -382,7 +382,7 @@ impl Controller {
         {
             return Ok(source);
         }
-        let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        let api: Api<VolumeSnapshotContent> = Api::all(self.snapshot_client());
         let content = match api.get(content_name).await {
             Ok(content) => Content::from_api(&content),
             Err(err) => {

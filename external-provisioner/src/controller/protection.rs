@@ -69,7 +69,7 @@ impl Controller {
 
     fn snapshots_api(&self, namespace: &str) -> Api<DynamicObject> {
         Api::namespaced_with(
-            self.client.clone(),
+            self.snapshot_client(),
             namespace,
             &ApiResource::erase::<VolumeSnapshot>(&()),
         )

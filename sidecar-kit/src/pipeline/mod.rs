@@ -362,11 +362,25 @@ impl Pipeline {
         K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default,
     {
+        let client = controller.feeder().client.clone();
+        self.feed_through(controller, client, apply);
+    }
+
+    /// [`feed`](Self::feed) through `client` instead of the controller's own: for a kind whose
+    /// requests have a rate limit of their own, as those of upstream's separate clientsets do.
+    pub fn feed_through<K, C: Fed>(
+        &mut self,
+        controller: &Arc<C>,
+        client: kube::Client,
+        apply: Apply<C, K>,
+    ) where
+        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
         let me = controller.clone();
-        let feeder = controller.feeder();
         self.watch(
-            Api::<K>::all(feeder.client.clone()),
-            feeder.watch_config(),
+            Api::<K>::all(client),
+            controller.feeder().watch_config(),
             move |change| {
                 let work = apply(&mut me.index(), change);
                 me.enqueue(work);
