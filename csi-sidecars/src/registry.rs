@@ -35,7 +35,7 @@ pub enum Kind {
 }
 
 /// Every sidecar, in the order the all-in-one process starts them.
-pub static REGISTRY: [Entry; 7] = [
+pub static REGISTRY: [Entry; 8] = [
     Entry::controller(
         &Plug::<external_provisioner::app::Provisioner>::new(),
         &["external-provisioner"],
@@ -60,6 +60,15 @@ pub static REGISTRY: [Entry; 7] = [
                 "external-health-monitor",
                 "external-health-monitor-controller",
             ],
+        )
+    },
+    // A server for backup applications, not a controller: asked for by name, as only drivers
+    // with the SNAPSHOT_METADATA_SERVICE can run it.
+    Entry {
+        in_all: false,
+        ..Entry::controller(
+            &Plug::<external_snapshot_metadata::app::SnapshotMetadata>::new(),
+            &["external-snapshot-metadata", "csi-snapshot-metadata"],
         )
     },
     Entry {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use sidecar_kit::values::names::{is_dns1123_label, is_dns1123_subdomain, resolve_template};
+use sidecar_kit::values::names::{self, SecretKeys};
 use tonic::Code;
 
 use crate::model::{
@@ -252,47 +252,21 @@ pub fn group_get_secret(
 /// resolved with the one variable `(name, value)`.
 fn class_secret(
     params: &BTreeMap<String, String>,
-    (what, name_key, namespace_key): (&str, &str, &str),
+    (what, name, namespace): (&str, &str, &str),
     (variable, value): (&str, &str),
 ) -> Result<Option<SecretRef>, String> {
-    let name_template = params.get(name_key);
-    let namespace_template = params.get(namespace_key);
-    let (name_template, namespace_template) = match (name_template, namespace_template) {
-        (None, None) => return Ok(None),
-        (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
-        (Some(_), Some(_)) => {
-            return Err(format!(
-                "failed to get name and namespace template from params: {what} secrets specified in parameters but value of either namespace or name is empty"
-            ));
-        }
-        _ => {
-            return Err(format!(
-                "failed to get name and namespace template from params: either name and namespace for {what} secrets specified, Both must be specified"
-            ));
-        }
-    };
     let vars = BTreeMap::from([(variable.to_string(), value.to_string())]);
-    let namespace = resolve_template(namespace_template, &vars)
-        .map_err(|e| format!("error resolving value {namespace_template:?}: {e}"))?;
-    if !is_dns1123_label(&namespace) {
-        return Err(if &namespace != namespace_template {
-            format!(
-                "{namespace_template:?} resolved to {namespace:?} which is not a valid namespace name"
-            )
-        } else {
-            format!("{namespace_template:?} is not a valid namespace name")
-        });
-    }
-    let name = resolve_template(name_template, &vars)
-        .map_err(|e| format!("error resolving value {name_template:?}: {e}"))?;
-    if !is_dns1123_subdomain(&name) {
-        return Err(if &name != name_template {
-            format!("{name_template:?} resolved to {name:?} which is not a valid secret name")
-        } else {
-            format!("{name_template:?} is not a valid secret name")
-        });
-    }
-    Ok(Some(SecretRef { namespace, name }))
+    let keys = SecretKeys {
+        what,
+        name,
+        namespace,
+    };
+    Ok(
+        names::class_secret(params, keys, &vars, &vars)?.map(|secret| SecretRef {
+            namespace: secret.namespace,
+            name: secret.name,
+        }),
+    )
 }
 
 /// What the driver said of a snapshot (CreateSnapshot or ListSnapshots).

@@ -12,6 +12,7 @@ use std::ffi::OsString;
 use sidecar_kit::cluster::client::KubeconfigRule;
 use sidecar_kit::pipeline::watches::WatchHub;
 use sidecar_kit::process::http::HttpPlan;
+use sidecar_kit::process::metrics::OperationsShape;
 use sidecar_kit::runtime::Parsed as ControllerCli;
 use sidecar_kit::runtime::host::{self, Host};
 use tokio_util::sync::CancellationToken;
@@ -194,7 +195,14 @@ async fn serve(selection: Selection, shutdown: CancellationToken) -> Result<(), 
         greeting.identity_timeout = greeting.identity_timeout.max(other.identity_timeout);
         greeting.max_log_length = greeting.max_log_length.max(other.max_log_length);
     }
-    let Some(host) = Host::start(greeting, WatchHub::shared(), &kube_config, &shutdown).await?
+    let Some(host) = Host::start(
+        greeting,
+        OperationsShape::CSI_SIDECAR,
+        WatchHub::shared(),
+        &kube_config,
+        &shutdown,
+    )
+    .await?
     else {
         return Ok(());
     };

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use csi_sidecars::registry::REGISTRY;
 
 /// Each upstream binary's flags, as its `-h` lists them; the versions are in the headers.
-const UPSTREAM: [(&str, &str); 7] = [
+const UPSTREAM: [(&str, &str); 8] = [
     (
         "csi-provisioner",
         include_str!("../fixtures/upstream-flags/csi-provisioner.txt"),
@@ -31,6 +31,10 @@ const UPSTREAM: [(&str, &str); 7] = [
     (
         "csi-node-driver-registrar",
         include_str!("../fixtures/upstream-flags/csi-node-driver-registrar.txt"),
+    ),
+    (
+        "csi-snapshot-metadata",
+        include_str!("../fixtures/upstream-flags/csi-snapshot-metadata.txt"),
     ),
     (
         "livenessprobe",

@@ -8,7 +8,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, FromArgMatches};
 
 /// Which upstream flag parser a sidecar imitates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -309,6 +309,108 @@ impl LoggingFlags {
     }
 }
 
+/// The logging flags of a sidecar that registers klog's own (`klog.InitFlags`) instead of
+/// component-base's: csi-snapshot-metadata. Logs always go to stderr, as with klog's
+/// `-logtostderr` preset to true; the file and header flags are accepted so that a pod spec
+/// written for upstream starts, and have no effect.
+#[derive(Args, Clone, Debug)]
+pub struct KlogFlags {
+    /// Log verbosity: 0-1 info, 2-4 adds debug, 5 and more adds every relayed range (trace)
+    #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "LEVEL")]
+    pub verbosity: u8,
+
+    /// Per-module verbosity (accepted for compatibility; the global -v applies)
+    #[arg(long, default_value = "", value_name = "PATTERN=N,...")]
+    pub vmodule: String,
+
+    /// Log to stderr instead of files (accepted for compatibility; logs always go to stderr)
+    #[arg(long = "logtostderr", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value = "true", value_parser = parse_go_bool)]
+    pub logtostderr: bool,
+
+    /// Log to stderr as well as to files (accepted for compatibility; no effect)
+    #[arg(long = "alsologtostderr", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value = "false", value_parser = parse_go_bool)]
+    pub alsologtostderr: bool,
+
+    /// Severity from which file logs are copied to stderr (accepted for compatibility; no effect)
+    #[arg(
+        long = "alsologtostderrthreshold",
+        default_value = "INFO",
+        value_name = "SEVERITY"
+    )]
+    pub alsologtostderrthreshold: String,
+
+    /// Severity from which logs go to stderr (accepted for compatibility; all go to stderr)
+    #[arg(
+        long = "stderrthreshold",
+        default_value = "INFO",
+        value_name = "SEVERITY"
+    )]
+    pub stderrthreshold: String,
+
+    /// klog's old -stderrthreshold rule (accepted for compatibility; no effect)
+    #[arg(long = "legacy_stderr_threshold_behavior", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value = "false", value_parser = parse_go_bool)]
+    pub legacy_stderr_threshold_behavior: bool,
+
+    /// Directory of log files (accepted for compatibility; logs go to stderr)
+    #[arg(long = "log_dir", default_value = "", value_name = "DIR")]
+    pub log_dir: String,
+
+    /// Log file (accepted for compatibility; logs go to stderr)
+    #[arg(long = "log_file", default_value = "", value_name = "FILE")]
+    pub log_file: String,
+
+    /// Largest log file in MB (accepted for compatibility; no files are written)
+    #[arg(long = "log_file_max_size", default_value_t = 1800, value_name = "MB")]
+    pub log_file_max_size: u64,
+
+    /// Add the file's directory to the log header (accepted for compatibility; no effect)
+    #[arg(long = "add_dir_header", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value = "false", value_parser = parse_go_bool)]
+    pub add_dir_header: bool,
+
+    /// Leave the header out of log lines (accepted for compatibility; no effect)
+    #[arg(long = "skip_headers", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value = "false", value_parser = parse_go_bool)]
+    pub skip_headers: bool,
+
+    /// Leave the header out of log files (accepted for compatibility; no effect)
+    #[arg(long = "skip_log_headers", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value = "false", value_parser = parse_go_bool)]
+    pub skip_log_headers: bool,
+
+    /// Write each line to its own severity's file only (accepted for compatibility; no effect)
+    #[arg(long = "one_output", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value = "false", value_parser = parse_go_bool)]
+    pub one_output: bool,
+
+    /// Emit a stack trace at file:line (accepted for compatibility; no effect)
+    #[arg(
+        long = "log_backtrace_at",
+        default_value = "",
+        value_name = "FILE:LINE"
+    )]
+    pub log_backtrace_at: String,
+}
+
+impl KlogFlags {
+    /// The logging these flags ask for: text on stderr at `-v`.
+    pub fn logging(&self) -> LoggingFlags {
+        LoggingFlags {
+            verbosity: self.verbosity,
+            vmodule: self.vmodule.clone(),
+            logging_format: LogFormat::Text,
+            log_flush_frequency: Duration::from_secs(5),
+            log_text_split_stream: false,
+            log_text_info_buffer_size: 0,
+            log_json_split_stream: false,
+            log_json_info_buffer_size: 0,
+        }
+    }
+}
+
 /// Flags every sidecar has besides logging.
 #[derive(Args, Clone, Debug)]
 pub struct ProcessFlags {
@@ -421,6 +523,16 @@ pub struct CommonFlags {
     pub process: ProcessFlags,
     #[command(flatten)]
     pub logging: LoggingFlags,
+}
+
+impl CommonFlags {
+    /// Every flag at its default: what a sidecar with a flag set of its own starts from.
+    pub fn defaults() -> Self {
+        let command = Self::augment_args(clap::Command::new("defaults"));
+        let matches = command.get_matches_from(["defaults"]);
+        // Every field has a default value, so an empty command line always parses.
+        Self::from_arg_matches(&matches).expect("the defaults of every flag parse")
+    }
 }
 
 /// Parses a command line in the given syntax; errors and `--help` behave as clap's.

@@ -21,8 +21,33 @@ pub const OPERATION_BUCKETS: [f64; 13] = [
 ];
 
 const LABELS: [&str; 3] = ["driver_name", "method_name", "grpc_status_code"];
-const LABELS_WITH_MIGRATION: [&str; 4] =
-    ["driver_name", "method_name", "grpc_status_code", "migrated"];
+
+/// The name of a process's histogram of CSI calls and the labels it has besides upstream's
+/// three: csi-lib-utils' metrics manager takes both per sidecar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OperationsShape {
+    pub name: &'static str,
+    /// Labels after `driver_name`, `method_name` and `grpc_status_code`; empty on the CSI
+    /// calls that have nothing to put in them.
+    pub extra_labels: &'static [&'static str],
+}
+
+impl OperationsShape {
+    /// `csi_sidecar_operations_seconds`, the controller sidecars'.
+    pub const CSI_SIDECAR: Self = Self {
+        name: OPERATIONS_METRIC,
+        extra_labels: &[],
+    };
+
+    fn labels(&self, with_migration: bool) -> Vec<&'static str> {
+        let mut labels = LABELS.to_vec();
+        if with_migration {
+            labels.push("migrated");
+        }
+        labels.extend_from_slice(self.extra_labels);
+        labels
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -64,6 +89,7 @@ pub struct CsiMetrics {
 
 struct Inner {
     registry: Registry,
+    shape: OperationsShape,
     driver_name: RwLock<String>,
     operations: Arc<RwLock<Operations>>,
 }
@@ -93,17 +119,25 @@ struct Operations {
     with_migration: bool,
 }
 
-fn operations_histogram(labels: &[&str]) -> Result<HistogramVec, prometheus::Error> {
-    let opts =
-        HistogramOpts::new(OPERATIONS_METRIC, OPERATIONS_HELP).buckets(OPERATION_BUCKETS.to_vec());
-    HistogramVec::new(opts, labels)
+fn operations_histogram(
+    shape: &OperationsShape,
+    with_migration: bool,
+) -> Result<HistogramVec, prometheus::Error> {
+    let opts = HistogramOpts::new(shape.name, OPERATIONS_HELP).buckets(OPERATION_BUCKETS.to_vec());
+    HistogramVec::new(opts, &shape.labels(with_migration))
 }
 
 impl CsiMetrics {
-    /// A fresh registry with the operations histogram and the process metrics.
+    /// A fresh registry with the controller sidecars' operations histogram and the process
+    /// metrics.
     pub fn new() -> Result<Self, MetricsError> {
+        Self::with_shape(OperationsShape::CSI_SIDECAR)
+    }
+
+    /// A fresh registry with the operations histogram `shape` and the process metrics.
+    pub fn with_shape(shape: OperationsShape) -> Result<Self, MetricsError> {
         let registry = Registry::new();
-        let histogram = operations_histogram(&LABELS)?;
+        let histogram = operations_histogram(&shape, false)?;
         let descs = prometheus::core::Collector::desc(&histogram)
             .into_iter()
             .cloned()
@@ -120,6 +154,7 @@ impl CsiMetrics {
         Ok(Self {
             inner: Arc::new(Inner {
                 registry,
+                shape,
                 driver_name: RwLock::new(UNKNOWN_DRIVER.to_string()),
                 operations,
             }),
@@ -157,7 +192,7 @@ impl CsiMetrics {
         if ops.with_migration {
             return Ok(());
         }
-        let histogram = operations_histogram(&LABELS_WITH_MIGRATION)?;
+        let histogram = operations_histogram(&self.inner.shape, true)?;
         *ops = Operations {
             histogram,
             with_migration: true,
@@ -167,16 +202,36 @@ impl CsiMetrics {
 
     /// Records one CSI call. `migrated` is used only when the migration label is enabled.
     pub fn observe(&self, method: &str, status_code: &str, elapsed: Duration, migrated: bool) {
+        self.record(method, status_code, elapsed, Some(migrated), &[]);
+    }
+
+    /// Records one operation with the values of the shape's extra labels, in their order.
+    pub fn observe_with(&self, method: &str, status_code: &str, elapsed: Duration, extra: &[&str]) {
+        self.record(method, status_code, elapsed, None, extra);
+    }
+
+    fn record(
+        &self,
+        method: &str,
+        status_code: &str,
+        elapsed: Duration,
+        migrated: Option<bool>,
+        extra: &[&str],
+    ) {
         let driver = self.driver_name();
         let Ok(ops) = self.inner.operations.read() else {
             return;
         };
-        let migrated = if migrated { "true" } else { "false" };
-        let values: Vec<&str> = if ops.with_migration {
-            vec![&driver, method, status_code, migrated]
-        } else {
-            vec![&driver, method, status_code]
-        };
+        let mut values: Vec<&str> = vec![&driver, method, status_code];
+        if ops.with_migration {
+            values.push(if migrated == Some(true) {
+                "true"
+            } else {
+                "false"
+            });
+        }
+        let extra_labels = self.inner.shape.extra_labels.len();
+        values.extend((0..extra_labels).map(|i| extra.get(i).copied().unwrap_or("")));
         if let Ok(histogram) = ops.histogram.get_metric_with_label_values(&values) {
             histogram.observe(elapsed.as_secs_f64());
         }

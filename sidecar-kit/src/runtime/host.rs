@@ -20,7 +20,8 @@ use crate::driver::csi::CsiClient;
 use crate::pipeline::watches::WatchHub;
 use crate::pipeline::workqueue::WorkQueueMetrics;
 use crate::process::http::{HttpError, HttpPlan, Routes};
-use crate::process::metrics::{CsiMetrics, MetricsError};
+use crate::process::metrics::{CsiMetrics, MetricsError, OperationsShape};
+use crate::runtime::RouteHook;
 use crate::runtime::consolidated;
 use crate::runtime::startup::{self, Greeting, StartupError};
 
@@ -61,15 +62,17 @@ pub struct Host {
 impl Host {
     /// Connects to the driver, waits for it and learns its name; `None` when `shutdown` came
     /// first. `watches` is a hub of its own for a single sidecar, a shared one for several;
-    /// the connections to `kube`'s API server are the process's.
+    /// the connections to `kube`'s API server are the process's; its CSI calls are recorded in
+    /// the histogram `operations`.
     pub async fn start(
         greeting: Greeting<'_>,
+        operations: OperationsShape,
         watches: WatchHub,
         kube: &kube::Config,
         shutdown: &CancellationToken,
     ) -> Result<Option<Self>, HostError> {
         let connections = Connections::new(kube)?;
-        let metrics = CsiMetrics::new()?;
+        let metrics = CsiMetrics::with_shape(operations)?;
         let Some(driver) = startup::greet_driver(greeting, &metrics, shutdown).await? else {
             return Ok(None);
         };
@@ -95,6 +98,8 @@ pub struct Controller {
     /// Its leader election: the client for the Lease and the settings; `None` runs it at once.
     pub election: Option<(kube::Client, ElectionConfig)>,
     run: Run,
+    /// Routes it adds to the process's HTTP endpoint (a server sidecar's readiness).
+    routes: Option<RouteHook>,
 }
 
 impl Controller {
@@ -112,6 +117,15 @@ impl Controller {
             name,
             election,
             run: Box::new(move |token| Box::pin(run(token))),
+            routes: None,
+        }
+    }
+
+    /// The controller with routes of its own on the HTTP endpoint.
+    pub fn with_routes(self, routes: RouteHook) -> Self {
+        Self {
+            routes: Some(routes),
+            ..self
         }
     }
 }
@@ -173,7 +187,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), HostError> {
     let mut electors = Vec::with_capacity(controllers.len());
-    for controller in controllers {
+    let mut own_routes = Vec::new();
+    for mut controller in controllers {
+        own_routes.extend(controller.routes.take());
         let elector = controller.election.map(|(client, settings)| {
             LeaderElector::new(client, settings).with_metrics(host.leader_metrics.clone())
         });
@@ -183,7 +199,12 @@ pub async fn run(
         .iter()
         .filter_map(|(_, elector, _)| elector.as_ref().map(LeaderElector::health))
         .collect();
-    http.serve(metrics_path, &host.metrics, health, extra_routes, &shutdown)
+    let routes = move |routes: Routes| {
+        own_routes
+            .into_iter()
+            .fold(extra_routes(routes), |routes, add| add(routes))
+    };
+    http.serve(metrics_path, &host.metrics, health, routes, &shutdown)
         .await?;
     run_all(electors, shutdown).await
 }

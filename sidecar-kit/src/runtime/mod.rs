@@ -1,4 +1,6 @@
-//! The runtime every controller sidecar runs on. A sidecar is a plug-in: an [`impl Sidecar`]
+//! The runtime every sidecar that speaks to the API server runs on: the controllers, and the
+//! server sidecar that answers backup applications (csi-snapshot-metadata, see
+//! [`Setup::server`]). A sidecar is a plug-in: an [`impl Sidecar`]
 //! names it, says how its command line reads and how it greets its driver, and `prepare`s its
 //! controller from what the runtime hands it ([`Setup`]). The runtime owns the rest, in
 //! upstream's order: parse → `--version` → logging → validate → HTTP plan → cluster
@@ -31,6 +33,7 @@ use crate::pipeline::watches::WatchHub;
 use crate::process::flags::{CommonFlags, FlagSyntax, parse_with};
 use crate::process::http::{HttpError, HttpPlan, Routes};
 use crate::process::logging;
+use crate::process::metrics::OperationsShape;
 use crate::runtime::startup::Greeting;
 use host::{Controller, Host, HostError};
 
@@ -50,6 +53,8 @@ pub trait Sidecar: 'static {
     const SYNTAX: FlagSyntax = FlagSyntax::Go;
     /// Which of `--kubeconfig` and `$KUBECONFIG` wins, as its upstream decides.
     const KUBECONFIG: KubeconfigRule = KubeconfigRule::FlagOnly;
+    /// The histogram its CSI calls are recorded in.
+    const OPERATIONS: OperationsShape = OperationsShape::CSI_SIDECAR;
 
     /// Its command line: the flags every sidecar has, and how the runtime reads its own.
     type Cli: SidecarCli;
@@ -72,8 +77,15 @@ pub trait SidecarCli: clap::Parser + Send + Sync + 'static {
     /// Why the command line is refused after parsing (exit code 1, as upstream's checks).
     type Invalid: std::error::Error + Send + Sync + 'static;
 
-    /// The flags every sidecar has.
+    /// The flags every sidecar has: its own for a controller sidecar, what [`complete`] made of
+    /// its own for one whose upstream has another set (a server sidecar without a Lease).
+    ///
+    /// [`complete`]: SidecarCli::complete
     fn common(&self) -> &CommonFlags;
+
+    /// Completes the command line once parsed: a sidecar whose flags are not [`CommonFlags`]
+    /// maps them onto the set the runtime reads.
+    fn complete(&mut self) {}
 
     /// Checks the command line (and the environment it names) before anything starts.
     fn validate(&self) -> Result<(), Self::Invalid>;
@@ -245,6 +257,17 @@ impl<'a> Setup<'a> {
         };
         Ok(Controller::new(self.name, election, run))
     }
+
+    /// A server sidecar's work: it answers peers rather than reconciling objects, so it elects
+    /// no leader (every replica serves) and `run`s from the start until the token it is given
+    /// is cancelled, with `routes` of its own on the HTTP endpoint.
+    pub fn server<F, Fut>(&self, routes: RouteHook, run: F) -> Controller
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Controller::new(self.name, None, run).with_routes(routes)
+    }
 }
 
 /// `S`'s command line, its `--kubeconfig` help stating the rule `S` reads it by.
@@ -261,7 +284,9 @@ fn command<S: Sidecar>() -> clap::Command {
 
 /// Parses `args` as `S`'s binary does.
 fn parse_from<S: Sidecar>(args: Vec<OsString>) -> Result<S::Cli, clap::Error> {
-    parse_with(command::<S>(), args, S::SYNTAX)
+    let mut cli: S::Cli = parse_with(command::<S>(), args, S::SYNTAX)?;
+    cli.complete();
+    Ok(cli)
 }
 
 /// Parses `args` as `S`'s binary does, printing help or errors and exiting as it does.
@@ -293,7 +318,14 @@ pub async fn serve<S: Sidecar>(
     let common = cli.common();
     let plan = HttpPlan::from_flags(&common.http)?;
     let config = crate::cluster::client::load_config(&common.kube, S::KUBECONFIG).await?;
-    let Some(host) = Host::start(cli.greeting(), WatchHub::default(), &config, &shutdown).await?
+    let Some(host) = Host::start(
+        cli.greeting(),
+        S::OPERATIONS,
+        WatchHub::default(),
+        &config,
+        &shutdown,
+    )
+    .await?
     else {
         return Ok(());
     };

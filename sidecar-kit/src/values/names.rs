@@ -116,6 +116,72 @@ fn is_special(b: u8) -> bool {
     )
 }
 
+/// A secret's place, resolved from a class's templates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretName {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The template keys of one secret in a class's parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct SecretKeys<'a> {
+    /// How upstream's messages name the secret: "SnapshotterList".
+    pub what: &'a str,
+    pub name: &'a str,
+    pub namespace: &'a str,
+}
+
+/// The secret a class's pair of template keys names, as upstream's `GetSecretReference`
+/// resolves it: both keys or neither, each non-empty; the namespace template expanded with
+/// `namespace_vars`, the name template with `name_vars`, each result a valid name.
+pub fn class_secret(
+    params: &BTreeMap<String, String>,
+    keys: SecretKeys<'_>,
+    namespace_vars: &BTreeMap<String, String>,
+    name_vars: &BTreeMap<String, String>,
+) -> Result<Option<SecretName>, String> {
+    let what = keys.what;
+    let (name_template, namespace_template) = match (
+        params.get(keys.name),
+        params.get(keys.namespace),
+    ) {
+        (None, None) => return Ok(None),
+        (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "failed to get name and namespace template from params: {what} secrets specified in parameters but value of either namespace or name is empty"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "failed to get name and namespace template from params: either name and namespace for {what} secrets specified, Both must be specified"
+            ));
+        }
+    };
+    let namespace = resolve_template(namespace_template, namespace_vars)
+        .map_err(|e| format!("error resolving value {namespace_template:?}: {e}"))?;
+    if !is_dns1123_label(&namespace) {
+        return Err(if &namespace != namespace_template {
+            format!(
+                "{namespace_template:?} resolved to {namespace:?} which is not a valid namespace name"
+            )
+        } else {
+            format!("{namespace_template:?} is not a valid namespace name")
+        });
+    }
+    let name = resolve_template(name_template, name_vars)
+        .map_err(|e| format!("error resolving value {name_template:?}: {e}"))?;
+    if !is_dns1123_subdomain(&name) {
+        return Err(if &name != name_template {
+            format!("{name_template:?} resolved to {name:?} which is not a valid secret name")
+        } else {
+            format!("{name_template:?} is not a valid secret name")
+        });
+    }
+    Ok(Some(SecretName { namespace, name }))
+}
+
 /// RFC 1123 label: at most 63 lowercase alphanumerics or `-`, alphanumeric at both ends.
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()

@@ -1,0 +1,280 @@
+//! The TLS side of the server: the certificate and key from files, reloaded when they change
+//! (a rotation by cert-manager swaps the Secret's files; connections already open keep the
+//! certificate they were made with, so streams in flight are not dropped), and the accepting of
+//! connections with every handshake bounded in time and in number.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rustls::ServerConfig;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+/// Largest certificate or key file read: a Secret holds at most 1 MiB.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+/// How often the files are looked at for a change.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest a TLS handshake may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most handshakes under way at once; more connections wait in the kernel's backlog.
+pub const MAX_HANDSHAKES: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path} is larger than {MAX_FILE_BYTES} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("{path} holds no PEM certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("{path} holds no usable PEM private key: {reason}")]
+    Key { path: PathBuf, reason: String },
+    #[error("the key in {key} does not match the certificate in {cert}")]
+    Mismatch { cert: PathBuf, key: PathBuf },
+}
+
+/// The server's certificate and key files.
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+fn read_bounded(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let read = |source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let size = fs::metadata(path).map_err(read)?.len();
+    if size > MAX_FILE_BYTES {
+        return Err(TlsError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    fs::read(path).map_err(read)
+}
+
+impl CertFiles {
+    /// The certificate chain and key, checked to belong together.
+    pub fn load(&self) -> Result<Arc<CertifiedKey>, TlsError> {
+        let cert_pem = read_bounded(&self.cert)?;
+        let key_pem = read_bounded(&self.key)?;
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
+            .filter_map(Result::ok)
+            .collect();
+        if chain.is_empty() {
+            return Err(TlsError::NoCertificate {
+                path: self.cert.clone(),
+            });
+        }
+        let key_error = |reason: String| TlsError::Key {
+            path: self.key.clone(),
+            reason,
+        };
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| key_error(e.to_string()))?;
+        let signing = rustls::crypto::ring::sign::any_supported_type(&key)
+            .map_err(|e| key_error(e.to_string()))?;
+        let certified = CertifiedKey::new(chain, signing);
+        if certified.keys_match().is_err() {
+            return Err(TlsError::Mismatch {
+                cert: self.cert.clone(),
+                key: self.key.clone(),
+            });
+        }
+        Ok(Arc::new(certified))
+    }
+
+    /// What tells a change of either file: its size and modification time (following links,
+    /// as a mounted Secret's files are).
+    fn stamp(&self) -> Option<[(u64, SystemTime); 2]> {
+        let of = |path: &Path| {
+            let meta = fs::metadata(path).ok()?;
+            Some((meta.len(), meta.modified().ok()?))
+        };
+        Some([of(&self.cert)?, of(&self.key)?])
+    }
+}
+
+/// Hands every new handshake the certificate loaded last.
+#[derive(Debug)]
+pub struct Reloading {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl Reloading {
+    pub fn new(first: Arc<CertifiedKey>) -> Arc<Self> {
+        Arc::new(Self {
+            current: RwLock::new(first),
+        })
+    }
+
+    fn set(&self, key: Arc<CertifiedKey>) {
+        match self.current.write() {
+            Ok(mut current) => *current = key,
+            Err(poisoned) => *poisoned.into_inner() = key,
+        }
+    }
+
+    /// The certificate chain served now.
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        match self.current.read() {
+            Ok(current) => current.cert.clone(),
+            Err(poisoned) => poisoned.into_inner().cert.clone(),
+        }
+    }
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        match self.current.read() {
+            Ok(current) => Some(current.clone()),
+            Err(poisoned) => Some(poisoned.into_inner().clone()),
+        }
+    }
+}
+
+/// Reloads `files` into `resolver` whenever they change, until `stop`. A change that does not
+/// load (a half-written pair during a rotation) keeps the certificate served and is tried again
+/// on the next change.
+pub async fn reload(files: CertFiles, resolver: Arc<Reloading>, stop: CancellationToken) {
+    let mut seen = files.stamp();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(RELOAD_INTERVAL) => {}
+        }
+        let stamp = files.stamp();
+        if stamp.is_none() || stamp == seen {
+            continue;
+        }
+        match files.load() {
+            Ok(key) => {
+                resolver.set(key);
+                seen = stamp;
+                tracing::info!(cert = %files.cert.display(), key = %files.key.display(), "TLS certificate reloaded");
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "the changed TLS certificate does not load; still serving the previous one");
+            }
+        }
+    }
+}
+
+/// The server's TLS settings: no client certificates (callers prove who they are with a
+/// token), HTTP/2 only, as gRPC clients ask by ALPN.
+pub fn server_config(resolver: Arc<Reloading>) -> ServerConfig {
+    let mut config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map(|builder| {
+                builder
+                    .with_no_client_auth()
+                    .with_cert_resolver(resolver.clone())
+            })
+            .unwrap_or_else(|_| {
+                ServerConfig::builder()
+                    .with_no_client_auth()
+                    .with_cert_resolver(resolver)
+            });
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    config
+}
+
+/// A TLS connection tonic serves.
+pub struct Connection(pub TlsStream<TcpStream>);
+
+impl tonic::transport::server::Connected for Connection {
+    type ConnectInfo = Option<std::net::SocketAddr>;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.0.get_ref().0.peer_addr().ok()
+    }
+}
+
+impl tokio::io::AsyncRead for Connection {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Connection {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Accepts connections on `listener` until `stop`, and hands each one whose handshake completes
+/// within [`HANDSHAKE_TIMEOUT`] to the receiver.
+pub fn accept(
+    listener: TcpListener,
+    config: ServerConfig,
+    stop: CancellationToken,
+) -> mpsc::Receiver<io::Result<Connection>> {
+    let (tx, rx) = mpsc::channel(MAX_HANDSHAKES);
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = handshakes.clone().acquire_owned().await else {
+                return;
+            };
+            let (tcp, peer) = tokio::select! {
+                _ = stop.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(Connection(tls))).await;
+                    }
+                    Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    rx
+}
