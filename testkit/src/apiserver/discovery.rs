@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use super::registry::{Kind, Registry};
+use super::reviews;
 
 /// The Kubernetes minor version this server claims to be.
 pub const MINOR_VERSION: &str = "37";
@@ -40,9 +41,19 @@ fn group_entry(name: &str, versions: &[&str]) -> Value {
     json!({"name": name, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
+/// The registry's groups, then those of the review resources (served, never stored).
+fn all_groups(registry: &Registry) -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut groups = registry.groups();
+    for (group, _, _) in reviews::RESOURCES {
+        if !groups.iter().any(|(g, _)| g == group) {
+            groups.push((group, vec!["v1"]));
+        }
+    }
+    groups
+}
+
 pub fn api_group_list(registry: &Registry) -> Value {
-    let groups: Vec<Value> = registry
-        .groups()
+    let groups: Vec<Value> = all_groups(registry)
         .iter()
         .map(|(g, vs)| group_entry(g, vs))
         .collect();
@@ -50,7 +61,9 @@ pub fn api_group_list(registry: &Registry) -> Value {
 }
 
 pub fn api_group(registry: &Registry, group: &str) -> Option<Value> {
-    let (name, versions) = registry.groups().into_iter().find(|(g, _)| *g == group)?;
+    let (name, versions) = all_groups(registry)
+        .into_iter()
+        .find(|(g, _)| *g == group)?;
     let mut g = group_entry(name, &versions);
     g["kind"] = json!("APIGroup");
     g["apiVersion"] = json!("v1");
@@ -59,6 +72,18 @@ pub fn api_group(registry: &Registry, group: &str) -> Option<Value> {
 
 pub fn api_resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
     let mut resources = Vec::new();
+    for (_, plural, kind) in reviews::RESOURCES
+        .iter()
+        .filter(|(g, _, _)| *g == group && version == "v1")
+    {
+        resources.push(json!({
+            "name": plural,
+            "singularName": kind.to_lowercase(),
+            "namespaced": false,
+            "kind": kind,
+            "verbs": ["create"],
+        }));
+    }
     for k in registry.in_group_version(group, version) {
         resources.push(json!({
             "name": k.plural,

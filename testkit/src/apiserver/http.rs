@@ -20,9 +20,10 @@ use tokio_util::sync::CancellationToken;
 use super::counters::{RequestCounters, Verb};
 use super::discovery::{self, IncludeObject};
 use super::error::ApiError;
-use super::faults::{Faults, Hang, RequestInfo};
+use super::faults::{Faults, Hang, RequestInfo, Verdict};
 use super::protobuf;
 use super::registry::{Kind, KindId, Registry};
+use super::reviews::{self, Reviews};
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{
     Deleted, EventType, ListQuery, PatchType, Preconditions, Store, Target, WatchEvent, WatchFrom,
@@ -48,6 +49,8 @@ pub(crate) struct Shared {
     pub address: String,
     /// The bearer tokens served besides [`super::ADMIN_TOKEN`] (`None`: every request).
     pub tokens: Mutex<Option<Vec<String>>>,
+    /// What TokenReviews and SubjectAccessReviews are answered from.
+    pub reviews: Reviews,
 }
 
 impl Shared {
@@ -288,6 +291,10 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             group,
             version,
         )),
+        ["apis", group, "v1", plural] if reviews::is_review(group, plural) => {
+            let plural = plural.to_string();
+            review(shared, req, &plural).await
+        }
         ["api", version, rest @ ..] => {
             resource(
                 shared,
@@ -494,6 +501,16 @@ async fn resource(
         namespace: path.namespace.as_deref(),
     };
     let verdict = shared.faults.check(&info);
+    faulted(shared, verdict, serve_verb(shared, req, path, &q, verb, &k)).await
+}
+
+/// Serves a request as the faults' verdict says: after their latency, failed with their
+/// error, or never answered when they hang it (before or after it is served).
+async fn faulted(
+    shared: &Arc<Shared>,
+    verdict: Verdict,
+    serve: impl Future<Output = Result<Response<Body>, ApiError>>,
+) -> Result<Response<Body>, ApiError> {
     if !verdict.delay.is_zero() {
         tokio::time::sleep(verdict.delay).await;
     }
@@ -503,11 +520,56 @@ async fn resource(
     if verdict.hang == Some(Hang::BeforeServing) {
         return hang_up(shared).await;
     }
-    let answer = serve_verb(shared, req, path, &q, verb, &k).await;
+    let answer = serve.await;
     if verdict.hang == Some(Hang::AfterServing) {
         return hang_up(shared).await;
     }
     answer
+}
+
+/// A TokenReview or SubjectAccessReview (`plural`): only created, never stored; counted and
+/// faulted as a create of that resource.
+async fn review(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    plural: &str,
+) -> Result<Response<Body>, ApiError> {
+    if req.method() != Method::POST {
+        return Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({})",
+            req.method()
+        )));
+    }
+    let agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok());
+    shared.counters.record(Verb::Create, plural, None, agent);
+    let verdict = shared.faults.check(&RequestInfo {
+        verb: Verb::Create,
+        resource: plural,
+        subresource: None,
+        name: None,
+        namespace: None,
+    });
+    let serve = async {
+        // Answered in JSON only: there are no protobuf definitions of the reviews here.
+        if !accepts_json(req.headers()) {
+            return Err(ApiError::not_acceptable(format!(
+                "the server was unable to respond with a content type that the client supports (no protobuf encoding of {plural} here)"
+            )));
+        }
+        let body = read_json(req).await?;
+        let answer = if plural == "tokenreviews" {
+            shared
+                .reviews
+                .token_review(&body, std::time::SystemTime::now())?
+        } else {
+            shared.reviews.subject_access_review(&body)?
+        };
+        Ok(json_response(201, &answer))
+    };
+    faulted(shared, verdict, serve).await
 }
 
 /// A request that is never answered: it waits until the server shuts down.

@@ -17,6 +17,7 @@ pub mod protobuf;
 pub mod pv_controller;
 pub mod quantity;
 pub mod registry;
+pub mod reviews;
 pub mod selector;
 pub mod snapshot_controller;
 pub mod store;
@@ -41,6 +42,7 @@ pub use error::ApiError;
 pub use faults::{Faults, Hang, RequestMatch};
 pub use gates::{FeatureGates, Gate};
 pub use registry::Registry;
+pub use reviews::{Access, Reviews, Subject, TokenIdentity};
 
 use http::Shared;
 use store::Store;
@@ -162,6 +164,7 @@ impl ApiServer {
             shutdown: CancellationToken::new(),
             address: addr.to_string(),
             tokens: Mutex::new(None),
+            reviews: Reviews::default(),
         });
         let dir = tempfile::tempdir().map_err(ApiServerError::Kubeconfig)?;
         let kubeconfig = dir.path().join("kubeconfig");
@@ -252,6 +255,11 @@ impl ApiServer {
     /// Fault injection handle.
     pub fn faults(&self) -> Faults {
         self.shared.faults.clone()
+    }
+
+    /// The tokens TokenReview authenticates and the rules SubjectAccessReview allows by.
+    pub fn reviews(&self) -> Reviews {
+        self.shared.reviews.clone()
     }
 
     /// Request counters.

@@ -550,6 +550,24 @@ impl Registry {
                     &["deploy"],
                 )
             },
+            // KEP-3314's (changed block tracking): one per CSI driver, named after it, which
+            // csi-snapshot-metadata reads its audience from.
+            Kind {
+                tracks_generation: true,
+                custom: true,
+                unconditional_update: false,
+                status_metadata: StatusMetadata::StatusOnly,
+                ..k(
+                    "cbt.storage.k8s.io",
+                    "v1beta1",
+                    "snapshotmetadataservices",
+                    "snapshotmetadataservice",
+                    "SnapshotMetadataService",
+                    false,
+                    false,
+                    &["sms"],
+                )
+            },
             // Gateway API's, which cross-namespace volume data sources are granted by.
             Kind {
                 tracks_generation: true,
@@ -665,6 +683,7 @@ mod tests {
                 "snapshot.storage.k8s.io",
                 "groupsnapshot.storage.k8s.io",
                 "apps",
+                "cbt.storage.k8s.io",
                 "gateway.networking.k8s.io"
             ]
         );

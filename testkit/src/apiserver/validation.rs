@@ -20,11 +20,13 @@ use super::gates::{FeatureGates, Gate};
 use super::quantity::{self, Quantity};
 use super::registry::{Kind, NameRule};
 
+mod cbt;
 mod claims;
 mod events;
 mod storage;
 mod volumes;
 
+use cbt::*;
 use claims::*;
 use events::*;
 use storage::*;
@@ -808,6 +810,11 @@ pub fn validate_create(k: &Kind, obj: &Value, gates: &FeatureGates) -> Vec<Field
             errs.extend(events_v1_strict(k, obj));
             errs
         }
+        ("cbt.storage.k8s.io", "SnapshotMetadataService") => {
+            let mut errs = object_meta(k, obj, k.name_rule);
+            errs.extend(snapshot_metadata_service(obj));
+            errs
+        }
         _ => object_meta(k, obj, k.name_rule),
     }
 }
@@ -846,6 +853,9 @@ pub fn validate_update(
             errs.extend(volume_attributes_class_update(k, new, old));
         }
         ("", "Event", _) => errs.extend(legacy_event(&core_event(new), "reportingComponent")),
+        ("cbt.storage.k8s.io", "SnapshotMetadataService", _) => {
+            errs.extend(snapshot_metadata_service(new));
+        }
         ("events.k8s.io", "Event", _) => {
             errs.extend(legacy_event(&events_v1_event(new), "reportingController"));
             for f in [

@@ -140,6 +140,11 @@ struct Args {
     #[arg(long, action = ArgAction::Set, default_value_t = Capabilities::default().volume_condition)]
     volume_condition: bool,
 
+    /// Offer the SnapshotMetadata service (plugin SNAPSHOT_METADATA_SERVICE); volumes have no
+    /// written blocks in a process, so snapshots list none.
+    #[arg(long, action = ArgAction::Set, default_value_t = Capabilities::default().snapshot_metadata)]
+    snapshot_metadata: bool,
+
     /// Delay calls of METHOD by DURATION (e.g. CreateVolume=250ms; METHOD
     /// `*` for every method). Repeatable.
     #[arg(long, value_name = "METHOD=DURATION", value_parser = LatencyRule::parse)]
@@ -198,6 +203,7 @@ impl Args {
                 topology: self.accessibility_constraints || !self.topology.is_empty(),
                 node_stage: self.node_stage,
                 volume_condition: self.volume_condition,
+                snapshot_metadata: self.snapshot_metadata,
             },
             total_capacity: self.capacity,
             max_volume_size: self.max_volume_size,

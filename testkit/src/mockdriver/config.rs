@@ -137,6 +137,10 @@ pub struct Capabilities {
     /// Controller `VOLUME_CONDITION`: ListVolumes and ControllerGetVolume report each volume's
     /// condition (see `Volume::condition`).
     pub volume_condition: bool,
+    /// Plugin `SNAPSHOT_METADATA_SERVICE`: the SnapshotMetadata service lists the allocated and
+    /// changed blocks of snapshots (see [`state::Blocks`](super::state::Blocks)). Off by default,
+    /// as hostpath's `--enable-snapshot-metadata`.
+    pub snapshot_metadata: bool,
 }
 
 impl Default for Capabilities {
@@ -158,6 +162,7 @@ impl Default for Capabilities {
             topology: false,
             node_stage: true,
             volume_condition: false,
+            snapshot_metadata: false,
         }
     }
 }
@@ -182,6 +187,7 @@ impl Capabilities {
             topology: true,
             node_stage: true,
             volume_condition: true,
+            snapshot_metadata: true,
         }
     }
 
@@ -204,6 +210,7 @@ impl Capabilities {
             topology: false,
             node_stage: false,
             volume_condition: false,
+            snapshot_metadata: false,
         }
     }
 }

@@ -49,6 +49,35 @@ struct Script {
     lost_answers: HashMap<String, (u64, Code)>,
     /// Answers to rewrite after the call was handled: method → (count left, rewrite).
     rewrites: HashMap<String, (u64, Rewrite)>,
+    /// Streams to break: method → (count left, how).
+    broken_streams: HashMap<String, (u64, StreamFault)>,
+}
+
+/// How a SnapshotMetadata stream (GetMetadataAllocated, GetMetadataDelta) breaks what the CSI
+/// spec promises of it, for tests of a sidecar's checks on what it relays. The call is handled
+/// as usual; only the messages change. Faults that act from the second message on need a
+/// listing of more than `max_results` tuples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamFault {
+    /// The tuples in descending order: the first message holds the last blocks.
+    Descending,
+    /// Every tuple sent twice in a row: each repeat overlaps the tuple before it.
+    Overlapping,
+    /// `max_results + 1` tuples a message.
+    ExceedMaxResults,
+    /// `block_metadata_type` VARIABLE_LENGTH from the second message on.
+    ChangeBlockType,
+    /// `volume_capacity_bytes` one block larger from the second message on.
+    ChangeCapacity,
+    /// The first tuple replaced by the block before the one holding `starting_offset`: a
+    /// range ending at or before the offset (at `byte_offset` -4096 for offsets below 4096).
+    /// An empty listing becomes one message with that tuple alone.
+    BeforeStartingOffset,
+    /// The first message, then nothing until the client cancels (or the mock shuts down,
+    /// which ends the stream with UNAVAILABLE).
+    Stall,
+    /// The first message, then the stream ends with this code.
+    Abort(Code),
 }
 
 /// A `Box<dyn Fn(&mut Resp) + Send + Sync>` for the answer type of its method.
@@ -201,7 +230,8 @@ impl Faults {
     /// `v1::CreateVolumeResponse` for CreateVolume) are changed by `rewrite` before they are
     /// sent: the call is handled as usual, only the answer breaks the spec (an empty volume
     /// id, a negative capacity, ...). `k == 0` removes the rewrite. A `Resp` that is not the
-    /// method's answer type never matches, and the answer goes out unchanged.
+    /// method's answer type never matches, and the answer goes out unchanged. Of a
+    /// SnapshotMetadata method every streamed message is an answer.
     pub fn rewrite_answers<Resp: 'static>(
         &self,
         method: &str,
@@ -236,6 +266,31 @@ impl Faults {
         if let Some(rewrite) = rewrite.downcast_ref::<RewriteFn<Resp>>() {
             rewrite(answer);
         }
+    }
+
+    /// The next `k` streams of `method` (a SnapshotMetadata method, e.g.
+    /// [`csi_proto::methods::snapshot_metadata::GET_METADATA_ALLOCATED`]) break as `fault`
+    /// says; `u64::MAX` for every stream, `k == 0` removes the fault.
+    pub fn break_streams(&self, method: &str, k: u64, fault: StreamFault) {
+        self.edit(|s| {
+            if k == 0 {
+                s.broken_streams.remove(method);
+            } else {
+                s.broken_streams.insert(method.to_owned(), (k, fault));
+            }
+        });
+    }
+
+    /// The fault for a stream of `method` about to be sent, if one is due.
+    pub(crate) fn take_stream_fault(&self, method: &str) -> Option<StreamFault> {
+        let mut script = lock(&self.script);
+        let (left, fault) = script.broken_streams.get_mut(method)?;
+        let fault = *fault;
+        *left -= 1;
+        if *left == 0 {
+            script.broken_streams.remove(method);
+        }
+        Some(fault)
     }
 
     /// Removes the latency of `method` (the default applies again).
@@ -337,6 +392,65 @@ impl Call {
     }
 }
 
+/// A SnapshotMetadata call as the driver received it, read back from the [`CallLog`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataCall {
+    /// Sequence number among calls of its method, from 1.
+    pub seq: u64,
+    /// `GET_METADATA_ALLOCATED` or `GET_METADATA_DELTA` of
+    /// [`csi_proto::methods::snapshot_metadata`].
+    pub method: String,
+    /// GetMetadataAllocated's snapshot; empty for a delta.
+    pub snapshot_id: String,
+    /// GetMetadataDelta's snapshots; empty for Allocated.
+    pub base_snapshot_id: String,
+    pub target_snapshot_id: String,
+    pub starting_offset: i64,
+    pub max_results: i32,
+    /// As [`Call::secrets`]: key → [`secret_digest`] of the value.
+    pub secrets: BTreeMap<String, u64>,
+}
+
+impl MetadataCall {
+    /// The call's fields, if it is a SnapshotMetadata call.
+    fn from_call(call: &Call) -> Option<Self> {
+        use csi_proto::methods::snapshot_metadata as m;
+        if call.method != m::GET_METADATA_ALLOCATED && call.method != m::GET_METADATA_DELTA {
+            return None;
+        }
+        // The log renders fields at their default as absent.
+        let request: serde_json::Value = serde_json::from_str(&call.request).unwrap_or_default();
+        let text = |field: &str| {
+            request
+                .get(field)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let number = |field: &str| {
+            request
+                .get(field)
+                .and_then(serde_json::Value::as_i64)
+                .unwrap_or(0)
+        };
+        Some(Self {
+            seq: call.seq,
+            method: call.method.clone(),
+            snapshot_id: text("snapshot_id"),
+            base_snapshot_id: text("base_snapshot_id"),
+            target_snapshot_id: text("target_snapshot_id"),
+            starting_offset: number("starting_offset"),
+            max_results: i32::try_from(number("max_results")).unwrap_or(0),
+            secrets: call.secrets.clone(),
+        })
+    }
+
+    /// Whether the request carried the secret `key` with exactly `value`.
+    pub fn carries_secret(&self, key: &str, value: &str) -> bool {
+        self.secrets.get(key) == Some(&secret_digest(value))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Log {
     counts: HashMap<String, u64>,
@@ -420,6 +534,15 @@ impl CallLog {
             .iter()
             .filter(|c| c.method == method)
             .cloned()
+            .collect()
+    }
+
+    /// The kept SnapshotMetadata calls (both methods), oldest first.
+    pub fn metadata_calls(&self) -> Vec<MetadataCall> {
+        lock(&self.log)
+            .entries
+            .iter()
+            .filter_map(MetadataCall::from_call)
             .collect()
     }
 

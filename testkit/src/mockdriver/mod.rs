@@ -1,6 +1,7 @@
-//! A scriptable mock CSI driver: the Identity, Controller and Node services
-//! over an in-memory (optionally persisted) volume store that follows the
-//! CSI spec's idempotency and error codes, with run-time fault injection.
+//! A scriptable mock CSI driver: the Identity, Controller, GroupController,
+//! SnapshotMetadata and Node services over an in-memory (optionally
+//! persisted) volume store that follows the CSI spec's idempotency and error
+//! codes, with run-time fault injection.
 //!
 //! ```no_run
 //! # #[cfg(unix)]
@@ -38,8 +39,8 @@ pub mod state;
 mod store;
 
 pub use config::{Capabilities, MockConfig, Segment};
-pub use inject::{Call, CallLog, Faults, secret_digest};
+pub use inject::{Call, CallLog, Faults, MetadataCall, StreamFault, secret_digest};
 pub use server::{MockDriver, MockError, MockHandle};
 pub use spec::Listen;
-pub use state::{Condition, Rejection, State};
+pub use state::{BLOCK_SIZE, Blocks, Condition, Rejection, State};
 pub use store::PersistError;

@@ -2,6 +2,7 @@
 //! listener or (on Windows) a named pipe.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use csi_proto::v1::controller_server::ControllerServer;
 use csi_proto::v1::group_controller_server::GroupControllerServer;
 use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::node_server::NodeServer;
+use csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
 use h2_authority::AuthorityFix;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +21,7 @@ use super::config::{Capabilities, MockConfig, Segment};
 use super::inject::{CallLog, Faults};
 use super::service::{Driver, MockService};
 use super::spec::Listen;
-use super::state::State;
+use super::state::{Rejection, State};
 use super::store::{PersistError, Store};
 
 /// Serving the mock failed.
@@ -42,6 +44,8 @@ pub enum MockError {
     Serve(#[from] tonic::transport::Error),
     #[error("the mock CSI driver task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("refused: {0}")]
+    Refused(#[from] Rejection),
 }
 
 /// A mock CSI driver to be served: built from a [`MockConfig`] or with the
@@ -176,6 +180,8 @@ impl MockDriver {
         node_stage => node_stage;
         /// Controller `VOLUME_CONDITION`.
         volume_condition => volume_condition;
+        /// Plugin `SNAPSHOT_METADATA_SERVICE` and the SnapshotMetadata service.
+        snapshot_metadata => snapshot_metadata;
     }
 
     pub fn total_capacity(mut self, bytes: i64) -> Self {
@@ -245,6 +251,7 @@ impl MockDriver {
             .add_service(IdentityServer::new(service.clone()))
             .add_service(ControllerServer::new(service.clone()))
             .add_service(GroupControllerServer::new(service.clone()))
+            .add_service(SnapshotMetadataServer::new(service.clone()))
             .add_service(NodeServer::new(service));
         Ok((driver, router))
     }
@@ -392,6 +399,33 @@ impl MockHandle {
     /// out of band), persisting it like an RPC would.
     pub fn update_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> Result<R, PersistError> {
         self.driver.store.update(|s| Ok(f(s)))
+    }
+
+    /// Gives the blocks `blocks` (4 KiB block indices) of volume `volume_id` new content, as
+    /// a workload writing to it: snapshots cut later list them as allocated and as changed
+    /// since snapshots cut earlier. See [`State::write_blocks`].
+    pub fn write_blocks(
+        &self,
+        volume_id: &str,
+        blocks: impl IntoIterator<Item = u64>,
+    ) -> Result<(), MockError> {
+        self.driver
+            .store
+            .update(|s| Ok::<_, MockError>(s.write_blocks(volume_id, blocks)?))
+    }
+
+    /// [`write_blocks`](Self::write_blocks) of a range of blocks, without listing them.
+    pub fn write_range(&self, volume_id: &str, blocks: Range<u64>) -> Result<(), MockError> {
+        self.driver
+            .store
+            .update(|s| Ok::<_, MockError>(s.write_range(volume_id, blocks)?))
+    }
+
+    /// Writes every block of volume `volume_id` (a 4 GiB volume is still one range).
+    pub fn fill(&self, volume_id: &str) -> Result<(), MockError> {
+        self.driver
+            .store
+            .update(|s| Ok::<_, MockError>(s.fill(volume_id)?))
     }
 
     /// The run-time fault script.

@@ -11,8 +11,10 @@ use tonic::Code;
 
 use super::config::{MockConfig, Segment};
 
+mod blocks;
 mod rules;
 
+pub use blocks::*;
 pub use rules::*;
 
 /// Why an RPC is refused: the status code and message to answer with.
@@ -213,6 +215,15 @@ pub struct State {
     /// Sequence number of the last id handed out.
     #[serde(default)]
     pub last_id: u64,
+    /// The written blocks of each volume that has any, by volume id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volume_blocks: BTreeMap<String, Blocks>,
+    /// The blocks each snapshot holds (its volume's when it was cut), by snapshot id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshot_blocks: BTreeMap<String, Blocks>,
+    /// Number of the last write to blocks ([`State::write_blocks`]).
+    #[serde(default)]
+    pub last_write: u64,
 }
 
 /// What CreateVolume asks for.
@@ -396,6 +407,9 @@ impl State {
             node_published: BTreeMap::new(),
             condition: None,
         };
+        if let Some(source) = &volume.content_source {
+            self.restore_blocks(source, &volume.id);
+        }
         self.volumes.insert(volume.id.clone(), volume.clone());
         Ok(volume)
     }
@@ -420,6 +434,7 @@ impl State {
             );
         }
         self.volumes.remove(id);
+        self.volume_blocks.remove(id);
         Ok(())
     }
 
@@ -619,6 +634,7 @@ impl State {
             answers: 1,
             group_snapshot_id: String::new(),
         };
+        self.cut_blocks(source_volume_id, &snapshot.id);
         self.snapshots.insert(snapshot.id.clone(), snapshot.clone());
         Ok(snapshot)
     }
@@ -667,6 +683,7 @@ impl State {
                 group_snapshot_id: id.clone(),
             };
             snapshot_ids.push(snapshot.id.clone());
+            self.cut_blocks(volume, &snapshot.id);
             self.snapshots.insert(snapshot.id.clone(), snapshot);
         }
         let group = GroupSnapshot {
@@ -753,6 +770,7 @@ impl State {
         let members = self.group_of(id, snapshot_ids)?.snapshot_ids.clone();
         for member in members {
             self.snapshots.remove(&member);
+            self.snapshot_blocks.remove(&member);
         }
         self.group_snapshots.remove(id);
         Ok(())
@@ -781,6 +799,7 @@ impl State {
             );
         }
         self.snapshots.remove(id);
+        self.snapshot_blocks.remove(id);
         Ok(())
     }
 

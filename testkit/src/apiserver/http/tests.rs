@@ -48,3 +48,59 @@ fn urls_resolve_to_kinds_and_scopes() {
     );
     assert!(resolve(&r, "", "v1", &s(&["widgets"])).is_err());
 }
+
+/// The SnapshotMetadataService CRD through real HTTP, as csi-snapshot-metadata and its
+/// clients read it: cluster-scoped, get, list, watch, in discovery.
+#[tokio::test]
+async fn snapshot_metadata_services_are_served() {
+    use futures::TryStreamExt;
+    use kube::api::{Api, DynamicObject, PostParams, WatchEvent, WatchParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+    use kube::discovery::Discovery;
+
+    let server = crate::apiserver::ApiServer::start().await.unwrap();
+    let client = server.client();
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cbt.storage.k8s.io", "v1beta1", "SnapshotMetadataService"),
+        "snapshotmetadataservices",
+    );
+    let sms: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let mut watch = sms
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let object = |spec: Value| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "cbt.storage.k8s.io/v1beta1", "kind": "SnapshotMetadataService",
+            "metadata": {"name": "hostpath.csi.k8s.io"}, "spec": spec
+        }))
+        .unwrap()
+    };
+    let spec = json!({"address": "sms.csi-driver:6443", "audience": "test-backup-client",
+                      "caCert": "Y2E="});
+    sms.create(&PostParams::default(), &object(spec))
+        .await
+        .unwrap();
+    let got = sms.get("hostpath.csi.k8s.io").await.unwrap();
+    assert_eq!(got.data["spec"]["audience"], "test-backup-client");
+    assert_eq!(sms.list(&Default::default()).await.unwrap().items.len(), 1);
+    let event = watch.try_next().await.unwrap().unwrap();
+    assert!(
+        matches!(event, WatchEvent::Added(o) if o.metadata.name.as_deref() == Some("hostpath.csi.k8s.io"))
+    );
+    let refused = sms
+        .create(&PostParams::default(), &object(json!({"address": "x"})))
+        .await;
+    assert!(matches!(refused, Err(kube::Error::Api(e)) if e.code == 422));
+
+    let discovery = Discovery::new(client).run().await.unwrap();
+    let group = discovery
+        .groups()
+        .find(|g| g.name() == "cbt.storage.k8s.io")
+        .unwrap();
+    let (found, caps) = group.recommended_kind("SnapshotMetadataService").unwrap();
+    assert_eq!(found.plural, "snapshotmetadataservices");
+    assert_eq!(caps.scope, kube::discovery::Scope::Cluster);
+    server.shutdown().await;
+}

@@ -132,3 +132,51 @@ fn attachment_spec_is_immutable() {
         Some("VolumeAttachment.storage.k8s.io \"va\" is invalid")
     );
 }
+
+#[test]
+fn snapshot_metadata_services_follow_their_schema() {
+    let r = Registry::builtin();
+    let k = r
+        .get(
+            r.lookup("cbt.storage.k8s.io", "v1beta1", "snapshotmetadataservices")
+                .unwrap(),
+        )
+        .clone();
+    let gates = FeatureGates::default();
+    let text = |obj: &Value| -> Vec<String> {
+        validate_create(&k, obj, &gates)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    let good = json!({"metadata": {"name": "hostpath.csi.k8s.io"}, "spec": {
+        "address": "snapshot-metadata.csi-driver:6443", "audience": "test-backup-client",
+        "caCert": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="}});
+    assert!(text(&good).is_empty());
+    assert_eq!(
+        text(&json!({"metadata": {"name": "d"}})),
+        ["spec: Required value"]
+    );
+    let bad =
+        json!({"metadata": {"name": "d"}, "spec": {"address": 6443, "caCert": "not base64!"}});
+    assert_eq!(
+        text(&bad),
+        [
+            "spec.address: Invalid value: \"integer\": spec.address in body must be of type string: \"integer\"",
+            "spec.audience: Required value",
+            "spec.caCert: Invalid value: \"not base64!\": spec.caCert in body must be of type byte: \"not base64!\""
+        ]
+    );
+    let e = invalid(&k, "d", &validate_create(&k, &bad, &gates));
+    assert!(
+        e.message
+            .starts_with("SnapshotMetadataService.cbt.storage.k8s.io \"d\" is invalid: ["),
+        "{}",
+        e.message
+    );
+    // Updates are held to the schema too.
+    let mut dropped = good.clone();
+    dropped["spec"].as_object_mut().unwrap().remove("audience");
+    let errs = validate_update(&k, &dropped, &good, false, &gates);
+    assert_eq!(errs[0].to_string(), "spec.audience: Required value");
+}

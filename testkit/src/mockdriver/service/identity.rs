@@ -44,6 +44,9 @@ impl Driver {
         if caps.group_snapshots {
             capabilities.push(service_cap(service::Type::GroupControllerService));
         }
+        if caps.snapshot_metadata {
+            capabilities.push(service_cap(service::Type::SnapshotMetadataService));
+        }
         if caps.expand {
             capabilities.push(v1::PluginCapability {
                 r#type: Some(plugin_capability::Type::VolumeExpansion(

@@ -5,6 +5,7 @@ mod controller;
 mod convert;
 mod group;
 mod identity;
+mod metadata;
 mod node;
 
 use std::collections::BTreeMap;
@@ -82,7 +83,8 @@ fn secret_digests<Req: prost::Message + prost::Name>(request: &Req) -> BTreeMap<
     digests
 }
 
-/// The Identity, Controller, GroupController and Node services of one mock driver.
+/// The Identity, Controller, GroupController, SnapshotMetadata and Node services of one mock
+/// driver.
 #[derive(Clone)]
 pub(crate) struct MockService(Arc<Driver>);
 
