@@ -10,15 +10,23 @@ Containers of the multi-call image csi-sidecars are checked against the sidecars
 `csi-sidecars NAME [flags]` as that sidecar, `csi-sidecars --controllers=LIST [flags]` (all in
 one, KEP-4958's layout) against the --help of every selected sidecar's own binary, never
 against csi-sidecars' own --help.
+
+Custom resources are validated against the CustomResourceDefinitions rendered with them; the
+Services against the pods they select; csi-snapshot-metadata's SnapshotMetadataService against
+the Service its address names and the sidecar behind it.
 """
 
 import argparse
+import base64
+import binascii
+import copy
 import functools
 import os
 import re
 import subprocess
 import sys
 
+import jsonschema
 import yaml
 from kubernetes_validate import utils as kv
 
@@ -29,6 +37,7 @@ SIDECARS = {
     "csi-resizer": "csi-resizer",
     "csi-snapshotter": "csi-snapshotter",
     "csi-external-health-monitor-controller": "csi-external-health-monitor-controller",
+    "csi-snapshot-metadata": "csi-snapshot-metadata",
     "csi-node-driver-registrar": "csi-node-driver-registrar",
     "livenessprobe": "livenessprobe",
     "csi-sidecars": "csi-sidecars",
@@ -53,6 +62,7 @@ ALL_IN_ONE = {
     "resizer": "csi-resizer",
     "snapshotter": "csi-snapshotter",
     "health-monitor": "csi-external-health-monitor-controller",
+    "snapshot-metadata": "csi-snapshot-metadata",
     "livenessprobe": "livenessprobe",
     "node-driver-registrar": "csi-node-driver-registrar",
 }
@@ -63,7 +73,19 @@ BY_BINARY = {b: n for n, b in ALL_IN_ONE.items()}
 CONTROLLERS = ("provisioner", "attacher", "resizer", "snapshotter")
 # Every controller of the controller pod: those of `*`, and the health monitor, which is named.
 ELECTED = CONTROLLERS + ("health-monitor",)
+# Servers of the controller pod: on the sidecar runtime like the controllers (named in
+# --controllers, never with the registrar), but without a Lease; every replica serves.
+SERVERS = ("snapshot-metadata",)
+CONTROLLER_POD = ELECTED + SERVERS
 NODE_ONLY = "node-driver-registrar"
+
+# What csi-snapshot-metadata serves with and where (its defaults when the flags are not given):
+# the TLS gRPC port, and the HTTP endpoint that is always on.
+SNAPSHOT_METADATA = "snapshot-metadata"
+TLS_PORT_DEFAULT = 50051
+DEFAULT_HTTP_ENDPOINT = {SNAPSHOT_METADATA: ":8080"}
+# Its certificate and key: the flag, else the environment variable (upstream's fallback).
+TLS_FILES = (("tls-cert", "TLS_CERT_PATH"), ("tls-key", "TLS_KEY_PATH"))
 
 # Settings of the whole all-in-one process: given once, never with a sidecar's prefix.
 PROCESS_FLAGS = {
@@ -94,16 +116,20 @@ MULTI_CALL_NAMES = {
     "external-snapshotter": "snapshotter",
     "external-health-monitor": "health-monitor",
     "external-health-monitor-controller": "health-monitor",
+    "external-snapshot-metadata": "snapshot-metadata",
     "registrar": "node-driver-registrar",
 }
 
 # Health paths and who serves them: /healthz/leader-election a controller run with
-# --leader-election (alone or all in one); the others only the all-in-one process that runs
-# that sidecar, on its --http-endpoint.
+# --leader-election (alone or all in one); the others (sidecar, all in one only) the process
+# that runs that sidecar, on its --http-endpoint: /healthz/livenessprobe and
+# /healthz/node-driver-registrar only the all-in-one process, /health (snapshot-metadata's
+# readiness, upstream's path) csi-snapshot-metadata alone as well.
 HEALTH_PATHS = {
     "/healthz/leader-election": None,
-    "/healthz/livenessprobe": "livenessprobe",
-    "/healthz/node-driver-registrar": "node-driver-registrar",
+    "/healthz/livenessprobe": ("livenessprobe", True),
+    "/healthz/node-driver-registrar": ("node-driver-registrar", True),
+    "/health": (SNAPSHOT_METADATA, False),
 }
 
 # The registrar's default --plugin-registration-path (upstream's): in a pod that is not
@@ -113,7 +139,8 @@ REGISTRATION_DIR = "/registration"
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 
 # Upstream's RBAC object names per sidecar: an installation that swaps only the image keeps its
-# objects. ClusterRole, ClusterRoleBinding, Role, RoleBinding, ServiceAccount.
+# objects. ClusterRole, ClusterRoleBinding, Role, RoleBinding, ServiceAccount; None where
+# upstream has no such object (csi-snapshot-metadata keeps nothing in its namespace).
 UPSTREAM_RBAC = {
     "external-provisioner": (
         "external-provisioner-runner",
@@ -150,6 +177,19 @@ UPSTREAM_RBAC = {
         "external-snapshotter-leaderelection",
         "csi-snapshotter",
     ),
+    # deploy/snapshot-metadata-cluster-role.yaml and the binding of deploy/example/csi-driver.
+    "external-snapshot-metadata": (
+        "external-snapshot-metadata-runner",
+        "csi-snapshot-metadata-cluster-role",
+        None,
+        None,
+        "csi-snapshot-metadata",
+    ),
+}
+# ClusterRoles upstream ships for others to bind, which come with a sidecar's RBAC: the backup
+# applications' role of csi-snapshot-metadata (deploy/snapshot-metadata-client-cluster-role.yaml).
+UPSTREAM_CLIENT_ROLES = {
+    "external-snapshot-metadata": "external-snapshot-metadata-client-runner",
 }
 
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
@@ -306,7 +346,7 @@ def check_all_in_one(render, cw, words, helps, counts):
         if not unknown:
             fail(render, cw, "--controllers selects no sidecar")
         return []
-    together = [n for n in selected if n in ELECTED]
+    together = [n for n in selected if n in CONTROLLER_POD]
     if NODE_ONLY in selected and together:
         fail(
             render,
@@ -352,7 +392,17 @@ def check_multi_call(render, cw, words, helps, counts):
     return check_all_in_one(render, cw, words, helps, counts)
 
 
-def check_pod(render, o, spec, helps, tags, counts, rbac):
+def sidecar_value(values, sidecar, flag, all_in_one):
+    """The value of `flag` for `sidecar`: in the all-in-one process --<sidecar>-<flag> wins over
+    the shared --<flag>."""
+    if all_in_one and f"{sidecar}-{flag}" in values:
+        return values[f"{sidecar}-{flag}"]
+    return values.get(flag)
+
+
+def check_pod(render, o, spec, helps, tags, counts, rbac, labels=None):
+    """Checks a pod (template); returns what the Services need of it: its namespace, labels,
+    declared ports (name -> number, and the numbers) and snapshot-metadata's TLS ports."""
     where = describe(o)
     host_process = (((spec.get("securityContext") or {}).get("windowsOptions") or {}).get("hostProcess")) is True
     volumes = {v.get("name") for v in spec.get("volumes") or []}
@@ -362,13 +412,19 @@ def check_pod(render, o, spec, helps, tags, counts, rbac):
         if names.count(n) > 1:
             fail(render, where, f"container name {n} used twice")
     port_names = []
+    port_numbers = []  # (containerPort, protocol) of every container
+    named_ports = {}  # name -> containerPort
     listeners = {}  # port -> (container, the sidecars it runs, its flags, whether all in one)
     running = {}  # sidecar -> the containers running it
+    tls_ports = set()  # snapshot-metadata's TLS gRPC ports
     for c in containers:
         cw = f"{where} container {c.get('name')}"
         ports = c.get("ports") or []
         own_ports = {p.get("name") for p in ports if p.get("name")}
         port_names += [p.get("name") for p in ports if p.get("name")]
+        port_numbers += [(p.get("containerPort"), p.get("protocol") or "TCP") for p in ports]
+        named_ports.update({p.get("name"): p.get("containerPort") for p in ports if p.get("name")})
+        declared = {p.get("containerPort") for p in ports}
         for m in c.get("volumeMounts") or []:
             if m.get("name") not in volumes:
                 fail(render, cw, f"mounts volume {m.get('name')}, which the pod does not have")
@@ -410,12 +466,25 @@ def check_pod(render, o, spec, helps, tags, counts, rbac):
             runs = [BY_BINARY[binary]]
             check_flags(render, cw, words, helps[binary], binary, counts)
         values = flag_values([expand(w, env_values) for w in words])
+        all_in_one = binary == MULTI_CALL and (not words or words[0].startswith("-"))
         for sidecar in runs:
             running.setdefault(sidecar, []).append(c.get("name"))
-        port = re.search(r":(\d+)$", values.get("http-endpoint") or "")
+        endpoint = values.get("http-endpoint")
+        if endpoint is None and not all_in_one and len(runs) == 1:
+            endpoint = DEFAULT_HTTP_ENDPOINT.get(runs[0])
+        port = re.search(r":(\d+)$", endpoint or "")
         if port:
-            all_in_one = binary == MULTI_CALL and (not words or words[0].startswith("-"))
-            listeners[int(port.group(1))] = (c.get("name"), runs, values, all_in_one)
+            port = int(port.group(1))
+            if port in listeners:
+                fail(render, cw, f"--http-endpoint :{port}: container {listeners[port][0]} of the pod listens there already")
+            else:
+                listeners[port] = (c.get("name"), runs, values, all_in_one)
+        if SNAPSHOT_METADATA in runs:
+            tls = sidecar_value(values, SNAPSHOT_METADATA, "port", all_in_one)
+            tls = int(tls) if tls and tls.isdigit() else TLS_PORT_DEFAULT
+            tls_ports.add(tls)
+            if tls not in declared:
+                fail(render, cw, f"snapshot-metadata serves TLS gRPC on port {tls} (--port), which the container does not declare")
         # What the sidecars reach through the container's mounts (HostProcess containers see the
         # host's paths instead).
         if not host_process:
@@ -426,16 +495,36 @@ def check_pod(render, o, spec, helps, tags, counts, rbac):
             registration = values.get("plugin-registration-path") or REGISTRATION_DIR
             if NODE_ONLY in runs and not under(registration, mounts):
                 fail(render, cw, f"the registrar's registration directory {registration} is in none of the container's volumeMounts")
+        # snapshot-metadata exits without a certificate; the files come from a Secret's volume.
+        if SNAPSHOT_METADATA in runs:
+            mounts = [m.get("mountPath") or "" for m in c.get("volumeMounts") or []]
+            for flag, variable in TLS_FILES:
+                path = sidecar_value(values, SNAPSHOT_METADATA, flag, all_in_one) or env_values.get(variable)
+                if not path:
+                    fail(render, cw, f"snapshot-metadata has no --{flag} (nor ${variable}): it does not start without its certificate")
+                elif not host_process and path.startswith("/") and not under(path, mounts):
+                    fail(render, cw, f"--{flag} {path} is in none of the container's volumeMounts")
     for n in set(port_names):
         if port_names.count(n) > 1:
             fail(render, where, f"port name {n} used twice in the pod")
         if len(n) > 15:
             fail(render, where, f"port name {n} is longer than 15 characters")
+    for p in set(port_numbers):
+        if port_numbers.count(p) > 1:
+            fail(render, where, f"containerPort {p[0]}/{p[1]} declared twice in the pod")
     for sidecar, names in running.items():
         if len(names) > 1:
             fail(render, where, f"{sidecar} runs in more than one container of the pod ({', '.join(names)})")
     check_health_paths(render, where, containers, listeners)
     check_pod_rbac(render, o, spec, running, rbac)
+    return {
+        "where": where,
+        "namespace": (o.get("metadata") or {}).get("namespace") or "default",
+        "labels": labels or {},
+        "named_ports": named_ports,
+        "ports": {p for p, _ in port_numbers},
+        "tls_ports": tls_ports,
+    }
 
 
 def check_health_paths(render, where, containers, listeners):
@@ -455,6 +544,8 @@ def check_health_paths(render, where, containers, listeners):
                 continue
             name, runs, values, all_in_one = listener
             need = HEALTH_PATHS[path]
+            if need is not None:
+                need, all_in_one_only = need
             if need is None:
                 elected = [
                     n
@@ -464,22 +555,26 @@ def check_health_paths(render, where, containers, listeners):
                 ]
                 if not elected:
                     fail(render, cw, f"{probe} asks {path} on port {port}, but container {name} there runs no controller with --leader-election")
-            elif not (all_in_one and need in runs):
+            elif all_in_one_only and not (all_in_one and need in runs):
                 fail(
                     render,
                     cw,
                     f"{probe} asks {path} on port {port}, but container {name} there does not run {need} "
                     f"all in one (only {MULTI_CALL} --controllers=...,{need} serves {path})",
                 )
+            elif need not in runs:
+                fail(render, cw, f"{probe} asks {path} on port {port}, but container {name} there does not run {need}, which serves it")
 
 
 def check_pod_rbac(render, o, spec, running, rbac):
-    """The pod's ServiceAccount is bound to the roles of every controller it runs."""
+    """The pod's ServiceAccount is bound to the roles of every controller and server it runs."""
     ns = (o.get("metadata") or {}).get("namespace") or "default"
     account = spec.get("serviceAccountName") or "default"
-    for sidecar in (n for n in ELECTED if n in running):
+    for sidecar in (n for n in CONTROLLER_POD if n in running):
         cr, _crb, role, _rb, _sa = UPSTREAM_RBAC[f"external-{sidecar}"]
         for kind, name, binding_ns in (("ClusterRole", cr, None), ("Role", role, ns)):
+            if name is None:
+                continue
             if not any(
                 b.get("kind") == ("ClusterRoleBinding" if binding_ns is None else "RoleBinding")
                 and (b.get("metadata") or {}).get("namespace") == binding_ns
@@ -513,9 +608,14 @@ def check_rbac(render, objs):
         if not any(n == cr or n == role for (_k, n) in names):
             continue
         for kind, name in (("ClusterRole", cr), ("ClusterRoleBinding", crb), ("Role", role), ("RoleBinding", rb), ("ServiceAccount", sa)):
-            if (kind, name) not in names:
+            if name is not None and (kind, name) not in names:
                 fail(render, "-", f"{sidecar}: upstream's {kind} {name} is missing")
+        client = UPSTREAM_CLIENT_ROLES.get(sidecar)
+        if client and ("ClusterRole", client) not in names:
+            fail(render, "-", f"{sidecar}: upstream's ClusterRole {client} (for its clients to bind) is missing")
         for kind, name, target in (("ClusterRoleBinding", crb, cr), ("RoleBinding", rb, role)):
+            if name is None:
+                continue
             b = names.get((kind, name))
             if b is None:
                 continue
@@ -523,6 +623,147 @@ def check_rbac(render, objs):
                 fail(render, describe(b), f"roleRef is not upstream's {target}")
             if not any(s.get("name") == sa for s in b.get("subjects") or []):
                 fail(render, describe(b), f"does not bind upstream's ServiceAccount {sa}")
+
+
+def custom_kinds(objs):
+    """The kinds the rendered CustomResourceDefinitions define: (apiVersion, kind) -> (the
+    version's schema, whether it is served)."""
+    kinds = {}
+    for o in objs:
+        if o.get("apiVersion") != "apiextensions.k8s.io/v1" or o.get("kind") != "CustomResourceDefinition":
+            continue
+        spec = o.get("spec") or {}
+        for v in spec.get("versions") or []:
+            schema = ((v.get("schema") or {}).get("openAPIV3Schema")) or {}
+            kinds[(f"{spec.get('group')}/{v.get('name')}", (spec.get("names") or {}).get("kind"))] = (
+                schema,
+                v.get("served") is True,
+            )
+    return kinds
+
+
+def strict_schema(schema):
+    """The CRD's structural schema as the API server applies it with strict field validation:
+    a field that the schema does not declare is an error (it would be pruned), unless the
+    schema preserves unknown fields there."""
+    schema = copy.deepcopy(schema)
+
+    def walk(s):
+        if not isinstance(s, dict):
+            return
+        if (
+            "properties" in s
+            and "additionalProperties" not in s
+            and not s.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            s["additionalProperties"] = False
+        for sub in (s.get("properties") or {}).values():
+            walk(sub)
+        for key in ("items", "additionalProperties"):
+            walk(s.get(key))
+
+    walk(schema)
+    return schema
+
+
+FORMATS = jsonschema.FormatChecker()
+
+
+@FORMATS.checks("byte", raises=(binascii.Error, ValueError))
+def _is_byte(value):
+    """`format: byte`: base64, as the API server checks it."""
+    if isinstance(value, str):
+        base64.b64decode(value, validate=True)
+    return True
+
+
+def check_custom_resource(render, o, kinds):
+    """A custom resource against its CRD among the rendered objects; False if there is none.
+    Its metadata is not checked beyond its name: a namespace on an object of a cluster-scoped
+    kind is dropped by the API server, and kustomize's `namespace:` adds one (it cannot tell a
+    custom kind's scope)."""
+    found = kinds.get((o.get("apiVersion"), o.get("kind")))
+    if found is None:
+        return False
+    schema, served = found
+    if not served:
+        fail(render, describe(o), f"{o.get('apiVersion')} is not a served version of its CRD")
+    if not (o.get("metadata") or {}).get("name"):
+        fail(render, describe(o), "metadata.name is missing")
+    validator = jsonschema.Draft4Validator(strict_schema(schema), format_checker=FORMATS)
+    for e in sorted(validator.iter_errors(o), key=lambda e: list(e.absolute_path)):
+        at = ".".join(str(p) for p in e.absolute_path) or "(top)"
+        fail(render, describe(o), f"its CRD's schema, at {at}: {e.message}")
+    return True
+
+
+def selected_pods(service, pods):
+    ns = (service.get("metadata") or {}).get("namespace") or "default"
+    selector = (service.get("spec") or {}).get("selector") or {}
+    return [p for p in pods if p["namespace"] == ns and all(p["labels"].get(k) == v for k, v in selector.items())]
+
+
+def target_port(pod, port):
+    """The number a Service port's targetPort (a number or a port name; the port itself when
+    not given) stands for in `pod`, or None."""
+    target = port.get("targetPort", port.get("port"))
+    if isinstance(target, str) and not target.isdigit():
+        return pod["named_ports"].get(target)
+    return int(target) if target is not None else None
+
+
+def check_services(render, objs, pods):
+    """Every Service with a selector selects a rendered pod, and each of its target ports is one
+    that the pod declares."""
+    for svc in objs:
+        if svc.get("kind") != "Service" or not (svc.get("spec") or {}).get("selector"):
+            continue
+        chosen = selected_pods(svc, pods)
+        if not chosen:
+            fail(render, describe(svc), "its selector matches no pod of the rendered workloads")
+        for pod in chosen:
+            for port in (svc.get("spec") or {}).get("ports") or []:
+                number = target_port(pod, port)
+                if number is None or number not in pod["ports"]:
+                    fail(render, describe(svc), f"port {port.get('name') or port.get('port')}: targetPort {port.get('targetPort', port.get('port'))} is declared by no container of {pod['where']}")
+
+
+def check_snapshot_metadata_services(render, objs, pods):
+    """A SnapshotMetadataService is named after a rendered CSIDriver (when there is one: the
+    sidecar and its clients look it up by the driver's name), and its address names a rendered
+    Service port that reaches csi-snapshot-metadata's TLS port in the pods it selects."""
+    drivers = {o["metadata"]["name"] for o in objs if o.get("kind") == "CSIDriver"}
+    services = {
+        ((o.get("metadata") or {}).get("namespace") or "default", o["metadata"]["name"]): o
+        for o in objs
+        if o.get("kind") == "Service"
+    }
+    for sms in objs:
+        if sms.get("kind") != "SnapshotMetadataService" or not str(sms.get("apiVersion", "")).startswith("cbt.storage.k8s.io/"):
+            continue
+        where = describe(sms)
+        if drivers and sms["metadata"]["name"] not in drivers:
+            fail(render, where, f"named after no rendered CSIDriver ({', '.join(sorted(drivers))}): it must carry its driver's name")
+        address = str((sms.get("spec") or {}).get("address") or "")
+        host, _, port = address.rpartition(":")
+        if "://" in address or not host or not port.isdigit():
+            fail(render, where, f"spec.address {address!r} is not host:port")
+            continue
+        labels = host.split(".")
+        if len(labels) < 2 or (len(labels) > 2 and labels[2] != "svc"):
+            continue  # not a Service's cluster DNS name: nothing to follow here
+        svc = services.get((labels[1], labels[0]))
+        if svc is None:
+            fail(render, where, f"spec.address names the Service {labels[1]}/{labels[0]}, which is not among the rendered objects")
+            continue
+        ports = [p for p in (svc.get("spec") or {}).get("ports") or [] if p.get("port") == int(port)]
+        if not ports:
+            fail(render, where, f"spec.address names port {port} of {describe(svc)}, which has no such port")
+            continue
+        for pod in selected_pods(svc, pods):
+            number = target_port(pod, ports[0])
+            if number not in pod["tls_ports"]:
+                fail(render, where, f"{describe(svc)} port {port} reaches port {number} of {pod['where']}, where no container serves snapshot-metadata's TLS port (--port)")
 
 
 def main():
@@ -549,7 +790,7 @@ def main():
     # csi-sidecars is checked against the sidecars' own binaries, not its own --help.
     helps = {b: help_flags(a.bin, b) for b in sorted(set(SIDECARS.values()) - {MULTI_CALL})}
     tags = image_tags(manifests)
-    counts = {"objects": 0, "sidecar containers": 0, "csi-sidecars containers": 0, "other containers": 0, "flags checked": 0}
+    counts = {"objects": 0, "custom resources": 0, "sidecar containers": 0, "csi-sidecars containers": 0, "other containers": 0, "flags checked": 0}
     passed = failed = 0
     for d in dirs:
         before = len(failures)
@@ -560,10 +801,15 @@ def main():
         if not objs:
             fail(render, "-", "renders no object")
         rbac = [o for o in objs if o.get("kind") in ("RoleBinding", "ClusterRoleBinding")]
+        kinds = custom_kinds(objs)
+        pods = []
         for o in objs:
             counts["objects"] += 1
             introduced = INTRODUCED.get((o.get("apiVersion"), o.get("kind")), (0, 0))
-            for v in versions:
+            if check_custom_resource(render, o, kinds):
+                counts["custom resources"] += 1
+                introduced = None
+            for v in versions if introduced is not None else ():
                 if tuple(int(p) for p in v.split(".")[:2]) < introduced:
                     continue
                 try:
@@ -575,10 +821,14 @@ def main():
                     fail(render, describe(o), e.message)
             spec = o.get("spec") or {}
             if o.get("kind") in WORKLOADS:
-                check_pod(render, o, (spec.get("template") or {}).get("spec") or {}, helps, tags, counts, rbac)
+                template = spec.get("template") or {}
+                labels = (template.get("metadata") or {}).get("labels")
+                pods.append(check_pod(render, o, template.get("spec") or {}, helps, tags, counts, rbac, labels))
             elif o.get("kind") == "Pod":
-                check_pod(render, o, spec, helps, tags, counts, rbac)
+                pods.append(check_pod(render, o, spec, helps, tags, counts, rbac, (o.get("metadata") or {}).get("labels")))
         check_rbac(render, objs)
+        check_services(render, objs, pods)
+        check_snapshot_metadata_services(render, objs, pods)
         ok = len(failures) == before
         passed, failed = passed + ok, failed + (not ok)
         print(f"  {'ok  ' if ok else 'FAIL'} {render}: {len(objs)} objects")
@@ -587,7 +837,8 @@ def main():
         print(line)
     print(
         f"{len(dirs)} kustomizations, {counts['objects']} objects validated against the schemas of "
-        f"Kubernetes {', '.join(versions)} (kubernetes-validate {kv.__version__}, strict); "
+        f"Kubernetes {', '.join(versions)} (kubernetes-validate {kv.__version__}, strict; "
+        f"{counts['custom resources']} custom resources against their CRDs); "
         f"{counts['sidecar containers']} sidecar containers ({counts['csi-sidecars containers']} of them "
         f"{MULTI_CALL}), {counts['flags checked']} flags "
         f"checked against --help; {counts['other containers']} other containers"

@@ -5,12 +5,15 @@
 #      through what includes them), and no YAML file or component is left out of all of them;
 #   2. every rendered object validates against the Kubernetes OpenAPI schemas, offline and
 #      strict (unknown fields are errors), with the schemas bundled in PyPI's
-#      kubernetes-validate, for each version in MANIFESTS_KUBERNETES_VERSIONS;
+#      kubernetes-validate, for each version in MANIFESTS_KUBERNETES_VERSIONS; a custom resource
+#      (the SnapshotMetadataService) against the CRD rendered with it, as strictly;
 #   3. every flag in a sidecar container's args appears in that sidecar's `--help` (the binaries
 #      of target/debug, built when missing), its image carries the tag of manifests/images, a
 #      command names the image's binary, $(VAR) references are in the container's env,
-#      mounts, probe ports and port names are consistent, and bindings point at rendered roles
-#      and accounts, with upstream's RBAC object names;
+#      mounts, probe ports and port names are consistent, Services select rendered pods and
+#      their declared ports, csi-snapshot-metadata has its certificate mounted and declares its
+#      TLS port, a SnapshotMetadataService's address leads to it through a rendered Service, and
+#      bindings point at rendered roles and accounts, with upstream's RBAC object names;
 #   4. csi-sidecars containers (all in one, `--controllers=LIST`): the listed sidecars are known
 #      and may share a process, and each flag is in the --help of a listed sidecar's own binary
 #      (plain, or --<sidecar>-<flag>; never a prefixed process-wide flag); in every pod no sidecar
