@@ -24,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use crate::api::snapshot_metadata_server::SnapshotMetadataServer;
 use crate::flags::Cli;
 use crate::index::Index;
-use crate::model::{SnapshotMetadataService, VolumeSnapshotClass};
+use crate::model::{
+    SnapshotMetadataService, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent,
+};
 use crate::server::{self, Shared};
 use crate::tls::{self, CertFiles, Reloading};
 
@@ -41,6 +43,8 @@ pub enum AppError {
     Certificate(#[from] tls::TlsError),
     #[error(transparent)]
     Flags(#[from] crate::flags::InvalidFlags),
+    #[error("TLS settings refused: {0}")]
+    Tls(String),
     #[error("cannot listen on port {port}: {source}")]
     Listen { port: u16, source: std::io::Error },
 }
@@ -103,6 +107,12 @@ impl Sidecar for SnapshotMetadata {
         let port = cli
             .tls_port()
             .map_err(|e| PrepareError::own(AppError::from(e)))?;
+        let settings = cli
+            .tls_settings()
+            .map_err(|e| PrepareError::own(AppError::from(e)))?;
+        let resolver = Reloading::new(certificate);
+        let tls = tls::server_config(resolver.clone(), &settings)
+            .map_err(|e| PrepareError::own(AppError::Tls(e.to_string())))?;
         let listener = listen(port).await.map_err(PrepareError::own)?;
         tracing::info!(port, "TLS gRPC server listening");
         let ready = Arc::new(AtomicBool::new(false));
@@ -121,7 +131,8 @@ impl Sidecar for SnapshotMetadata {
         let served = Served {
             shared,
             files,
-            resolver: Reloading::new(certificate),
+            resolver,
+            tls,
             listener,
             pipeline,
         };
@@ -134,6 +145,7 @@ struct Served {
     shared: Arc<Shared>,
     files: CertFiles,
     resolver: Arc<Reloading>,
+    tls: rustls::ServerConfig,
     listener: TcpListener,
     pipeline: Pipeline,
 }
@@ -154,11 +166,7 @@ impl Served {
             stop.clone(),
         ));
         let accepting = CancellationToken::new();
-        let incoming = tls::accept(
-            self.listener,
-            tls::server_config(self.resolver.clone()),
-            accepting.clone(),
-        );
+        let incoming = tls::accept(self.listener, self.tls, accepting.clone());
         let service = SnapshotMetadataServer::new(server::Service(shared.clone()))
             .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
         let closing = accepting.clone();
@@ -211,8 +219,8 @@ impl Served {
         drop(self.pipeline);
     }
 
-    /// Feeds the index: the driver's classes, and its SnapshotMetadataService unless
-    /// `--audience` names the audience.
+    /// Feeds the index: the driver's classes, the VolumeSnapshots and their contents, and the
+    /// driver's SnapshotMetadataService unless `--audience` names the audience.
     fn watch(&mut self) {
         let client = self.shared.client.clone();
         let index = self.shared.index.clone();
@@ -220,6 +228,18 @@ impl Served {
             Api::<VolumeSnapshotClass>::all(client.clone()),
             watcher::Config::default(),
             move |change| lock(&index).class_event(change),
+        );
+        let index = self.shared.index.clone();
+        self.pipeline.watch(
+            Api::<VolumeSnapshot>::all(client.clone()),
+            watcher::Config::default(),
+            move |change| lock(&index).snapshot_event(change),
+        );
+        let index = self.shared.index.clone();
+        self.pipeline.watch(
+            Api::<VolumeSnapshotContent>::all(client.clone()),
+            watcher::Config::default(),
+            move |change| lock(&index).content_event(change),
         );
         if self.shared.audience.is_empty() {
             let index = self.shared.index.clone();

@@ -32,58 +32,55 @@ pub struct User {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
-/// Authenticated tokens by a digest of audience and token (the token itself is not kept).
-#[derive(Debug, Default)]
-pub struct TokenCache {
-    entries: HashMap<[u8; 32], (User, Instant)>,
+/// Answers remembered until a deadline each, by a digest of what they answer (a token itself
+/// is never kept), at most [`CACHE_CAPACITY`] at once.
+#[derive(Debug)]
+pub struct Remembered<V> {
+    entries: HashMap<[u8; 32], (V, Instant)>,
 }
 
-fn digest(token: &str, audience: &str) -> [u8; 32] {
+impl<V> Default for Remembered<V> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+        }
+    }
+}
+
+/// Most answers a cache holds: a client that sends many tokens evicts, never grows, it.
+pub const CACHE_CAPACITY: usize = TOKEN_CACHE_CAPACITY;
+
+/// The digest of `parts`, each ended by a NUL so that no two lists share one.
+pub fn key(parts: &[&str]) -> [u8; 32] {
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
-    context.update(audience.as_bytes());
-    context.update(&[0]);
-    context.update(token.as_bytes());
+    for part in parts {
+        context.update(part.as_bytes());
+        context.update(&[0]);
+    }
     let mut key = [0u8; 32];
     key.copy_from_slice(context.finish().as_ref());
     key
 }
 
-impl TokenCache {
-    /// The user `token` was authenticated as for `audience`, if that is still fresh at `now`.
-    pub fn get(&mut self, token: &str, audience: &str, now: Instant) -> Option<User> {
-        let key = digest(token, audience);
-        match self.entries.get(&key) {
-            Some((user, until)) if now < *until => Some(user.clone()),
+impl<V: Clone> Remembered<V> {
+    /// The answer remembered for `key`, if still fresh at `now`.
+    pub fn get(&mut self, key: &[u8; 32], now: Instant) -> Option<V> {
+        match self.entries.get(key) {
+            Some((value, until)) if now < *until => Some(value.clone()),
             Some(_) => {
-                self.entries.remove(&key);
+                self.entries.remove(key);
                 None
             }
             None => None,
         }
     }
 
-    /// Remembers `user` for `token` and `audience` for [`TOKEN_TTL`], or until the token
-    /// expires if sooner (`expires`: its `exp`, when it says).
-    pub fn put(
-        &mut self,
-        token: &str,
-        audience: &str,
-        user: User,
-        now: Instant,
-        wall: SystemTime,
-        expires: Option<SystemTime>,
-    ) {
-        let ttl = match expires {
-            Some(expires) => match expires.duration_since(wall) {
-                Ok(left) => left.min(TOKEN_TTL),
-                Err(_) => return,
-            },
-            None => TOKEN_TTL,
-        };
-        if self.entries.len() >= TOKEN_CACHE_CAPACITY {
+    /// Remembers `value` for `key` until `until`; the stalest answers make room.
+    pub fn put(&mut self, key: [u8; 32], value: V, until: Instant, now: Instant) {
+        if self.entries.len() >= CACHE_CAPACITY {
             self.entries.retain(|_, (_, until)| now < *until);
         }
-        if self.entries.len() >= TOKEN_CACHE_CAPACITY {
+        if self.entries.len() >= CACHE_CAPACITY {
             let oldest = self
                 .entries
                 .iter()
@@ -93,8 +90,7 @@ impl TokenCache {
                 self.entries.remove(&oldest);
             }
         }
-        self.entries
-            .insert(digest(token, audience), (user, now + ttl));
+        self.entries.insert(key, (value, until));
     }
 
     pub fn len(&self) -> usize {
@@ -104,6 +100,41 @@ impl TokenCache {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// Authenticated users by token and audience.
+pub type TokenCache = Remembered<User>;
+
+/// Until when an authenticated token may be trusted without asking again: [`TOKEN_TTL`], or its
+/// expiry (`expires`, read at `wall`) if sooner; `None` when it has expired.
+pub fn token_until(now: Instant, wall: SystemTime, expires: Option<SystemTime>) -> Option<Instant> {
+    let ttl = match expires {
+        Some(expires) => expires.duration_since(wall).ok()?.min(TOKEN_TTL),
+        None => TOKEN_TTL,
+    };
+    Some(now + ttl)
+}
+
+/// How long an access review's answer stands: kube-apiserver's webhook authorizer keeps
+/// allowed answers 5 minutes and denied ones 30 seconds; a grant or a revocation here takes
+/// effect within these.
+pub const ALLOWED_TTL: Duration = Duration::from_secs(30);
+pub const DENIED_TTL: Duration = Duration::from_secs(5);
+
+/// Access review answers by user and namespace.
+pub type AccessCache = Remembered<Result<(), Refusal>>;
+
+/// The key of `user`'s access to `namespace`.
+pub fn access_key(user: &User, namespace: &str) -> [u8; 32] {
+    let mut parts: Vec<&str> = vec![&user.username, &user.uid, namespace];
+    parts.extend(user.groups.iter().map(String::as_str));
+    let extra: Vec<String> = user
+        .extra
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.join(",")))
+        .collect();
+    parts.extend(extra.iter().map(String::as_str));
+    key(&parts)
 }
 
 /// When a JWT says it expires (`exp`), read without checking its signature: only to keep the
@@ -223,46 +254,41 @@ mod tests {
         let mut cache = TokenCache::default();
         let now = Instant::now();
         let wall = SystemTime::now();
-        cache.put("t", "aud", user("a"), now, wall, None);
-        assert_eq!(cache.get("t", "aud", now), Some(user("a")));
-        assert_eq!(cache.get("t", "other", now), None);
-        assert_eq!(cache.get("t", "aud", now + TOKEN_TTL), None);
+        let until = token_until(now, wall, None).unwrap();
+        cache.put(key(&["t", "aud"]), user("a"), until, now);
+        assert_eq!(cache.get(&key(&["t", "aud"]), now), Some(user("a")));
+        assert_eq!(cache.get(&key(&["t", "other"]), now), None);
+        assert_eq!(cache.get(&key(&["t", "aud"]), now + TOKEN_TTL), None);
 
         let soon = wall + Duration::from_secs(5);
-        cache.put("u", "aud", user("b"), now, wall, Some(soon));
-        assert!(
-            cache
-                .get("u", "aud", now + Duration::from_secs(4))
-                .is_some()
+        assert_eq!(
+            token_until(now, wall, Some(soon)),
+            Some(now + Duration::from_secs(5))
         );
-        assert_eq!(cache.get("u", "aud", now + Duration::from_secs(5)), None);
-
-        cache.put(
-            "v",
-            "aud",
-            user("c"),
-            now,
-            wall,
-            Some(wall - Duration::from_secs(1)),
+        assert_eq!(
+            token_until(now, wall, Some(wall - Duration::from_secs(1))),
+            None
         );
-        assert_eq!(cache.get("v", "aud", now), None);
     }
 
     #[test]
     fn the_cache_never_grows_past_its_capacity() {
         let mut cache = TokenCache::default();
         let now = Instant::now();
-        for i in 0..TOKEN_CACHE_CAPACITY + 10 {
-            cache.put(
-                &format!("t{i}"),
-                "aud",
-                user("a"),
-                now,
-                SystemTime::now(),
-                None,
-            );
+        for i in 0..CACHE_CAPACITY + 10 {
+            cache.put(key(&[&format!("t{i}")]), user("a"), now + TOKEN_TTL, now);
         }
-        assert_eq!(cache.len(), TOKEN_CACHE_CAPACITY);
+        assert_eq!(cache.len(), CACHE_CAPACITY);
+    }
+
+    #[test]
+    fn access_is_remembered_per_user_and_namespace() {
+        let a = user("a");
+        let mut grouped = user("a");
+        grouped.groups.push("g".into());
+        assert_ne!(access_key(&a, "ns"), access_key(&a, "other"));
+        assert_ne!(access_key(&a, "ns"), access_key(&grouped, "ns"));
+        assert_eq!(access_key(&a, "ns"), access_key(&user("a"), "ns"));
     }
 
     #[test]

@@ -39,6 +39,20 @@ pub struct Cli {
     #[arg(long, env = "TLS_KEY_PATH", default_value = "", value_name = "PATH")]
     pub tls_key: String,
 
+    /// Lowest TLS version accepted: VersionTLS12 or VersionTLS13 (empty: VersionTLS12)
+    #[arg(long, default_value = "", value_name = "VERSION")]
+    pub tls_min_version: String,
+
+    /// Comma-separated TLS 1.2 cipher suites in Go's names (empty: every AEAD suite; TLS 1.3's
+    /// are always on)
+    #[arg(long, default_value = "", value_name = "SUITES")]
+    pub tls_cipher_suites: String,
+
+    /// Comma-separated key exchange curves in order of preference: X25519, CurveP256,
+    /// CurveP384 (empty: all three, X25519 first)
+    #[arg(long, default_value = "", value_name = "CURVES")]
+    pub tls_curve_preferences: String,
+
     /// Audience the backup applications' tokens must be issued for; empty: the one of the
     /// SnapshotMetadataService object named after the driver
     #[arg(long, default_value = "", value_name = "AUDIENCE")]
@@ -90,6 +104,16 @@ impl Cli {
         Duration::from_secs(minutes.unsigned_abs().saturating_mul(60))
     }
 
+    /// The TLS versions, suites and curves the flags ask for.
+    pub fn tls_settings(&self) -> Result<crate::tls::Settings, InvalidFlags> {
+        crate::tls::Settings::from_flags(
+            &self.tls_min_version,
+            &self.tls_cipher_suites,
+            &self.tls_curve_preferences,
+        )
+        .map_err(InvalidFlags::Tls)
+    }
+
     /// The TLS port, checked.
     pub fn tls_port(&self) -> Result<u16, InvalidFlags> {
         u16::try_from(self.port)
@@ -111,6 +135,8 @@ pub enum InvalidFlags {
     TlsCert,
     #[error("missing TLSKeyFile: give --tls-key or $TLS_KEY_PATH (the server speaks TLS only)")]
     TlsKey,
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl SidecarCli for Cli {
@@ -154,6 +180,7 @@ impl SidecarCli for Cli {
         if self.tls_key.is_empty() {
             return Err(InvalidFlags::TlsKey);
         }
+        self.tls_settings()?;
         Ok(())
     }
 

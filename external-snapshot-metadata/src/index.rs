@@ -6,14 +6,81 @@ use std::collections::BTreeMap;
 
 use sidecar_kit::pipeline::Change;
 
-use crate::model::{Class, SnapshotMetadataService, VolumeSnapshotClass};
+use crate::model::{
+    Class, SnapshotMetadataService, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent,
+};
+
+/// Objects of one kind by key, as a watch reports them: a list under way replaces the known
+/// ones only when it completes.
+#[derive(Debug)]
+pub struct Keyed<K, V> {
+    known: BTreeMap<K, V>,
+    listing: Option<BTreeMap<K, V>>,
+}
+
+impl<K, V> Default for Keyed<K, V> {
+    fn default() -> Self {
+        Self {
+            known: BTreeMap::new(),
+            listing: None,
+        }
+    }
+}
+
+impl<K: Ord, V> Keyed<K, V> {
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.known.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
+    /// Takes a change of an object `T`: kept as `view` makes it (`None`: not kept).
+    pub fn apply<T>(
+        &mut self,
+        change: Change<&T>,
+        key: impl Fn(&T) -> K,
+        view: impl Fn(&T) -> Option<V>,
+    ) {
+        match change {
+            Change::Apply(object) => match view(object) {
+                Some(kept) => {
+                    self.known.insert(key(object), kept);
+                }
+                None => {
+                    self.known.remove(&key(object));
+                }
+            },
+            Change::Delete(object) => {
+                self.known.remove(&key(object));
+            }
+            Change::Relist => self.listing = Some(BTreeMap::new()),
+            Change::Listed(object) => {
+                if let (Some(listing), Some(kept)) = (self.listing.as_mut(), view(object)) {
+                    listing.insert(key(object), kept);
+                }
+            }
+            Change::Relisted => {
+                if let Some(listing) = self.listing.take() {
+                    self.known = listing;
+                }
+            }
+        }
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct Index {
     driver: String,
-    classes: BTreeMap<String, Class>,
-    /// The classes of a list under way; they replace the known ones when it completes.
-    listing: Option<BTreeMap<String, Class>>,
+    classes: Keyed<String, Class>,
+    /// VolumeSnapshots by namespace and name: what a request resolves without reading them.
+    snapshots: Keyed<(String, String), VolumeSnapshot>,
+    contents: Keyed<String, VolumeSnapshotContent>,
     /// The audience of the driver's SnapshotMetadataService; `None` while there is none.
     audience: Option<String>,
     audience_listing: Option<Option<String>>,
@@ -29,7 +96,53 @@ impl Index {
 
     /// The driver's classes by name.
     pub fn classes(&self) -> &BTreeMap<String, Class> {
-        &self.classes
+        &self.classes.known
+    }
+
+    /// The VolumeSnapshot `namespace/name`, as last seen.
+    pub fn snapshot(&self, namespace: &str, name: &str) -> Option<&VolumeSnapshot> {
+        self.snapshots
+            .get(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// The VolumeSnapshotContent `name`, as last seen.
+    pub fn content(&self, name: &str) -> Option<&VolumeSnapshotContent> {
+        self.contents.get(&name.to_string())
+    }
+
+    /// Keeps what a request reads of a VolumeSnapshot: its class and status.
+    pub fn snapshot_event(&mut self, change: Change<&VolumeSnapshot>) {
+        self.snapshots.apply(
+            change,
+            |s| {
+                (
+                    s.metadata.namespace.clone().unwrap_or_default(),
+                    s.metadata.name.clone().unwrap_or_default(),
+                )
+            },
+            |s| {
+                Some(VolumeSnapshot {
+                    metadata: Default::default(),
+                    spec: s.spec.clone(),
+                    status: s.status.clone(),
+                })
+            },
+        );
+    }
+
+    /// Keeps what a request reads of a VolumeSnapshotContent: its driver and status.
+    pub fn content_event(&mut self, change: Change<&VolumeSnapshotContent>) {
+        self.contents.apply(
+            change,
+            |c| c.metadata.name.clone().unwrap_or_default(),
+            |c| {
+                Some(VolumeSnapshotContent {
+                    metadata: Default::default(),
+                    spec: c.spec.clone(),
+                    status: c.status.clone(),
+                })
+            },
+        );
     }
 
     /// The audience the driver's SnapshotMetadataService names, if there is one.
@@ -38,29 +151,13 @@ impl Index {
     }
 
     pub fn class_event(&mut self, change: Change<&VolumeSnapshotClass>) {
-        let name = |class: &VolumeSnapshotClass| class.metadata.name.clone().unwrap_or_default();
-        match change {
-            Change::Apply(class) if class.driver == self.driver => {
-                self.classes.insert(name(class), Class::from_api(class));
-            }
-            // A class whose driver changed is no longer one of ours.
-            Change::Apply(class) | Change::Delete(class) => {
-                self.classes.remove(&name(class));
-            }
-            Change::Relist => self.listing = Some(BTreeMap::new()),
-            Change::Listed(class) => {
-                if let Some(listing) = self.listing.as_mut()
-                    && class.driver == self.driver
-                {
-                    listing.insert(name(class), Class::from_api(class));
-                }
-            }
-            Change::Relisted => {
-                if let Some(listing) = self.listing.take() {
-                    self.classes = listing;
-                }
-            }
-        }
+        let driver = self.driver.clone();
+        // A class whose driver changed is no longer one of ours.
+        self.classes.apply(
+            change,
+            |class| class.metadata.name.clone().unwrap_or_default(),
+            |class| (class.driver == driver).then(|| Class::from_api(class)),
+        );
     }
 
     /// A change of the SnapshotMetadataService objects named after the driver.

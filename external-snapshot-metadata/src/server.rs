@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
 use crate::api;
-use crate::auth::{self, TokenCache, User};
+use crate::auth::{self, AccessCache, TokenCache, User};
 use crate::decide::{self, Ask, Batch, Method, ReadError, Refusal, StreamCheck};
 use crate::index::Index;
 use crate::model::{VolumeSnapshot, VolumeSnapshotContent};
@@ -40,6 +40,7 @@ pub struct Shared {
     /// `--audience`; empty: the SnapshotMetadataService's.
     pub audience: String,
     pub tokens: Mutex<TokenCache>,
+    pub access: Mutex<AccessCache>,
     pub metrics: CsiMetrics,
     pub max_duration: Duration,
     /// Whether requests are served: the driver checked and the watches synced.
@@ -69,6 +70,7 @@ impl Shared {
             index,
             audience,
             tokens: Mutex::new(TokenCache::default()),
+            access: Mutex::new(AccessCache::default()),
             metrics,
             max_duration,
             ready,
@@ -139,19 +141,75 @@ impl Service {
 
     async fn authenticate(&self, token: &str, audience: &str) -> Result<User, Refusal> {
         let shared = &self.0;
-        if let Some(user) = lock(&shared.tokens).get(token, audience, Instant::now()) {
+        let key = auth::key(&[token, audience]);
+        if let Some(user) = lock(&shared.tokens).get(&key, Instant::now()) {
             return Ok(user);
         }
         let user = auth::review_token(&shared.client, token, audience).await?;
-        lock(&shared.tokens).put(
-            token,
-            audience,
-            user.clone(),
-            Instant::now(),
-            SystemTime::now(),
-            auth::token_expiry(token),
-        );
+        let now = Instant::now();
+        if let Some(until) = auth::token_until(now, SystemTime::now(), auth::token_expiry(token)) {
+            lock(&shared.tokens).put(key, user.clone(), until, now);
+        }
         Ok(user)
+    }
+
+    /// Whether `user` may get VolumeSnapshots in `namespace`, remembered briefly.
+    async fn authorize(&self, user: &User, namespace: &str) -> Result<(), Refusal> {
+        let shared = &self.0;
+        let key = auth::access_key(user, namespace);
+        if let Some(answer) = lock(&shared.access).get(&key, Instant::now()) {
+            return answer;
+        }
+        let answer = auth::authorize(&shared.client, user, namespace).await;
+        let ttl = match &answer {
+            Ok(()) => Some(auth::ALLOWED_TTL),
+            Err(refusal) if refusal.code == Code::PermissionDenied => Some(auth::DENIED_TTL),
+            // A failed review is not an answer.
+            Err(_) => None,
+        };
+        if let Some(ttl) = ttl {
+            let now = Instant::now();
+            lock(&shared.access).put(key, answer.clone(), now + ttl, now);
+        }
+        answer
+    }
+
+    /// The VolumeSnapshot asked about: as its watch last saw it when that is bound and ready,
+    /// else as the API server has it now (a watch a moment behind never refuses a request).
+    async fn snapshot(&self, ask: &Ask) -> Result<(VolumeSnapshot, String), Refusal> {
+        let shared = &self.0;
+        let seen = lock(&shared.index)
+            .snapshot(&ask.namespace, &ask.snapshot)
+            .cloned();
+        if let Some(snapshot) = seen
+            && let Ok(content) = decide::bound_content(&snapshot, &ask.snapshot)
+        {
+            return Ok((snapshot, content));
+        }
+        let what = ask.target_label();
+        let snapshot: VolumeSnapshot = Api::namespaced(shared.client.clone(), &ask.namespace)
+            .get(&ask.snapshot)
+            .await
+            .map_err(|e| decide::read_refusal("VolumeSnapshot", &what, &read_error(e)))?;
+        let content = decide::bound_content(&snapshot, &ask.snapshot)?;
+        Ok((snapshot, content))
+    }
+
+    /// The handle of the content `name`, from its watch or, failing that, the API server.
+    async fn handle(&self, name: &str, ask: &Ask) -> Result<String, Refusal> {
+        let shared = &self.0;
+        let seen = lock(&shared.index).content(name).cloned();
+        if let Some(content) = seen
+            && let Ok(handle) =
+                decide::snapshot_handle(&content, name, &shared.driver, &ask.snapshot)
+        {
+            return Ok(handle);
+        }
+        let content: VolumeSnapshotContent = Api::all(shared.client.clone())
+            .get(name)
+            .await
+            .map_err(|e| decide::read_refusal("VolumeSnapshotContent", name, &read_error(e)))?;
+        decide::snapshot_handle(&content, name, &shared.driver, &ask.snapshot)
     }
 
     /// Upstream's pipeline up to the driver's call.
@@ -160,27 +218,15 @@ impl Service {
         decide::validate(ask)?;
         let audience = self.audience()?;
         let user = self.authenticate(&ask.token, &audience).await?;
-        auth::authorize(&shared.client, &user, &ask.namespace).await?;
+        self.authorize(&user, &ask.namespace).await?;
         if !shared.ready.load(Ordering::Acquire) {
             return Err(Refusal::new(
                 Code::Unavailable,
                 "the CSI driver is not yet ready",
             ));
         }
-        let what = ask.target_label();
-        let snapshot: VolumeSnapshot = Api::namespaced(shared.client.clone(), &ask.namespace)
-            .get(&ask.snapshot)
-            .await
-            .map_err(|e| decide::read_refusal("VolumeSnapshot", &what, &read_error(e)))?;
-        let content_name = decide::bound_content(&snapshot, &ask.snapshot)?;
-        let content: VolumeSnapshotContent = Api::all(shared.client.clone())
-            .get(&content_name)
-            .await
-            .map_err(|e| {
-                decide::read_refusal("VolumeSnapshotContent", &content_name, &read_error(e))
-            })?;
-        let handle =
-            decide::snapshot_handle(&content, &content_name, &shared.driver, &ask.snapshot)?;
+        let (snapshot, content_name) = self.snapshot(ask).await?;
+        let handle = self.handle(&content_name, ask).await?;
         let secret = {
             let index = lock(&shared.index);
             let class = decide::choose_class(

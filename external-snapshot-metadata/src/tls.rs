@@ -170,24 +170,137 @@ pub async fn reload(files: CertFiles, resolver: Arc<Reloading>, stop: Cancellati
     }
 }
 
+/// What `--tls-min-version`, `--tls-cipher-suites` and `--tls-curve-preferences` ask for, in
+/// the names of Go's crypto/tls, as upstream's flags take them.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Only TLS 1.3 (`VersionTLS13`); otherwise 1.2 and 1.3.
+    pub tls13_only: bool,
+    /// The TLS 1.2 suites allowed (TLS 1.3's are always on, as in Go); `None`: all.
+    pub suites: Option<Vec<rustls::SupportedCipherSuite>>,
+    /// The key exchange groups in order of preference; `None`: the defaults.
+    pub groups: Option<Vec<&'static dyn rustls::crypto::SupportedKxGroup>>,
+}
+
+fn names(text: &str) -> Vec<&str> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn suite(name: &str) -> Result<Option<rustls::SupportedCipherSuite>, String> {
+    use rustls::crypto::ring::cipher_suite as cs;
+    Ok(Some(match name {
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256" => cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384" => cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256" => cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384" => cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        // TLS 1.3's suites are always on, in Go as here.
+        "TLS_AES_128_GCM_SHA256" | "TLS_AES_256_GCM_SHA384" | "TLS_CHACHA20_POLY1305_SHA256" => {
+            return Ok(None);
+        }
+        cbc if cbc.contains("_CBC_") => {
+            return Err(format!(
+                "--tls-cipher-suites {cbc}: CBC suites are not offered; use an AEAD suite (GCM or CHACHA20_POLY1305)"
+            ));
+        }
+        other => {
+            return Err(format!(
+                "--tls-cipher-suites: unknown cipher suite {other:?}"
+            ));
+        }
+    }))
+}
+
+fn group(name: &str) -> Result<&'static dyn rustls::crypto::SupportedKxGroup, String> {
+    use rustls::crypto::ring::kx_group;
+    match name {
+        "X25519" => Ok(kx_group::X25519),
+        "CurveP256" => Ok(kx_group::SECP256R1),
+        "CurveP384" => Ok(kx_group::SECP384R1),
+        "CurveP521" | "X25519MLKEM768" => Err(format!(
+            "--tls-curve-preferences {name}: not offered by this build; use X25519, CurveP256 or CurveP384"
+        )),
+        other => Err(format!("--tls-curve-preferences: unknown curve {other:?}")),
+    }
+}
+
+impl Settings {
+    /// Reads the three flags; a name Go does not know, or one this build cannot offer, is an
+    /// error naming the flag.
+    pub fn from_flags(min_version: &str, suites: &str, curves: &str) -> Result<Self, String> {
+        let tls13_only = match min_version {
+            "" | "VersionTLS12" => false,
+            "VersionTLS13" => true,
+            "VersionTLS10" | "VersionTLS11" => {
+                return Err(format!(
+                    "--tls-min-version {min_version}: TLS before 1.2 is not offered"
+                ));
+            }
+            other => {
+                return Err(format!(
+                    "--tls-min-version {other:?}: expected VersionTLS12 or VersionTLS13"
+                ));
+            }
+        };
+        let suites = match names(suites) {
+            list if list.is_empty() => None,
+            list => Some(
+                list.into_iter()
+                    .map(suite)
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+            ),
+        };
+        let groups = match names(curves) {
+            list if list.is_empty() => None,
+            list => Some(list.into_iter().map(group).collect::<Result<Vec<_>, _>>()?),
+        };
+        Ok(Self {
+            tls13_only,
+            suites,
+            groups,
+        })
+    }
+}
+
 /// The server's TLS settings: no client certificates (callers prove who they are with a
-/// token), HTTP/2 only, as gRPC clients ask by ALPN.
-pub fn server_config(resolver: Arc<Reloading>) -> ServerConfig {
-    let mut config =
-        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map(|builder| {
-                builder
-                    .with_no_client_auth()
-                    .with_cert_resolver(resolver.clone())
-            })
-            .unwrap_or_else(|_| {
-                ServerConfig::builder()
-                    .with_no_client_auth()
-                    .with_cert_resolver(resolver)
-            });
+/// token), HTTP/2 only, as gRPC clients ask by ALPN; versions, suites and groups as `settings`
+/// say.
+pub fn server_config(
+    resolver: Arc<Reloading>,
+    settings: &Settings,
+) -> Result<ServerConfig, rustls::Error> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if let Some(suites) = &settings.suites {
+        provider.cipher_suites.retain(|offered| {
+            offered.version() == &rustls::version::TLS13
+                || suites.iter().any(|s| s.suite() == offered.suite())
+        });
+    }
+    if let Some(groups) = &settings.groups {
+        provider.kx_groups = groups.clone();
+    }
+    let versions: &[&rustls::SupportedProtocolVersion] = if settings.tls13_only {
+        &[&rustls::version::TLS13]
+    } else {
+        &[&rustls::version::TLS13, &rustls::version::TLS12]
+    };
+    let mut config = ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(versions)?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec()];
-    config
+    Ok(config)
 }
 
 /// A TLS connection tonic serves.
@@ -277,4 +390,40 @@ pub fn accept(
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_s_tls_flags_are_read_in_go_s_names() {
+        let all = Settings::from_flags("", "", "").unwrap();
+        assert!(!all.tls13_only && all.suites.is_none() && all.groups.is_none());
+        let chosen = Settings::from_flags(
+            "VersionTLS13",
+            "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256",
+            "X25519,CurveP256",
+        )
+        .unwrap();
+        assert!(chosen.tls13_only);
+        assert_eq!(chosen.suites.map(|s| s.len()), Some(1));
+        assert_eq!(chosen.groups.map(|g| g.len()), Some(2));
+        for (version, suites, curves, flag) in [
+            ("VersionTLS11", "", "", "--tls-min-version"),
+            ("TLS1.2", "", "", "--tls-min-version"),
+            ("", "TLS_RSA_WITH_RC4_128_SHA", "", "--tls-cipher-suites"),
+            (
+                "",
+                "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
+                "",
+                "--tls-cipher-suites",
+            ),
+            ("", "", "CurveP521", "--tls-curve-preferences"),
+            ("", "", "P-256", "--tls-curve-preferences"),
+        ] {
+            let err = Settings::from_flags(version, suites, curves).unwrap_err();
+            assert!(err.starts_with(flag), "{err}");
+        }
+    }
 }

@@ -43,7 +43,7 @@ const UPSTREAM: [(&str, &str); 8] = [
 ];
 
 /// Our flags upstream's binary lacks, and why.
-const OURS_ONLY: [(&str, &str); 8] = [
+const OURS_ONLY: [(&str, &str); 11] = [
     // Every controller releases its Lease on a graceful shutdown unless this says no (upstream:
     // the alpha gate ReleaseLeaderElectionOnExit, off by default).
     ("csi-provisioner", "leader-election-release-on-exit"),
@@ -60,6 +60,10 @@ const OURS_ONLY: [(&str, &str); 8] = [
     ("csi-node-driver-registrar", "socket-check-interval"),
     // Every binary of ours prints its version.
     ("livenessprobe", "version"),
+    // The TLS settings upstream's main branch added after v1.1.0.
+    ("csi-snapshot-metadata", "tls-min-version"),
+    ("csi-snapshot-metadata", "tls-cipher-suites"),
+    ("csi-snapshot-metadata", "tls-curve-preferences"),
 ];
 
 /// The names of a fixture: a line each, `#` starts a comment.
