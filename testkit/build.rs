@@ -5,7 +5,7 @@
 use std::error::Error;
 use std::path::PathBuf;
 
-const PROTO_FILES: [&str; 9] = [
+const PROTO_FILES: [&str; 11] = [
     "go_json.proto",
     "runtime.proto",
     "resource.proto",
@@ -15,6 +15,8 @@ const PROTO_FILES: [&str; 9] = [
     "storage_v1.proto",
     "coordination_v1.proto",
     "events_v1.proto",
+    "authentication_v1.proto",
+    "authorization_v1.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -553,13 +553,10 @@ async fn review(
         namespace: None,
     });
     let serve = async {
-        // Answered in JSON only: there are no protobuf definitions of the reviews here.
-        if !accepts_json(req.headers()) {
-            return Err(ApiError::not_acceptable(format!(
-                "the server was unable to respond with a content type that the client supports (no protobuf encoding of {plural} here)"
-            )));
-        }
-        let body = read_json(req).await?;
+        // Protobuf when the client prefers it, as client-go's typed clients do; JSON otherwise
+        // (a Table is not rendered for a create).
+        let rendering = negotiate(req.headers())?;
+        let body = read_review(req, plural).await?;
         let answer = if plural == "tokenreviews" {
             shared
                 .reviews
@@ -567,9 +564,56 @@ async fn review(
         } else {
             shared.reviews.subject_access_review(&body)?
         };
+        if rendering == Rendering::Protobuf {
+            match protobuf::encode_object(&answer) {
+                Ok(bytes) => return Ok(respond(201, protobuf::MEDIA_TYPE, bytes)),
+                Err(e) => tracing::warn!("a {plural} answer has no protobuf encoding: {e}"),
+            }
+        }
         Ok(json_response(201, &answer))
     };
     faulted(shared, verdict, serve).await
+}
+
+/// The body of a review sent to `plural`, in JSON or protobuf. A protobuf envelope must
+/// carry the resource's type (or none, which is taken to be it), as the real server's
+/// decoding into the endpoint's kind demands.
+async fn read_review(req: Request<Incoming>, plural: &str) -> Result<Value, ApiError> {
+    let is_protobuf = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| protobuf::is_protobuf(ct.split(';').next().unwrap_or("")));
+    if !is_protobuf {
+        return read_json(req).await;
+    }
+    let (group, kind) = reviews::RESOURCES
+        .iter()
+        .find(|(_, p, _)| *p == plural)
+        .map(|(g, _, k)| (*g, *k))
+        .ok_or_else(not_found_path)?;
+    let expected = format!("{group}/v1");
+    let bytes = read_body(req).await?;
+    let (mut api_version, mut sent_kind, raw) = protobuf::unwrap_envelope(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))?;
+    if api_version.is_empty() {
+        api_version.clone_from(&expected);
+    }
+    if sent_kind.is_empty() {
+        sent_kind = kind.to_string();
+    }
+    if api_version != expected {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) does not match the expected API version ({expected})"
+        )));
+    }
+    if sent_kind != kind {
+        return Err(ApiError::bad_request(format!(
+            "{sent_kind} in version \"v1\" cannot be handled as a {kind}: no kind \"{sent_kind}\" is registered for version \"{expected}\""
+        )));
+    }
+    protobuf::decode_raw(&api_version, kind, &raw)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
 /// A request that is never answered: it waits until the server shuts down.

@@ -16,6 +16,8 @@
 //!   string;
 //! - `runtime.RawExtension` and `meta.v1.FieldsV1` ↔ the embedded JSON;
 //! - `bytes` ↔ base64 strings, maps ↔ objects;
+//! - the `ExtraValue` of authentication and authorization (Go's `[]string`)
+//!   ↔ an array of strings;
 //! - fields marked `inline` in `go_json.proto` (Go's embedded structs, such
 //!   as the volume source of a PersistentVolumeSpec) are merged into the
 //!   enclosing JSON object;
@@ -72,6 +74,14 @@ pub const SUPPORTED: &[(&str, &str)] = &[
     ("events.k8s.io/v1", "Event"),
 ];
 
+/// `(apiVersion, kind)` of the reviews the server answers without storing
+/// them (no `<kind>List`): sent and answered in protobuf as the real server
+/// does.
+pub const REVIEWS: &[(&str, &str)] = &[
+    ("authentication.k8s.io/v1", "TokenReview"),
+    ("authorization.k8s.io/v1", "SubjectAccessReview"),
+];
+
 const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
 const TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.Time";
 const MICRO_TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.MicroTime";
@@ -79,6 +89,8 @@ const FIELDS_V1: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.FieldsV1";
 const QUANTITY: &str = "k8s.io.apimachinery.pkg.api.resource.Quantity";
 const INT_OR_STRING: &str = "k8s.io.apimachinery.pkg.util.intstr.IntOrString";
 const RAW_EXTENSION: &str = "k8s.io.apimachinery.pkg.runtime.RawExtension";
+const AUTHENTICATION_EXTRA: &str = "k8s.io.api.authentication.v1.ExtraValue";
+const AUTHORIZATION_EXTRA: &str = "k8s.io.api.authorization.v1.ExtraValue";
 
 /// Why a protobuf body could not be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -174,12 +186,14 @@ fn package_of(api_version: &str) -> Option<&'static str> {
         "storage.k8s.io/v1" => "k8s.io.api.storage.v1",
         "coordination.k8s.io/v1" => "k8s.io.api.coordination.v1",
         "events.k8s.io/v1" => "k8s.io.api.events.v1",
+        "authentication.k8s.io/v1" => "k8s.io.api.authentication.v1",
+        "authorization.k8s.io/v1" => "k8s.io.api.authorization.v1",
         _ => return None,
     })
 }
 
-/// The message of a served kind, its list, or the meta kinds a client sends
-/// or receives (Status, DeleteOptions).
+/// The message of a served kind, its list, a review, or the meta kinds a
+/// client sends or receives (Status, DeleteOptions).
 fn message_for(api_version: &str, kind: &str) -> Result<MessageDescriptor, ProtoError> {
     let unsupported = || ProtoError::Unsupported {
         api_version: api_version.to_string(),
@@ -187,6 +201,10 @@ fn message_for(api_version: &str, kind: &str) -> Result<MessageDescriptor, Proto
     };
     let name = match (api_version, kind) {
         ("v1" | "meta.k8s.io/v1", "Status" | "DeleteOptions") => format!("{META}.{kind}"),
+        _ if REVIEWS.contains(&(api_version, kind)) => format!(
+            "{}.{kind}",
+            package_of(api_version).ok_or_else(unsupported)?
+        ),
         _ => {
             let item = kind.strip_suffix("List").unwrap_or(kind);
             if !supported(api_version, item) {
@@ -232,16 +250,21 @@ pub fn wrap_envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
     out
 }
 
-/// Decodes an enveloped object (a served kind, its list, Status or
+/// Decodes an enveloped object (a served kind, its list, a review, Status or
 /// DeleteOptions) into the JSON the server works with.
 pub fn decode_object(body: &[u8]) -> Result<Value, ProtoError> {
     let (api_version, kind, raw) = unwrap_envelope(body)?;
-    let desc = message_for(&api_version, &kind)?;
+    decode_raw(&api_version, &kind, &raw)
+}
+
+/// Decodes the message bytes of an object of that type (what
+/// [`unwrap_envelope`] returned) into the JSON the server works with.
+pub fn decode_raw(api_version: &str, kind: &str, raw: &[u8]) -> Result<Value, ProtoError> {
+    let desc = message_for(api_version, kind)?;
     let mut out = Map::new();
     out.insert("kind".into(), json!(kind));
     out.insert("apiVersion".into(), json!(api_version));
-    let msg =
-        DynamicMessage::decode(desc, &raw[..]).map_err(|e| ProtoError::Decode(e.to_string()))?;
+    let msg = DynamicMessage::decode(desc, raw).map_err(|e| ProtoError::Decode(e.to_string()))?;
     message_to_json(schema()?, &msg, &mut out)?;
     if !out.contains_key("metadata") && !kind.ends_with("List") && kind != "DeleteOptions" {
         // The real server always renders an object's metadata, even empty.
@@ -263,7 +286,7 @@ fn encode_raw(obj: &Value) -> Result<(String, String, Vec<u8>), ProtoError> {
     Ok((api_version, kind, raw))
 }
 
-/// Encodes a stored object (or a Status), enveloped.
+/// Encodes a stored object, a review (or a Status), enveloped.
 pub fn encode_object(obj: &Value) -> Result<Vec<u8>, ProtoError> {
     let (api_version, kind, raw) = encode_raw(obj)?;
     Ok(wrap_envelope(&api_version, &kind, raw))
@@ -631,6 +654,16 @@ fn special_to_wire(name: &str, v: &Value, buf: &mut Vec<u8>) -> Option<Result<()
             put_len_delimited(buf, 1, v.to_string().as_bytes());
             Ok(())
         }
+        AUTHENTICATION_EXTRA | AUTHORIZATION_EXTRA => match v.as_array() {
+            // Go's generated marshalling writes each item as field 1.
+            Some(items) if items.iter().all(Value::is_string) => {
+                for item in items.iter().filter_map(Value::as_str) {
+                    put_len_delimited(buf, 1, item.as_bytes());
+                }
+                Ok(())
+            }
+            _ => Err("an extra value must be an array of strings".into()),
+        },
         _ => return None,
     })
 }
@@ -779,6 +812,19 @@ fn special_to_json(m: &DynamicMessage) -> Result<Option<Value>, ProtoError> {
                 serde_json::from_slice(&raw)
                     .map_err(|e| ProtoError::Decode(format!("embedded object: {e}")))?
             }
+        }
+        AUTHENTICATION_EXTRA | AUTHORIZATION_EXTRA => {
+            // A value left out reads as Go's empty, non-nil slice: `[]`.
+            let items = get("items")
+                .and_then(|v| {
+                    v.as_list().map(|l| {
+                        l.iter()
+                            .filter_map(|i| i.as_str().map(str::to_string))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .unwrap_or_default();
+            json!(items)
         }
         _ => return Ok(None),
     }))

@@ -224,3 +224,108 @@ fn watch_frames_are_length_prefixed_watch_events() {
     assert!(rest.is_empty());
     assert!(read_watch_frame(&stream[..10]).unwrap().is_none());
 }
+
+#[test]
+fn reviews_carry_the_published_field_numbers_and_round_trip() {
+    let numbers = |name: &str| -> Vec<(String, u32)> {
+        let m = schema().unwrap().pool.get_message_by_name(name).unwrap();
+        m.fields()
+            .map(|f| (f.name().to_string(), f.number()))
+            .collect()
+    };
+    let named = |fields: &[(&str, u32)]| -> Vec<(String, u32)> {
+        fields.iter().map(|(n, i)| (n.to_string(), *i)).collect()
+    };
+    let authn = "k8s.io.api.authentication.v1";
+    let authz = "k8s.io.api.authorization.v1";
+    let object = named(&[("metadata", 1), ("spec", 2), ("status", 3)]);
+    assert_eq!(numbers(&format!("{authn}.TokenReview")), object);
+    assert_eq!(numbers(&format!("{authz}.SubjectAccessReview")), object);
+    assert_eq!(
+        numbers(&format!("{authn}.TokenReviewSpec")),
+        named(&[("token", 1), ("audiences", 2)])
+    );
+    assert_eq!(
+        numbers(&format!("{authn}.TokenReviewStatus")),
+        named(&[
+            ("authenticated", 1),
+            ("user", 2),
+            ("error", 3),
+            ("audiences", 4)
+        ])
+    );
+    assert_eq!(
+        numbers(&format!("{authn}.UserInfo")),
+        named(&[("username", 1), ("uid", 2), ("groups", 3), ("extra", 4)])
+    );
+    assert_eq!(
+        numbers(&format!("{authz}.SubjectAccessReviewSpec")),
+        named(&[
+            ("resourceAttributes", 1),
+            ("nonResourceAttributes", 2),
+            ("user", 3),
+            ("groups", 4),
+            ("extra", 5),
+            ("uid", 6)
+        ])
+    );
+    assert_eq!(
+        numbers(&format!("{authz}.ResourceAttributes"))[..7],
+        named(&[
+            ("namespace", 1),
+            ("verb", 2),
+            ("group", 3),
+            ("version", 4),
+            ("resource", 5),
+            ("subresource", 6),
+            ("name", 7)
+        ])[..]
+    );
+    assert_eq!(
+        numbers(&format!("{authz}.SubjectAccessReviewStatus")),
+        named(&[
+            ("allowed", 1),
+            ("reason", 2),
+            ("evaluationError", 3),
+            ("denied", 4)
+        ])
+    );
+    assert!(message_for("authentication.k8s.io/v1", "TokenReviewList").is_err());
+
+    round_trip(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
+        "spec": {"token": "t", "audiences": ["a", "b"]},
+        "status": {"authenticated": true, "audiences": ["a"],
+                   "user": {"username": "u", "uid": "1", "groups": ["g"],
+                            "extra": {"k": ["v1", "v2"], "none": []}}}
+    }));
+    round_trip(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "metadata": {"name": "n"},
+        "spec": {"user": "u", "groups": ["g"], "uid": "1", "extra": {"scopes": ["s"]},
+                 "resourceAttributes": {"namespace": "ns", "verb": "get", "group": "g",
+                                        "version": "v1", "resource": "r", "name": "x",
+                                        "fieldSelector": {"rawSelector": "a=b",
+                                            "requirements": [{"key": "a", "operator": "In",
+                                                              "values": ["b"]}]}}},
+        "status": {"allowed": false, "denied": true, "reason": "no"}
+    }));
+    round_trip(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "metadata": {},
+        "spec": {"nonResourceAttributes": {"path": "/healthz", "verb": "get"}, "user": "u"},
+        "status": {"allowed": true}
+    }));
+    // An extra value is Go's `[]string`: the items, each as field 1.
+    let (_, _, raw) = encode_raw(&json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"extra": {"k": ["x"]}}
+    }))
+    .unwrap();
+    let entry = [0x0a, 0x01, b'k', 0x12, 0x03, 0x0a, 0x01, b'x'];
+    let mut spec = vec![0x2a, entry.len() as u8];
+    spec.extend(entry);
+    let mut want = vec![0x12, spec.len() as u8];
+    want.extend(spec);
+    assert_eq!(raw, want);
+}
