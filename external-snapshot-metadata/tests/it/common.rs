@@ -166,6 +166,8 @@ pub struct Start {
     /// `--audience`; `None`: from a SnapshotMetadataService the test creates.
     pub audience: Option<&'static str>,
     pub extra: Vec<String>,
+    /// Another build of the sidecar (upstream's, in the benchmark) instead of this one.
+    pub binary: Option<String>,
 }
 
 impl Env {
@@ -203,7 +205,8 @@ impl Env {
         install(certs.path(), &authority.server("first"));
         let port = free_port().unwrap();
         let http_port = free_port().unwrap();
-        let mut command = tokio::process::Command::new(BIN);
+        let mut command =
+            tokio::process::Command::new(start.binary.clone().unwrap_or_else(|| BIN.to_string()));
         command.args([
             format!("--csi-address={}", mock.endpoint()),
             format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
