@@ -1,5 +1,8 @@
 //! The sandbox: the in-process API server and the mock driver, every sidecar binary that exists
-//! running against them, and a StorageClass, a PVC and a VolumeAttachment to show them at work.
+//! running against them, and a StorageClass, a PVC and a VolumeAttachment to show them at work
+//! (and, with csi-snapshot-metadata, the blocks changed between two snapshots of a block claim).
+
+mod changed_blocks;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -240,6 +243,8 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
         .driver_name(DRIVER)
         .node_id(NODE)
         .volume_condition(true)
+        // For csi-snapshot-metadata: the blocks written to a volume, listed per snapshot.
+        .snapshot_metadata(true)
         .serve_unix(&socket)
         .await?;
     let mut sandbox = Sandbox {
@@ -306,6 +311,8 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
         &endpoint,
         options.capacity,
     )?;
+    let snapshot_metadata =
+        changed_blocks::spawn(&mut sandbox, binary("csi-snapshot-metadata"), &endpoint)?;
 
     check_livenessprobe(&mut sandbox, probe).await;
     check_registrar(&mut sandbox, registrar).await;
@@ -316,6 +323,17 @@ pub async fn start(options: &SandboxOptions) -> Result<Sandbox, SandboxError> {
             Err(err) => Outcome::Failed(err.to_string()),
         };
         sandbox.record("external-health-monitor", outcome);
+    }
+    if let Some(server) = snapshot_metadata {
+        let outcome = if snapshotter.is_none() {
+            Outcome::Skipped("binary csi-snapshotter not built: no snapshots to compare".into())
+        } else {
+            match changed_blocks::show(&sandbox, &server, provisioner).await {
+                Ok(outcome) => outcome,
+                Err(err) => Outcome::Failed(err.to_string()),
+            }
+        };
+        sandbox.record(changed_blocks::STEP, outcome);
     }
     if options.capacity && provisioner {
         let outcome = capacity(&sandbox).await?;
@@ -782,20 +800,43 @@ fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
 /// A VolumeSnapshot of sandbox-pvc: the test kit's snapshot-controller makes its content, the
 /// snapshotter has the driver cut it, and the snapshot becomes ready to use.
 async fn snapshot(sandbox: &Sandbox, snapshotter_port: u16) -> Result<Outcome, SandboxError> {
-    let client = sandbox.api.client();
+    let ready = cut_snapshot(sandbox, "sandbox-snapshot", "sandbox-pvc").await?;
+    Ok(match ready {
+        Some(content) => Outcome::Ok(format!(
+            "VolumeSnapshot {NAMESPACE}/sandbox-snapshot of sandbox-pvc ready, content {content}; metrics at http://127.0.0.1:{snapshotter_port}/metrics"
+        )),
+        None => Outcome::Failed(format!(
+            "VolumeSnapshot sandbox-snapshot not ready within {STEP_TIMEOUT:?}"
+        )),
+    })
+}
+
+/// The sandbox's VolumeSnapshotClass `sandbox` (of the mock driver), created unless it exists.
+async fn snapshot_class(client: &kube::Client) -> Result<(), SandboxError> {
     let classes: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses"),
     );
-    classes
-        .create(
-            &PostParams::default(),
-            &object(json!({
-                "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
-                "metadata": {"name": "sandbox"}, "driver": DRIVER, "deletionPolicy": "Delete"
-            }))?,
-        )
-        .await?;
+    let class = object(json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+        "metadata": {"name": "sandbox"}, "driver": DRIVER, "deletionPolicy": "Delete"
+    }))?;
+    match classes.create(&PostParams::default(), &class).await {
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        created => created.map(drop).map_err(SandboxError::from),
+    }
+}
+
+/// A VolumeSnapshot `name` of claim `claim` in class `sandbox`: the test kit's snapshot
+/// controller makes its content, the snapshotter has the driver cut it. The name of its bound
+/// content once it is ready to use, or `None` if it is not within the step timeout.
+async fn cut_snapshot(
+    sandbox: &Sandbox,
+    name: &str,
+    claim: &str,
+) -> Result<Option<String>, SandboxError> {
+    let client = sandbox.api.client();
+    snapshot_class(&client).await?;
     let snapshots: Api<DynamicObject> = Api::namespaced_with(
         client,
         NAMESPACE,
@@ -806,16 +847,16 @@ async fn snapshot(sandbox: &Sandbox, snapshotter_port: u16) -> Result<Outcome, S
             &PostParams::default(),
             &object(json!({
                 "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-                "metadata": {"name": "sandbox-snapshot"},
+                "metadata": {"name": name},
                 "spec": {"volumeSnapshotClassName": "sandbox",
-                    "source": {"persistentVolumeClaimName": "sandbox-pvc"}}
+                    "source": {"persistentVolumeClaimName": claim}}
             }))?,
         )
         .await?;
-    let ready = wait_for(|| {
+    Ok(wait_for(|| {
         let snapshots = snapshots.clone();
         async move {
-            let snapshot = snapshots.get("sandbox-snapshot").await.ok()?;
+            let snapshot = snapshots.get(name).await.ok()?;
             let status = snapshot.data.get("status")?;
             (status.get("readyToUse")? == true).then(|| {
                 status
@@ -826,15 +867,7 @@ async fn snapshot(sandbox: &Sandbox, snapshotter_port: u16) -> Result<Outcome, S
             })
         }
     })
-    .await;
-    Ok(match ready {
-        Some(content) => Outcome::Ok(format!(
-            "VolumeSnapshot {NAMESPACE}/sandbox-snapshot of sandbox-pvc ready, content {content}; metrics at http://127.0.0.1:{snapshotter_port}/metrics"
-        )),
-        None => Outcome::Failed(format!(
-            "VolumeSnapshot sandbox-snapshot not ready within {STEP_TIMEOUT:?}"
-        )),
-    })
+    .await)
 }
 
 /// Has the provisioner restore the ready snapshot into a new claim.
@@ -868,20 +901,26 @@ async fn restore(sandbox: &Sandbox) -> Result<Outcome, SandboxError> {
     })
 }
 
-/// What the provisioner would do: CreateVolume on the driver and a PV bound to the claim.
+/// What the provisioner would do: CreateVolume on the driver (1Gi, of the claim's volume mode)
+/// and a PV bound to the claim.
 async fn provision_by_hand(
     sandbox: &Sandbox,
     claim: &PersistentVolumeClaim,
 ) -> Result<(), SandboxError> {
     let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let block = claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
     let name = format!("pvc-{uid}");
     let channel = crate::kubelet::dial_unix(sandbox.driver.socket_path())
         .await
         .map_err(|e| SandboxError::Setup(e.to_string()))?;
+    let access_type = if block {
+        volume_capability::AccessType::Block(volume_capability::BlockVolume::default())
+    } else {
+        volume_capability::AccessType::Mount(volume_capability::MountVolume::default())
+    };
     let capability = VolumeCapability {
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume::default(),
-        )),
+        access_type: Some(access_type),
         access_mode: Some(volume_capability::AccessMode {
             mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
         }),
@@ -902,6 +941,10 @@ async fn provision_by_hand(
     let volume = created
         .volume
         .ok_or_else(|| SandboxError::Setup("CreateVolume returned no volume".into()))?;
+    let mut csi = json!({"driver": DRIVER, "volumeHandle": volume.volume_id});
+    if !block {
+        csi["fsType"] = json!("ext4");
+    }
     let pv: PersistentVolume = object(json!({
         "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER}},
         "spec": {
@@ -909,8 +952,9 @@ async fn provision_by_hand(
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Delete",
             "storageClassName": "sandbox",
-            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": NAMESPACE, "name": "sandbox-pvc", "uid": uid},
-            "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id, "fsType": "ext4"}
+            "volumeMode": if block { "Block" } else { "Filesystem" },
+            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": NAMESPACE, "name": claim_name, "uid": uid},
+            "csi": csi
         }
     }))?;
     Api::<PersistentVolume>::all(sandbox.api.client())

@@ -13,8 +13,9 @@ use testkit::process::CleanEnv;
 use testkit::sandbox::{self, Outcome, SandboxOptions};
 
 /// Runs the in-process Kubernetes API server and the mock CSI driver, starts every sidecar
-/// binary of the workspace against them, creates a StorageClass, a PVC and a VolumeAttachment,
-/// and shows what happens. Keeps running until Ctrl-C (or --duration).
+/// binary of the workspace against them, creates a StorageClass, a PVC, snapshots and a
+/// VolumeAttachment (and, when csi-snapshot-metadata is built, asks it for the blocks changed
+/// between two snapshots), and shows what happens. Keeps running until Ctrl-C (or --duration).
 #[cfg(unix)]
 #[derive(Parser, Debug)]
 #[command(name = "sandbox", version)]

@@ -38,6 +38,12 @@ fn assert_end_state(bin_dir: &Path, outcome: impl Fn(&str) -> Option<Outcome>) {
         ),
         // With capacity tracking: the CSIStorageCapacity of a late-binding class.
         ("capacity", &["csi-provisioner"]),
+        // Two snapshots of a block claim: csi-snapshot-metadata lists, to a backup client over
+        // TLS, the blocks written between them and those allocated in the second, as written.
+        (
+            "changed blocks",
+            &["csi-snapshot-metadata", "csi-snapshotter"],
+        ),
     ] {
         let built = binaries.iter().all(|b| bin_dir.join(b).is_file());
         let binary = binaries.join(" and ");
