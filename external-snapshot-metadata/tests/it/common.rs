@@ -149,11 +149,12 @@ pub async fn tls_channel(port: u16, ca: CertificateDer<'static>) -> (Channel, Pr
 
 /// Everything a test runs against.
 pub struct Env {
+    /// First, so that it is stopped before what it talks to (fields drop in order).
+    pub sidecar: Child,
     /// The test kit's API server: the tests set its TokenReview and SubjectAccessReview answers.
     pub cluster: ApiServer,
     pub mock: MockHandle,
     pub authority: Authority,
-    pub sidecar: Child,
     pub port: u16,
     pub http_port: u16,
     pub certs: tempfile::TempDir,

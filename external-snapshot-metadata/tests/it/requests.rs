@@ -249,3 +249,113 @@ async fn without_an_audience_flag_the_service_object_names_it() {
         .total(Verb::Get, "snapshotmetadataservices");
     assert_eq!(reads, 0, "watched, not read per request");
 }
+
+#[tokio::test]
+async fn the_rest_of_the_table_api_failures_classes_secrets_and_driver_errors() {
+    use testkit::apiserver::faults::RequestMatch;
+    let env = Env::start(Start {
+        audience: Some(AUDIENCE),
+        ..Start::default()
+    })
+    .await;
+    written(&env, "snap", None).await;
+    let mut client = env.connect().await;
+    let faults = env.cluster.faults();
+
+    // The reviews' own failures are Internal, as upstream's.
+    faults.fail_next(RequestMatch::new(Verb::Create, "tokenreviews"), 1, 500);
+    let (code, message) = code_of(&mut client, env.allocated("snap")).await;
+    assert_eq!(code, Code::Internal, "{message}");
+    assert!(
+        message.starts_with("failed to authenticate user"),
+        "{message}"
+    );
+    faults.fail_next(
+        RequestMatch::new(Verb::Create, "subjectaccessreviews"),
+        1,
+        500,
+    );
+    let (code, message) = code_of(&mut client, env.allocated("snap")).await;
+    assert_eq!(code, Code::Internal, "{message}");
+    assert!(
+        message.starts_with("failed to authorize the user"),
+        "{message}"
+    );
+
+    // A driver error without a gRPC code of its own is Internal; a coded one passes unchanged.
+    let method = csi_proto::methods::snapshot_metadata::GET_METADATA_ALLOCATED;
+    env.mock
+        .faults()
+        .fail_next(method, 1, Code::Unknown, "backend exploded");
+    let (code, message) = code_of(&mut client, env.allocated("snap")).await;
+    assert_eq!(code, Code::Internal, "{message}");
+    assert!(
+        message.starts_with("failed to get response from CSI driver"),
+        "{message}"
+    );
+    env.mock
+        .faults()
+        .fail_next(method, 1, Code::ResourceExhausted, "busy");
+    let (code, message) = code_of(&mut client, env.allocated("snap")).await;
+    assert_eq!((code, message.as_str()), (Code::ResourceExhausted, "busy"));
+
+    // Two default classes of the driver: which one's secret is meant cannot be told.
+    for name in ["first", "second"] {
+        Env::create(
+            &env.dynamic("volumesnapshotclasses", None),
+            json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1",
+                "kind": "VolumeSnapshotClass",
+                "metadata": {"name": name, "annotations": {
+                    "snapshot.storage.kubernetes.io/is-default-class": "true"}},
+                "driver": DRIVER,
+                "deletionPolicy": "Delete",
+            }),
+        )
+        .await;
+    }
+    let message = eventually("both defaults to be seen", || {
+        let mut client = client.clone();
+        let request = env.allocated("snap");
+        async move {
+            let status = all_allocated(&mut client, request).await.err()?;
+            (status.code() == Code::Unavailable).then(|| status.message().to_string())
+        }
+    })
+    .await;
+    assert_eq!(
+        message,
+        format!("multiple default VolumeSnapshotClasses are set for the CSI driver '{DRIVER}'")
+    );
+
+    // A class naming a secret that does not exist.
+    Env::create(
+        &env.dynamic("volumesnapshotclasses", None),
+        json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshotClass",
+            "metadata": {"name": "secretive"},
+            "driver": DRIVER,
+            "deletionPolicy": "Delete",
+            "parameters": {
+                "csi.storage.k8s.io/snapshotter-secret-name": "absent",
+                "csi.storage.k8s.io/snapshotter-secret-namespace": NAMESPACE,
+            },
+        }),
+    )
+    .await;
+    written(&env, "classy", Some("secretive")).await;
+    let code = eventually("the class to be seen", || {
+        let mut client = client.clone();
+        let request = env.allocated("classy");
+        async move {
+            let status = all_allocated(&mut client, request).await.err()?;
+            status
+                .message()
+                .starts_with("failed to get credentials")
+                .then(|| status.code())
+        }
+    })
+    .await;
+    assert_eq!(code, Code::Unavailable);
+}
