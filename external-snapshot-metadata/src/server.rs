@@ -330,6 +330,26 @@ fn batch(block_type: i32, capacity: i64, blocks: Vec<csi::BlockMetadata>) -> Bat
     }
 }
 
+/// `request` bounded to `limit`.
+fn timed<T>(request: T, limit: Duration) -> Request<T> {
+    let mut request = Request::new(request);
+    request.set_timeout(limit);
+    request
+}
+
+/// The driver's answer as plain batches; `parts` takes a message apart.
+fn batches<M: Send + 'static>(
+    answer: Result<tonic::Response<tonic::Streaming<M>>, Status>,
+    parts: fn(M) -> Batch,
+) -> Result<DriverStream, Status> {
+    use futures::StreamExt;
+    Ok(answer
+        .map_err(driver_status)?
+        .into_inner()
+        .map(move |message| message.map(parts))
+        .boxed())
+}
+
 /// Opens the driver's stream for `ask`.
 async fn open(
     shared: &Shared,
@@ -337,61 +357,48 @@ async fn open(
     resolved: Resolved,
     limit: Duration,
 ) -> Result<DriverStream, Status> {
-    use futures::StreamExt;
     let mut client = SnapshotMetadataClient::new(shared.csi.connection().channel())
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
-    let stream: DriverStream = match ask.method {
+    let secrets = resolved.secrets.into_iter().collect();
+    match ask.method {
         Method::Allocated => {
-            let mut request = Request::new(csi::GetMetadataAllocatedRequest {
+            let request = csi::GetMetadataAllocatedRequest {
                 snapshot_id: resolved.handle,
                 starting_offset: ask.starting_offset,
                 max_results: ask.max_results,
-                secrets: resolved.secrets.into_iter().collect(),
-            });
-            request.set_timeout(limit);
-            client
-                .get_metadata_allocated(request)
-                .await
-                .map_err(driver_status)?
-                .into_inner()
-                .map(|m| {
-                    m.map(|m| {
-                        batch(
-                            m.block_metadata_type,
-                            m.volume_capacity_bytes,
-                            m.block_metadata,
-                        )
-                    })
-                })
-                .boxed()
+                secrets,
+            };
+            batches(
+                client.get_metadata_allocated(timed(request, limit)).await,
+                |m| {
+                    batch(
+                        m.block_metadata_type,
+                        m.volume_capacity_bytes,
+                        m.block_metadata,
+                    )
+                },
+            )
         }
         Method::Delta => {
-            let mut request = Request::new(csi::GetMetadataDeltaRequest {
+            let request = csi::GetMetadataDeltaRequest {
                 base_snapshot_id: ask.base.clone().unwrap_or_default(),
                 target_snapshot_id: resolved.handle,
                 starting_offset: ask.starting_offset,
                 max_results: ask.max_results,
-                secrets: resolved.secrets.into_iter().collect(),
-            });
-            request.set_timeout(limit);
-            client
-                .get_metadata_delta(request)
-                .await
-                .map_err(driver_status)?
-                .into_inner()
-                .map(|m| {
-                    m.map(|m| {
-                        batch(
-                            m.block_metadata_type,
-                            m.volume_capacity_bytes,
-                            m.block_metadata,
-                        )
-                    })
-                })
-                .boxed()
+                secrets,
+            };
+            batches(
+                client.get_metadata_delta(timed(request, limit)).await,
+                |m| {
+                    batch(
+                        m.block_metadata_type,
+                        m.volume_capacity_bytes,
+                        m.block_metadata,
+                    )
+                },
+            )
         }
-    };
-    Ok(stream)
+    }
 }
 
 /// Relays the driver's stream to the client until it ends, the client goes, the deadline
