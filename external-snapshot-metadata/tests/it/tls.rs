@@ -14,8 +14,10 @@ async fn a_rotated_certificate_serves_new_connections_and_drops_no_stream() {
         ..Start::default()
     })
     .await;
-    // Enough single-range messages that the stream waits on the client's reading.
-    let blocks: i64 = 1 << 18;
+    // Enough messages that the stream waits on the client's reading. Each holds 64 blocks, so
+    // its DATA frame is not one of the small frames a client's HTTP/2 stack limits while it
+    // does not read (h2 answers a flood of them with GOAWAY ENHANCE_YOUR_CALM).
+    let blocks: i64 = 1 << 20;
     let volume = env.volume("big", blocks * BLOCK).await;
     env.mock.fill(&volume).unwrap();
     let handle = env.cut("snap-big", &volume).await;
@@ -23,7 +25,7 @@ async fn a_rotated_certificate_serves_new_connections_and_drops_no_stream() {
 
     let (mut client, first) = connect(env.port, env.authority.ca_der()).await;
     let mut request = env.allocated("big");
-    request.max_results = 1;
+    request.max_results = 64;
     let mut stream = client
         .get_metadata_allocated(request)
         .await
