@@ -43,6 +43,44 @@ pub fn is_secret_field(message_full_name: &str, field_name: &str) -> bool {
     embedded().is_some_and(|redactor| redactor.is_secret_field(message_full_name, field_name))
 }
 
+/// The top-level fields of a request that name what it acts on (`volume_id`, `snapshot_id`,
+/// `node_id`, `name`, ...), with their values: what a trace of the call may show. Never a
+/// secret field; empty for types missing from the embedded descriptors.
+pub fn identifiers<M: prost::Message + prost::Name>(msg: &M) -> Vec<(&'static str, String)> {
+    const NAMED: &[&str] = &[
+        "name",
+        "volume_id",
+        "snapshot_id",
+        "source_volume_id",
+        "node_id",
+        "group_snapshot_id",
+        "base_snapshot_id",
+        "target_snapshot_id",
+    ];
+    let Some(redactor) = embedded() else {
+        return Vec::new();
+    };
+    let Some(descriptor) = redactor.pool.get_message_by_name(&M::full_name()) else {
+        return Vec::new();
+    };
+    let Ok(message) = DynamicMessage::decode(descriptor, msg.encode_to_vec().as_slice()) else {
+        return Vec::new();
+    };
+    NAMED
+        .iter()
+        .filter_map(|name| {
+            let field = message.descriptor().get_field_by_name(name)?;
+            if redactor.secret_fields.contains(field.full_name()) || !message.has_field(&field) {
+                return None;
+            }
+            match message.get_field(&field).as_ref() {
+                Value::String(value) => Some((*name, value.clone())),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// Displays a message through [`sanitize`], so log statements only pay
 /// for rendering when the record is actually written.
 pub struct Sanitized<'a, M>(pub &'a M);
@@ -296,5 +334,22 @@ mod tests {
         assert_eq!(render(f64::NAN), "\"NaN\"");
         assert_eq!(render(f64::INFINITY), "\"Infinity\"");
         assert_eq!(render(f64::NEG_INFINITY), "\"-Infinity\"");
+    }
+
+    #[test]
+    fn identifiers_name_the_object_and_never_a_secret() {
+        let request = crate::v1::DeleteVolumeRequest {
+            volume_id: "vol-1".to_string(),
+            secrets: [("password".to_string(), "hunter2".to_string())].into(),
+        };
+        assert_eq!(
+            identifiers(&request),
+            vec![("volume_id", "vol-1".to_string())]
+        );
+        let create = crate::v1::CreateVolumeRequest {
+            name: "pvc-1".to_string(),
+            ..Default::default()
+        };
+        assert_eq!(identifiers(&create), vec![("name", "pvc-1".to_string())]);
     }
 }

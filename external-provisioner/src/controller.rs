@@ -19,6 +19,7 @@ use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
+use sidecar_kit::telemetry::operation;
 use sidecar_kit::values::shrink::ShrinkWhenSparse;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

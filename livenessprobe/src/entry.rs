@@ -4,7 +4,6 @@ use std::ffi::OsString;
 
 use crate::{VERSION, flags::Cli, server};
 use sidecar_kit::process::flags::{FlagSyntax, parse_args};
-use sidecar_kit::process::logging;
 use sidecar_kit::runtime::lifecycle;
 
 /// Runs the sidecar with the command line `args` (the first item names the program) until it
@@ -12,7 +11,7 @@ use sidecar_kit::runtime::lifecycle;
 pub fn main(args: impl IntoIterator<Item = OsString>) {
     let cli: Cli = parse_args(args, FlagSyntax::Go);
     lifecycle::exit_if_version(&cli.process, VERSION);
-    logging::init(&cli.logging);
+    lifecycle::start_logging(&cli.logging, "livenessprobe");
     // One thread is plenty for a health check every few seconds, and each worker thread would
     // add its own stack and malloc arena to the footprint; --automaxprocs has nothing to size.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -29,4 +28,5 @@ pub fn main(args: impl IntoIterator<Item = OsString>) {
     if let Err(err) = result {
         lifecycle::fatal(&err.to_string());
     }
+    sidecar_kit::telemetry::flush();
 }

@@ -6,7 +6,6 @@ use crate::config::{self, Cli, Plan};
 use crate::run::run;
 use sidecar_kit::driver::endpoint::Platform;
 use sidecar_kit::process::flags::{self, FlagSyntax};
-use sidecar_kit::process::logging;
 use sidecar_kit::runtime::lifecycle;
 
 /// Runs the sidecar with the command line `args` (the first item names the program) until it
@@ -14,7 +13,7 @@ use sidecar_kit::runtime::lifecycle;
 pub fn main(args: impl IntoIterator<Item = OsString>) {
     let cli: Cli = flags::parse_args(args, FlagSyntax::Go);
     lifecycle::exit_if_version(&cli.process, crate::VERSION);
-    logging::init(&cli.logging);
+    lifecycle::start_logging(&cli.logging, "csi-node-driver-registrar");
     let (plan, warnings) = match config::plan(&cli, Platform::current()) {
         Ok(planned) => planned,
         Err(err) => lifecycle::fatal(&err.to_string()),
@@ -46,7 +45,10 @@ pub fn main(args: impl IntoIterator<Item = OsString>) {
         run(config, None, shutdown).await
     });
     match ended.map(|exit| exit.failure()) {
-        Ok(None) => std::process::exit(0),
+        Ok(None) => {
+            sidecar_kit::telemetry::flush();
+            std::process::exit(0)
+        }
         Ok(Some(message)) => lifecycle::fatal(&message),
         Err(err) => lifecycle::fatal(&err.to_string()),
     }

@@ -12,4 +12,5 @@ pub mod migration;
 pub mod pipeline;
 pub mod process;
 pub mod runtime;
+pub mod telemetry;
 pub mod values;

@@ -7,6 +7,7 @@ pub mod kubelet;
 pub mod leaks;
 pub mod measure;
 pub mod mockdriver;
+pub mod otlp;
 pub mod pairs;
 pub mod population;
 pub mod process;

@@ -138,7 +138,7 @@ pub fn main(args: Vec<String>) {
         return;
     };
     sidecar_kit::runtime::lifecycle::exit_if_version(first.process(), env!("CARGO_PKG_VERSION"));
-    sidecar_kit::process::logging::init(first.logging());
+    sidecar_kit::runtime::lifecycle::start_logging(first.logging(), "csi-sidecars");
     let process = first.process().clone();
     let mut selection = Selection {
         controllers: Vec::new(),

@@ -43,7 +43,7 @@ const UPSTREAM: [(&str, &str); 8] = [
 ];
 
 /// Our flags upstream's binary lacks, and why.
-const OURS_ONLY: [(&str, &str); 11] = [
+const OURS_ONLY: [(&str, &str); 18] = [
     // Every controller releases its Lease on a graceful shutdown unless this says no (upstream:
     // the alpha gate ReleaseLeaderElectionOnExit, off by default).
     ("csi-provisioner", "leader-election-release-on-exit"),
@@ -64,6 +64,14 @@ const OURS_ONLY: [(&str, &str); 11] = [
     ("csi-snapshot-metadata", "tls-min-version"),
     ("csi-snapshot-metadata", "tls-cipher-suites"),
     ("csi-snapshot-metadata", "tls-curve-preferences"),
+    // OpenTelemetry tracing, configured as kube-apiserver's (upstream's sidecars trace nothing).
+    ("csi-provisioner", "tracing-config-file"),
+    ("csi-attacher", "tracing-config-file"),
+    ("csi-resizer", "tracing-config-file"),
+    ("csi-snapshotter", "tracing-config-file"),
+    ("csi-external-health-monitor-controller", "tracing-config-file"),
+    ("csi-node-driver-registrar", "tracing-config-file"),
+    ("livenessprobe", "tracing-config-file"),
 ];
 
 /// The names of a fixture: a line each, `#` starts a comment.

@@ -17,6 +17,15 @@ impl Controller {
                 }
             },
         };
+        operation::describe(
+            "provision",
+            &[
+                ("k8s.namespace.name", &flight.claim.namespace),
+                ("k8s.pvc.name", &flight.claim.name),
+                ("k8s.pvc.uid", &flight.claim.uid),
+                ("k8s.storageclass.name", &flight.class),
+            ],
+        );
         if !flight.journaled
             && let Err(message) = self.protect_source(&flight.claim).await
         {

@@ -35,7 +35,20 @@ impl Controller {
                 );
                 Err(message)
             }
-            VolumePlan::Delete(plan) => self.delete_volume(&volume, plan).await,
+            VolumePlan::Delete(plan) => {
+                let (namespace, claim) = volume.claim.clone().unwrap_or_default();
+                operation::describe(
+                    "delete",
+                    &[
+                        ("k8s.pv.name", &volume.name),
+                        ("k8s.namespace.name", &namespace),
+                        ("k8s.pvc.name", &claim),
+                        ("k8s.pvc.uid", &volume.claim_uid),
+                        ("csi.volume_id", &volume.volume_handle),
+                    ],
+                );
+                self.delete_volume(&volume, plan).await
+            }
         };
         match result {
             Ok(()) => self.volumes.forget(&*key),

@@ -16,3 +16,4 @@ mod provision;
 mod secrets;
 mod sources;
 mod topology;
+mod tracing;

@@ -21,11 +21,13 @@ use tokio::time::{Instant, Sleep};
 use tower::retry::RetryLayer;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder};
+use tracing::Instrument;
 
 use crate::cluster::deadline::{Bounded, Deadline, is_watch};
 use crate::cluster::pool::{Pool, Streamed, Timings};
 use crate::cluster::token::{TokenFile, TokenLayer};
 use crate::process::flags::KubeFlags;
+use crate::telemetry::propagate::ApiTraceLayer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -341,6 +343,7 @@ impl Connections {
         Ok(self
             .builder(config)?
             .with_layer(&RateLimitLayer::new(qps, burst))
+            .with_layer(&ApiTraceLayer)
             .build())
     }
 
@@ -357,10 +360,12 @@ impl Connections {
             .with_layer(&RateLimitLayer {
                 bucket: bucket.clone(),
             })
+            .with_layer(&ApiTraceLayer)
             .build();
         let background = self
             .builder(config)?
             .with_layer(&BackgroundLayer { bucket })
+            .with_layer(&ApiTraceLayer)
             .build();
         Ok(Clients { main, background })
     }
@@ -563,8 +568,14 @@ where
         // The service made ready for this call waits with it; a clone takes its place.
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
+        // Inside a traced API request, the wait is a span of its own.
+        let waiting = if crate::telemetry::enabled() && !tracing::Span::current().is_none() {
+            tracing::info_span!("rate limiter wait", wait_ms = delay.as_millis() as u64)
+        } else {
+            tracing::Span::none()
+        };
         Box::pin(async move {
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(delay).instrument(waiting).await;
             inner.call(request).await
         })
     }

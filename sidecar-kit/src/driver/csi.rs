@@ -13,6 +13,9 @@ use csi_proto::v1::{
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+use tracing::Instrument;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::driver::connection::DriverConnection;
 use crate::process::metrics::{CsiMetrics, code_label};
@@ -88,12 +91,20 @@ impl CsiClient {
         if logging {
             tracing::trace!(method, request = %csi_proto::redact::sanitize(&request), "GRPC call");
         }
+        let span = if crate::telemetry::enabled() {
+            call_span(method, &request)
+        } else {
+            tracing::Span::none()
+        };
         let mut request = tonic::Request::new(request);
         if let Some(timeout) = options.timeout {
             request.set_timeout(timeout);
         }
+        if !span.is_none() {
+            crate::telemetry::propagate::inject_metadata(&span, request.metadata_mut());
+        }
         let started = Instant::now();
-        let pending = call(self.connection.channel(), request);
+        let pending = call(self.connection.channel(), request).instrument(span.clone());
         let result = match options.timeout {
             Some(timeout) => match tokio::time::timeout(timeout, pending).await {
                 Ok(result) => result,
@@ -114,6 +125,12 @@ impl CsiClient {
             Ok(_) => Code::Ok,
             Err(status) => status.code(),
         };
+        if !span.is_none() {
+            span.record("rpc.grpc.status_code", code as i32);
+            if code != Code::Ok {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
         self.metrics.observe(
             method,
             code_label(code),
@@ -473,6 +490,27 @@ fn truncate(text: String, max: i64) -> String {
 
 /// A gRPC error as grpc-go renders it (`rpc error: code = Internal desc = ...`), which
 /// upstream's Events, status messages and logs show.
+/// The client span of one CSI call: OpenTelemetry's RPC attributes and the handles the request
+/// names (never a secret).
+fn call_span<M: prost::Message + prost::Name>(method: &'static str, request: &M) -> tracing::Span {
+    let path = method.trim_start_matches('/');
+    let (service, name) = path.split_once('/').unwrap_or(("", path));
+    let span = tracing::info_span!(
+        "csi call",
+        otel.name = path,
+        otel.kind = "client",
+        otel.status_code = Empty,
+        rpc.system = "grpc",
+        rpc.service = service,
+        rpc.method = name,
+        rpc.grpc.status_code = Empty,
+    );
+    for (field, value) in csi_proto::redact::identifiers(request) {
+        span.set_attribute(format!("csi.{field}"), value);
+    }
+    span
+}
+
 pub fn go_error(status: &tonic::Status) -> String {
     format!(
         "rpc error: code = {} desc = {}",

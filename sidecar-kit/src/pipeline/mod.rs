@@ -21,12 +21,14 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cluster::events::{Recorder, Reporter};
 use crate::cluster::journal::JournalMetrics;
 use crate::pipeline::views::{Needs, View};
 use crate::pipeline::watches::{Subscription, Synced, WatchHub};
 use crate::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
+use crate::telemetry::operation::Retries;
 
 /// Locks `mutex`, poisoned or not. A controller's state stays usable after a worker panicked
 /// while holding it: the panic leaves at most one key half-done, and its retry redoes it.
@@ -47,6 +49,8 @@ pub struct Wiring {
     pub reporter: Reporter,
     /// The Events name this host as their instance once shared (its leader election identity).
     pub(crate) names_host: bool,
+    /// The service the controller's traces are exported under, once shared.
+    pub service: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Wiring {
@@ -57,6 +61,7 @@ impl std::fmt::Debug for Wiring {
             .field("journal_metrics", &self.journal_metrics.is_some())
             .field("reporter", &self.reporter)
             .field("names_host", &self.names_host)
+            .field("service", &self.service)
             .finish()
     }
 }
@@ -88,7 +93,7 @@ impl Wiring {
 
     /// A pipeline on the shared watches.
     pub fn pipeline(&self) -> Pipeline {
-        Pipeline::with_watches(self.watches.clone())
+        Pipeline::with_watches(self.watches.clone()).traced_as(self.service.clone())
     }
 
     /// A work queue named `name` (the metrics' label) with `lanes`, reporting to the shared
@@ -267,6 +272,8 @@ pub struct Pipeline {
     stops: Vec<Box<dyn FnOnce() + Send>>,
     /// Cancelled when the pipeline stops: ends its periodic tasks.
     stopping: CancellationToken,
+    /// The service its operations' traces are exported under (the binary's name).
+    service: Option<Arc<str>>,
 }
 
 impl Default for Pipeline {
@@ -293,7 +300,14 @@ impl Pipeline {
             expected: 0,
             stops: Vec::new(),
             stopping: CancellationToken::new(),
+            service: None,
         }
+    }
+
+    /// Exports the traces of its operations under `service`.
+    pub fn traced_as(mut self, service: Option<Arc<str>>) -> Self {
+        self.service = service;
+        self
     }
 
     /// Watches `api`'s kind; the changes go to `apply`.
@@ -423,15 +437,34 @@ impl Pipeline {
     pub fn workers<K, F, Fut>(&mut self, queue: &WorkQueue<K>, count: usize, work: F)
     where
         K: Clone + Eq + Hash + Send + Sync + 'static,
+        K: std::fmt::Debug,
         F: Fn(Item<K>) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        let retries = Arc::new(Retries::default());
         for _ in 0..count {
             let queue = queue.clone();
             let work = work.clone();
+            let retries = retries.clone();
+            let service = self.service.clone();
             self.workers.spawn(async move {
                 while let Some(item) = queue.get().await {
                     let key = item.key.clone();
+                    let pass = retries.begin(
+                        service.as_ref(),
+                        queue.name(),
+                        queue.lane_name(item.lane),
+                        &key,
+                        item.waited,
+                        queue.failures(&key),
+                    );
+                    if let Some(pass) = pass {
+                        let span = pass.span.clone();
+                        Box::pin(work(item)).instrument(span).await;
+                        retries.finish(pass, queue.failures(&key));
+                        queue.done(&key);
+                        continue;
+                    }
                     // Boxed, so that the operation's state lives only while a key is worked
                     // on. Held inline, it would make every worker task as large as the largest
                     // operation (28 KiB per claim worker in the provisioner, 100 workers by

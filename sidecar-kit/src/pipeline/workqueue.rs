@@ -351,6 +351,16 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The queue's name (its metrics' label).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The name of `lane`.
+    pub fn lane_name(&self, lane: usize) -> &str {
+        &self.shared.lane_names[self.lane_index(lane)]
+    }
+
     fn lane_index(&self, lane: usize) -> usize {
         lane.min(self.shared.lane_names.len() - 1)
     }

@@ -295,6 +295,12 @@ pub struct LoggingFlags {
     /// 2Ki, 3M); accepted for compatibility, no effect: every message is written at once
     #[arg(long, default_value = "0", value_parser = parse_byte_size, value_name = "QUANTITY")]
     pub log_json_info_buffer_size: u64,
+
+    /// OpenTelemetry tracing: a TracingConfiguration file as kube-apiserver takes (endpoint of an
+    /// OTLP/gRPC collector, samplingRatePerMillion); the OTEL_* variables configure it too, the
+    /// file winning where both speak. Off unless this or OTEL_EXPORTER_OTLP_ENDPOINT is set
+    #[arg(long, value_name = "PATH")]
+    pub tracing_config_file: Option<std::path::PathBuf>,
 }
 
 impl LoggingFlags {
@@ -407,6 +413,7 @@ impl KlogFlags {
             log_text_info_buffer_size: 0,
             log_json_split_stream: false,
             log_json_info_buffer_size: 0,
+            tracing_config_file: None,
         }
     }
 }

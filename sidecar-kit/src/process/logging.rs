@@ -16,12 +16,15 @@ use std::io::{IsTerminal, Stderr, Stdout};
 use tracing::{Level, Metadata};
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
-use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::writer::EitherWriter;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::process::flags::{LogFormat, LoggingFlags};
+use crate::telemetry::{self, TracingConfigError};
 
 /// The tracing level that a klog verbosity enables.
 pub fn level_for_verbosity(verbosity: u8) -> Level {
@@ -108,24 +111,119 @@ impl<'a> MakeWriter<'a> for Streams {
     }
 }
 
-/// Installs the global subscriber. Calling it twice keeps the first one (tests do that).
-pub fn init(flags: &LoggingFlags) {
-    let filter = filter(flags.verbosity);
+/// Installs the global subscriber, and with it the export of spans when tracing is asked for
+/// (`--tracing-config-file` or the `OTEL_*` variables; `service` names the process to the
+/// collector). Calling it twice keeps the first one (tests do that). A tracing configuration
+/// that cannot be used is an error once logging works, for the caller to end the process with.
+pub fn init(flags: &LoggingFlags, service: &str) -> Result<(), TracingConfigError> {
+    let tracing = telemetry::settings(flags.tracing_config_file.as_deref());
+    let tracer = match &tracing {
+        Ok(Some(settings)) => {
+            Some(
+                telemetry::start(settings, service).map_err(|err| TracingConfigError::File {
+                    path: "(export thread)".to_string(),
+                    reason: err.to_string(),
+                }),
+            )
+        }
+        _ => None,
+    }
+    .transpose();
+    let (tracer, started) = match tracer {
+        Ok(tracer) => (tracer, Ok(())),
+        Err(err) => (None, Err(err)),
+    };
+    let spans = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_filter(filter(flags.verbosity))
+    });
     let streams = Streams::new(flags);
+    let ids = spans.is_some();
     let layer = tracing_subscriber::fmt::layer()
-        .with_ansi(streams.ansi())
-        .with_writer(streams)
-        .with_target(false);
+        .with_ansi(streams.ansi() && !ids)
+        .with_writer(streams);
     let installed = match flags.logging_format {
         LogFormat::Text => tracing_subscriber::registry()
-            .with(layer.with_filter(filter))
+            .with(spans)
+            .with(
+                layer
+                    .event_format(WithTraceIds {
+                        inner: tracing_subscriber::fmt::format().with_target(false),
+                        json: false,
+                        enabled: ids,
+                    })
+                    .with_filter(filter(flags.verbosity)),
+            )
             .try_init(),
         LogFormat::Json => tracing_subscriber::registry()
-            .with(layer.json().flatten_event(true).with_filter(filter))
+            .with(spans)
+            .with(
+                layer
+                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .event_format(WithTraceIds {
+                        inner: tracing_subscriber::fmt::format()
+                            .json()
+                            .flatten_event(true)
+                            .with_target(false),
+                        json: true,
+                        enabled: ids,
+                    })
+                    .with_filter(filter(flags.verbosity)),
+            )
             .try_init(),
     };
     if installed.is_ok() && !flags.vmodule.is_empty() {
         tracing::warn!(vmodule = %flags.vmodule, "--vmodule is accepted but not applied; the global -v level is used");
+    }
+    tracing.map(|_| ())?;
+    started
+}
+
+/// An event format that ends each line written inside a sampled span with its `trace_id` and
+/// `span_id` (as fields of the JSON object in JSON), so that logs and traces join.
+struct WithTraceIds<F> {
+    inner: F,
+    json: bool,
+    enabled: bool,
+}
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let ids = if self.enabled {
+            telemetry::current_ids()
+        } else {
+            None
+        };
+        let Some((trace_id, span_id)) = ids else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.inner
+            .format_event(ctx, Writer::new(&mut line), event)?;
+        let line = line.trim_end_matches('\n');
+        if self.json {
+            let open = line.strip_suffix('}').unwrap_or(line);
+            let comma = if open.ends_with('{') { "" } else { "," };
+            writeln!(
+                writer,
+                "{open}{comma}\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}"
+            )
+        } else {
+            writeln!(writer, "{line} trace_id={trace_id} span_id={span_id}")
+        }
     }
 }
 

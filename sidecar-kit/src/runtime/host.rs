@@ -73,6 +73,7 @@ impl Host {
     ) -> Result<Option<Self>, HostError> {
         let connections = Connections::new(kube)?;
         let metrics = CsiMetrics::with_shape(operations)?;
+        crate::telemetry::register_metrics(metrics.registry())?;
         let Some(driver) = startup::greet_driver(greeting, &metrics, shutdown).await? else {
             return Ok(None);
         };

@@ -91,6 +91,14 @@ pub fn version_line(version: &str) -> String {
     format!("{argv0} {version}")
 }
 
+/// Installs logging (and tracing, when asked for) for the process `service`; a tracing
+/// configuration that cannot be used ends the process with its message.
+pub fn start_logging(flags: &crate::process::flags::LoggingFlags, service: &str) {
+    if let Err(err) = crate::process::logging::init(flags, service) {
+        fatal(&err.to_string());
+    }
+}
+
 /// Handles `--version`: prints the version line and exits 0.
 pub fn exit_if_version(flags: &ProcessFlags, version: &str) {
     if flags.version {

@@ -20,6 +20,7 @@ use std::ffi::OsString;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use clap::CommandFactory;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +33,6 @@ use crate::pipeline::Wiring;
 use crate::pipeline::watches::WatchHub;
 use crate::process::flags::{CommonFlags, FlagSyntax, parse_with};
 use crate::process::http::{HttpError, HttpPlan, Routes};
-use crate::process::logging;
 use crate::process::metrics::OperationsShape;
 use crate::runtime::startup::Greeting;
 use host::{Controller, Host, HostError};
@@ -157,6 +157,7 @@ pub struct Setup<'a> {
     kube_config: kube::Config,
     common: &'a CommonFlags,
     name: &'static str,
+    binary: &'static str,
     elect: bool,
     release_lease_on_exit: bool,
 }
@@ -176,6 +177,7 @@ impl<'a> Setup<'a> {
             kube_config,
             common: cli.common(),
             name: S::NAME,
+            binary: S::BINARY,
             elect: cli.leader_election(),
             release_lease_on_exit: cli.release_lease_on_exit(),
         })
@@ -230,6 +232,7 @@ impl<'a> Setup<'a> {
         wiring.watches = self.host.watches.clone();
         wiring.queue_metrics = Some(self.host.queue_metrics.clone());
         wiring.journal_metrics = Some(self.host.journal_metrics.clone());
+        wiring.service = Some(Arc::from(self.binary));
         if wiring.names_host {
             wiring.reporter.instance = leader::default_identity();
         }
@@ -300,7 +303,7 @@ pub fn main<S: Sidecar>(args: impl IntoIterator<Item = OsString>) {
     let cli = parse_args::<S>(args.into_iter().collect());
     let common = cli.common();
     lifecycle::exit_if_version(&common.process, S::VERSION);
-    logging::init(&common.logging);
+    lifecycle::start_logging(&common.logging, S::BINARY);
     cli.warn();
     if let Err(err) = cli.validate() {
         lifecycle::fatal(&err.to_string());

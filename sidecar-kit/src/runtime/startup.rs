@@ -39,6 +39,7 @@ where
     if let Err(err) = result {
         lifecycle::fatal(&err.to_string());
     }
+    crate::telemetry::flush();
 }
 
 /// How the driver is greeted.

@@ -89,7 +89,12 @@ pub struct RequestCounters {
     /// The same counts by the program that made them: the User-Agent up to its first `/`, as
     /// kube-apiserver names a write's field manager (`csi-provisioner/v6.3.0 (linux/amd64)`).
     programs: Arc<Mutex<HashMap<String, HashMap<CounterKey, u64>>>>,
+    /// The requests that carried a W3C `traceparent`, with it, the newest [`TRACED_KEPT`].
+    traced: Arc<Mutex<std::collections::VecDeque<(CounterKey, String)>>>,
 }
+
+/// How many traced requests the server remembers.
+const TRACED_KEPT: usize = 10_000;
 
 impl RequestCounters {
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<CounterKey, u64>) -> R) -> R {
@@ -128,6 +133,35 @@ impl RequestCounters {
             .get(program)
             .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
             .unwrap_or_default()
+    }
+
+    pub(crate) fn record_traceparent(
+        &self,
+        verb: Verb,
+        resource: &str,
+        subresource: Option<&str>,
+        traceparent: &str,
+    ) {
+        let key = CounterKey {
+            verb,
+            resource: resource.to_string(),
+            subresource: subresource.map(str::to_string),
+        };
+        let mut traced = self.traced.lock().unwrap_or_else(PoisonError::into_inner);
+        if traced.len() == TRACED_KEPT {
+            traced.pop_front();
+        }
+        traced.push_back((key, traceparent.to_string()));
+    }
+
+    /// The requests that carried a `traceparent`, oldest first, with it.
+    pub fn traced(&self) -> Vec<(CounterKey, String)> {
+        self.traced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn record_streamed_list(&self, resource: &str) {

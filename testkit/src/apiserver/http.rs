@@ -493,6 +493,18 @@ async fn resource(
     shared
         .counters
         .record(verb, k.plural, path.subresource.as_deref(), agent);
+    if let Some(traceparent) = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+    {
+        shared.counters.record_traceparent(
+            verb,
+            k.plural,
+            path.subresource.as_deref(),
+            traceparent,
+        );
+    }
     let info = RequestInfo {
         verb,
         resource: k.plural,

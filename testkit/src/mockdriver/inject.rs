@@ -376,6 +376,8 @@ pub struct Call {
     /// the value. The values themselves are never kept, so that nothing printing a call can
     /// leak them; [`Call::carries_secret`] tells whether a known value arrived.
     pub secrets: BTreeMap<String, u64>,
+    /// The W3C `traceparent` the call's metadata carried, if any.
+    pub traceparent: Option<String>,
 }
 
 /// A fingerprint of a secret value, as [`Call::secrets`] keeps it. Stable within one process.
@@ -479,7 +481,7 @@ impl CallLog {
     /// `request` renders the request when the log keeps entries.
     #[cfg(test)]
     pub(crate) fn record(&self, method: &str, request: impl FnOnce() -> String) -> u64 {
-        self.record_with_secrets(method, || (request(), BTreeMap::new()))
+        self.record_with_secrets(method, None, || (request(), BTreeMap::new()))
     }
 
     /// [`record`](Self::record) for a request that may carry secrets: `request` renders it
@@ -487,6 +489,7 @@ impl CallLog {
     pub(crate) fn record_with_secrets(
         &self,
         method: &str,
+        traceparent: Option<String>,
         request: impl FnOnce() -> (String, BTreeMap<String, u64>),
     ) -> u64 {
         let seq = {
@@ -504,6 +507,7 @@ impl CallLog {
                     method: method.to_owned(),
                     request,
                     secrets,
+                    traceparent,
                 });
             }
             seq

@@ -168,10 +168,11 @@ impl MockService {
         Resp: MetadataResponse,
     {
         let driver = &self.0;
+        let traceparent = super::traceparent(request.metadata());
         let request = request.into_inner();
-        let seq = driver
-            .calls
-            .record_with_secrets(method, || (sanitize(&request), secret_digests(&request)));
+        let seq = driver.calls.record_with_secrets(method, traceparent, || {
+            (sanitize(&request), secret_digests(&request))
+        });
         tracing::debug!(method, seq, request = %Sanitized(&request), "received");
         let listing = match driver.faults.gate(method, seq, &driver.shutdown).await {
             Ok(()) => handler(driver, request),

@@ -88,6 +88,14 @@ fn secret_digests<Req: prost::Message + prost::Name>(request: &Req) -> BTreeMap<
 #[derive(Clone)]
 pub(crate) struct MockService(Arc<Driver>);
 
+/// The W3C trace context a call carried.
+pub(crate) fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    metadata
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string)
+}
+
 impl MockService {
     pub(crate) fn new(driver: Arc<Driver>) -> Self {
         Self(driver)
@@ -104,10 +112,11 @@ impl MockService {
         Resp: 'static,
     {
         let driver = &self.0;
+        let traceparent = traceparent(request.metadata());
         let request = request.into_inner();
-        let seq = driver
-            .calls
-            .record_with_secrets(method, || (sanitize(&request), secret_digests(&request)));
+        let seq = driver.calls.record_with_secrets(method, traceparent, || {
+            (sanitize(&request), secret_digests(&request))
+        });
         tracing::debug!(method, seq, request = %Sanitized(&request), "received");
         let result = match driver.faults.gate(method, seq, &driver.shutdown).await {
             Ok(()) => handler(driver, request),

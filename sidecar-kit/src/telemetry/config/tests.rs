@@ -1,0 +1,196 @@
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
+const FILE: &str = "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: collector.monitoring:4317\nsamplingRatePerMillion: 250000\n";
+
+#[test]
+fn nothing_asked_means_tracing_off() {
+    assert_eq!(resolve(None, env(&[])), Ok(None));
+    assert_eq!(
+        resolve(
+            None,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_SDK_DISABLED", "true")
+            ])
+        ),
+        Ok(None)
+    );
+}
+
+#[test]
+fn the_kubernetes_file_gives_grpc_its_endpoint_and_a_parent_based_rate() {
+    let settings = resolve(Some((Path::new("/etc/t.yaml"), FILE)), env(&[]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(settings.protocol, Protocol::Grpc);
+    assert_eq!(
+        settings.endpoint.to_string(),
+        "http://collector.monitoring:4317/"
+    );
+    assert_eq!(
+        settings.sampling,
+        Sampling {
+            ratio: 0.25,
+            parent_based: true
+        }
+    );
+}
+
+#[test]
+fn the_file_wins_over_the_environment_where_both_speak() {
+    let settings = resolve(
+        Some((Path::new("t.yaml"), FILE)),
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_TRACES_SAMPLER", "always_on"),
+            ("OTEL_SERVICE_NAME", "provisioner-a"),
+        ]),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(settings.endpoint.host(), Some("collector.monitoring"));
+    assert_eq!(settings.protocol, Protocol::Grpc);
+    assert_eq!(settings.sampling.ratio, 0.25);
+    assert_eq!(settings.service_name.as_deref(), Some("provisioner-a"));
+}
+
+#[test]
+fn a_file_without_a_rate_keeps_no_root_and_one_with_a_default_endpoint_goes_to_the_node() {
+    let settings = resolve(
+        Some((
+            Path::new("t"),
+            "apiVersion: apiserver.config.k8s.io/v1beta1\nkind: TracingConfiguration\n",
+        )),
+        env(&[]),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(settings.sampling.ratio, 0.0);
+    assert_eq!(settings.endpoint.to_string(), "http://localhost:4317/");
+}
+
+#[test]
+fn the_environment_alone_follows_the_otlp_specification() {
+    let settings = resolve(
+        None,
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "k8s.cluster.name=prod%2Deu,service.name=prov",
+            ),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ]),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(settings.protocol, Protocol::HttpProtobuf);
+    assert_eq!(
+        settings.endpoint.to_string(),
+        "http://collector:4318/v1/traces"
+    );
+    assert_eq!(settings.service_name.as_deref(), Some("prov"));
+    assert_eq!(
+        settings.resource,
+        vec![("k8s.cluster.name".to_string(), "prod-eu".to_string())]
+    );
+    assert_eq!(
+        settings.sampling,
+        Sampling {
+            ratio: 0.5,
+            parent_based: true
+        }
+    );
+    assert_eq!(settings.batching.delay, Duration::from_millis(100));
+
+    let grpc = resolve(
+        None,
+        env(&[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://collector:4317",
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ]),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(grpc.protocol, Protocol::Grpc);
+    assert_eq!(grpc.endpoint.port_u16(), Some(4317));
+}
+
+#[test]
+fn bad_settings_name_the_flag_or_variable() {
+    let file = |text: &str| resolve(Some((Path::new("t.yaml"), text)), env(&[])).unwrap_err();
+    let err = file(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nsamplingRatePerMillion: 2000000\n",
+    );
+    assert_eq!(
+        err.to_string(),
+        "--tracing-config-file t.yaml: samplingRatePerMillion must be between 0 and 1000000, not 2000000"
+    );
+    let err =
+        file("apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpont: x:1\n");
+    assert!(err.to_string().contains("endpont"), "{err}");
+    let err = file("kind: TracingConfiguration\n");
+    assert!(err.to_string().contains("apiVersion is missing"), "{err}");
+    let err = file(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: collector\n",
+    );
+    assert!(err.to_string().contains("no port"), "{err}");
+    let err = file(": : :\n\t[");
+    assert!(
+        err.to_string()
+            .starts_with("--tracing-config-file t.yaml: "),
+        "{err}"
+    );
+
+    let var = |pairs: &[(&str, &str)]| {
+        let mut all = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
+        all.extend_from_slice(pairs);
+        resolve(None, env(&all)).unwrap_err().to_string()
+    };
+    assert!(
+        var(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")])
+            .starts_with("OTEL_EXPORTER_OTLP_PROTOCOL=\"thrift\"")
+    );
+    assert!(var(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")]).contains("not supported"));
+    assert!(var(&[("OTEL_TRACES_SAMPLER", "sometimes")]).starts_with("OTEL_TRACES_SAMPLER="));
+    assert!(
+        var(&[
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "1.5")
+        ])
+        .starts_with("OTEL_TRACES_SAMPLER_ARG=")
+    );
+    assert!(
+        var(&[("OTEL_RESOURCE_ATTRIBUTES", "novalue")]).starts_with("OTEL_RESOURCE_ATTRIBUTES=")
+    );
+    assert!(var(&[("OTEL_BSP_MAX_QUEUE_SIZE", "0")]).starts_with("OTEL_BSP_MAX_QUEUE_SIZE="));
+    let err = resolve(
+        None,
+        env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")]),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("OTEL_EXPORTER_OTLP_ENDPOINT: endpoint \"https://c:4318\": TLS"),
+        "{err}"
+    );
+    let err = resolve(None, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")])).unwrap_err();
+    assert!(err.to_string().contains("not a URL"), "{err}");
+}

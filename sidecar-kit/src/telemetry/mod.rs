@@ -1,0 +1,188 @@
+//! OpenTelemetry tracing: the process's `tracing` spans exported over OTLP, the trace handed on
+//! to the driver (gRPC metadata) and the API server (HTTP headers) as W3C `traceparent`, and
+//! every log line inside a span marked with its trace and span. Off unless `--tracing-config-file`
+//! or an `OTEL_EXPORTER_OTLP_*ENDPOINT` variable asks for it; then [`start`] runs once, before
+//! the first span.
+
+pub mod config;
+mod export;
+pub mod operation;
+pub mod propagate;
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+
+pub use config::{TraceSettings, TracingConfigError};
+use export::{Drops, Flusher, Services};
+
+/// How long a graceful stop waits for the spans still queued to reach the collector.
+const FLUSH_ON_STOP: Duration = Duration::from_secs(5);
+
+/// The process's tracing once started.
+struct Telemetry {
+    services: Arc<Services>,
+    drops: Arc<Drops>,
+    flusher: Flusher,
+    /// Kept for the life of the process: dropping the provider would stop its tracers.
+    _provider: SdkTracerProvider,
+}
+
+static TELEMETRY: OnceLock<Telemetry> = OnceLock::new();
+
+/// The settings from `--tracing-config-file` (its path, read here) and the process's
+/// environment; `None`: tracing off.
+pub fn settings(config_file: Option<&Path>) -> Result<Option<TraceSettings>, TracingConfigError> {
+    let text = match config_file {
+        Some(path) => {
+            Some(
+                std::fs::read_to_string(path).map_err(|err| TracingConfigError::File {
+                    path: path.display().to_string(),
+                    reason: err.to_string(),
+                })?,
+            )
+        }
+        None => None,
+    };
+    config::resolve(config_file.zip(text.as_deref()), |name| {
+        std::env::var(name).ok()
+    })
+}
+
+/// Starts the export and returns the tracer the logging layer turns spans into OTel spans
+/// with; `service` names the process where `OTEL_SERVICE_NAME` does not. Once per process.
+pub fn start(settings: &TraceSettings, service: &str) -> Result<Tracer, std::io::Error> {
+    let services = Arc::new(Services::new(
+        settings
+            .service_name
+            .clone()
+            .unwrap_or_else(|| service.to_string()),
+        settings.service_name.is_some(),
+    ));
+    let drops = Arc::new(Drops::default());
+    let (processor, flusher) = export::start(settings, services.clone(), drops.clone())?;
+    let root = if settings.sampling.ratio >= 1.0 {
+        Sampler::AlwaysOn
+    } else if settings.sampling.ratio <= 0.0 {
+        Sampler::AlwaysOff
+    } else {
+        Sampler::TraceIdRatioBased(settings.sampling.ratio)
+    };
+    let sampler = if settings.sampling.parent_based {
+        Sampler::ParentBased(Box::new(root))
+    } else {
+        root
+    };
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(sampler)
+        .build();
+    let tracer = provider.tracer("csi-sidecars");
+    // The waits an operation records after the fact (queue, backoff) are made with it too.
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    let _ = TELEMETRY.set(Telemetry {
+        services,
+        drops,
+        flusher,
+        _provider: provider,
+    });
+    Ok(tracer)
+}
+
+/// Whether spans are exported: the kit makes its spans only then.
+pub fn enabled() -> bool {
+    TELEMETRY.get().is_some()
+}
+
+/// Sends what is queued, bounded; for a graceful stop, after the runtime ended.
+pub fn flush() {
+    if let Some(telemetry) = TELEMETRY.get()
+        && !telemetry.flusher.flush(FLUSH_ON_STOP)
+    {
+        tracing::warn!(timeout = ?FLUSH_ON_STOP, "spans still queued at exit were not all exported");
+    }
+}
+
+/// Exports the trace of `span` under `service` (the all-in-one process's controllers each
+/// under their own).
+pub fn attribute_to(span: &tracing::Span, service: &Arc<str>) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if let Some(telemetry) = TELEMETRY.get() {
+        let trace = span.context().span().span_context().trace_id();
+        telemetry.services.remember(trace, service.clone());
+    }
+}
+
+/// The trace and span ids of the current span, for log lines; `None` outside sampled spans.
+pub fn current_ids() -> Option<(String, String)> {
+    TELEMETRY.get()?;
+    let context = opentelemetry::Context::current();
+    let span = context.span();
+    let span_context = span.span_context();
+    span_context.is_valid().then(|| {
+        (
+            span_context.trace_id().to_string(),
+            span_context.span_id().to_string(),
+        )
+    })
+}
+
+/// `csi_sidecar_tracing_spans_total{outcome}`: spans exported, dropped because the export queue
+/// was full, or dropped because the collector did not take them. Registered where tracing is on.
+pub fn register_metrics(registry: &prometheus::Registry) -> Result<(), prometheus::Error> {
+    let Some(telemetry) = TELEMETRY.get() else {
+        return Ok(());
+    };
+    registry.register(Box::new(SpanCounts::new(telemetry.drops.clone())?))
+}
+
+struct SpanCounts {
+    drops: Arc<Drops>,
+    desc: Desc,
+}
+
+const SPANS_METRIC: &str = "csi_sidecar_tracing_spans_total";
+
+impl SpanCounts {
+    fn new(drops: Arc<Drops>) -> Result<Self, prometheus::Error> {
+        let desc = Desc::new(
+            SPANS_METRIC.to_string(),
+            "Finished spans by outcome: exported, queue_full (dropped: the export queue was full), export_failed (dropped: the collector did not take them).".to_string(),
+            vec!["outcome".to_string()],
+            Default::default(),
+        )?;
+        Ok(Self { drops, desc })
+    }
+}
+
+impl Collector for SpanCounts {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let counter = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(SPANS_METRIC, self.desc.help.clone()),
+            &["outcome"],
+        );
+        let Ok(counter) = counter else {
+            return Vec::new();
+        };
+        for (outcome, value) in [
+            ("exported", &self.drops.exported),
+            ("queue_full", &self.drops.queue_full),
+            ("export_failed", &self.drops.export_failed),
+        ] {
+            counter
+                .with_label_values(&[outcome])
+                .inc_by(value.load(Ordering::Relaxed));
+        }
+        counter.collect()
+    }
+}

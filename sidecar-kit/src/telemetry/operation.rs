@@ -1,0 +1,163 @@
+//! The span of one operation: a worker's pass over a key, with children for the time the key
+//! waited in its queue and, after a failure, for its backoff. A key worked on again after a
+//! failure continues the trace of its first pass, so that one operation is one trace however
+//! often it is retried.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::{SpanContext, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// Operations that failed and will be retried: the span context of their first pass and when
+/// the last pass ended. Holds a key only while its queue retries it.
+#[derive(Debug)]
+pub struct Retries<K> {
+    pending: Mutex<HashMap<K, (SpanContext, SystemTime)>>,
+}
+
+impl<K> Default for Retries<K> {
+    fn default() -> Self {
+        Self {
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// One pass of a worker over `key`; `finish` it when the pass ends.
+pub struct Pass<K> {
+    pub span: tracing::Span,
+    key: K,
+    service: Option<Arc<str>>,
+    /// The first pass's span, when this one continues it.
+    first: Option<SpanContext>,
+    /// When the last pass failed, for a retry.
+    failed_at: Option<SystemTime>,
+    /// When the key was put in its lane.
+    queued: SystemTime,
+    started: SystemTime,
+    failures: u32,
+}
+
+impl<K: Clone + Eq + Hash + Debug> Retries<K> {
+    /// The span of a pass over `key` of `queue`'s `lane`, which waited `waited` in the lane
+    /// and has failed `failures` times before; `None` when tracing is off.
+    pub fn begin(
+        &self,
+        service: Option<&Arc<str>>,
+        queue: &str,
+        lane: &str,
+        key: &K,
+        waited: Duration,
+        failures: u32,
+    ) -> Option<Pass<K>> {
+        if !super::enabled() {
+            return None;
+        }
+        let span = tracing::info_span!(
+            parent: None,
+            "operation",
+            otel.name = %format_args!("{queue} {lane}"),
+            csi.sidecar.queue = queue,
+            csi.sidecar.key = ?key,
+            csi.sidecar.retries = failures,
+        );
+        let previous = self
+            .pending
+            .lock()
+            .ok()
+            .and_then(|mut pending| pending.remove(key));
+        let (first, failed_at) = previous.unzip();
+        if let Some(first) = &first {
+            let _ = span.set_parent(Context::new().with_remote_span_context(first.clone()));
+        }
+        let started = SystemTime::now();
+        Some(Pass {
+            span,
+            key: key.clone(),
+            service: service.cloned(),
+            first,
+            failed_at,
+            queued: started.checked_sub(waited).unwrap_or(started),
+            started,
+            failures,
+        })
+    }
+
+    /// Ends `pass` with children for its waits; when its key is to be retried (`failures` >
+    /// 0) the next pass continues its trace. After the pass's own work, so that the name and
+    /// attributes it was given are the span's when it starts.
+    pub fn finish(&self, pass: Pass<K>, failures: u32) {
+        if let Some(service) = &pass.service {
+            super::attribute_to(&pass.span, service);
+        }
+        let context = pass.span.context();
+        if let Some(failed_at) = pass.failed_at
+            && failed_at < pass.queued
+        {
+            child(
+                &context,
+                "backoff",
+                failed_at,
+                pass.queued,
+                vec![KeyValue::new(
+                    "csi.sidecar.retries",
+                    i64::from(pass.failures),
+                )],
+            );
+        }
+        child(
+            &context,
+            "queue wait",
+            pass.queued,
+            pass.started,
+            Vec::new(),
+        );
+        if failures > 0
+            && let Ok(mut pending) = self.pending.lock()
+        {
+            let first = pass
+                .first
+                .unwrap_or_else(|| context.span().span_context().clone());
+            pending.insert(pass.key, (first, SystemTime::now()));
+        }
+    }
+}
+
+/// A finished child span of `parent` from `start` to `end`: time that passed with no code of
+/// ours running (waits), so made after the fact.
+fn child(
+    parent: &Context,
+    name: &'static str,
+    start: SystemTime,
+    end: SystemTime,
+    attributes: Vec<KeyValue>,
+) {
+    let tracer = opentelemetry::global::tracer("csi-sidecars");
+    let mut span = tracer
+        .span_builder(name)
+        .with_start_time(start)
+        .with_attributes(attributes)
+        .start_with_context(&tracer, parent);
+    opentelemetry::trace::Span::end_with_timestamp(&mut span, end);
+}
+
+/// Names the operation the current pass turned out to be (`provision`, `delete`, `attach`...)
+/// and what it acts on, as OpenTelemetry's attributes (`k8s.namespace.name`, `k8s.pvc.name`,
+/// ...): a backend's search for an object finds every operation of every sidecar on it.
+pub fn describe(name: &str, attributes: &[(&'static str, &str)]) {
+    if !super::enabled() {
+        return;
+    }
+    let span = tracing::Span::current();
+    span.record("otel.name", name);
+    // Once the span has started (a child or an event started it), only this renames it.
+    span.context().span().update_name(name.to_string());
+    for (key, value) in attributes {
+        span.set_attribute(*key, value.to_string());
+    }
+}
