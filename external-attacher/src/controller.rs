@@ -16,6 +16,7 @@ use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::workqueue::{Backoff, Item, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
+use sidecar_kit::telemetry;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -23,7 +24,7 @@ use crate::decide::{
     self, AttachPlan, DetachPlan, Phase, Policy, Problem, PvPatch, PvPlan, VaPlan,
 };
 use crate::index::{Index, Lane, PvLookup, Work};
-use crate::model::{NEEDS, Pv, SecretRef, Va};
+use crate::model::{NEEDS, Pv, SecretRef, Va, VaSource};
 
 /// Queue names, as upstream names them in the workqueue metrics.
 pub const VA_QUEUE: &str = "csi-attacher-va";
@@ -245,6 +246,29 @@ impl Controller {
             },
         };
         let plan = decide::plan_va(&self.config.policy, &va, pv.as_ref(), &view.node, force);
+        let operation = match &plan {
+            VaPlan::Nothing => None,
+            VaPlan::MarkAttached => Some("mark attached"),
+            VaPlan::Attach(_) => Some("attach"),
+            VaPlan::Detach(_) => Some("detach"),
+            VaPlan::Fail(Phase::Detach, _) => Some("detach"),
+            VaPlan::Fail(_, _) => Some("attach"),
+        };
+        if let Some(operation) = operation {
+            let pv_name = match &va.source {
+                VaSource::Pv(name) => name.as_str(),
+                _ => "",
+            };
+            telemetry::operation::describe(
+                operation,
+                &[
+                    ("k8s.volumeattachment.name", &va.name),
+                    ("k8s.volumeattachment.uid", &va.uid),
+                    ("k8s.pv.name", pv_name),
+                    ("k8s.node.name", &va.node_name),
+                ],
+            );
+        }
         let (phase, result) = match plan {
             VaPlan::Nothing => {
                 tracing::trace!(volume_attachment = name, "nothing to do");
@@ -470,6 +494,7 @@ impl Controller {
             self.pv_queue.forget(name);
             return;
         };
+        telemetry::operation::describe("remove finalizer", &[("k8s.pv.name", name)]);
         match self.patch_pv(&patch).await {
             Ok(()) => {
                 tracing::debug!(persistent_volume = name, "removed finalizer");

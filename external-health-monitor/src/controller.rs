@@ -20,7 +20,9 @@ use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
 use sidecar_kit::pipeline::views::{ClaimView, PvView};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
+use sidecar_kit::telemetry::operation;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::decide::{self, Mode, NodeStep, Report};
 use crate::index::{Index, Target, Work};
@@ -148,11 +150,13 @@ impl Controller {
             Mode::ListVolumes => {
                 let me = self.clone();
                 let stop = shutdown.clone();
+                let service = pipeline.service().cloned();
                 pipeline.spawn(async move {
                     loop {
+                        let round = operation::round(service.as_ref(), "check volumes health");
                         tokio::select! {
                             _ = stop.cancelled() => return,
-                            _ = me.check_listed() => {}
+                            _ = me.check_listed().instrument(round) => {}
                         }
                         tokio::select! {
                             _ = stop.cancelled() => return,
@@ -215,6 +219,16 @@ impl Controller {
             return;
         };
         tracing::debug!(pv = %name, "Started PV processing");
+        operation::describe(
+            "check volume health",
+            &[
+                ("k8s.pv.name", name),
+                ("k8s.namespace.name", &target.claim.namespace),
+                ("k8s.pvc.name", target.claim.name()),
+                ("k8s.pvc.uid", &target.claim.uid),
+                ("csi.volume_id", target.pv.volume_handle()),
+            ],
+        );
         let request = ControllerGetVolumeRequest {
             volume_id: target.pv.volume_handle().to_string(),
         };
@@ -330,6 +344,7 @@ impl Controller {
         let marked = lock(&self.marked).contains(name);
         match decide::node_step(health, since, now, marked) {
             NodeStep::Mark | NodeStep::MarkGone => {
+                operation::describe("report node failure", &[("k8s.node.name", name)]);
                 tracing::info!(node = %name, "Node is broken");
                 for (claim, pods) in self.index().claims_on_node(name) {
                     let pods: Vec<&str> = pods.iter().map(|p| &**p).collect();

@@ -356,6 +356,7 @@ impl Controller {
             }
             ResizePlan::Expand { size, mark } => (size, mark),
         };
+        describe("expand", claim, &pv.name);
         let claim = match mark {
             Some(patch) => self
                 .patch_claim(claim, &patch)
@@ -601,6 +602,7 @@ impl Controller {
             ModifyPlan::Nothing => Ok(Next::Done),
             ModifyPlan::Wait(delay) => Ok(Next::After(delay)),
             ModifyPlan::RollBack(patch) => {
+                describe("cancel class change", claim, &pv.name);
                 self.event(
                     claim,
                     EventType::Normal,
@@ -616,7 +618,10 @@ impl Controller {
                 target,
                 mark,
                 fresh,
-            } => self.modify_to(key, claim, pv, &target, mark, fresh).await,
+            } => {
+                describe("change class", claim, &pv.name);
+                self.modify_to(key, claim, pv, &target, mark, fresh).await
+            }
         }
     }
 
@@ -796,4 +801,17 @@ fn volume_capability(pv: &Pv, single_node_multi_writer: bool) -> Result<VolumeCa
         access_type: Some(access_type),
         access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
     })
+}
+
+/// Names the current pass's operation on `claim` and its volume `pv`, for its trace.
+fn describe(operation: &str, claim: &Claim, pv: &str) {
+    sidecar_kit::telemetry::operation::describe(
+        operation,
+        &[
+            ("k8s.namespace.name", &claim.namespace),
+            ("k8s.pvc.name", &claim.name),
+            ("k8s.pvc.uid", &claim.uid),
+            ("k8s.pv.name", pv),
+        ],
+    );
 }

@@ -283,6 +283,25 @@ impl Controller {
     async fn step(&self, content: &Content, class: Option<&Class>) -> Result<bool, Failure> {
         let plan = decide::plan(content, self.config.list_snapshots);
         tracing::debug!(content = %content.name, ?plan, "syncing content");
+        let operation = match &plan {
+            Plan::Delete { .. } => Some("delete snapshot"),
+            Plan::Create => Some("create snapshot"),
+            Plan::Check { .. } => Some("check snapshot"),
+            Plan::Ready => Some("snapshot ready"),
+            Plan::Nothing => None,
+        };
+        if let Some(operation) = operation {
+            let snapshot = &content.snapshot_ref;
+            sidecar_kit::telemetry::operation::describe(
+                operation,
+                &[
+                    ("k8s.volumesnapshotcontent.name", &content.name),
+                    ("k8s.namespace.name", &snapshot.namespace),
+                    ("k8s.volumesnapshot.name", &snapshot.name),
+                    ("k8s.volumesnapshot.uid", &snapshot.uid),
+                ],
+            );
+        }
         let outcome = match plan {
             Plan::Delete { handle } => self.delete(content, handle).await.map(|()| true),
             Plan::Create => self.create(content, class).await,

@@ -45,6 +45,8 @@ pub struct ReceivedSpan {
     pub end_unix_nano: u64,
     /// OTLP's status code: 0 unset, 1 ok, 2 error.
     pub status_code: i32,
+    /// Its events (log lines written inside it), each its name and attributes rendered.
+    pub events: Vec<String>,
 }
 
 impl ReceivedSpan {
@@ -99,6 +101,21 @@ impl Shared {
                         start_unix_nano: span.start_time_unix_nano,
                         end_unix_nano: span.end_time_unix_nano,
                         status_code: span.status.map(|s| s.code).unwrap_or_default(),
+                        events: span
+                            .events
+                            .iter()
+                            .map(|event| {
+                                let attributes: Vec<String> = event
+                                    .attributes
+                                    .iter()
+                                    .filter_map(|kv| {
+                                        let value = kv.value.as_ref()?.value.as_ref()?;
+                                        Some(format!("{}={}", kv.key, render(value)))
+                                    })
+                                    .collect();
+                                format!("{} {}", event.name, attributes.join(" "))
+                            })
+                            .collect(),
                     });
                 }
             }

@@ -76,12 +76,15 @@ pub fn with_hostname(
 /// `POD_NAMESPACE` (the Lease and journal namespace), `NAMESPACE` and `POD_NAME` (capacity
 /// tracking), `NODE_NAME` (distributed provisioning). Inherited from whoever runs the tests or
 /// the sandbox, they would point a child at the wrong cluster, namespace or node.
-pub const SIDECAR_ENV: [&str; 5] = [
+pub const SIDECAR_ENV: [&str; 7] = [
     "KUBECONFIG",
     "POD_NAMESPACE",
     "NAMESPACE",
     "NODE_NAME",
     "POD_NAME",
+    // A developer's own collector must not turn tracing on in every test.
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 ];
 
 /// A command whose child gets only the environment its caller means.

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use testkit::apiserver::{Options, TestCluster, Verb};
 use testkit::measure::{free_port, http_get};
 use testkit::mockdriver::{Condition, MockDriver, MockHandle};
+use testkit::otlp::{Collector, parse_traceparent};
 use testkit::process::CleanEnv;
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-sidecars");
@@ -164,8 +165,15 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     let dir = tempfile::tempdir().unwrap();
     let (driver, mock) = driver_for(&cluster, "aio", dir.path()).await;
     let port = free_port().unwrap();
+    // Traced: each controller's operations are exported under its own name.
+    let collector = Collector::start().await.unwrap();
+    let mut command = tokio::process::Command::new(BIN);
+    command
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.grpc_endpoint())
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "50");
     let mut child = start(
-        tokio::process::Command::new(BIN),
+        command,
         [
             "--controllers=*,livenessprobe,health-monitor".to_string(),
             format!("--csi-address={}", mock.endpoint()),
@@ -385,6 +393,65 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
     mock.faults().set_ready(true);
     let (status, _) = http_get(port, "/healthz").await.unwrap();
     assert_eq!(status, 200);
+
+    // One trace per operation, under the controller that made it, each CSI call the parent the
+    // driver was told of.
+    for (service, operation, call) in [
+        (
+            "csi-provisioner",
+            "provision",
+            "/csi.v1.Controller/CreateVolume",
+        ),
+        (
+            "csi-attacher",
+            "attach",
+            "/csi.v1.Controller/ControllerPublishVolume",
+        ),
+        (
+            "csi-resizer",
+            "expand",
+            "/csi.v1.Controller/ControllerExpandVolume",
+        ),
+        (
+            "csi-snapshotter",
+            "create snapshot",
+            "/csi.v1.Controller/CreateSnapshot",
+        ),
+        (
+            "csi-external-health-monitor-controller",
+            "check volumes health",
+            "/csi.v1.Controller/ListVolumes",
+        ),
+    ] {
+        let told: Vec<(String, String)> = mock
+            .calls()
+            .of(call)
+            .iter()
+            .filter_map(|c| c.traceparent.as_deref().and_then(parse_traceparent))
+            .collect();
+        let found = collector
+            .wait_for(WAIT, |spans| {
+                spans
+                    .iter()
+                    .find(|root| {
+                        root.name == operation
+                            && root.service == service
+                            && spans.iter().any(|s| {
+                                s.trace_id == root.trace_id
+                                    && s.name == call.trim_start_matches('/')
+                                    && s.service == service
+                                    && told.contains(&(s.trace_id.clone(), s.span_id.clone()))
+                            })
+                    })
+                    .cloned()
+            })
+            .await;
+        assert!(
+            found.is_some(),
+            "no {operation} trace of {service} holding its {call}: {:#?}",
+            collector.spans()
+        );
+    }
 
     child.start_kill().unwrap();
     child.wait().await.unwrap();

@@ -69,7 +69,10 @@ const OURS_ONLY: [(&str, &str); 18] = [
     ("csi-attacher", "tracing-config-file"),
     ("csi-resizer", "tracing-config-file"),
     ("csi-snapshotter", "tracing-config-file"),
-    ("csi-external-health-monitor-controller", "tracing-config-file"),
+    (
+        "csi-external-health-monitor-controller",
+        "tracing-config-file",
+    ),
     ("csi-node-driver-registrar", "tracing-config-file"),
     ("livenessprobe", "tracing-config-file"),
 ];

@@ -24,8 +24,18 @@ impl Controller {
         };
         let result = match plan {
             VolumePlan::Nothing => Ok(()),
-            VolumePlan::AddFinalizer => self.patch_finalizers(&volume, true).await,
-            VolumePlan::RemoveFinalizer => self.patch_finalizers(&volume, false).await,
+            VolumePlan::AddFinalizer | VolumePlan::RemoveFinalizer => {
+                let add = matches!(plan, VolumePlan::AddFinalizer);
+                operation::describe(
+                    if add {
+                        "add finalizer"
+                    } else {
+                        "remove finalizer"
+                    },
+                    &[("k8s.pv.name", &volume.name)],
+                );
+                self.patch_finalizers(&volume, add).await
+            }
             VolumePlan::Refuse(message) => {
                 self.events.record(
                     volume.object_ref(),

@@ -8,7 +8,7 @@
 
 use std::process::Stdio;
 
-use crate::common::{Env, eventually, mock, requests};
+use crate::common::{Env, WAIT, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, ListParams, PostParams};
@@ -73,8 +73,12 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
     }
 
     let port = free_port().unwrap();
+    // Traced, every span kept: a trace must not leak what a log must not.
+    let collector = testkit::otlp::Collector::start().await.unwrap();
     let mut command = Command::new(BIN);
     command
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.http_endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "50")
         .clean_env()
         .arg(format!(
             "--kubeconfig={}",
@@ -219,6 +223,20 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
         .items;
     let claim_object = env.pvcs().get_opt(claim).await.unwrap();
 
+    let spans = collector
+        .wait_for(WAIT, |spans| {
+            spans
+                .iter()
+                .any(|s| s.name == "csi.v1.Controller/DeleteVolume" && s.status_code == 0)
+                .then(|| spans.to_vec())
+        })
+        .await
+        .expect("the spans of the flows, the last DeleteVolume's included");
+    assert!(
+        spans.iter().any(|s| !s.events.is_empty()),
+        "-v=10 log lines are span events too"
+    );
+
     child.start_kill().unwrap();
     child.wait().await.unwrap();
     let log = stderr.await.unwrap();
@@ -229,6 +247,7 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
 
     let mut hits = leaks::find("log", &log, &all_values);
     hits.extend(leaks::find("metrics", &metrics, &all_values));
+    hits.extend(leaks::find("spans", &format!("{spans:?}"), &all_values));
     for event in &events {
         hits.extend(leaks::find_in("core Event", event, &all_values));
     }

@@ -180,6 +180,14 @@ async fn a_provisioning_is_one_trace_through_the_driver_and_the_api_server() {
             .is_some()
     );
 
+    // A pass that found nothing to do is no operation and makes no trace.
+    let idle: Vec<_> = collector
+        .spans()
+        .into_iter()
+        .filter(|s| s.parent_span_id.is_empty() && s.name.ends_with(" default"))
+        .collect();
+    assert!(idle.is_empty(), "{idle:#?}");
+
     // Log lines written inside the operation name its trace.
     assert!(
         logs.lines()

@@ -100,6 +100,22 @@ impl Controller {
     ) -> Result<bool, Failure> {
         let plan = decide::group_plan(content);
         tracing::debug!(group_content = %content.name, ?plan, "syncing group content");
+        let operation = match &plan {
+            GroupPlan::Delete { .. } => "delete group snapshot",
+            GroupPlan::Create => "create group snapshot",
+            GroupPlan::Check { .. } => "check group snapshot",
+            GroupPlan::Ready => "group snapshot ready",
+        };
+        let group = &content.group_ref;
+        sidecar_kit::telemetry::operation::describe(
+            operation,
+            &[
+                ("k8s.volumegroupsnapshotcontent.name", &content.name),
+                ("k8s.namespace.name", &group.namespace),
+                ("k8s.volumegroupsnapshot.name", &group.name),
+                ("k8s.volumegroupsnapshot.uid", &group.uid),
+            ],
+        );
         let outcome = match plan {
             GroupPlan::Delete {
                 handle,

@@ -304,6 +304,11 @@ impl Pipeline {
         }
     }
 
+    /// The service its operations' traces are exported under.
+    pub fn service(&self) -> Option<&Arc<str>> {
+        self.service.as_ref()
+    }
+
     /// Exports the traces of its operations under `service`.
     pub fn traced_as(mut self, service: Option<Arc<str>>) -> Self {
         self.service = service;

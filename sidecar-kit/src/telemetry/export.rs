@@ -109,6 +109,14 @@ impl SpanProcessor for QueueProcessor {
         if !span.span_context.is_sampled() {
             return;
         }
+        if span.parent_span_id == opentelemetry::trace::SpanId::INVALID
+            && span
+                .attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == super::operation::IDLE)
+        {
+            return;
+        }
         if self.queue.try_send(span).is_err() {
             self.drops.queue_full.fetch_add(1, Ordering::Relaxed);
         }

@@ -1,9 +1,11 @@
 //! The span of one operation: a worker's pass over a key, with children for the time the key
-//! waited in its queue and, after a failure, for its backoff. A key worked on again after a
+//! waited in its queue and, after a failure, for its backoff. A pass the sidecar does not
+//! [`describe`] as an operation, and that did not fail, did nothing worth a trace: it is not
+//! exported. A key worked on again after a
 //! failure continues the trace of its first pass, so that one operation is one trace however
 //! often it is retried.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -12,6 +14,13 @@ use std::time::{Duration, SystemTime};
 use opentelemetry::trace::{SpanContext, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The passes [`describe`]d so far and not finished: the others did nothing worth a trace.
+static DESCRIBED: Mutex<Option<HashSet<tracing::Id>>> = Mutex::new(None);
+
+/// The attribute that marks the root of a pass that turned out to be no operation (a claim of
+/// another provisioner, an object already as it should be): the export drops it.
+pub(super) const IDLE: &str = "csi.sidecar.idle";
 
 /// Operations that failed and will be retried: the span context of their first pass and when
 /// the last pass ended. Holds a key only while its queue retries it.
@@ -92,6 +101,17 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
     /// 0) the next pass continues its trace. After the pass's own work, so that the name and
     /// attributes it was given are the span's when it starts.
     pub fn finish(&self, pass: Pass<K>, failures: u32) {
+        let described = pass.span.id().is_some_and(|id| {
+            DESCRIBED
+                .lock()
+                .ok()
+                .and_then(|mut described| described.as_mut().map(|set| set.remove(&id)))
+                .unwrap_or(false)
+        });
+        if !described && failures == 0 {
+            pass.span.set_attribute(IDLE, true);
+            return;
+        }
         if let Some(service) = &pass.service {
             super::attribute_to(&pass.span, service);
         }
@@ -154,10 +174,26 @@ pub fn describe(name: &str, attributes: &[(&'static str, &str)]) {
         return;
     }
     let span = tracing::Span::current();
+    if let (Some(id), Ok(mut described)) = (span.id(), DESCRIBED.lock()) {
+        described.get_or_insert_with(HashSet::new).insert(id);
+    }
     span.record("otel.name", name);
     // Once the span has started (a child or an event started it), only this renames it.
     span.context().span().update_name(name.to_string());
     for (key, value) in attributes {
         span.set_attribute(*key, value.to_string());
     }
+}
+
+/// The root span of an operation that no queue hands out: a periodic round (the health
+/// monitor's ListVolumes), under `service`. A disabled span when tracing is off.
+pub fn round(service: Option<&Arc<str>>, name: &'static str) -> tracing::Span {
+    if !super::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(parent: None, "operation", otel.name = name);
+    if let Some(service) = service {
+        super::attribute_to(&span, service);
+    }
+    span
 }
