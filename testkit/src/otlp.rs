@@ -173,11 +173,17 @@ impl TraceService for Grpc {
 impl Collector {
     /// Listens on two free ports of 127.0.0.1: OTLP/gRPC and OTLP/HTTP.
     pub async fn start() -> std::io::Result<Self> {
+        Self::start_on(0, 0).await
+    }
+
+    /// Listens on 127.0.0.1's `grpc_port` (OTLP/gRPC) and `http_port` (OTLP/HTTP); 0 picks a
+    /// free one.
+    pub async fn start_on(grpc_port: u16, http_port: u16) -> std::io::Result<Self> {
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
         let (stalled_tx, stalled_rx) = watch::channel(false);
 
-        let grpc_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let grpc_listener = TcpListener::bind(("127.0.0.1", grpc_port)).await?;
         let grpc = grpc_listener.local_addr()?;
         let service = TraceServiceServer::new(Grpc {
             shared: shared.clone(),
@@ -192,7 +198,7 @@ impl Collector {
                 .await;
         });
 
-        let http_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let http_listener = TcpListener::bind(("127.0.0.1", http_port)).await?;
         let http = http_listener.local_addr()?;
         let http_shared = shared.clone();
         let http_stop = stop.clone();

@@ -73,9 +73,21 @@ pub struct SandboxOptions {
 /// The sidecar processes of a sandbox. Each dies with the sandbox process however that ends
 /// ([`crate::process::die_with_parent`]); [`Children::stop`] stops them gracefully.
 #[derive(Clone, Debug, Default)]
-pub struct Children(Arc<Mutex<Vec<(&'static str, Child)>>>);
+pub struct Children {
+    running: Arc<Mutex<Vec<(&'static str, Child)>>>,
+    /// Variables every sidecar gets (the collector of `sandbox --trace`).
+    env: Arc<Vec<(String, String)>>,
+}
 
 impl Children {
+    /// Children that all get the variables `env`.
+    pub fn with_env(env: Vec<(String, String)>) -> Self {
+        Self {
+            running: Arc::default(),
+            env: Arc::new(env),
+        }
+    }
+
     fn spawn(
         &self,
         name: &'static str,
@@ -92,6 +104,7 @@ impl Children {
             Command::new(binary)
                 .clean_env()
                 .args(args)
+                .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -108,7 +121,7 @@ impl Children {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(&'static str, Child)>> {
         // A panic while holding the lock leaves a plain Vec behind: still usable.
-        self.0
+        self.running
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }

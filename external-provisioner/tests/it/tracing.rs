@@ -260,3 +260,52 @@ async fn grpc_export_and_a_hanging_collector() {
     stop(child).await;
     env.stop().await;
 }
+
+#[tokio::test]
+async fn a_tracing_configuration_that_cannot_be_used_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tracing.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nsamplingRatePerMillion: 1000001\n",
+    )
+    .unwrap();
+    let flag = format!("--tracing-config-file={}", file.display());
+    let (code, _, stderr) =
+        testkit::process::run_to_exit(BIN, &["--csi-address=/nonexistent.sock", &flag], WAIT).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("samplingRatePerMillion must be between 0 and 1000000, not 1000001"),
+        "{stderr}"
+    );
+
+    let missing = format!(
+        "--tracing-config-file={}",
+        dir.path().join("absent.yaml").display()
+    );
+    let (code, _, stderr) =
+        testkit::process::run_to_exit(BIN, &["--csi-address=/nonexistent.sock", &missing], WAIT)
+            .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("--tracing-config-file"), "{stderr}");
+
+    let output = tokio::time::timeout(
+        WAIT,
+        Command::new(BIN)
+            .clean_env()
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")
+            .arg("--csi-address=/nonexistent.sock")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL=\"thrift\": unknown protocol"),
+        "{stderr}"
+    );
+}

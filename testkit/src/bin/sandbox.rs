@@ -36,6 +36,12 @@ struct Cli {
     /// objects (for a late-binding StorageClass)
     #[arg(long)]
     capacity: bool,
+
+    /// Trace the sidecars (OpenTelemetry, to a collector inside the sandbox) and print each
+    /// operation's spans as a waterfall: where its time went, in the sidecar, the driver and
+    /// the API server
+    #[arg(long)]
+    trace: bool,
 }
 
 /// Parses `30s`, `5m`, `1h` or a number of seconds.
@@ -55,6 +61,25 @@ fn humantime_like(text: &str) -> Result<Duration, String> {
         _ => return Err(format!("invalid duration {text:?}: use s, m or h")),
     };
     Ok(Duration::from_secs(seconds))
+}
+
+/// Prints every operation's trace received so far, oldest first, as a waterfall.
+#[cfg(unix)]
+async fn print_traces(collector: &testkit::otlp::Collector) {
+    // The spans of the last steps reach the collector within the export delay.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let spans = collector.spans();
+    let mut roots: Vec<_> = spans
+        .iter()
+        .filter(|s| s.parent_span_id.is_empty() && s.attributes.contains_key("csi.sidecar.queue"))
+        .collect();
+    roots.sort_by_key(|s| s.start_unix_nano);
+    println!("\n== traces: {} operations", roots.len());
+    for root in roots {
+        let trace = collector.trace(&root.trace_id);
+        println!("\n{} trace {}", root.name, root.trace_id);
+        print!("{}", testkit::otlp::waterfall(&trace));
+    }
 }
 
 #[cfg(not(unix))]
@@ -142,10 +167,31 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    let collector = if cli.trace {
+        match testkit::otlp::Collector::start().await {
+            Ok(collector) => Some(collector),
+            Err(err) => {
+                eprintln!("cannot start the trace collector: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let children = match &collector {
+        Some(collector) => sandbox::Children::with_env(vec![
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT".to_string(),
+                collector.http_endpoint(),
+            ),
+            ("OTEL_BSP_SCHEDULE_DELAY".to_string(), "200".to_string()),
+        ]),
+        None => sandbox::Children::default(),
+    };
     let options = SandboxOptions {
         bin_dir,
         work_dir: work_dir.path().to_path_buf(),
-        children: sandbox::Children::default(),
+        children,
         capacity: cli.capacity,
     };
     // A signal while the steps still wait stops the sidecars started so far.
@@ -169,6 +215,9 @@ async fn main() -> std::process::ExitCode {
         .steps
         .iter()
         .any(|s| matches!(s.outcome, Outcome::Failed(_)));
+    if let Some(collector) = &collector {
+        print_traces(collector).await;
+    }
     match cli.duration {
         Some(duration) => {
             println!("running for {duration:?}");

@@ -32,6 +32,7 @@ use kube::api::{Api, PostParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use crate::cluster::events::{EventType, Recorder};
 use keys::{KeyError, KeyStore};
@@ -441,7 +442,17 @@ impl Journal {
         let (done_tx, done_rx) = oneshot::channel();
         tx.send(Op::Put(key.to_string(), text, done_tx))
             .map_err(|_| JournalError::Stopped)?;
-        done_rx.await.map_err(|_| JournalError::Stopped)?
+        // The write itself is made for a group of intents by the journal's own task: in a
+        // trace, the wait for it.
+        let waiting = if crate::telemetry::enabled() {
+            tracing::info_span!("journal write")
+        } else {
+            tracing::Span::none()
+        };
+        done_rx
+            .instrument(waiting)
+            .await
+            .map_err(|_| JournalError::Stopped)?
     }
 
     /// Forgets an intent (written with the next group).
