@@ -11,7 +11,9 @@
 //! burst 200, 100 workers, over HTTPS and HTTP/2 with kube-apiserver's cap of 100 streams a
 //! connection), compared with `benches/baseline.txt` (`BENCH_WRITE_BASELINE=1` rewrites it);
 //! `BENCH_ONLY=production|unlimited|default|idle|sources|capacity` runs one scenario and
-//! `BENCH_BIN` measures another build of the binary. `BENCH_ONLY=burst` (run only when asked)
+//! `BENCH_BIN` measures another build of the binary, `BENCH_TRACING_ENDPOINT` (an OTLP/HTTP
+//! collector, e.g. the test kit's `otlp-collector` on `http://127.0.0.1:4318`) runs it with
+//! every operation traced. `BENCH_ONLY=burst` (run only when asked)
 //! follows the resident memory through a burst at the default QPS: `BENCH_CLAIMS_DEFAULT_QPS`
 //! claims created, bound and deleted, then every 10 s for `BENCH_SETTLE` seconds (default 60);
 //! `BENCH_HOLD` (seconds) keeps the process running afterwards, for a look at its `/proc`.
@@ -152,6 +154,12 @@ impl Bench {
     fn spawn_with_env(&self, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Child {
         let bin = std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string());
         let mut command = Command::new(bin);
+        // Every operation traced and exported to the collector there.
+        if let Ok(endpoint) = std::env::var("BENCH_TRACING_ENDPOINT") {
+            command
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_TRACES_SAMPLER", "always_on");
+        }
         testkit::process::die_with_parent(&mut command);
         command
             .clean_env()

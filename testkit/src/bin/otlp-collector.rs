@@ -40,22 +40,26 @@ async fn main() -> std::process::ExitCode {
         collector.http_endpoint()
     );
     wait_for_stop().await;
-    let spans = collector.spans();
-    let mut traces: Vec<&str> = Vec::new();
-    for span in &spans {
-        if !traces.contains(&span.trace_id.as_str()) {
-            traces.push(&span.trace_id);
-        }
+    // Each trace's spans, the traces in the order their first span arrived.
+    let mut order: Vec<String> = Vec::new();
+    let mut traces: std::collections::HashMap<String, Vec<testkit::otlp::ReceivedSpan>> =
+        std::collections::HashMap::new();
+    for span in collector.spans() {
+        let members = traces.entry(span.trace_id.clone()).or_insert_with(|| {
+            order.push(span.trace_id.clone());
+            Vec::new()
+        });
+        members.push(span);
     }
-    for trace in traces {
-        let members = collector.trace(trace);
+    for trace in order {
+        let members = &traces[&trace];
         if let Some(service) = &cli.with_service
             && !members.iter().any(|s| &s.service == service)
         {
             continue;
         }
         println!("\ntrace {trace}");
-        print!("{}", testkit::otlp::waterfall(&members));
+        print!("{}", testkit::otlp::waterfall(members));
     }
     std::process::ExitCode::SUCCESS
 }
