@@ -10,12 +10,13 @@ use csi_proto::methods::identity::GET_PLUGIN_INFO;
 use csi_proto::v1::GetPluginInfoRequest;
 use csi_proto::v1::identity_client::IdentityClient;
 use sidecar_kit::driver::connection::{self, ConnectError, ConnectOptions, LossPolicy};
-use sidecar_kit::driver::csi::DEADLINE_MESSAGE;
+use sidecar_kit::driver::csi::{DEADLINE_MESSAGE, record_code, traced_call};
 use sidecar_kit::process::metrics::code_label;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 /// Pause between GetPluginInfo attempts.
 pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
@@ -56,15 +57,22 @@ pub fn is_retryable(error: &NameError) -> bool {
 pub async fn driver_name(channel: Channel, timeout: Duration) -> Result<String, NameError> {
     let mut request = tonic::Request::new(GetPluginInfoRequest {});
     request.set_timeout(timeout);
+    let span = traced_call(GET_PLUGIN_INFO, &mut request);
     tracing::trace!(method = GET_PLUGIN_INFO, "GRPC call");
     let started = Instant::now();
     let answer = tokio::time::timeout(
         timeout,
-        IdentityClient::new(channel).get_plugin_info(request),
+        IdentityClient::new(channel)
+            .get_plugin_info(request)
+            .instrument(span.clone()),
     )
     .await
     .unwrap_or_else(|_| Err(Status::deadline_exceeded(DEADLINE_MESSAGE)))
     .map(tonic::Response::into_inner);
+    record_code(
+        &span,
+        answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
+    );
     tracing::trace!(method = GET_PLUGIN_INFO, ?answer, "GRPC response");
     let info = answer.map_err(|status| match status.code() {
         // tonic reports its own deadline as Cancelled; the gRPC meaning is DeadlineExceeded.

@@ -8,6 +8,7 @@ use csi_proto::pluginregistration::registration_server::{Registration, Registrat
 use csi_proto::pluginregistration::{
     CSI_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use sidecar_kit::telemetry::propagate::server_span;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
@@ -57,6 +58,11 @@ impl Registration for RegistrationService {
         &self,
         request: Request<InfoRequest>,
     ) -> Result<Response<PluginInfo>, Status> {
+        let span = server_span(
+            "pluginregistration.Registration/GetInfo",
+            request.metadata(),
+        );
+        let _inside = span.enter();
         if request.metadata().contains_key(HEALTH_CHECK_METADATA) {
             tracing::debug!("GetInfo from the health check");
         } else {
@@ -74,6 +80,11 @@ impl Registration for RegistrationService {
         &self,
         request: Request<RegistrationStatus>,
     ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let span = server_span(
+            "pluginregistration.Registration/NotifyRegistrationStatus",
+            request.metadata(),
+        );
+        let _inside = span.enter();
         let status = request.into_inner();
         if status.plugin_registered {
             tracing::info!(driver = %self.info.name, "kubelet registered the driver");

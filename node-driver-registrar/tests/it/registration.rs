@@ -47,6 +47,52 @@ async fn registers_with_kubelet_and_answers_its_monitor() {
     assert_eq!(driver.calls().count(GET_PLUGIN_INFO), 1);
 }
 
+#[tokio::test]
+async fn kubelets_calls_are_traced_and_their_json_log_lines_name_the_trace() {
+    require_af_unix!();
+    let collector = testkit::otlp::Collector::start().await.unwrap();
+    let dirs = Dirs::new();
+    let driver = start_driver(&dirs).await;
+    let mut kubelet = FakeKubelet::start(&dirs.registry(), kubelet_options());
+    let mut registrar = Registrar::spawn_with_env(
+        base_args(&dirs, &driver.endpoint(), &dirs.driver_socket()),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.http_endpoint()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50".to_string()),
+        ],
+    );
+    kubelet.registered(WAIT).await;
+    let line = registrar.wait_for_log("GetInfo from kubelet", WAIT).await;
+    let trace_id = line
+        .field("trace_id")
+        .expect("a trace_id field")
+        .to_string();
+    assert_eq!(trace_id.len(), 32, "{}", line.raw);
+    let span_id = line.field("span_id").expect("a span_id field").to_string();
+    let answer = collector
+        .wait_for(WAIT, |spans| {
+            spans
+                .iter()
+                .find(|s| s.trace_id == trace_id && s.span_id == span_id)
+                .cloned()
+        })
+        .await
+        .expect("the span the log line names");
+    assert_eq!(answer.name, "pluginregistration.Registration/GetInfo");
+    assert_eq!(answer.kind, 2, "a server span");
+    assert_eq!(answer.service, "csi-node-driver-registrar");
+    // The registrar's own call to the driver is a client span of its own trace.
+    collector
+        .wait_for(WAIT, |spans| {
+            spans
+                .iter()
+                .any(|s| s.name == "csi.v1.Identity/GetPluginInfo" && s.kind == 3)
+                .then_some(())
+        })
+        .await
+        .expect("GetPluginInfo's span");
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn registration_socket_is_owner_only() {

@@ -91,18 +91,11 @@ impl CsiClient {
         if logging {
             tracing::trace!(method, request = %csi_proto::redact::sanitize(&request), "GRPC call");
         }
-        let span = if crate::telemetry::enabled() {
-            call_span(method, &request)
-        } else {
-            tracing::Span::none()
-        };
         let mut request = tonic::Request::new(request);
         if let Some(timeout) = options.timeout {
             request.set_timeout(timeout);
         }
-        if !span.is_none() {
-            crate::telemetry::propagate::inject_metadata(&span, request.metadata_mut());
-        }
+        let span = traced_call(method, &mut request);
         let started = Instant::now();
         let pending = call(self.connection.channel(), request).instrument(span.clone());
         let result = match options.timeout {
@@ -125,12 +118,7 @@ impl CsiClient {
             Ok(_) => Code::Ok,
             Err(status) => status.code(),
         };
-        if !span.is_none() {
-            span.record("rpc.grpc.status_code", code as i32);
-            if code != Code::Ok {
-                span.record("otel.status_code", "ERROR");
-            }
-        }
+        record_code(&span, code);
         self.metrics.observe(
             method,
             code_label(code),
@@ -490,6 +478,30 @@ fn truncate(text: String, max: i64) -> String {
 
 /// A gRPC error as grpc-go renders it (`rpc error: code = Internal desc = ...`), which
 /// upstream's Events, status messages and logs show.
+/// The client span of the CSI call `method` about to send `request`, its context in the
+/// request's metadata; a disabled span when tracing is off. End it with [`record_code`].
+pub fn traced_call<M: prost::Message + prost::Name>(
+    method: &'static str,
+    request: &mut tonic::Request<M>,
+) -> tracing::Span {
+    if !crate::telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let span = call_span(method, request.get_ref());
+    crate::telemetry::propagate::inject_metadata(&span, request.metadata_mut());
+    span
+}
+
+/// Records the gRPC code a traced call ended with.
+pub fn record_code(span: &tracing::Span, code: Code) {
+    if !span.is_none() {
+        span.record("rpc.grpc.status_code", code as i32);
+        if code != Code::Ok {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
 /// The client span of one CSI call: OpenTelemetry's RPC attributes and the handles the request
 /// names (never a secret).
 fn call_span<M: prost::Message + prost::Name>(method: &'static str, request: &M) -> tracing::Span {

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -22,6 +23,48 @@ pub fn inject_headers(span: &tracing::Span, headers: &mut HeaderMap) {
 /// Writes `span`'s context into a gRPC request's metadata.
 pub fn inject_metadata(span: &tracing::Span, metadata: &mut tonic::metadata::MetadataMap) {
     TraceContextPropagator::new().inject_context(&span.context(), &mut MetadataInjector(metadata));
+}
+
+/// The server span of a gRPC call this process answers (`method`: `package.Service/Method`),
+/// continuing the caller's trace when its metadata carries one; a disabled span when tracing
+/// is off.
+pub fn server_span(method: &'static str, metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
+    if !super::enabled() {
+        return tracing::Span::none();
+    }
+    let (service, name) = method.split_once('/').unwrap_or(("", method));
+    let span = tracing::info_span!(
+        parent: None,
+        "grpc server",
+        otel.name = method,
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = service,
+        rpc.method = name,
+    );
+    let caller = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
+    if caller.span().span_context().is_valid() {
+        let _ = span.set_parent(caller);
+    }
+    span
+}
+
+struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
+
+impl opentelemetry::propagation::Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|key| match key {
+                tonic::metadata::KeyRef::Ascii(key) => Some(key.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
 }
 
 struct HeaderInjector<'a>(&'a mut HeaderMap);

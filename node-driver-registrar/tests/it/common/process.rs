@@ -48,8 +48,18 @@ impl Registrar {
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
+        Self::spawn_with_env(args, &[])
+    }
+
+    /// [`Registrar::spawn`] with the variables `env` set.
+    pub fn spawn_with_env<I, S>(args: I, env: &[(&str, String)]) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
         let mut child = die_with_parent(
             Command::new(BINARY)
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
                 .clean_env()
                 .args(args)
                 .arg("--logging-format=json")
