@@ -323,6 +323,8 @@ mod clean_env_tests {
             (OsStr::new("KUBECONFIG"), None),
             (OsStr::new("NAMESPACE"), None),
             (OsStr::new("NODE_NAME"), Some(OsStr::new("node-a"))),
+            (OsStr::new("OTEL_EXPORTER_OTLP_ENDPOINT"), None),
+            (OsStr::new("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), None),
             (OsStr::new("POD_NAME"), None),
             (OsStr::new("POD_NAMESPACE"), None),
         ];
