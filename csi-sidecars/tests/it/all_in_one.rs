@@ -448,7 +448,7 @@ async fn one_process_runs_every_controller_on_one_watch_per_kind() {
             .await;
         assert!(
             found.is_some(),
-            "no {operation} trace of {service} holding its {call}: {:#?}",
+            "no {operation} trace of {service} holding its {call} (the driver was told {told:?}): {:#?}",
             collector.spans()
         );
     }

@@ -86,6 +86,19 @@ impl Services {
         }
     }
 
+    /// Forgets `trace` (a pass that made no trace): its place goes to the traces exported.
+    pub fn forget(&self, trace: TraceId) {
+        if let Ok(mut known) = self.known.lock() {
+            let (map, order) = &mut *known;
+            // Just remembered: near the back.
+            if map.remove(&trace).is_some()
+                && let Some(at) = order.iter().rposition(|t| *t == trace)
+            {
+                order.remove(at);
+            }
+        }
+    }
+
     fn of(&self, trace: TraceId) -> String {
         self.known
             .lock()

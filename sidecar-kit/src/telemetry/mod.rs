@@ -119,6 +119,15 @@ pub fn attribute_to(span: &tracing::Span, service: &Arc<str>) {
     }
 }
 
+/// Forgets which service `span`'s trace was exported under: it made no trace.
+pub fn unattribute(span: &tracing::Span) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if let Some(telemetry) = TELEMETRY.get() {
+        let trace = span.context().span().span_context().trace_id();
+        telemetry.services.forget(trace);
+    }
+}
+
 /// The trace and span ids of the current span, for log lines; `None` outside sampled spans.
 pub fn current_ids() -> Option<(String, String)> {
     TELEMETRY.get()?;

@@ -41,7 +41,6 @@ impl<K> Default for Retries<K> {
 pub struct Pass<K> {
     pub span: tracing::Span,
     key: K,
-    service: Option<Arc<str>>,
     /// The first pass's span, when this one continues it.
     first: Option<SpanContext>,
     /// When the last pass failed, for a retry.
@@ -84,11 +83,15 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
         if let Some(first) = &first {
             let _ = span.set_parent(Context::new().with_remote_span_context(first.clone()));
         }
+        // At once: the pass's children may be exported before it ends. This starts the span;
+        // `describe` renames a started span too.
+        if let Some(service) = service {
+            super::attribute_to(&span, service);
+        }
         let started = SystemTime::now();
         Some(Pass {
             span,
             key: key.clone(),
-            service: service.cloned(),
             first,
             failed_at,
             queued: started.checked_sub(waited).unwrap_or(started),
@@ -98,8 +101,7 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
     }
 
     /// Ends `pass` with children for its waits; when its key is to be retried (`failures` >
-    /// 0) the next pass continues its trace. After the pass's own work, so that the name and
-    /// attributes it was given are the span's when it starts.
+    /// 0) the next pass continues its trace.
     pub fn finish(&self, pass: Pass<K>, failures: u32) {
         let described = pass.span.id().is_some_and(|id| {
             DESCRIBED
@@ -110,10 +112,10 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
         });
         if !described && failures == 0 {
             pass.span.set_attribute(IDLE, true);
+            if pass.first.is_none() {
+                super::unattribute(&pass.span);
+            }
             return;
-        }
-        if let Some(service) = &pass.service {
-            super::attribute_to(&pass.span, service);
         }
         let context = pass.span.context();
         if let Some(failed_at) = pass.failed_at
