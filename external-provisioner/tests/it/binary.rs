@@ -20,24 +20,13 @@ async fn run_to_exit(args: &[&str]) -> (i32, String, String) {
 }
 
 fn spawn(env: &Env, extra: &[String]) -> Child {
-    let mut command = Command::new(BIN);
-    command
-        .clean_env()
-        .arg(format!(
-            "--kubeconfig={}",
-            env.cluster.kubeconfig_path().display()
-        ))
-        .arg(format!(
-            "--csi-address={}",
-            env.mock.socket_path().display()
-        ))
+    env.binary()
         .arg(format!("--leader-election-namespace={}", env.namespace()))
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true);
-    testkit::process::die_with_parent(&mut command);
-    command.spawn().unwrap()
+        .spawn()
+        .unwrap()
 }
 
 #[tokio::test]

@@ -19,24 +19,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
 const CREATE: &str = "/csi.v1.Controller/CreateVolume";
 
 fn spawn(env: &Env, extra: &[String], vars: &[(&str, String)]) -> Child {
-    let mut command = Command::new(BIN);
-    command
-        .clean_env()
+    env.binary()
         .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
-        .arg(format!(
-            "--kubeconfig={}",
-            env.cluster.kubeconfig_path().display()
-        ))
-        .arg(format!(
-            "--csi-address={}",
-            env.mock.socket_path().display()
-        ))
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    testkit::process::die_with_parent(&mut command);
-    command.spawn().unwrap()
+        .spawn()
+        .unwrap()
 }
 
 /// Stops `child` with SIGTERM (spans still queued are flushed on a graceful stop) and returns

@@ -192,6 +192,26 @@ impl Env {
         }
     }
 
+    /// The real binary, set to talk to this test's cluster and driver (and to nothing from the
+    /// test's own environment); it dies with the test.
+    pub fn binary(&self) -> tokio::process::Command {
+        use testkit::process::CleanEnv;
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+        command
+            .clean_env()
+            .arg(format!(
+                "--kubeconfig={}",
+                self.cluster.kubeconfig_path().display()
+            ))
+            .arg(format!(
+                "--csi-address={}",
+                self.mock.socket_path().display()
+            ))
+            .kill_on_drop(true);
+        testkit::process::die_with_parent(&mut command);
+        command
+    }
+
     /// Starts a controller.
     pub fn launch(&mut self, config: Config) {
         self.shutdown = CancellationToken::new();
