@@ -134,7 +134,8 @@ pub fn current_ids() -> Option<(String, String)> {
     let context = opentelemetry::Context::current();
     let span = context.span();
     let span_context = span.span_context();
-    span_context.is_valid().then(|| {
+    // A span that is not sampled is never exported: its ids would lead nowhere.
+    (span_context.is_valid() && span_context.is_sampled()).then(|| {
         (
             span_context.trace_id().to_string(),
             span_context.span_id().to_string(),
