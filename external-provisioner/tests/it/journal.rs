@@ -220,6 +220,45 @@ async fn a_burst_costs_few_journal_writes() {
     env.stop().await;
 }
 
+/// At the default QPS the journal may write once a second: reads before the first intent's
+/// write would hold the first claims for seconds after every start (and after an API outage).
+#[tokio::test]
+async fn the_journal_and_its_key_are_read_at_the_start_and_the_first_intent_costs_its_write_alone()
+{
+    let mut env = Env::without_controller(mock()).await;
+    let mut config = env.config(&[]).await;
+    config.journal = Some(env.journal_location());
+    env.launch(config);
+    let secrets = Api::<Secret>::namespaced(env.client(), &env.namespace());
+    eventually("the journal's key made before any claim", || async {
+        secrets
+            .get_opt("provisioner-journal-key")
+            .await
+            .unwrap()
+            .map(|_| ())
+    })
+    .await;
+    let reads = |counters: &testkit::apiserver::RequestCounters| {
+        (
+            counters.get(Verb::Get, "configmaps"),
+            counters.get(Verb::Get, "secrets"),
+        )
+    };
+    let before = env.cluster.counters().map(|counters| reads(&counters));
+    let class = env.create_class(json!({})).await;
+    env.create_claim("data", &class, json!({})).await;
+    env.wait_bound("data").await;
+    if let (Some(before), Some(counters)) = (before, env.cluster.counters()) {
+        assert_eq!(
+            reads(&counters),
+            before,
+            "the first intent read the journal or its key again"
+        );
+        assert!(counters.total(Verb::Create, "configmaps") == 1);
+    }
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes_on() {
     let mut env = Env::without_controller(mock()).await;

@@ -45,10 +45,12 @@ use seal::{Keyring, Place, Unsealed};
 /// budget follows the sidecar's own ([`qps_for`]): at the default 5 QPS a burst costs about one
 /// ConfigMap write a second; at 100 QPS with 100 workers, ten, since a record waits for its
 /// write and one write a second would hold every worker about a second per claim (provisioning
-/// measured at 46 claims/s where the PV writes allow 100).
+/// measured at 46 claims/s where the PV writes allow 100). The burst covers the reads of
+/// [`Journal::load`] at the start of leadership (the ConfigMap, the key Secret, and its create
+/// when the key is new) and still lets the first intent's write go out at once.
 pub const MIN_QPS: f64 = 1.0;
 pub const MAX_QPS: f64 = 20.0;
-pub const BURST: u32 = 2;
+pub const BURST: u32 = 4;
 
 /// The journal's writes a second for a sidecar whose work may make `kube_api_qps` requests a
 /// second (negative: unlimited; zero: client-go's default 5): a tenth of that, from
@@ -259,6 +261,9 @@ struct Shared {
     reporting: Reporting,
     disabled: AtomicBool,
     writes: AtomicU64,
+    /// The ConfigMap as [`Journal::load`] read it, for the writer's first write: the first
+    /// intent then costs its write alone, not two reads before it.
+    loaded: std::sync::Mutex<Option<ConfigMap>>,
 }
 
 impl Shared {
@@ -358,6 +363,7 @@ impl Journal {
             reporting,
             disabled: AtomicBool::new(false),
             writes: AtomicU64::new(0),
+            loaded: std::sync::Mutex::new(None),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(api.clone(), shared.clone(), rx));
@@ -383,26 +389,30 @@ impl Journal {
 
     /// The recorded intents, read at the start of leadership: those that open with the
     /// sidecar's keys, have a key of its form and decode. Every other entry is dropped and
-    /// reported.
+    /// reported. The ConfigMap and the keys read here are the writer's for its first write.
     pub async fn load<T: DeserializeOwned>(&self) -> Result<Vec<(String, T)>, JournalError> {
         let (Some(api), Some(shared)) = (&self.api, &self.shared) else {
             return Ok(Vec::new());
         };
-        let entries = match api.get_opt(&shared.location.name).await {
-            Ok(found) => found.and_then(|cm| cm.data).unwrap_or_default(),
+        let object = match api.get_opt(&shared.location.name).await {
+            Ok(found) => found.unwrap_or_else(|| empty(&shared.location.name)),
             Err(kube::Error::Api(status)) if status.code == 403 => {
                 shared.turn_off(&status.message);
                 return Ok(Vec::new());
             }
             Err(err) => return Err(JournalError::Read(err.to_string())),
         };
-        if entries.is_empty() {
-            return Ok(Vec::new());
-        }
+        let entries = object.data.clone().unwrap_or_default();
+        *shared.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(object);
         let keys = match shared.keys.keyring().await {
             Ok(keys) => keys,
             Err(KeyError::Forbidden(message)) => {
                 shared.turn_off(&message);
+                return Ok(Vec::new());
+            }
+            // Nothing to open: the first record reads the keys again.
+            Err(err) if entries.is_empty() => {
+                tracing::debug!(error = %err, "cannot read the intent journal's key yet");
                 return Ok(Vec::new());
             }
             Err(err) => return Err(JournalError::Key(err.to_string())),
@@ -478,6 +488,17 @@ impl Journal {
         if tokio::time::timeout(FLUSH_WAIT, done_rx).await.is_err() {
             tracing::warn!(waited = ?FLUSH_WAIT, "the intent journal's last write did not finish; the next leader reads the finished intents and drops them");
         }
+    }
+}
+
+/// The journal's ConfigMap before its first write.
+fn empty(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 
@@ -597,6 +618,14 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
             }
             continue;
         }
+        if let Some(loaded) = shared
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            cached = Some(loaded);
+        }
         let mut delay = RETRY_START;
         let outcome = loop {
             let keys = match shared.keys.keyring().await {
@@ -613,13 +642,7 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
                 Some(object) => object,
                 None => match api.get_opt(&name).await {
                     Ok(Some(object)) => object,
-                    Ok(None) => ConfigMap {
-                        metadata: kube::api::ObjectMeta {
-                            name: Some(name.clone()),
-                            ..Default::default()
-                        },
-                        ..Default::default()
-                    },
+                    Ok(None) => empty(&name),
                     Err(kube::Error::Api(status)) if status.code == 403 => {
                         break Err(status.message);
                     }
