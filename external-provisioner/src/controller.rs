@@ -28,7 +28,7 @@ use crate::decide::{
     self, Created, DeletionSecret, Failure, Lookups, Policy, Prepared, State, VolumePlan,
 };
 use crate::index::{Index, Work};
-use crate::journal::{self, Intent, Journal, Location, Rejected, Reporting};
+use crate::journal::{self, Intent, Journal, JournalClient, Location, Rejected, Reporting};
 use crate::metrics::ProvisionMetrics;
 use crate::model::{self, Claim, Class, NEEDS, SecretRef, SourceKey, SourceKind};
 use crate::sources::{
@@ -96,7 +96,7 @@ pub struct Config {
     pub event_client: Option<kube::Client>,
     /// Client of the journal: one with a budget of its own, since each write gates CreateVolume
     /// calls whose PV writes then wait for the main budget (`None`: the main client).
-    pub journal_client: Option<kube::Client>,
+    pub journal_client: Option<JournalClient>,
     /// Client of the VolumeSnapshot API (its watch, reads and finalizers): one with a rate
     /// limit of its own, as upstream's snapshot clientset has, so that they take no token from
     /// the PV writes (`None`: the main client).
@@ -194,7 +194,10 @@ pub async fn run(
                 config
                     .journal_client
                     .clone()
-                    .unwrap_or_else(|| client.clone()),
+                    .unwrap_or_else(|| JournalClient {
+                        client: client.clone(),
+                        qps: journal::MAX_QPS,
+                    }),
                 location.clone(),
                 crate::journal::OWNER,
                 Reporting {

@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder};
-use sidecar_kit::cluster::journal::{Journal, Location, Owner, Reporting};
+use sidecar_kit::cluster::journal::{Journal, JournalClient, Location, Owner, Reporting};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient, go_error};
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Change, Pipeline, Wiring, lock};
@@ -203,7 +203,7 @@ struct Controller {
 pub async fn run(
     config: Config,
     client: kube::Client,
-    journal_client: kube::Client,
+    journal_client: JournalClient,
     csi: CsiClient,
     shutdown: CancellationToken,
 ) {

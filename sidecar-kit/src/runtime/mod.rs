@@ -207,10 +207,13 @@ impl<'a> Setup<'a> {
             .clients(&self.kube_config, kube.kube_api_qps, kube.kube_api_burst)
     }
 
-    /// The intent journal's client, with the journal's own limit ([`journal::qps_for`]).
-    pub fn journal_client(&self) -> Result<kube::Client, KubeError> {
-        let qps = journal::qps_for(self.common.kube.kube_api_qps);
-        self.client_limited(qps, journal::BURST)
+    /// The intent journal's client, which the journal paces by its own budget
+    /// ([`journal::qps_for`]).
+    pub fn journal_client(&self) -> Result<journal::JournalClient, KubeError> {
+        Ok(journal::JournalClient {
+            client: self.client_limited(-1.0, 0)?,
+            qps: journal::qps_for(self.common.kube.kube_api_qps),
+        })
     }
 
     /// Where the journal of the Lease `lease` lives: beside the Lease, one per node with

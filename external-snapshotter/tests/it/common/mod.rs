@@ -20,7 +20,7 @@ use kube::api::{
     PatchParams, PostParams,
 };
 use serde_json::{Value, json};
-use sidecar_kit::cluster::journal::Location;
+use sidecar_kit::cluster::journal::{self, JournalClient, Location};
 use sidecar_kit::driver::connection::{self, ConnectOptions, LossPolicy};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
 use sidecar_kit::pipeline::workqueue::Backoff;
@@ -159,7 +159,10 @@ impl Env {
         self.task = Some(tokio::spawn(controller::run(
             self.config.clone(),
             self.cluster.client(),
-            self.cluster.client(),
+            JournalClient {
+                client: self.cluster.client(),
+                qps: journal::MAX_QPS,
+            },
             self.csi.clone(),
             self.shutdown.clone(),
         )));

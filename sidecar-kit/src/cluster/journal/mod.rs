@@ -5,10 +5,11 @@
 //! only then forgotten — so a kill in the middle of a create call never leaks what the driver
 //! made. What an intent holds is the sidecar's own (any serde type); this module keeps them.
 //!
-//! Records are written in groups: while one write is in flight the next intents queue up and go
-//! out together in the following write, so a burst costs a few writes, not one per volume.
-//! Forgetting alone does not trigger a write at once; it rides along with the next record, or
-//! goes out after [`FORGET_DELAY`].
+//! Records are written in groups paced by the journal's budget: a record goes out at once when
+//! the budget allows a write; otherwise it waits for the next write the budget allows, together
+//! with every record that arrives meanwhile, so a burst costs a few writes, not one per volume,
+//! and no record waits longer than the budget makes it. Forgetting alone does not trigger a
+//! write at once; it rides along with the next record, or goes out after [`FORGET_DELAY`].
 //!
 //! Whoever may write ConfigMaps in the namespace may write the journal too, so every entry is
 //! sealed ([`seal`]) with a key kept in a Secret only the sidecar's ServiceAccount reads
@@ -34,23 +35,31 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
+use crate::cluster::client::TokenBucket;
 use crate::cluster::events::{EventType, Recorder};
 use keys::{KeyError, KeyStore};
 use seal::{Keyring, Place, Unsealed};
 
 /// The journal's own request budget. Its writes gate create calls, so they must not wait
 /// behind the sidecar's writes under `--kube-api-qps`, nor take tokens from them: that would
-/// slow the sidecar below upstream's, which has no journal. A single intent is recorded at once
-/// (burst); in a burst the records that arrive while a write waits share the next one. The
-/// budget follows the sidecar's own ([`qps_for`]): at the default 5 QPS a burst costs about one
-/// ConfigMap write a second; at 100 QPS with 100 workers, ten, since a record waits for its
-/// write and one write a second would hold every worker about a second per claim (provisioning
-/// measured at 46 claims/s where the PV writes allow 100). The burst covers the reads of
-/// [`Journal::load`] at the start of leadership (the ConfigMap, the key Secret, and its create
-/// when the key is new) and still lets the first intent's write go out at once.
+/// slow the sidecar below upstream's, which has no journal. The writer paces itself by it
+/// (its client has no limit of its own): a record waits for the next write the budget allows,
+/// half the interval between writes on average, so the budget follows the sidecar's own
+/// ([`qps_for`]): at the default 5 QPS a burst costs about one ConfigMap write a second; at
+/// 100 QPS with 100 workers, ten (one write a second held every worker about a second per
+/// claim: provisioning measured at 46 claims/s where the PV writes allow 100).
 pub const MIN_QPS: f64 = 1.0;
 pub const MAX_QPS: f64 = 20.0;
+/// Writes at once after a quiet time: the first intents of a burst are not held back.
 pub const BURST: u32 = 4;
+
+/// How the journal reaches the API server: a client that waits for no rate limit, and the
+/// writes a second the journal allows itself ([`qps_for`]).
+#[derive(Clone)]
+pub struct JournalClient {
+    pub client: kube::Client,
+    pub qps: f64,
+}
 
 /// The journal's writes a second for a sidecar whose work may make `kube_api_qps` requests a
 /// second (negative: unlimited; zero: client-go's default 5): a tenth of that, from
@@ -68,11 +77,6 @@ pub fn qps_for(kube_api_qps: f64) -> f64 {
 }
 /// How long a lone "forget" waits for company before it is written.
 pub const FORGET_DELAY: Duration = Duration::from_secs(2);
-/// A record that comes within this time of the previous write is part of a burst...
-pub const BURST_WINDOW: Duration = Duration::from_secs(1);
-/// ...and waits this long for more records to share its write. Outside bursts a record is
-/// written at once.
-pub const LINGER: Duration = Duration::from_millis(50);
 /// Above this size of recorded intents, new ones wait for space (a ConfigMap holds 1 MiB).
 pub const MAX_BYTES: usize = 900 * 1024;
 const RETRY_START: Duration = Duration::from_millis(100);
@@ -349,11 +353,12 @@ impl Journal {
     /// Starts the writer for the journal at `location`, sealing with the keys of
     /// `location.key_secret` and reporting the entries it drops to `reporting`.
     pub fn start(
-        client: kube::Client,
+        access: JournalClient,
         location: Location,
         owner: Owner,
         reporting: Reporting,
     ) -> Self {
+        let JournalClient { client, qps } = access;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &location.namespace);
         let secrets: Api<Secret> = Api::namespaced(client, &location.namespace);
         let shared = Arc::new(Shared {
@@ -366,7 +371,8 @@ impl Journal {
             loaded: std::sync::Mutex::new(None),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(api.clone(), shared.clone(), rx));
+        let budget = TokenBucket::new(qps.max(MIN_QPS), BURST);
+        tokio::spawn(write_loop(api.clone(), shared.clone(), budget, rx));
         Self {
             tx: Some(tx),
             api: Some(api),
@@ -579,16 +585,33 @@ async fn gather(
     }
 }
 
-async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Op>) {
+/// Waits for the budget to allow one request.
+async fn paced(budget: Option<&TokenBucket>) {
+    let wait = budget.map_or(Duration::ZERO, TokenBucket::reserve);
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
+}
+
+async fn read_paced(
+    api: &Api<ConfigMap>,
+    name: &str,
+    budget: Option<&TokenBucket>,
+) -> Result<Option<ConfigMap>, kube::Error> {
+    paced(budget).await;
+    api.get_opt(name).await
+}
+
+async fn write_loop(
+    api: Api<ConfigMap>,
+    shared: Arc<Shared>,
+    budget: Option<TokenBucket>,
+    mut rx: mpsc::UnboundedReceiver<Op>,
+) {
     let name = shared.location.name.clone();
     let mut cached: Option<ConfigMap> = None;
-    let mut last_write: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
-        let in_burst = last_write.is_some_and(|at| at.elapsed() < BURST_WINDOW);
-        if in_burst && matches!(batch[0], Op::Put(..)) {
-            gather(&mut rx, &mut batch, LINGER, |_| false).await;
-        }
         if batch.iter().all(|op| matches!(op, Op::Forget(_))) {
             // Forgetting can wait for company: under load it rides along with a record.
             gather(&mut rx, &mut batch, FORGET_DELAY, |op| {
@@ -596,6 +619,8 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
             })
             .await;
         }
+        // What arrives while the write waits for its turn in the budget goes out with it.
+        paced(budget.as_ref()).await;
         while let Ok(op) = rx.try_recv() {
             batch.push(op);
         }
@@ -627,6 +652,7 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
             cached = Some(loaded);
         }
         let mut delay = RETRY_START;
+        let mut attempt = 0u32;
         let outcome = loop {
             let keys = match shared.keys.keyring().await {
                 Ok(keys) => keys,
@@ -640,7 +666,7 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
             };
             let mut object = match cached.take() {
                 Some(object) => object,
-                None => match api.get_opt(&name).await {
+                None => match read_paced(&api, &name, budget.as_ref()).await {
                     Ok(Some(object)) => object,
                     Ok(None) => empty(&name),
                     Err(kube::Error::Api(status)) if status.code == 403 => {
@@ -673,6 +699,11 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
                 .map(|(k, v)| k.len() + v.len())
                 .sum::<usize>();
             let creating = object.metadata.resource_version.is_none();
+            // The first attempt has the token taken before the group was gathered.
+            if attempt > 0 {
+                paced(budget.as_ref()).await;
+            }
+            attempt += 1;
             let result = if creating {
                 api.create(&PostParams::default(), &object).await
             } else {
@@ -707,7 +738,6 @@ async fn write_loop(api: Api<ConfigMap>, shared: Arc<Shared>, mut rx: mpsc::Unbo
         };
         match outcome {
             Ok((refused, size, dropped)) => {
-                last_write = Some(tokio::time::Instant::now());
                 for (key, why) in dropped {
                     shared.report_dropped(&key, (&why).into(), &why.to_string());
                 }
