@@ -220,6 +220,48 @@ async fn a_burst_costs_few_journal_writes() {
     env.stop().await;
 }
 
+/// The journal's client waits for no limit of its own: the writer keeps to the budget, and
+/// what arrives while it waits shares the next write.
+#[tokio::test]
+async fn journal_writes_keep_to_the_journals_budget() {
+    let mut env = Env::without_controller(mock()).await;
+    let mut config = env.config(&[]).await;
+    config.journal = Some(env.journal_location());
+    config.journal_client = Some(journal::JournalClient {
+        client: env.client(),
+        qps: journal::MIN_QPS,
+    });
+    config.workers = 20;
+    env.launch(config);
+    let class = env.create_class(json!({})).await;
+    let started = std::time::Instant::now();
+    let claims = 40;
+    let creates = (0..claims).map(|i| {
+        let env = &env;
+        let class = class.clone();
+        async move { env.create_claim(&format!("c{i}"), &class, json!({})).await }
+    });
+    futures::future::join_all(creates).await;
+    for i in 0..claims {
+        env.wait_bound(&format!("c{i}")).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    if let Some(counters) = env.cluster.counters() {
+        let writes =
+            counters.total(Verb::Create, "configmaps") + counters.total(Verb::Update, "configmaps");
+        let allowed = f64::from(journal::BURST) + elapsed * journal::MIN_QPS;
+        eprintln!("{writes} journal writes in {elapsed:.1} s");
+        assert!(
+            writes as f64 <= allowed.ceil(),
+            "{writes} journal writes in {elapsed:.1} s at {} a second, burst {}",
+            journal::MIN_QPS,
+            journal::BURST
+        );
+        assert!(writes >= 2, "the records went out in more than one write");
+    }
+    env.stop().await;
+}
+
 /// At the default QPS the journal may write once a second: reads before the first intent's
 /// write would hold the first claims for seconds after every start (and after an API outage).
 #[tokio::test]
