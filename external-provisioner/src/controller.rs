@@ -94,8 +94,9 @@ pub struct Config {
     /// Client of the Events: one that only uses the rate-limit tokens the PV writes leave free
     /// (`None`: the main client).
     pub event_client: Option<kube::Client>,
-    /// Client of the journal: one with a budget of its own, since each write gates CreateVolume
-    /// calls whose PV writes then wait for the main budget (`None`: the main client).
+    /// Client of the journal, with a budget of its own, since each write gates CreateVolume
+    /// calls whose PV writes then wait for the main budget (`None`: the main client, at the
+    /// journal's largest budget).
     pub journal_client: Option<JournalClient>,
     /// Client of the VolumeSnapshot API (its watch, reads and finalizers): one with a rate
     /// limit of its own, as upstream's snapshot clientset has, so that they take no token from

@@ -19,8 +19,8 @@ use crate::decide::{self, Policy, Prepared};
 use crate::model::Claim;
 
 pub use sidecar_kit::cluster::journal::{
-    BURST, Entries, Journal, JournalClient, JournalError, Location, MAX_QPS, MIN_QPS,
-    REJECTED_REASON, Reporting, journal_name,
+    Entries, Journal, JournalClient, JournalError, Location, MAX_QPS, REJECTED_REASON, Reporting,
+    journal_name,
 };
 
 /// One unfinished provisioning.

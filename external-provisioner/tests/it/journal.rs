@@ -10,9 +10,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use serde_json::json;
 use sidecar_kit::cluster::journal::keys::keyring_of;
-use sidecar_kit::cluster::journal::read_entry;
 use sidecar_kit::cluster::journal::seal::{Key, Keyring, seal};
+use sidecar_kit::cluster::journal::{self as kit_journal, read_entry};
 use sidecar_kit::pipeline::workqueue::Backoff;
+use testkit::apiserver::RequestCounters;
 use testkit::apiserver::counters::Verb;
 use tonic::Code;
 
@@ -185,6 +186,22 @@ async fn a_crash_with_an_unanswered_create_and_a_live_claim_binds_it() {
     env.stop().await;
 }
 
+/// A burst: the claims `c0`, `c1`… of a StatefulSet scaled up at once, created concurrently in
+/// `class`, each waited for until Bound.
+async fn provision_burst(env: &Env, class: &str, claims: u64) {
+    let creates = (0..claims)
+        .map(|i| async move { env.create_claim(&format!("c{i}"), class, json!({})).await });
+    futures::future::join_all(creates).await;
+    for i in 0..claims {
+        env.wait_bound(&format!("c{i}")).await;
+    }
+}
+
+/// Writes of the journal's ConfigMap (the only ConfigMap the provisioner writes).
+fn journal_writes(counters: &RequestCounters) -> u64 {
+    counters.total(Verb::Create, "configmaps") + counters.total(Verb::Update, "configmaps")
+}
+
 #[tokio::test]
 async fn a_burst_costs_few_journal_writes() {
     let mut env = Env::without_controller(mock()).await;
@@ -194,23 +211,13 @@ async fn a_burst_costs_few_journal_writes() {
     env.launch(config);
     let class = env.create_class(json!({})).await;
     let claims = 100;
-    // A burst: the claims of a StatefulSet scaled up at once, created concurrently.
-    let creates = (0..claims).map(|i| {
-        let env = &env;
-        let class = class.clone();
-        async move { env.create_claim(&format!("c{i}"), &class, json!({})).await }
-    });
-    futures::future::join_all(creates).await;
-    for i in 0..claims {
-        env.wait_bound(&format!("c{i}")).await;
-    }
+    provision_burst(&env, &class, claims).await;
     eventually("every intent forgotten", || async {
         entries(&env).await.is_empty().then_some(())
     })
     .await;
     if let Some(counters) = env.cluster.counters() {
-        let writes =
-            counters.total(Verb::Create, "configmaps") + counters.total(Verb::Update, "configmaps");
+        let writes = journal_writes(&counters);
         eprintln!("{writes} journal writes for {claims} claims");
         assert!(
             writes * 4 < claims,
@@ -229,33 +236,23 @@ async fn journal_writes_keep_to_the_journals_budget() {
     config.journal = Some(env.journal_location());
     config.journal_client = Some(journal::JournalClient {
         client: env.client(),
-        qps: journal::MIN_QPS,
+        qps: kit_journal::MIN_QPS,
     });
     config.workers = 20;
     env.launch(config);
     let class = env.create_class(json!({})).await;
     let started = std::time::Instant::now();
-    let claims = 40;
-    let creates = (0..claims).map(|i| {
-        let env = &env;
-        let class = class.clone();
-        async move { env.create_claim(&format!("c{i}"), &class, json!({})).await }
-    });
-    futures::future::join_all(creates).await;
-    for i in 0..claims {
-        env.wait_bound(&format!("c{i}")).await;
-    }
+    provision_burst(&env, &class, 40).await;
     let elapsed = started.elapsed().as_secs_f64();
     if let Some(counters) = env.cluster.counters() {
-        let writes =
-            counters.total(Verb::Create, "configmaps") + counters.total(Verb::Update, "configmaps");
-        let allowed = f64::from(journal::BURST) + elapsed * journal::MIN_QPS;
+        let writes = journal_writes(&counters);
+        let allowed = f64::from(kit_journal::BURST) + elapsed * kit_journal::MIN_QPS;
         eprintln!("{writes} journal writes in {elapsed:.1} s");
         assert!(
             writes as f64 <= allowed.ceil(),
             "{writes} journal writes in {elapsed:.1} s at {} a second, burst {}",
-            journal::MIN_QPS,
-            journal::BURST
+            kit_journal::MIN_QPS,
+            kit_journal::BURST
         );
         assert!(writes >= 2, "the records went out in more than one write");
     }
@@ -280,7 +277,7 @@ async fn the_journal_and_its_key_are_read_at_the_start_and_the_first_intent_cost
             .map(|_| ())
     })
     .await;
-    let reads = |counters: &testkit::apiserver::RequestCounters| {
+    let reads = |counters: &RequestCounters| {
         (
             counters.get(Verb::Get, "configmaps"),
             counters.get(Verb::Get, "secrets"),
