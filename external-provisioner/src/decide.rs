@@ -874,7 +874,7 @@ pub fn plan_volume(
     if !volume.owned_by(&policy.driver) || !volume.on_this_node {
         return VolumePlan::Nothing;
     }
-    let delete_policy = volume.reclaim_policy == "Delete";
+    let delete_policy = volume.reclaim_policy == crate::model::RECLAIM_DELETE;
     if delete_policy && !volume.deleting && volume.phase == "Bound" && !volume.has_finalizer() {
         return VolumePlan::AddFinalizer;
     }

@@ -431,6 +431,17 @@ impl Index {
         self.volumes.contains_key(name)
     }
 
+    /// A PV of this driver that names volume `handle`, if any.
+    pub fn volume_with_handle(&self, handle: &str) -> Option<Volume> {
+        let name = self
+            .volumes
+            .values()
+            .find(|view| view.volume_handle() == handle)?
+            .name
+            .clone();
+        self.volume(&name)
+    }
+
     // --- StorageClasses ---
 
     pub fn class_event(&mut self, change: Change<&StorageClass>) -> Vec<Work> {

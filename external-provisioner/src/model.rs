@@ -12,6 +12,9 @@ use sidecar_kit::migration;
 use sidecar_kit::pipeline::views::{self, ClaimView, Needs, PvView};
 use sidecar_kit::values::atom::Atom;
 
+/// The reclaim policy under which a released volume is deleted (the default).
+pub const RECLAIM_DELETE: &str = "Delete";
+
 /// What this controller reads of the process's shared views.
 pub const NEEDS: Needs = Needs::CLAIM_REF
     .union(Needs::PV_FINALIZERS)
@@ -269,7 +272,7 @@ impl Class {
             reclaim_policy: sc
                 .reclaim_policy
                 .clone()
-                .unwrap_or_else(|| "Delete".to_string()),
+                .unwrap_or_else(|| RECLAIM_DELETE.to_string()),
             mount_options: sc.mount_options.clone().unwrap_or_default(),
             wait_for_first_consumer: sc.volume_binding_mode.as_deref()
                 == Some("WaitForFirstConsumer"),

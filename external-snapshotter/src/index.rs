@@ -251,6 +251,17 @@ impl Index {
             .map(|c| c.name().to_string())
     }
 
+    /// A content of kind `T` (of any driver) that names the driver's snapshot (group)
+    /// `handle`, if one exists.
+    pub fn naming_handle<T: Shelved>(&self, handle: &str) -> Option<String> {
+        T::shelf(self)
+            .contents
+            .items
+            .values()
+            .find(|c| c.names_handle(handle))
+            .map(|c| c.name().to_string())
+    }
+
     /// Stores a content the snapshotter wrote, unless the cache already has a newer version.
     pub fn store<T: Shelved>(&mut self, content: T) {
         T::shelf_mut(self).contents.store(content);

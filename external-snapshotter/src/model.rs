@@ -284,6 +284,8 @@ pub trait ContentObject: Sized {
     fn has_source(&self) -> bool;
     /// The message of its status's error.
     fn error_message(&self) -> Option<&str>;
+    /// Whether it names the snapshot (group) `handle` of the driver.
+    fn names_handle(&self, handle: &str) -> bool;
 
     /// The reference an Event about this content names.
     fn object_ref(&self) -> ObjectReference {
@@ -342,6 +344,10 @@ impl ContentObject for Content {
     type Object = VolumeSnapshotContent;
     content_fields!();
 
+    fn names_handle(&self, handle: &str) -> bool {
+        self.handle() == Some(handle)
+    }
+
     fn source_uid(&self) -> &str {
         &self.snapshot_ref.uid
     }
@@ -360,6 +366,10 @@ impl ContentObject for GroupContent {
     const KIND: &'static str = "VolumeGroupSnapshotContent";
     type Object = VolumeGroupSnapshotContent;
     content_fields!();
+
+    fn names_handle(&self, handle: &str) -> bool {
+        self.handle().as_deref() == Some(handle)
+    }
 
     fn source_uid(&self) -> &str {
         &self.group_ref.uid

@@ -126,7 +126,11 @@ impl Controller {
         }
         // A claim being deleted only waits for its pvc-protection finalizer to go.
         let claim_gone = self.index().claim(uid).is_none_or(|c| c.deleting);
-        if claim_gone {
+        if claim_gone && flight.prepared.pv.reclaim_policy != crate::model::RECLAIM_DELETE {
+            // The class keeps its volumes: the PV is written as upstream writes it, and the
+            // PV controller marks it Released for an administrator to reclaim.
+            tracing::info!(claim = %flight.claim.key(), volume_id = %volume.volume_id, reclaim_policy = %flight.prepared.pv.reclaim_policy, "claim deleted while its volume was being created; its class retains volumes, so its PV is written");
+        } else if claim_gone {
             // Nobody will use the volume: delete it instead of writing a PV for the PV
             // controller to release and delete later.
             tracing::info!(claim = %flight.claim.key(), volume_id = %volume.volume_id, "claim deleted while its volume was being created; deleting the volume");
@@ -655,6 +659,19 @@ impl Controller {
         volume_id: &str,
         secrets: &HashMap<String, String>,
     ) -> Result<(), tonic::Status> {
+        let named = self.index().volume_with_handle(volume_id);
+        if let Some(pv) = named {
+            // A volume some PV names is in use or kept (an administrator re-homed a retained
+            // volume, or an intent was replayed): never deleted here.
+            tracing::warn!(volume_id, persistent_volume = %pv.name, "not deleting a volume that a PV names");
+            self.events.record(
+                pv.object_ref(),
+                EventType::Warning,
+                "VolumeKept",
+                &format!("Volume {volume_id} was not deleted by the provisioner's cleanup: this PV names it"),
+            );
+            return Ok(());
+        }
         let deadline = Instant::now() + self.config.timeout;
         let mut last = tonic::Status::deadline_exceeded(sidecar_kit::driver::csi::DEADLINE_MESSAGE);
         for _ in 0..CLEANUP_ATTEMPTS {

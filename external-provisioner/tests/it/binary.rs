@@ -233,7 +233,7 @@ async fn requests_that_are_never_answered_do_not_stop_provisioning() {
     for (n, (what, on, at)) in [
         (
             "the journal's update (written, never answered)",
-            RequestMatch::new(Verb::Update, "configmaps").name(&journal),
+            RequestMatch::new(Verb::Update, "secrets").name(&journal),
             Hang::AfterServing,
         ),
         (

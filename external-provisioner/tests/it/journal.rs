@@ -11,19 +11,25 @@ use kube::api::Api;
 use serde_json::json;
 use sidecar_kit::cluster::journal::keys::keyring_of;
 use sidecar_kit::cluster::journal::seal::{Key, Keyring, seal};
-use sidecar_kit::cluster::journal::{self as kit_journal, read_entry};
+use sidecar_kit::cluster::journal::{
+    self as kit_journal, DropReason, JournalMetrics, Unjournaled, read_entry,
+};
+
+/// How soon a claim is provisioned after the journal became unusable: records go ahead at
+/// once, and a write that finds no answer gives up after 5 s.
+const UNUSABLE_LIMIT: Duration = Duration::from_secs(10);
 use sidecar_kit::pipeline::workqueue::Backoff;
 use testkit::apiserver::RequestCounters;
 use testkit::apiserver::counters::Verb;
 use tonic::Code;
 
-/// The journal's entries (claim UID → intent).
+/// The journal's entries (claim UID → sealed intent).
 async fn entries(env: &Env) -> journal::Entries {
-    Api::<ConfigMap>::namespaced(env.client(), &env.namespace())
+    Api::<Secret>::namespaced(env.client(), &env.namespace())
         .get_opt("provisioner-journal")
         .await
         .unwrap()
-        .and_then(|cm| cm.data)
+        .map(|secret| kit_journal::sealed_entries(&secret))
         .unwrap_or_default()
 }
 
@@ -197,9 +203,10 @@ async fn provision_burst(env: &Env, class: &str, claims: u64) {
     }
 }
 
-/// Writes of the journal's ConfigMap (the only ConfigMap the provisioner writes).
+/// Writes of the journal's Secret: the provisioner writes no other Secret but its key's, which
+/// it creates once.
 fn journal_writes(counters: &RequestCounters) -> u64 {
-    counters.total(Verb::Create, "configmaps") + counters.total(Verb::Update, "configmaps")
+    counters.total(Verb::Create, "secrets") + counters.total(Verb::Update, "secrets") - 1
 }
 
 #[tokio::test]
@@ -277,12 +284,7 @@ async fn the_journal_and_its_key_are_read_at_the_start_and_the_first_intent_cost
             .map(|_| ())
     })
     .await;
-    let reads = |counters: &RequestCounters| {
-        (
-            counters.get(Verb::Get, "configmaps"),
-            counters.get(Verb::Get, "secrets"),
-        )
-    };
+    let reads = |counters: &RequestCounters| counters.get(Verb::Get, "secrets");
     let before = env.cluster.counters().map(|counters| reads(&counters));
     let class = env.create_class(json!({})).await;
     env.create_claim("data", &class, json!({})).await;
@@ -293,13 +295,17 @@ async fn the_journal_and_its_key_are_read_at_the_start_and_the_first_intent_cost
             before,
             "the first intent read the journal or its key again"
         );
-        assert!(counters.total(Verb::Create, "configmaps") == 1);
+        assert_eq!(
+            counters.total(Verb::Create, "secrets"),
+            2,
+            "the key and the journal, made at the start"
+        );
     }
     env.stop().await;
 }
 
 #[tokio::test]
-async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes_on() {
+async fn a_journal_in_a_missing_namespace_never_holds_provisioning_up() {
     let mut env = Env::without_controller(mock()).await;
     let mut config = env.config(&[]).await;
     config.journal = Some(Location {
@@ -308,13 +314,20 @@ async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes
     });
     env.launch(config);
     let class = env.create_class(json!({})).await;
+    let started = std::time::Instant::now();
     env.create_claim("data", &class, json!({})).await;
     env.wait_bound("data").await;
+    let took = started.elapsed();
+    assert!(
+        took < UNUSABLE_LIMIT,
+        "provisioned {took:?} after the claim"
+    );
     if let Some(counters) = env.cluster.counters() {
-        assert_eq!(
-            counters.total(Verb::Create, "secrets"),
-            1,
-            "one refused create of the key Secret, then the journal is off"
+        // Tried again with a growing pause from a second on, not in a loop.
+        let creates = counters.total(Verb::Create, "secrets");
+        assert!(
+            (1..=5).contains(&creates),
+            "{creates} refused creates of the key Secret"
         );
         assert_eq!(counters.total(Verb::Create, "configmaps"), 0);
     }
@@ -322,12 +335,18 @@ async fn a_journal_in_a_missing_namespace_turns_itself_off_and_provisioning_goes
 }
 
 /// Writes `entries` as the journal's data, replacing what is there (again on a conflict: the
-/// crashed provisioner's journal writer may still be forgetting).
+/// crashed provisioner's journal writer may still be forgetting): what only someone who may
+/// write the sidecar's Secrets can do.
 async fn write_entries(env: &Env, entries: &journal::Entries) {
-    let api = Api::<ConfigMap>::namespaced(env.client(), &env.namespace());
+    let api = Api::<Secret>::namespaced(env.client(), &env.namespace());
     eventually("the journal rewritten", || async {
         let mut journal = api.get("provisioner-journal").await.unwrap();
-        journal.data = Some(entries.clone());
+        journal.data = Some(
+            entries
+                .iter()
+                .map(|(k, v)| (k.clone(), k8s_openapi::ByteString(v.clone().into_bytes())))
+                .collect(),
+        );
         match api
             .replace(
                 "provisioner-journal",
@@ -576,7 +595,7 @@ async fn rotate_twice(env: &Env, previous: &[u8; 32]) {
 
 /// The attack the seal is for: a claim provisioned under a Retain class is deleted and its PV
 /// deleted by an administrator to keep the data, so nothing in the cluster names its volume
-/// `pvc-<uid>` any more. Whoever may write the journal's ConfigMap (but not read its key)
+/// `pvc-<uid>` any more. Whoever may write the journal's Secret (but not read its key)
 /// records intents under that UID so that a replay would find the volume by name and delete
 /// it, or hand another tenant's secret or a clone source to the driver. None is acted on:
 /// unsealed, under a made-up seal, under a key rotated out, under a key that is not a UID,
@@ -587,7 +606,6 @@ async fn rotate_twice(env: &Env, previous: &[u8; 32]) {
 async fn without_the_key_no_entry_is_acted_on_for_a_gone_claim() {
     use csi_proto::v1::{VolumeContentSource, volume_content_source};
     use external_provisioner::model::SecretRef;
-    use sidecar_kit::cluster::journal::{DropReason, JournalMetrics};
     use testkit::leaks::distinctive_secret;
 
     let mut env = Env::without_controller(mock()).await;
@@ -748,7 +766,7 @@ async fn without_the_key_no_entry_is_acted_on_for_a_gone_claim() {
     })
     .await;
     for part in [
-        format!("{victim_uid:?} (unverifiable)"),
+        format!("{victim_uid:?} (forged)"),
         format!("{other:?} (forged)"),
         format!("{old:?} (unverifiable)"),
         format!("{donor_uid:?} (unverifiable)"),
@@ -762,8 +780,8 @@ async fn without_the_key_no_entry_is_acted_on_for_a_gone_claim() {
         );
     }
     for (reason, count) in [
-        (DropReason::Unverifiable, 3),
-        (DropReason::Forged, 2),
+        (DropReason::Unverifiable, 2),
+        (DropReason::Forged, 3),
         (DropReason::Mismatch, 2),
     ] {
         assert_eq!(
@@ -870,5 +888,319 @@ async fn a_rolling_update_during_a_burst_raises_no_false_alarm_and_leaks_nothing
     .await;
     assert_eq!(env.driver_volumes().len(), claims, "one volume per claim");
     assert_eq!(rejected(&env).await, Vec::<String>::new(), "no false alarm");
+    env.stop().await;
+}
+
+/// A provisioner records the intent of claim `claim` of `class`, whose CreateVolume answer is
+/// lost, and crashes. Returns the claim's UID and its entry as the journal holds it.
+async fn capture_an_entry(env: &mut Env, class: &str, claim: &str) -> (String, String) {
+    let mut config = env.config(&[]).await;
+    config.journal = Some(env.journal_location());
+    config.backoff = Backoff {
+        start: Duration::from_secs(60),
+        max: Duration::from_secs(60),
+    };
+    env.launch(config);
+    env.mock
+        .faults()
+        .lose_answers(CREATE_VOLUME, 1, Code::DeadlineExceeded);
+    let uid = env
+        .create_claim(claim, class, json!({}))
+        .await
+        .metadata
+        .uid
+        .unwrap();
+    let calls = env.mock.calls().clone();
+    eventually("the CreateVolume whose answer is lost", || {
+        let n = calls.count(CREATE_VOLUME);
+        async move { (n >= 1).then_some(()) }
+    })
+    .await;
+    let entry = eventually("the intent recorded", || async {
+        entries(env).await.remove(&uid)
+    })
+    .await;
+    env.crash().await;
+    (uid, entry)
+}
+
+/// Launches a provisioner with the journal, reporting to `metrics`.
+fn launch_reporting(
+    env: &mut Env,
+    mut config: external_provisioner::controller::Config,
+    metrics: &JournalMetrics,
+) {
+    config.journal = Some(env.journal_location());
+    config.wiring.journal_metrics = Some(metrics.clone());
+    env.launch(config);
+}
+
+/// Waits until a claim of `class` named `name` is bound: the provisioner started, took up its
+/// journal and runs.
+async fn running(env: &Env, class: &str, name: &str) {
+    env.create_claim(name, class, json!({})).await;
+    env.wait_bound(name).await;
+}
+
+/// The replay: a genuine entry captured while its claim's CreateVolume went unanswered, written
+/// back after the claim and its Retain PV are gone. Whoever may write ConfigMaps can put it only
+/// in the ConfigMap journal of earlier versions, where it is reported (legacy) and never acted
+/// on. Whoever may write the sidecar's Secrets can put it in the journal itself: the class
+/// retains its volumes, so the volume is kept and its PV written again as upstream writes one,
+/// for the PV controller to mark Released. Neither deletes the volume.
+#[tokio::test]
+async fn a_replayed_entry_never_deletes_a_retained_volume() {
+    let mut env = Env::without_controller(mock()).await;
+    let class = env.create_class(json!({"reclaimPolicy": "Retain"})).await;
+    let (uid, captured) = capture_an_entry(&mut env, &class, "victim").await;
+    restart_with_journal(&mut env).await;
+    let pv = env.wait_bound("victim").await;
+    let handle = pv.spec.unwrap().csi.unwrap().volume_handle;
+    // The administrator keeps the data: the claim deleted, then its PV.
+    env.delete_claim("victim").await;
+    wait_claim_gone(&env, "victim").await;
+    eventually("the intent forgotten", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    env.crash().await;
+    let pv_name = format!("pvc-{uid}");
+    env.pvs()
+        .delete(&pv_name, &Default::default())
+        .await
+        .unwrap();
+    env.wait_pv_gone(&pv_name).await;
+
+    // Into the ConfigMap journal of earlier versions.
+    let legacy: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "provisioner-journal"},
+        "data": {uid.clone(): captured.clone()},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(env.client(), &env.namespace())
+        .create(&kube::api::PostParams::default(), &legacy)
+        .await
+        .unwrap();
+    let metrics = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
+    let config = env.config(&[]).await;
+    launch_reporting(&mut env, config, &metrics);
+    let marker = env.create_class(json!({})).await;
+    running(&env, &marker, "marker").await;
+    eventually("the legacy entry reported", || async {
+        rejected(&env)
+            .await
+            .iter()
+            .any(|m| m.contains(&format!("{uid:?} (legacy)")))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        metrics.dropped("provisioner-journal", DropReason::Legacy),
+        1
+    );
+    assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0, "nothing deleted");
+    assert!(env.driver_volumes_by_id().contains(&handle));
+
+    // Into the journal itself.
+    env.crash().await;
+    let mut replayed = journal::Entries::new();
+    replayed.insert(uid.clone(), captured);
+    write_entries(&env, &replayed).await;
+    restart_with_journal(&mut env).await;
+    let rewritten = eventually("the retained volume's PV written again", || async {
+        env.pvs().get_opt(&pv_name).await.unwrap()
+    })
+    .await;
+    let spec = rewritten.spec.unwrap();
+    assert_eq!(spec.csi.unwrap().volume_handle, handle);
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    eventually("the intent forgotten", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0, "nothing deleted");
+    assert!(env.driver_volumes_by_id().contains(&handle));
+    env.pvs()
+        .delete(&pv_name, &Default::default())
+        .await
+        .unwrap();
+    env.stop().await;
+}
+
+/// The usual Retain procedure on a Delete class: the PV patched to Retain, the claim deleted,
+/// and the volume re-homed under a PV of another name for another claim. A genuine entry of the
+/// first claim replayed into the journal finds the volume by name, but a PV names its handle:
+/// the volume is kept, with a Warning Event on that PV.
+#[tokio::test]
+async fn a_replayed_entry_never_deletes_a_re_homed_volume() {
+    let mut env = Env::without_controller(mock()).await;
+    let class = env.create_class(json!({})).await;
+    let (uid, captured) = capture_an_entry(&mut env, &class, "victim").await;
+    restart_with_journal(&mut env).await;
+    let pv = env.wait_bound("victim").await;
+    let pv_name = format!("pvc-{uid}");
+    let handle = pv.spec.unwrap().csi.unwrap().volume_handle;
+    env.pvs()
+        .patch(
+            &pv_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}})),
+        )
+        .await
+        .unwrap();
+    env.delete_claim("victim").await;
+    wait_claim_gone(&env, "victim").await;
+    eventually("the intent forgotten", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    env.crash().await;
+    env.pvs()
+        .delete(&pv_name, &Default::default())
+        .await
+        .unwrap();
+    env.wait_pv_gone(&pv_name).await;
+    let home = env.unique("rehomed");
+    let rehomed: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": home},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": env.namespace(), "name": "new-home"},
+            "csi": {"driver": env.driver, "volumeHandle": handle},
+        },
+    }))
+    .unwrap();
+    env.pvs()
+        .create(&kube::api::PostParams::default(), &rehomed)
+        .await
+        .unwrap();
+    env.create_claim("new-home", "", json!({"spec": {"volumeName": home}}))
+        .await;
+    env.wait_bound("new-home").await;
+
+    let mut replayed = journal::Entries::new();
+    replayed.insert(uid.clone(), captured);
+    write_entries(&env, &replayed).await;
+    restart_with_journal(&mut env).await;
+    let kept = eventually(
+        "a Warning Event on the PV that names the volume",
+        || async {
+            env.events_for("default", &home)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("VolumeKept"))
+        },
+    )
+    .await;
+    assert!(kept.message.unwrap().contains(&handle));
+    eventually("the intent forgotten", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0, "nothing deleted");
+    assert!(env.driver_volumes_by_id().contains(&handle));
+    env.wait_bound("new-home").await;
+    env.delete_claim("new-home").await;
+    env.pvs().delete(&home, &Default::default()).await.unwrap();
+    env.stop().await;
+}
+
+/// The journal's Secret made immutable, then deleted where the sidecar may not create it, then
+/// shipped again: each time claims are provisioned within seconds (unjournaled while the
+/// journal cannot be written), a Warning Event on the Lease and the metrics say so, and once the
+/// Secret is back the journal is written again.
+#[tokio::test]
+async fn an_unusable_journal_never_holds_provisioning_up() {
+    use k8s_openapi::api::core::v1::Secret;
+    use testkit::apiserver::RequestMatch;
+    let mut env = Env::without_controller(mock()).await;
+    let metrics = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
+    let config = env.config(&[]).await;
+    launch_reporting(&mut env, config, &metrics);
+    let class = env.create_class(json!({})).await;
+    running(&env, &class, "before").await;
+    assert_eq!(metrics.usable("provisioner-journal"), Some(true));
+    let secrets = Api::<Secret>::namespaced(env.client(), &env.namespace());
+    let provisioned_soon = |name: &'static str| {
+        let env = &env;
+        let class = class.clone();
+        async move {
+            let started = std::time::Instant::now();
+            env.create_claim(name, &class, json!({})).await;
+            env.wait_bound_within(name, UNUSABLE_LIMIT).await;
+            eprintln!("{name}: bound in {:?}", started.elapsed());
+        }
+    };
+    // Immutable: every update is refused with 422.
+    secrets
+        .patch(
+            "provisioner-journal",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"immutable": true})),
+        )
+        .await
+        .unwrap();
+    provisioned_soon("immutable").await;
+    env.wait_event("provisioner", kit_journal::UNUSABLE_REASON, "unwritable")
+        .await;
+    assert!(metrics.unjournaled("provisioner-journal", Unjournaled::Unwritable) >= 1);
+    assert_eq!(metrics.usable("provisioner-journal"), Some(false));
+
+    // Deleted, and the sidecar may not create it (RBAC's resourceNames cannot limit a create,
+    // so the manifests give it none).
+    secrets
+        .delete("provisioner-journal", &Default::default())
+        .await
+        .unwrap();
+    let refused = env.cluster.faults();
+    if let Some(faults) = &refused {
+        // A create names no object in its path: the journal's is the only Secret made now.
+        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
+    }
+    provisioned_soon("deleted").await;
+    if refused.is_some() {
+        env.wait_event("provisioner", kit_journal::UNUSABLE_REASON, "missing")
+            .await;
+        assert_eq!(metrics.usable("provisioner-journal"), Some(false));
+    }
+
+    // Shipped again, empty: the journal is written again.
+    if let Some(faults) = &refused {
+        faults.clear();
+    }
+    let shipped: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "provisioner-journal"}})).unwrap();
+    if secrets
+        .get_opt("provisioner-journal")
+        .await
+        .unwrap()
+        .is_none()
+    {
+        secrets
+            .create(&kube::api::PostParams::default(), &shipped)
+            .await
+            .unwrap();
+    }
+    // Tried again without waiting for a record.
+    eventually("the journal usable again", || async {
+        (metrics.usable("provisioner-journal") == Some(true)).then_some(())
+    })
+    .await;
+    env.wait_event("provisioner", kit_journal::USABLE_REASON, "again")
+        .await;
+    running(&env, &class, "after").await;
+    assert!(
+        secrets
+            .get_opt("provisioner-journal")
+            .await
+            .unwrap()
+            .is_some()
+    );
     env.stop().await;
 }

@@ -11,7 +11,7 @@ use external_provisioner::app;
 use external_provisioner::journal::journal_name;
 use external_provisioner::model::lease_name;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use std::process::Stdio;
@@ -179,11 +179,11 @@ async fn nodes_race_for_immediate_claims_and_keep_to_their_own() {
     );
     // Each node records its intents in a journal of its own: a node's provisioner must never
     // take up what another node's began, with the wrong driver.
-    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(env.client(), &env.namespace());
+    let journals: kube::Api<Secret> = kube::Api::namespaced(env.client(), &env.namespace());
     for node in nodes.iter().filter(|n| per_node.contains_key(&n.name)) {
         let name = journal_name(&lease_name(&env.driver), Some(&node.name));
         assert!(
-            config_maps.get_opt(&name).await.unwrap().is_some(),
+            journals.get_opt(&name).await.unwrap().is_some(),
             "{name} is missing"
         );
     }

@@ -10,7 +10,7 @@ use std::process::Stdio;
 
 use crate::common::{Env, WAIT, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
+use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testkit::leaks::{self, distinctive_secret};
@@ -130,7 +130,7 @@ async fn secrets_never_reach_logs_events_metrics_or_objects() {
         async move { (n >= 1).then_some(()) }
     })
     .await;
-    let journal = Api::<ConfigMap>::namespaced(env.client(), &ns)
+    let journal = Api::<Secret>::namespaced(env.client(), &ns)
         .get(&format!(
             "{}-journal",
             external_provisioner::model::lease_name(&env.driver)

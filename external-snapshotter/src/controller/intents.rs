@@ -201,7 +201,19 @@ impl Controller {
         intent: &K::Intent,
         cut: &K::Cut,
     ) -> Result<(), Failure> {
-        if intent.delete() {
+        let named = self.index().naming_handle::<K::Content>(K::handle(cut));
+        if let Some(owner) = named {
+            // Some content names it (an administrator took it in, or an intent was
+            // replayed): never deleted here.
+            tracing::warn!(
+                kind = kind_of::<K>(),
+                name,
+                handle = K::handle(cut),
+                content = %owner,
+                "not deleting the {} of a gone content: another content names it",
+                K::CUT
+            );
+        } else if intent.delete() {
             let secrets = self.secret(intent.secret()).await.map_err(Failure::quiet)?;
             K::delete_cut(self, cut, secrets).await.map_err(|status| {
                 Failure::quiet(format!(

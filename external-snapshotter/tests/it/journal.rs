@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use crate::common::*;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use sidecar_kit::pipeline::workqueue::Backoff;
@@ -64,12 +63,7 @@ async fn rejected_entries(env: &Env, count: usize) -> Vec<String> {
 }
 
 async fn journal_entries(env: &Env) -> usize {
-    let api: Api<ConfigMap> = Api::namespaced(env.client(), env.ns());
-    api.get_opt("snapshotter-journal")
-        .await
-        .unwrap()
-        .and_then(|cm| cm.data)
-        .map_or(0, |d| d.len())
+    crate::common::journal_entries(env).await.len()
 }
 
 #[tokio::test]
@@ -293,7 +287,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
         "is not the one derived from the UID it records",
         &format!("belongs to content {victim_content:?}"),
         "secret reference",
-        "\"snapcontent-unsealed\" (unverifiable)",
+        "\"snapcontent-unsealed\" (forged)",
         "\"snapcontent-made-up\" (forged)",
     ] {
         assert!(

@@ -9,7 +9,7 @@
 use std::process::Stdio;
 
 use crate::common::*;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
+use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testkit::leaks::{self, distinctive_secret};
@@ -89,7 +89,7 @@ async fn secrets_never_reach_logs_events_metrics_objects_or_the_journal() {
         "{}-journal",
         external_snapshotter::model::lease_name(&env.driver)
     );
-    let journal = Api::<ConfigMap>::namespaced(env.client(), env.ns())
+    let journal = Api::<Secret>::namespaced(env.client(), env.ns())
         .get(&journal_name)
         .await
         .unwrap();

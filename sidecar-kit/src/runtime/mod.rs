@@ -225,6 +225,7 @@ impl<'a> Setup<'a> {
             ),
             name: journal_name(lease, node),
             key_secret: journal::keys::secret_name(lease),
+            lease: lease.to_string(),
         }
     }
 

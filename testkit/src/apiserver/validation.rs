@@ -815,8 +815,78 @@ pub fn validate_create(k: &Kind, obj: &Value, gates: &FeatureGates) -> Vec<Field
             errs.extend(snapshot_metadata_service(obj));
             errs
         }
+        ("", "Secret" | "ConfigMap") => {
+            let mut errs = object_meta(k, obj, k.name_rule);
+            errs.extend(data_size(k, obj));
+            errs
+        }
         _ => object_meta(k, obj, k.name_rule),
     }
+}
+
+/// What a Secret or a ConfigMap may hold, as kube-apiserver counts it: a Secret's decoded
+/// values, a ConfigMap's keys and values.
+const MAX_DATA_BYTES: usize = 1024 * 1024;
+
+fn data_size(k: &Kind, obj: &Value) -> Vec<FieldError> {
+    use base64::Engine;
+    let entries = |field: &str| {
+        obj.get(field)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| (key.len(), value.as_str().unwrap_or("")))
+            .collect::<Vec<_>>()
+    };
+    let size: usize = if k.kind == "Secret" {
+        entries("data")
+            .into_iter()
+            .map(|(_, value)| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(value)
+                    .map_or(value.len(), |bytes| bytes.len())
+            })
+            .sum()
+    } else {
+        ["data", "binaryData"]
+            .into_iter()
+            .flat_map(entries)
+            .map(|(key, value)| key + value.len())
+            .sum()
+    };
+    if size > MAX_DATA_BYTES {
+        let field = if k.kind == "Secret" { "data" } else { "" };
+        return vec![FieldError::too_long(field, MAX_DATA_BYTES)];
+    }
+    Vec::new()
+}
+
+/// A Secret or ConfigMap marked immutable keeps its data and the mark.
+fn immutable_data(k: &Kind, new: &Value, old: &Value) -> Vec<FieldError> {
+    if old.get("immutable").and_then(Value::as_bool) != Some(true) {
+        return Vec::new();
+    }
+    const DETAIL: &str = "field is immutable when `immutable` is set";
+    let mut errs = Vec::new();
+    if new.get("immutable").and_then(Value::as_bool) != Some(true) {
+        errs.push(FieldError::forbidden("immutable", DETAIL));
+    }
+    let fields: &[&str] = if k.kind == "Secret" {
+        &["data"]
+    } else {
+        &["data", "binaryData"]
+    };
+    for field in fields {
+        let empty = Value::Object(Default::default());
+        let (a, b) = (
+            new.get(*field).filter(|v| !v.is_null()).unwrap_or(&empty),
+            old.get(*field).filter(|v| !v.is_null()).unwrap_or(&empty),
+        );
+        if a != b {
+            errs.push(FieldError::forbidden(*field, DETAIL));
+        }
+    }
+    errs
 }
 
 /// The `422` causes of an update (main or status), after `PrepareForUpdate`.
@@ -855,6 +925,10 @@ pub fn validate_update(
         ("", "Event", _) => errs.extend(legacy_event(&core_event(new), "reportingComponent")),
         ("cbt.storage.k8s.io", "SnapshotMetadataService", _) => {
             errs.extend(snapshot_metadata_service(new));
+        }
+        ("", "Secret" | "ConfigMap", _) => {
+            errs.extend(data_size(k, new));
+            errs.extend(immutable_data(k, new, old));
         }
         ("events.k8s.io", "Event", _) => {
             errs.extend(legacy_event(&events_v1_event(new), "reportingController"));

@@ -189,6 +189,7 @@ impl Env {
             namespace: self.namespace(),
             name: "provisioner-journal".into(),
             key_secret: "provisioner-journal-key".into(),
+            lease: "provisioner".into(),
         }
     }
 

@@ -133,11 +133,7 @@ impl Env {
             max: Duration::from_secs(2),
         };
         config.timeout = Duration::from_secs(5);
-        config.journal = Some(Location {
-            namespace: cluster.namespace().to_string(),
-            name: "snapshotter-journal".into(),
-            key_secret: "snapshotter-journal-key".into(),
-        });
+        config.journal = Some(journal_location(cluster.namespace()));
         adjust(&mut config);
         let mut env = Self {
             cluster,
@@ -515,28 +511,15 @@ pub fn seal_entry(
     entry: &str,
     text: &str,
 ) -> String {
-    let location = Location {
-        namespace: env.ns().to_string(),
-        name: "snapshotter-journal".into(),
-        key_secret: "snapshotter-journal-key".into(),
-    };
+    let location = journal_location(env.ns());
     sidecar_kit::cluster::journal::seal::seal(key, location.place(entry), text)
 }
 
 /// The text of entry `entry` of the journal, opened with the snapshotter's keys.
 pub async fn journal_text(env: &Env, entry: &str) -> String {
-    use k8s_openapi::api::core::v1::ConfigMap;
     let keys = journal_keys(env).await;
-    let journal = Api::<ConfigMap>::namespaced(env.client(), env.ns())
-        .get("snapshotter-journal")
-        .await
-        .unwrap();
-    let value = journal.data.unwrap_or_default().remove(entry).unwrap();
-    let location = Location {
-        namespace: env.ns().to_string(),
-        name: "snapshotter-journal".into(),
-        key_secret: "snapshotter-journal-key".into(),
-    };
+    let value = journal_entries(env).await.remove(entry).unwrap();
+    let location = journal_location(env.ns());
     sidecar_kit::cluster::journal::seal::open(&keys, location.place(entry), &value)
         .unwrap()
         .to_string()
@@ -556,27 +539,54 @@ pub async fn write_journal(env: &Env, data: std::collections::BTreeMap<String, S
     write_journal_as_is(env, sealed).await;
 }
 
+/// The tests' journal: in the test's namespace.
+pub fn journal_location(namespace: &str) -> Location {
+    Location {
+        namespace: namespace.to_string(),
+        name: "snapshotter-journal".into(),
+        key_secret: "snapshotter-journal-key".into(),
+        lease: "snapshotter".into(),
+    }
+}
+
+/// The entries of the snapshotter's journal as stored (entry → sealed text).
+pub async fn journal_entries(env: &Env) -> std::collections::BTreeMap<String, String> {
+    use k8s_openapi::api::core::v1::Secret;
+    Api::<Secret>::namespaced(env.client(), env.ns())
+        .get_opt("snapshotter-journal")
+        .await
+        .unwrap()
+        .map(|secret| sidecar_kit::cluster::journal::sealed_entries(&secret))
+        .unwrap_or_default()
+}
+
 /// Replaces the data of the snapshotter's journal, creating it if needed (again on a conflict:
-/// a killed snapshotter's journal writer may still be forgetting).
+/// a killed snapshotter's journal writer may still be forgetting): what only someone who may
+/// write the sidecar's Secrets can do.
 pub async fn write_journal_as_is(env: &Env, data: std::collections::BTreeMap<String, String>) {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    let journals: Api<ConfigMap> = Api::namespaced(env.client(), env.ns());
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    let journals: Api<Secret> = Api::namespaced(env.client(), env.ns());
+    let bytes: std::collections::BTreeMap<String, ByteString> = data
+        .iter()
+        .map(|(k, v)| (k.clone(), ByteString(v.clone().into_bytes())))
+        .collect();
     eventually("the journal rewritten", || async {
         let existing = journals.get_opt("snapshotter-journal").await.unwrap();
         let written = match existing {
             Some(mut journal) => {
-                journal.data = Some(data.clone());
+                journal.data = Some(bytes.clone());
                 journals
                     .replace("snapshotter-journal", &PostParams::default(), &journal)
                     .await
             }
             None => {
-                let journal = ConfigMap {
+                let journal = Secret {
                     metadata: kube::api::ObjectMeta {
                         name: Some("snapshotter-journal".into()),
                         ..Default::default()
                     },
-                    data: Some(data.clone()),
+                    data: Some(bytes.clone()),
                     ..Default::default()
                 };
                 journals.create(&PostParams::default(), &journal).await

@@ -1,35 +1,45 @@
 //! The intent journal: before a sidecar asks the driver to create something (a volume, a
-//! snapshot), it records what it is about to ask durably in a ConfigMap in its own namespace.
+//! snapshot), it records what it is about to ask durably in a Secret in its own namespace.
 //! After a restart or a change of leader, every recorded intent is driven to a final state (the
 //! object that names the result written, or the result deleted when nothing will name it) and
 //! only then forgotten — so a kill in the middle of a create call never leaks what the driver
 //! made. What an intent holds is the sidecar's own (any serde type); this module keeps them.
 //!
-//! Records are written in groups paced by the journal's budget: a record goes out at once when
-//! the budget allows a write; otherwise it waits for the next write the budget allows, together
-//! with every record that arrives meanwhile, so a burst costs a few writes, not one per volume,
-//! and no record waits longer than the budget makes it. Forgetting alone does not trigger a
-//! write at once; it rides along with the next record, or goes out after [`FORGET_DELAY`].
+//! The journal is a Secret (`<lease>-journal`) that the manifests ship empty and that only the
+//! sidecar's ServiceAccount may `get` and `update`: whoever may read, watch and write ConfigMaps
+//! (most workloads granted anything in a driver's namespace) can neither replay a genuine entry,
+//! nor switch the journal off, nor stall the sidecar with it. Entries are still sealed
+//! ([`seal`]) with a key kept in a second Secret ([`keys`]), so that an entry moved to another
+//! key or journal does not open. An entry that does not open, does not decode or has a key of
+//! the wrong form is dropped with a Warning Event and counted in
+//! `csi_sidecar_journal_entries_dropped_total`, never acted on. Entries found in the ConfigMap
+//! journal of earlier versions are reported (reason `legacy`), never acted on: any ConfigMap
+//! writer could have put them there.
 //!
-//! Whoever may write ConfigMaps in the namespace may write the journal too, so every entry is
-//! sealed ([`seal`]) with a key kept in a Secret only the sidecar's ServiceAccount reads
-//! ([`keys`]): an entry that does not open, does not decode or has a key of the wrong form is
-//! dropped with a Warning Event on the ConfigMap and counted in
-//! `csi_sidecar_journal_entries_dropped_total`, never acted on.
+//! The writer keeps the open entries in memory and writes them whole, so a write that finds the
+//! object gone, replaced or changed under it loses none of them. Records are written in groups
+//! paced by the journal's budget: a record goes out at once when the budget allows a write;
+//! otherwise it waits for the next write the budget allows, together with every record that
+//! arrives meanwhile. Forgetting alone does not trigger a write at once; it rides along with the
+//! next record, or goes out after [`FORGET_DELAY`].
 //!
-//! Without RBAC for the ConfigMap or the key Secret the journal turns itself off with one
-//! warning, and the sidecar works as upstream's does.
+//! A journal that cannot be written (its Secret missing, forbidden, immutable, full or the API
+//! server unreachable) never stalls the sidecar and never turns itself off for good: a Warning
+//! Event on the sidecar's Lease and `csi_sidecar_journal_usable` say so, each record goes ahead
+//! unjournaled at once (counted in `csi_sidecar_journal_unjournaled_total`), as upstream's
+//! sidecar works, and the writer tries again with a growing pause until the journal is usable.
 
 pub mod keys;
 pub mod seal;
+mod writer;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
+use kube::api::Api;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
@@ -37,7 +47,7 @@ use tracing::Instrument;
 
 use crate::cluster::client::TokenBucket;
 use crate::cluster::events::{EventType, Recorder};
-use keys::{KeyError, KeyStore};
+use keys::KeyStore;
 use seal::{Keyring, Place, Unsealed};
 
 /// The journal's own request budget. Its writes gate create calls, so they must not wait
@@ -45,7 +55,7 @@ use seal::{Keyring, Place, Unsealed};
 /// slow the sidecar below upstream's, which has no journal. The writer paces itself by it
 /// (its client has no limit of its own): a record waits for the next write the budget allows,
 /// half the interval between writes on average, so the budget follows the sidecar's own
-/// ([`qps_for`]): at the default 5 QPS a burst costs about one ConfigMap write a second; at
+/// ([`qps_for`]): at the default 5 QPS a burst costs about one journal write a second; at
 /// 100 QPS with 100 workers, ten (one write a second held every worker about a second per
 /// claim: provisioning measured at 46 claims/s where the PV writes allow 100).
 pub const MIN_QPS: f64 = 1.0;
@@ -77,23 +87,23 @@ pub fn qps_for(kube_api_qps: f64) -> f64 {
 }
 /// How long a lone "forget" waits for company before it is written.
 pub const FORGET_DELAY: Duration = Duration::from_secs(2);
-/// Above this size of recorded intents, new ones wait for space (a ConfigMap holds 1 MiB).
+/// Above this size of recorded intents (keys and sealed values), new ones go ahead unjournaled
+/// (a Secret holds 1 MiB).
 pub const MAX_BYTES: usize = 900 * 1024;
-const RETRY_START: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Operations waiting for the writer at most: past that a record goes ahead unjournaled and a
+/// forget is left for the next leader, which finds its intent done.
+pub const QUEUE: usize = 1024;
 /// Longest wait for the last write of a sidecar that stops.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum JournalError {
-    #[error("the intent journal is full ({0} bytes recorded)")]
-    Full(usize),
     #[error("the intent journal writer stopped")]
     Stopped,
     #[error("cannot read the intent journal: {0}")]
     Read(String),
-    #[error("cannot read the intent journal's key: {0}")]
-    Key(String),
+    #[error("not recording an intent: {0}")]
+    BadKey(String),
 }
 
 /// The journal's data: key (a claim or content UID) → intent as JSON.
@@ -103,19 +113,36 @@ pub type Entries = BTreeMap<String, String>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {
     pub namespace: String,
+    /// The journal's Secret (and the name of the ConfigMap journal of earlier versions).
     pub name: String,
     /// The Secret that holds the keys the entries are sealed with.
     pub key_secret: String,
+    /// The sidecar's Lease, which the Events about an unusable journal name.
+    pub lease: String,
 }
 
 impl Location {
-    /// The journal's ConfigMap, as the Events about its entries name it.
-    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
-        k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
+    /// The journal's Secret, as the Events about its entries name it.
+    pub fn object_ref(&self) -> ObjectReference {
+        self.reference("v1", "Secret", &self.name)
+    }
+
+    /// The ConfigMap journal of earlier versions, whose entries are reported, never acted on.
+    pub fn legacy_ref(&self) -> ObjectReference {
+        self.reference("v1", "ConfigMap", &self.name)
+    }
+
+    /// The sidecar's Lease, as the Events about an unusable journal name it.
+    pub fn lease_ref(&self) -> ObjectReference {
+        self.reference("coordination.k8s.io/v1", "Lease", &self.lease)
+    }
+
+    fn reference(&self, api_version: &str, kind: &str, name: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
             namespace: Some(self.namespace.clone()),
-            name: Some(self.name.clone()),
+            name: Some(name.to_string()),
             ..Default::default()
         }
     }
@@ -133,6 +160,10 @@ impl Location {
 /// Reason of the Warning Event about a journal entry that is dropped unread: it is not what the
 /// sidecar records (a forgery, or written by another version or configuration).
 pub const REJECTED_REASON: &str = "JournalEntryRejected";
+/// Reason of the Warning Event on the Lease when the journal cannot be written.
+pub const UNUSABLE_REASON: &str = "JournalUnusable";
+/// Reason of the Normal Event on the Lease when it can again.
+pub const USABLE_REASON: &str = "JournalUsable";
 
 /// Why an entry is dropped, as the dropped-entries metric counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,12 +172,16 @@ pub enum DropReason {
     Undecodable,
     /// An intent of another kind than its key says.
     WrongKind,
-    /// Not sealed, or sealed with a key the sidecar does not have.
+    /// Sealed with a key the sidecar no longer has (rotated out twice, or the key Secret was
+    /// replaced).
     Unverifiable,
-    /// Its seal does not match, or its key is not of the form the sidecar records.
+    /// Not sealed, its seal does not match, or its key is not of the form the sidecar records.
     Forged,
     /// Genuine, but not what the objects it is for ask for now.
     Mismatch,
+    /// Found in the ConfigMap journal of an earlier version, which any ConfigMap writer could
+    /// have written or replayed.
+    Legacy,
 }
 
 impl DropReason {
@@ -157,6 +192,7 @@ impl DropReason {
             Self::Unverifiable => "unverifiable",
             Self::Forged => "forged",
             Self::Mismatch => "mismatch",
+            Self::Legacy => "legacy",
         }
     }
 }
@@ -164,17 +200,52 @@ impl DropReason {
 impl From<&Unsealed> for DropReason {
     fn from(why: &Unsealed) -> Self {
         match why {
-            Unsealed::Unsigned | Unsealed::UnknownKey(_) => Self::Unverifiable,
-            Unsealed::Forged => Self::Forged,
+            // Only the sidecar's account may write the journal's Secret, and it seals
+            // everything it writes.
+            Unsealed::Unsigned | Unsealed::Forged => Self::Forged,
+            Unsealed::UnknownKey(_) => Self::Unverifiable,
         }
     }
 }
 
-/// `csi_sidecar_journal_entries_dropped_total{journal, reason}`: one process-wide counter,
-/// registered once and shared by every journal of the process.
+/// Why a record went ahead without being journaled, as
+/// `csi_sidecar_journal_unjournaled_total` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unjournaled {
+    /// The journal's Secret does not exist and the sidecar may not create it.
+    Missing,
+    /// The sidecar may not read or write the journal or its key.
+    Forbidden,
+    /// The API server refuses the write (an immutable Secret, one past its size limit).
+    Unwritable,
+    /// The API server did not answer in time.
+    Unreachable,
+    /// The open intents fill the journal.
+    Full,
+    /// More records wait for the writer than it queues.
+    Queue,
+}
+
+impl Unjournaled {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Forbidden => "forbidden",
+            Self::Unwritable => "unwritable",
+            Self::Unreachable => "unreachable",
+            Self::Full => "full",
+            Self::Queue => "queue_full",
+        }
+    }
+}
+
+/// The journal's metrics: one process-wide set, registered once and shared by every journal of
+/// the process.
 #[derive(Clone, Debug)]
 pub struct JournalMetrics {
     dropped: prometheus::IntCounterVec,
+    unjournaled: prometheus::IntCounterVec,
+    usable: prometheus::IntGaugeVec,
 }
 
 impl JournalMetrics {
@@ -182,12 +253,32 @@ impl JournalMetrics {
         let dropped = prometheus::IntCounterVec::new(
             prometheus::Opts::new(
                 "csi_sidecar_journal_entries_dropped_total",
-                "Intent journal entries dropped without being acted on, by journal (ConfigMap name) and reason (undecodable, wrong_kind, unverifiable, forged, mismatch)",
+                "Intent journal entries dropped without being acted on, by journal and reason (undecodable, wrong_kind, unverifiable, forged, mismatch, legacy)",
             ),
             &["journal", "reason"],
         )?;
+        let unjournaled = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "csi_sidecar_journal_unjournaled_total",
+                "Create calls that went ahead without their intent in the journal, by journal and reason (missing, forbidden, unwritable, unreachable, full, queue_full)",
+            ),
+            &["journal", "reason"],
+        )?;
+        let usable = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "csi_sidecar_journal_usable",
+                "1 while the intent journal can be written, 0 while its records go ahead unjournaled",
+            ),
+            &["journal"],
+        )?;
         registry.register(Box::new(dropped.clone()))?;
-        Ok(Self { dropped })
+        registry.register(Box::new(unjournaled.clone()))?;
+        registry.register(Box::new(usable.clone()))?;
+        Ok(Self {
+            dropped,
+            unjournaled,
+            usable,
+        })
     }
 
     /// The count of `journal`'s entries dropped for `reason`.
@@ -195,6 +286,21 @@ impl JournalMetrics {
         self.dropped
             .with_label_values(&[journal, reason.label()])
             .get()
+    }
+
+    /// The count of `journal`'s records that went ahead unjournaled for `reason`.
+    pub fn unjournaled(&self, journal: &str, reason: Unjournaled) -> u64 {
+        self.unjournaled
+            .with_label_values(&[journal, reason.label()])
+            .get()
+    }
+
+    /// Whether `journal` was usable at its last write (`None`: not written yet).
+    pub fn usable(&self, journal: &str) -> Option<bool> {
+        self.usable
+            .get_metric_with_label_values(&[journal])
+            .ok()
+            .map(|gauge| gauge.get() == 1)
     }
 }
 
@@ -231,14 +337,7 @@ pub fn journal_name(lease: &str, node: Option<&str>) -> String {
     format!("{start}-{hash}")
 }
 
-enum Op {
-    Put(String, String, oneshot::Sender<Result<(), JournalError>>),
-    Forget(String),
-    /// Write what is pending at once; answered once it is written (or cannot be).
-    Flush(oneshot::Sender<()>),
-}
-
-/// What a sidecar's journal says when it must turn itself off, and the form of its keys.
+/// What a sidecar's journal says of itself in its warnings, and the form of its keys.
 #[derive(Clone, Copy, Debug)]
 pub struct Owner {
     /// Who keeps the journal, as logs name it: "the provisioner".
@@ -251,11 +350,9 @@ pub struct Owner {
     pub key_form_name: &'static str,
 }
 
-impl Owner {
-    fn warn_off(&self, message: &str) {
-        tracing::warn!(error = %message, "{} cannot use its intent journal (it needs its namespace to exist, and RBAC: configmaps get, create, update and its key Secret get, create, update there); {}, as upstream's can", self.sidecar, self.risk);
-    }
-}
+/// At most this many entries of a legacy ConfigMap journal are named one by one in Events and
+/// log lines; the rest are counted (whoever writes ConfigMaps may fill one with keys).
+const LEGACY_NAMED: usize = 20;
 
 /// What the journal's handles and its writer share.
 struct Shared {
@@ -263,28 +360,120 @@ struct Shared {
     owner: Owner,
     keys: KeyStore,
     reporting: Reporting,
-    disabled: AtomicBool,
     writes: AtomicU64,
-    /// The ConfigMap as [`Journal::load`] read it, for the writer's first write: the first
-    /// intent then costs its write alone, not two reads before it.
-    loaded: std::sync::Mutex<Option<ConfigMap>>,
+    /// Why the journal cannot be written now, if it cannot.
+    fault: std::sync::Mutex<Option<Unjournaled>>,
+    /// The entries and the object as [`Journal::load`] read them, for the writer's first
+    /// write: the first intent then costs its write alone, not two reads before it.
+    loaded: std::sync::Mutex<Option<writer::Loaded>>,
+}
+
+fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
-    fn turn_off(&self, message: &str) {
-        if !self.disabled.swap(true, Ordering::Relaxed) {
-            self.owner.warn_off(message);
+    /// The journal cannot be written for `reason`: said once per change of reason, in a log
+    /// line, a Warning Event on the Lease and the usable gauge.
+    fn faulty(&self, reason: Unjournaled, message: &str) {
+        if let Some(metrics) = &self.reporting.metrics {
+            metrics
+                .usable
+                .with_label_values(&[&self.location.name])
+                .set(0);
+        }
+        if locked(&self.fault).replace(reason) == Some(reason) {
+            return;
+        }
+        let Location {
+            namespace,
+            name,
+            key_secret,
+            ..
+        } = &self.location;
+        tracing::warn!(journal = %name, reason = reason.label(), error = %message, "{} cannot write its intent journal: create calls go ahead unjournaled, and {}, as upstream's can, until it can (it needs the Secret {namespace}/{name}, which the manifests ship empty, and RBAC secrets get and update on it and on {key_secret}); trying again with a growing pause", self.owner.sidecar, self.owner.risk);
+        self.reporting.events.record(
+            self.location.lease_ref(),
+            EventType::Warning,
+            UNUSABLE_REASON,
+            &format!(
+                "Intent journal Secret {name} cannot be written ({}): {message}; create calls go ahead unjournaled until it can",
+                reason.label()
+            ),
+        );
+    }
+
+    /// The journal was written: said once after a fault.
+    fn usable(&self) {
+        if let Some(metrics) = &self.reporting.metrics {
+            metrics
+                .usable
+                .with_label_values(&[&self.location.name])
+                .set(1);
+        }
+        if let Some(was) = locked(&self.fault).take() {
+            let name = &self.location.name;
+            tracing::info!(journal = %name, was = was.label(), "the intent journal can be written again");
+            self.reporting.events.record(
+                self.location.lease_ref(),
+                EventType::Normal,
+                USABLE_REASON,
+                &format!(
+                    "Intent journal Secret {name} can be written again (it could not: {})",
+                    was.label()
+                ),
+            );
         }
     }
 
-    /// Says that entry `key` is dropped unread: a log line, a Warning Event on the journal and
-    /// the metric. `why` never quotes what a dropped entry says, only why it is dropped.
+    /// `count` records went ahead without being journaled, for `reason`.
+    fn unjournaled(&self, reason: Unjournaled, count: usize) {
+        if count == 0 {
+            return;
+        }
+        tracing::debug!(
+            journal = %self.location.name,
+            reason = reason.label(),
+            count,
+            "create calls go ahead unjournaled"
+        );
+        if let Some(metrics) = &self.reporting.metrics {
+            metrics
+                .unjournaled
+                .with_label_values(&[&self.location.name, reason.label()])
+                .inc_by(count as u64);
+        }
+    }
+
+    /// `count` records found the journal full (`bytes` of open intents): a Warning Event on
+    /// the Lease, as for an unusable journal, while the others are written.
+    fn report_full(&self, count: usize, bytes: usize) {
+        let name = &self.location.name;
+        tracing::warn!(journal = %name, count, bytes, "the intent journal is full: create calls go ahead unjournaled until intents finish");
+        self.reporting.events.record(
+            self.location.lease_ref(),
+            EventType::Warning,
+            UNUSABLE_REASON,
+            &format!(
+                "Intent journal Secret {name} is full ({bytes} bytes of open intents): create calls go ahead unjournaled until intents finish"
+            ),
+        );
+    }
+
+    /// Says that entry `key` is dropped unread: a log line, a Warning Event on the journal (or
+    /// on the legacy ConfigMap it was found in) and the metric. `why` never quotes what a
+    /// dropped entry says, only why it is dropped.
     fn report_dropped(&self, key: &str, reason: DropReason, why: &str) {
-        // A forged key is any string the ConfigMap's data allows: quoted, and cut short.
+        // A forged key is any string an object's data allows: quoted, and cut short.
         let key: String = key.chars().take(64).collect();
         tracing::warn!(%key, reason = reason.label(), why, "dropping an intent journal entry; nothing is asked of the driver for it");
+        let object = if reason == DropReason::Legacy {
+            self.location.legacy_ref()
+        } else {
+            self.location.object_ref()
+        };
         self.reporting.events.record(
-            self.location.object_ref(),
+            object,
             EventType::Warning,
             REJECTED_REASON,
             &format!(
@@ -292,11 +481,15 @@ impl Shared {
                 reason.label()
             ),
         );
+        self.count_dropped(reason, 1);
+    }
+
+    fn count_dropped(&self, reason: DropReason, count: usize) {
         if let Some(metrics) = &self.reporting.metrics {
             metrics
                 .dropped
                 .with_label_values(&[&self.location.name, reason.label()])
-                .inc();
+                .inc_by(count as u64);
         }
     }
 
@@ -304,6 +497,37 @@ impl Shared {
     fn bad_key(&self, key: &str) -> Option<String> {
         (!(self.owner.key_form)(key))
             .then(|| format!("its key is not {}", self.owner.key_form_name))
+    }
+
+    /// Reports the entries of the ConfigMap journal of earlier versions, if there is one and
+    /// the sidecar may read it: never acted on, as whoever may write ConfigMaps could have
+    /// written or replayed them.
+    async fn report_legacy(&self, api: &Api<ConfigMap>) {
+        let found = writer::bounded(api.get_opt(&self.location.name)).await;
+        let Ok(Some(legacy)) = found else {
+            return;
+        };
+        let keys: Vec<&String> = legacy
+            .data
+            .iter()
+            .flat_map(|data| data.keys())
+            .chain(legacy.binary_data.iter().flat_map(|data| data.keys()))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let why = format!(
+            "it is in the ConfigMap journal of an earlier version, which whoever may write ConfigMaps could have written or replayed; what its create call made, if anything, is left for an administrator to check (a volume or snapshot named after it), then ConfigMap {} can be deleted",
+            self.location.name
+        );
+        for key in keys.iter().take(LEGACY_NAMED) {
+            self.report_dropped(key, DropReason::Legacy, &why);
+        }
+        let rest = keys.len().saturating_sub(LEGACY_NAMED);
+        if rest > 0 {
+            tracing::warn!(count = rest, "dropping more legacy intent journal entries");
+            self.count_dropped(DropReason::Legacy, rest);
+        }
     }
 }
 
@@ -332,11 +556,23 @@ pub fn read_entry<T: DeserializeOwned>(
     })
 }
 
+/// The sealed entries of a journal Secret as stored: key → sealed text. A value that is not
+/// text is kept as lossy text, which opens nowhere.
+pub fn sealed_entries(secret: &Secret) -> Entries {
+    secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(key, value)| (key.clone(), String::from_utf8_lossy(&value.0).into_owned()))
+        .collect()
+}
+
 /// A handle on the journal writer. Cheap to clone.
 #[derive(Clone)]
 pub struct Journal {
-    tx: Option<mpsc::UnboundedSender<Op>>,
-    api: Option<Api<ConfigMap>>,
+    tx: Option<mpsc::Sender<writer::Op>>,
+    api: Option<Api<Secret>>,
+    legacy: Option<Api<ConfigMap>>,
     shared: Option<Arc<Shared>>,
 }
 
@@ -346,6 +582,7 @@ impl Journal {
         Self {
             tx: None,
             api: None,
+            legacy: None,
             shared: None,
         }
     }
@@ -359,31 +596,31 @@ impl Journal {
         reporting: Reporting,
     ) -> Self {
         let JournalClient { client, qps } = access;
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &location.namespace);
-        let secrets: Api<Secret> = Api::namespaced(client, &location.namespace);
+        let api: Api<Secret> = Api::namespaced(client.clone(), &location.namespace);
+        let legacy: Api<ConfigMap> = Api::namespaced(client, &location.namespace);
         let shared = Arc::new(Shared {
-            keys: KeyStore::new(secrets, location.key_secret.clone()),
+            keys: KeyStore::new(api.clone(), location.key_secret.clone()),
             location,
             owner,
             reporting,
-            disabled: AtomicBool::new(false),
             writes: AtomicU64::new(0),
+            fault: std::sync::Mutex::new(None),
             loaded: std::sync::Mutex::new(None),
         });
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(QUEUE);
         let budget = TokenBucket::new(qps.max(MIN_QPS), BURST);
-        tokio::spawn(write_loop(api.clone(), shared.clone(), budget, rx));
+        tokio::spawn(writer::Writer::new(api.clone(), shared.clone(), budget).run(rx));
         Self {
             tx: Some(tx),
             api: Some(api),
+            legacy: Some(legacy),
             shared: Some(shared),
         }
     }
 
+    /// Whether the journal records (it is configured); it may still be unusable for a while.
     pub fn enabled(&self) -> bool {
-        self.shared
-            .as_ref()
-            .is_some_and(|shared| !shared.disabled.load(Ordering::Relaxed))
+        self.shared.is_some()
     }
 
     /// Writes to the API server so far.
@@ -393,43 +630,77 @@ impl Journal {
             .map_or(0, |shared| shared.writes.load(Ordering::Relaxed))
     }
 
+    /// Why the journal cannot be written now, if it cannot.
+    pub fn fault(&self) -> Option<Unjournaled> {
+        self.shared
+            .as_ref()
+            .and_then(|shared| *locked(&shared.fault))
+    }
+
     /// The recorded intents, read at the start of leadership: those that open with the
     /// sidecar's keys, have a key of its form and decode. Every other entry is dropped and
-    /// reported. The ConfigMap and the keys read here are the writer's for its first write.
+    /// reported, and so is every entry of a legacy ConfigMap journal. What was read here is
+    /// the writer's for its first write. A journal that cannot be read is reported as
+    /// unusable and holds nothing to take up.
     pub async fn load<T: DeserializeOwned>(&self) -> Result<Vec<(String, T)>, JournalError> {
-        let (Some(api), Some(shared)) = (&self.api, &self.shared) else {
+        let (Some(api), Some(legacy), Some(shared), Some(tx)) =
+            (&self.api, &self.legacy, &self.shared, &self.tx)
+        else {
             return Ok(Vec::new());
         };
-        let object = match api.get_opt(&shared.location.name).await {
-            Ok(found) => found.unwrap_or_else(|| empty(&shared.location.name)),
-            Err(kube::Error::Api(status)) if status.code == 403 => {
-                shared.turn_off(&status.message);
+        shared.report_legacy(legacy).await;
+        let found = match writer::bounded(api.get_opt(&shared.location.name)).await {
+            Ok(found) => found,
+            Err(writer::Step::Fault(reason, message)) => {
+                shared.faulty(reason, &message);
                 return Ok(Vec::new());
             }
-            Err(err) => return Err(JournalError::Read(err.to_string())),
+            Err(
+                writer::Step::Transient(message)
+                | writer::Step::Again(message)
+                | writer::Step::NotFound(message),
+            ) => {
+                return Err(JournalError::Read(message));
+            }
         };
-        let entries = object.data.clone().unwrap_or_default();
-        *shared.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(object);
-        let keys = match shared.keys.keyring().await {
+        let Some(secret) = found else {
+            // Made at once if the sidecar may, reported as missing if not.
+            *locked(&shared.loaded) = Some(writer::Loaded::default());
+            let _ = tx.try_send(writer::Op::Sync);
+            return Ok(Vec::new());
+        };
+        let keys = match writer::bounded(shared.keys.keyring()).await {
             Ok(keys) => keys,
-            Err(KeyError::Forbidden(message)) => {
-                shared.turn_off(&message);
+            Err(writer::Step::Fault(reason, message)) => {
+                shared.faulty(reason, &message);
                 return Ok(Vec::new());
             }
-            // Nothing to open: the first record reads the keys again.
-            Err(err) if entries.is_empty() => {
-                tracing::debug!(error = %err, "cannot read the intent journal's key yet");
-                return Ok(Vec::new());
+            Err(
+                writer::Step::Transient(message)
+                | writer::Step::Again(message)
+                | writer::Step::NotFound(message),
+            ) => {
+                return Err(JournalError::Read(message));
             }
-            Err(err) => return Err(JournalError::Key(err.to_string())),
         };
+        let mut open = Entries::new();
         let mut good = Vec::new();
-        for (key, value) in &entries {
-            match read_entry(&keys, &shared.location, &shared.owner, key, value) {
-                Ok(intent) => good.push((key.clone(), intent)),
-                Err((reason, why)) => self.drop_entry(key, reason, &why),
+        for (key, value) in sealed_entries(&secret) {
+            match read_entry(&keys, &shared.location, &shared.owner, &key, &value) {
+                Ok(intent) => {
+                    if let Ok(text) = seal::open(&keys, shared.location.place(&key), &value) {
+                        open.insert(key.clone(), text.to_string());
+                    }
+                    good.push((key, intent));
+                }
+                // Not carried over: the next write takes it out.
+                Err((reason, why)) => shared.report_dropped(&key, reason, &why),
             }
         }
+        *locked(&shared.loaded) = Some(writer::Loaded {
+            entries: open,
+            resource_version: secret.metadata.resource_version,
+        });
         Ok(good)
     }
 
@@ -442,22 +713,26 @@ impl Journal {
         self.forget(key);
     }
 
-    /// Records an intent; returns once it is durable (or the journal is off).
+    /// Records an intent; returns once it is durable, or once it is known that it cannot be
+    /// (the journal unusable or full, said by the metrics and Events): the create call then
+    /// goes ahead as upstream's would.
     pub async fn record<T: Serialize>(&self, key: &str, intent: &T) -> Result<(), JournalError> {
         let (Some(tx), Some(shared)) = (&self.tx, &self.shared) else {
             return Ok(());
         };
-        if !self.enabled() {
-            return Ok(());
-        }
         if let Some(why) = shared.bad_key(key) {
-            tracing::error!(%key, "not recording an intent: {why}");
-            return Err(JournalError::Stopped);
+            return Err(JournalError::BadKey(why));
         }
         let text = serde_json::to_string(intent).map_err(|_| JournalError::Stopped)?;
         let (done_tx, done_rx) = oneshot::channel();
-        tx.send(Op::Put(key.to_string(), text, done_tx))
-            .map_err(|_| JournalError::Stopped)?;
+        match tx.try_send(writer::Op::Put(key.to_string(), text, done_tx)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                shared.unjournaled(Unjournaled::Queue, 1);
+                return Ok(());
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(JournalError::Stopped),
+        }
         // The write itself is made for a group of intents by the journal's own task: in a
         // trace, the wait for it.
         let waiting = if crate::telemetry::enabled() {
@@ -468,15 +743,16 @@ impl Journal {
         done_rx
             .instrument(waiting)
             .await
-            .map_err(|_| JournalError::Stopped)?
+            .map_err(|_| JournalError::Stopped)
     }
 
-    /// Forgets an intent (written with the next group).
+    /// Forgets an intent (written with the next group). With the writer's queue full it is
+    /// left for the next leader, which finds the intent done.
     pub fn forget(&self, key: &str) {
         if let Some(tx) = &self.tx
-            && self.enabled()
+            && tx.try_send(writer::Op::Forget(key.to_string())).is_err()
         {
-            let _ = tx.send(Op::Forget(key.to_string()));
+            tracing::debug!(%key, "the intent journal's queue is full; a finished intent stays for the next leader");
         }
     }
 
@@ -484,282 +760,65 @@ impl Journal {
     /// [`FLUSH_WAIT`]: a sidecar that stops leaves no finished intent for the next leader.
     pub async fn flush(&self) {
         let Some(tx) = &self.tx else { return };
-        if !self.enabled() {
-            return;
-        }
         let (done_tx, done_rx) = oneshot::channel();
-        if tx.send(Op::Flush(done_tx)).is_err() {
-            return;
-        }
-        if tokio::time::timeout(FLUSH_WAIT, done_rx).await.is_err() {
+        let flushed = async {
+            tx.send(writer::Op::Flush(done_tx)).await.ok()?;
+            done_rx.await.ok()
+        };
+        if tokio::time::timeout(FLUSH_WAIT, flushed).await.is_err() {
             tracing::warn!(waited = ?FLUSH_WAIT, "the intent journal's last write did not finish; the next leader reads the finished intents and drops them");
         }
     }
 }
 
-/// The journal's ConfigMap before its first write.
-fn empty(name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
+/// Seals each entry of `entries` with the current key of `keys`, for `location`.
+fn sealed(entries: &Entries, keys: &Keyring, location: &Location) -> Entries {
+    entries
+        .iter()
+        .map(|(key, text)| {
+            (
+                key.clone(),
+                seal::seal(&keys.current, location.place(key), text),
+            )
+        })
+        .collect()
 }
 
-/// Applies a group of operations to the entries; returns the indexes of the puts refused for
-/// lack of space (their senders are answered by the caller).
+/// The space `entries` take in the journal, sealed.
+fn size(entries: &Entries) -> usize {
+    entries
+        .iter()
+        .map(|(key, text)| key.len() + seal::sealed_len(text.len()))
+        .sum()
+}
+
+/// Applies a group of operations to the open entries; returns the indexes of the puts refused
+/// for lack of space, and the keys forgotten.
 fn apply(entries: &mut Entries, ops: &[(String, Option<String>)]) -> Vec<usize> {
     let mut refused = Vec::new();
-    let mut size: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
-    for (i, (uid, value)) in ops.iter().enumerate() {
+    let mut used = size(entries);
+    for (i, (key, value)) in ops.iter().enumerate() {
+        let old = entries
+            .get(key)
+            .map_or(0, |v| key.len() + seal::sealed_len(v.len()));
         match value {
             Some(text) => {
-                let old = entries.get(uid).map_or(0, |v| uid.len() + v.len());
-                let new = uid.len() + text.len();
-                if size - old + new > MAX_BYTES {
+                let new = key.len() + seal::sealed_len(text.len());
+                if used - old + new > MAX_BYTES {
                     refused.push(i);
                     continue;
                 }
-                size = size - old + new;
-                entries.insert(uid.clone(), text.clone());
+                used = used - old + new;
+                entries.insert(key.clone(), text.clone());
             }
             None => {
-                if let Some(v) = entries.remove(uid) {
-                    size -= uid.len() + v.len();
+                if entries.remove(key).is_some() {
+                    used -= old;
                 }
             }
         }
     }
     refused
-}
-
-/// Seals again with the current key what an earlier key sealed, and takes out what does not
-/// open: nothing the sidecar did not write is carried over by its own writes. Returns what
-/// was taken out, and why.
-fn reseal(entries: &mut Entries, keys: &Keyring, location: &Location) -> Vec<(String, Unsealed)> {
-    let mut dropped = Vec::new();
-    entries.retain(|key, value| {
-        let place = location.place(key);
-        match seal::open(keys, place, value) {
-            Ok(text) => {
-                if seal::key_id(value) != Some(keys.current.id()) {
-                    *value = seal::seal(&keys.current, place, text);
-                }
-                true
-            }
-            Err(why) => {
-                dropped.push((key.clone(), why));
-                false
-            }
-        }
-    });
-    dropped
-}
-
-/// Waits for more operations to join `batch` until `wait` passes, or sooner: when one
-/// arrives for which `enough` holds, or a flush.
-async fn gather(
-    rx: &mut mpsc::UnboundedReceiver<Op>,
-    batch: &mut Vec<Op>,
-    wait: Duration,
-    enough: fn(&Op) -> bool,
-) {
-    let deadline = tokio::time::sleep(wait);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            _ = &mut deadline => return,
-            op = rx.recv() => match op {
-                Some(op) => {
-                    let done = enough(&op) || matches!(op, Op::Flush(_));
-                    batch.push(op);
-                    if done {
-                        return;
-                    }
-                }
-                None => return,
-            },
-        }
-    }
-}
-
-/// Waits for the budget to allow one request.
-async fn paced(budget: Option<&TokenBucket>) {
-    let wait = budget.map_or(Duration::ZERO, TokenBucket::reserve);
-    if !wait.is_zero() {
-        tokio::time::sleep(wait).await;
-    }
-}
-
-async fn read_paced(
-    api: &Api<ConfigMap>,
-    name: &str,
-    budget: Option<&TokenBucket>,
-) -> Result<Option<ConfigMap>, kube::Error> {
-    paced(budget).await;
-    api.get_opt(name).await
-}
-
-async fn write_loop(
-    api: Api<ConfigMap>,
-    shared: Arc<Shared>,
-    budget: Option<TokenBucket>,
-    mut rx: mpsc::UnboundedReceiver<Op>,
-) {
-    let name = shared.location.name.clone();
-    let mut cached: Option<ConfigMap> = None;
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        if batch.iter().all(|op| matches!(op, Op::Forget(_))) {
-            // Forgetting can wait for company: under load it rides along with a record.
-            gather(&mut rx, &mut batch, FORGET_DELAY, |op| {
-                matches!(op, Op::Put(..))
-            })
-            .await;
-        }
-        // What arrives while the write waits for its turn in the budget goes out with it.
-        paced(budget.as_ref()).await;
-        while let Ok(op) = rx.try_recv() {
-            batch.push(op);
-        }
-        let mut ops = Vec::with_capacity(batch.len());
-        let mut waiters = Vec::new();
-        let mut flushed = Vec::new();
-        for op in batch {
-            match op {
-                Op::Put(uid, text, done) => {
-                    waiters.push((ops.len(), done));
-                    ops.push((uid, Some(text)));
-                }
-                Op::Forget(uid) => ops.push((uid, None)),
-                Op::Flush(done) => flushed.push(done),
-            }
-        }
-        if ops.is_empty() || shared.disabled.load(Ordering::Relaxed) {
-            for (_, done) in waiters {
-                let _ = done.send(Ok(()));
-            }
-            continue;
-        }
-        if let Some(loaded) = shared
-            .loaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            cached = Some(loaded);
-        }
-        let mut delay = RETRY_START;
-        let mut attempt = 0u32;
-        let outcome = loop {
-            let keys = match shared.keys.keyring().await {
-                Ok(keys) => keys,
-                Err(KeyError::Forbidden(message)) => break Err(message),
-                Err(err) => {
-                    tracing::warn!(error = %err, retry_in = ?delay, "cannot read the intent journal's key");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RETRY_MAX);
-                    continue;
-                }
-            };
-            let mut object = match cached.take() {
-                Some(object) => object,
-                None => match read_paced(&api, &name, budget.as_ref()).await {
-                    Ok(Some(object)) => object,
-                    Ok(None) => empty(&name),
-                    Err(kube::Error::Api(status)) if status.code == 403 => {
-                        break Err(status.message);
-                    }
-                    Err(err) => {
-                        tracing::warn!(error = %err, retry_in = ?delay, "cannot read the intent journal");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(RETRY_MAX);
-                        continue;
-                    }
-                },
-            };
-            let entries = object.data.get_or_insert_default();
-            let sealed: Vec<(String, Option<String>)> = ops
-                .iter()
-                .map(|(key, text)| {
-                    let value = text
-                        .as_ref()
-                        .map(|text| seal::seal(&keys.current, shared.location.place(key), text));
-                    (key.clone(), value)
-                })
-                .collect();
-            let refused = apply(entries, &sealed);
-            // After the group: what it forgets (entries dropped at load among them) is gone,
-            // not reported again.
-            let dropped = reseal(entries, &keys, &shared.location);
-            let size = entries
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
-            let creating = object.metadata.resource_version.is_none();
-            // The first attempt has the token taken before the group was gathered.
-            if attempt > 0 {
-                paced(budget.as_ref()).await;
-            }
-            attempt += 1;
-            let result = if creating {
-                api.create(&PostParams::default(), &object).await
-            } else {
-                api.replace(&name, &PostParams::default(), &object).await
-            };
-            shared.writes.fetch_add(1, Ordering::Relaxed);
-            match result {
-                Ok(written) => {
-                    cached = Some(written);
-                    break Ok((refused, size, dropped));
-                }
-                Err(kube::Error::Api(status)) if status.code == 403 => break Err(status.message),
-                // A create answered 404: the namespace itself is missing.
-                Err(kube::Error::Api(status)) if creating && status.code == 404 => {
-                    break Err(status.message);
-                }
-                Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {
-                    // Someone else wrote it (or it was deleted): read it again and redo, at
-                    // once the first time, after a growing pause if it keeps happening.
-                    if delay > RETRY_START {
-                        tokio::time::sleep(delay).await;
-                    }
-                    delay = (delay * 2).min(RETRY_MAX);
-                    continue;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, retry_in = ?delay, "cannot write the intent journal");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RETRY_MAX);
-                }
-            }
-        };
-        match outcome {
-            Ok((refused, size, dropped)) => {
-                for (key, why) in dropped {
-                    shared.report_dropped(&key, (&why).into(), &why.to_string());
-                }
-                for (index, done) in waiters {
-                    let answer = if refused.contains(&index) {
-                        Err(JournalError::Full(size))
-                    } else {
-                        Ok(())
-                    };
-                    let _ = done.send(answer);
-                }
-            }
-            Err(message) => {
-                shared.turn_off(&message);
-                for (_, done) in waiters {
-                    let _ = done.send(Ok(()));
-                }
-            }
-        }
-        // Dropping the senders answers the flushes.
-        drop(flushed);
-    }
 }
 
 #[cfg(test)]
@@ -815,56 +874,35 @@ mod tests {
         let refused = apply(&mut entries, &[("c".to_string(), Some(big))]);
         assert_eq!(refused, vec![0]);
         assert!(!entries.contains_key("c"));
+        // What a put replaces is not counted twice.
+        let most = "x".repeat(MAX_BYTES - seal::sealed_len(0) - 2);
+        assert!(apply(&mut entries, &[("b".to_string(), Some(most.clone()))]).is_empty());
+        assert!(apply(&mut entries, &[("b".to_string(), Some(most))]).is_empty());
+        assert_eq!(size(&entries), MAX_BYTES - 1);
     }
 
     #[test]
-    fn a_write_reseals_what_an_earlier_key_sealed_and_takes_out_what_does_not_open() {
-        let key = |b: u8| seal::Key::from_bytes(&[b; seal::KEY_LEN]).unwrap();
+    fn the_size_counted_is_the_size_written() {
+        let key = seal::Key::from_bytes(&[1; seal::KEY_LEN]).unwrap();
         let location = Location {
             namespace: "csi".into(),
             name: "j".into(),
             key_secret: "j-key".into(),
+            lease: "l".into(),
         };
-        let keys = Keyring {
-            current: key(1),
-            previous: Some(key(2)),
-        };
-        let mut entries = Entries::from([
-            (
-                "old".to_string(),
-                seal::seal(&key(2), location.place("old"), "{}"),
-            ),
-            (
-                "new".to_string(),
-                seal::seal(&key(1), location.place("new"), "{}"),
-            ),
-            (
-                "moved".to_string(),
-                seal::seal(&key(1), location.place("new"), "{}"),
-            ),
-            (
-                "gone".to_string(),
-                seal::seal(&key(3), location.place("gone"), "{}"),
-            ),
-            ("plain".to_string(), "{}".to_string()),
-        ]);
-        let mut dropped = reseal(&mut entries, &keys, &location);
-        dropped.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(
-            dropped,
-            vec![
-                (
-                    "gone".to_string(),
-                    Unsealed::UnknownKey(key(3).id().to_string())
-                ),
-                ("moved".to_string(), Unsealed::Forged),
-                ("plain".to_string(), Unsealed::Unsigned),
-            ]
-        );
-        assert_eq!(entries.len(), 2);
-        for (name, value) in &entries {
-            assert_eq!(seal::key_id(value), Some(key(1).id()), "{name}");
-            assert_eq!(seal::open(&keys, location.place(name), value), Ok("{}"));
+        for text in ["", "{}", &"é".repeat(100)] {
+            let sealed = seal::seal(&key, location.place("k"), text);
+            assert_eq!(sealed.len(), seal::sealed_len(text.len()), "{text}");
         }
+    }
+
+    #[test]
+    fn only_a_key_the_sidecar_no_longer_has_is_unverifiable() {
+        assert_eq!(DropReason::from(&Unsealed::Unsigned), DropReason::Forged);
+        assert_eq!(DropReason::from(&Unsealed::Forged), DropReason::Forged);
+        assert_eq!(
+            DropReason::from(&Unsealed::UnknownKey("ab".into())),
+            DropReason::Unverifiable
+        );
     }
 }

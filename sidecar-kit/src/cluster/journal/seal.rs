@@ -81,16 +81,6 @@ pub enum Unsealed {
     Forged,
 }
 
-impl Unsealed {
-    /// The reason label of the dropped-entries metric.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Unsigned | Self::UnknownKey(_) => "unverifiable",
-            Self::Forged => "forged",
-        }
-    }
-}
-
 fn message(place: Place<'_>, text: &str) -> Vec<u8> {
     // NUL never occurs in object names or in JSON text, so the parts cannot be shifted.
     let mut bytes = Vec::with_capacity(
@@ -116,6 +106,13 @@ pub fn seal(key: &Key, place: Place<'_>, text: &str) -> String {
         key.id,
         URL_SAFE_NO_PAD.encode(tag.as_ref())
     )
+}
+
+/// The length of a text of `text_len` bytes once sealed.
+pub const fn sealed_len(text_len: usize) -> usize {
+    // The version, a key id of 12 hex digits, a SHA-256 MAC in unpadded base64 (43), three
+    // dots.
+    VERSION.len() + 12 + 43 + 3 + text_len
 }
 
 /// The parts of a sealed value: key id, MAC and text.

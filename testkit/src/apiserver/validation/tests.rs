@@ -180,3 +180,50 @@ fn snapshot_metadata_services_follow_their_schema() {
     let errs = validate_update(&k, &dropped, &good, false, &gates);
     assert_eq!(errs[0].to_string(), "spec.audience: Required value");
 }
+
+#[test]
+fn immutable_secrets_and_config_maps_keep_their_data_and_the_size_is_limited() {
+    use base64::Engine;
+    let r = Registry::builtin();
+    let gates = FeatureGates::default();
+    for plural in ["secrets", "configmaps"] {
+        let k = kind(&r, plural);
+        let old = json!({"metadata": {"name": "s", "resourceVersion": "1"},
+            "data": {"k": "dg=="}, "immutable": true});
+        let mut changed = old.clone();
+        changed["data"]["k"] = json!("dw==");
+        let errs = validate_update(&k, &changed, &old, false, &gates);
+        assert_eq!(errs.len(), 1, "{plural}: {errs:?}");
+        assert_eq!(errs[0].field, "data");
+        assert_eq!(errs[0].kind, ErrorType::Forbidden);
+        let mut unmarked = old.clone();
+        unmarked["immutable"] = Value::Null;
+        let errs = validate_update(&k, &unmarked, &old, false, &gates);
+        assert_eq!(errs[0].field, "immutable", "{plural}");
+        // A mutable object changes freely, and its labels may change on an immutable one.
+        let mut relabeled = old.clone();
+        relabeled["metadata"]["labels"] = json!({"a": "b"});
+        assert!(validate_update(&k, &relabeled, &old, false, &gates).is_empty());
+        let mut mutable = old.clone();
+        mutable["immutable"] = json!(false);
+        let mut next = changed.clone();
+        next["immutable"] = json!(false);
+        assert!(validate_update(&k, &next, &mutable, false, &gates).is_empty());
+    }
+    // A Secret's decoded values count; a ConfigMap's keys and values.
+    let secrets = kind(&r, "secrets");
+    let value = |n: usize| base64::engine::general_purpose::STANDARD.encode(vec![0u8; n]);
+    let at_limit = json!({"metadata": {"name": "s"}, "data": {"a": value(MAX_DATA_BYTES)}});
+    assert!(validate_create(&secrets, &at_limit, &FeatureGates::default()).is_empty());
+    let past = json!({"metadata": {"name": "s"},
+        "data": {"a": value(MAX_DATA_BYTES), "b": value(1)}});
+    let errs = validate_create(&secrets, &past, &FeatureGates::default());
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].kind, ErrorType::TooLong);
+    let maps = kind(&r, "configmaps");
+    let full = json!({"metadata": {"name": "m"}, "data": {"k": "x".repeat(MAX_DATA_BYTES)}});
+    assert_eq!(
+        validate_create(&maps, &full, &FeatureGates::default()).len(),
+        1
+    );
+}
