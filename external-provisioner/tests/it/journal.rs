@@ -971,12 +971,19 @@ async fn a_replayed_entry_never_deletes_a_retained_volume() {
         .unwrap();
     env.wait_pv_gone(&pv_name).await;
 
-    // Into the ConfigMap journal of earlier versions.
-    let legacy: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "provisioner-journal"},
-        "data": {uid.clone(): captured.clone()},
-    }))
-    .unwrap();
+    // Into the ConfigMap journal of earlier versions, with junk keys that sort after it.
+    let mut data: std::collections::BTreeMap<String, String> = (0..30)
+        .map(|i| (format!("zz-junk-{i:02}"), "x".repeat(100)))
+        .collect();
+    data.insert(uid.clone(), captured.clone());
+    let legacy = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("provisioner-journal".into()),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    };
     Api::<ConfigMap>::namespaced(env.client(), &env.namespace())
         .create(&kube::api::PostParams::default(), &legacy)
         .await
@@ -994,9 +1001,20 @@ async fn a_replayed_entry_never_deletes_a_retained_volume() {
             .then_some(())
     })
     .await;
+    // Named one by one up to 20; the rest counted.
+    eventually("20 legacy entries named", || async {
+        let named = rejected(&env)
+            .await
+            .iter()
+            .filter(|m| m.contains("(legacy)"))
+            .count();
+        assert!(named <= 20, "{named} named");
+        (named == 20).then_some(())
+    })
+    .await;
     assert_eq!(
         metrics.dropped("provisioner-journal", DropReason::Legacy),
-        1
+        31
     );
     assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0, "nothing deleted");
     assert!(env.driver_volumes_by_id().contains(&handle));
@@ -1202,5 +1220,123 @@ async fn an_unusable_journal_never_holds_provisioning_up() {
             .unwrap()
             .is_some()
     );
+    env.stop().await;
+}
+
+/// On a real cluster, as a ServiceAccount with the rights the journal must hold against: all
+/// verbs on ConfigMaps, Events and Leases in the journal's namespace, nothing on Secrets. It can
+/// neither read, watch nor delete the journal, and what it writes into the ConfigMap journal of
+/// earlier versions is reported, never acted on.
+#[tokio::test]
+async fn a_configmap_writer_can_neither_read_nor_write_the_journal() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::{ListParams, PostParams, WatchParams};
+    use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+    let mut env = Env::without_controller(mock()).await;
+    if !env.cluster.is_real() {
+        eprintln!("skipped on the test kit: its API server authorizes every request");
+        return env.stop().await;
+    }
+    let ns = env.namespace();
+    let post = PostParams::default();
+    fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+    let role: Role = object(json!({
+        "metadata": {"name": "configmap-writer"},
+        "rules": [{"apiGroups": ["", "events.k8s.io", "coordination.k8s.io"],
+            "resources": ["configmaps", "events", "leases"], "verbs": ["*"]}],
+    }));
+    Api::<Role>::namespaced(env.client(), &ns)
+        .create(&post, &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = object(json!({
+        "metadata": {"name": "configmap-writer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-writer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "configmap-writer", "namespace": ns}],
+    }));
+    Api::<RoleBinding>::namespaced(env.client(), &ns)
+        .create(&post, &binding)
+        .await
+        .unwrap();
+    let accounts = Api::<ServiceAccount>::namespaced(env.client(), &ns);
+    accounts
+        .create(
+            &post,
+            &object(json!({"metadata": {"name": "configmap-writer"}})),
+        )
+        .await
+        .unwrap();
+    let request: TokenRequest =
+        object(json!({"spec": {"audiences": [], "expirationSeconds": 600}}));
+    let token = accounts
+        .create_token_request("configmap-writer", &post, &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|status| status.token)
+        .expect("a token");
+    let kubeconfig = Kubeconfig::read_from(env.cluster.kubeconfig_path()).unwrap();
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+    config.auth_info = AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    let attacker = kube::Client::try_from(config).unwrap();
+
+    // The journal as the manifests ship it, and a first provisioning that writes it.
+    let class = env.create_class(json!({"reclaimPolicy": "Retain"})).await;
+    let (uid, captured) = capture_an_entry(&mut env, &class, "victim").await;
+    let secrets = Api::<Secret>::namespaced(attacker.clone(), &ns);
+    let forbidden = |result: Result<(), kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{what}: {status:?}"),
+        other => panic!("{what}: {other:?}"),
+    };
+    forbidden(secrets.get("provisioner-journal").await.map(drop), "get");
+    forbidden(secrets.list(&ListParams::default()).await.map(drop), "list");
+    forbidden(
+        secrets.watch(&WatchParams::default(), "0").await.map(drop),
+        "watch",
+    );
+    forbidden(
+        secrets
+            .delete("provisioner-journal", &Default::default())
+            .await
+            .map(drop),
+        "delete",
+    );
+    // What it can do: put the (stolen by other means) entry into a ConfigMap of the journal's
+    // name.
+    let legacy = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("provisioner-journal".into()),
+            ..Default::default()
+        },
+        data: Some([(uid.clone(), captured)].into()),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(attacker, &ns)
+        .create(&post, &legacy)
+        .await
+        .unwrap();
+    let metrics = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
+    let config = env.config(&[]).await;
+    launch_reporting(&mut env, config, &metrics);
+    env.wait_bound("victim").await;
+    eventually("the ConfigMap's entry reported", || async {
+        rejected(&env)
+            .await
+            .iter()
+            .any(|m| m.contains(&format!("{uid:?} (legacy)")))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0, "nothing deleted");
     env.stop().await;
 }

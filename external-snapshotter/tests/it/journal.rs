@@ -412,3 +412,110 @@ async fn a_stolen_key_cannot_delete_a_retained_snapshot_of_a_gone_content() {
     );
     env.stop().await;
 }
+
+/// The replay for snapshots: a genuine entry captured while its CreateSnapshot went unanswered;
+/// later its content is patched to Retain (as backup tools do) and deleted, the snapshot kept in
+/// the driver. Written back into the ConfigMap journal of earlier versions, as whoever may
+/// write ConfigMaps can: reported (legacy), never acted on. Then the snapshot is taken in by a
+/// pre-provisioned content and the entry written into the journal itself: a content names the
+/// snapshot, which is kept. Nothing is deleted.
+#[tokio::test]
+async fn a_replayed_entry_never_deletes_a_retained_snapshot() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{DeleteParams, PostParams};
+    let mut env = without_retries().await;
+    env.class("class", "Delete", json!({})).await;
+    env.bound_claim("data").await;
+    env.mock
+        .faults()
+        .lose_answers(CREATE, 1, Code::DeadlineExceeded);
+    let uid = env.snapshot("snap", "data", "class").await;
+    let name = format!("snapcontent-{uid}");
+    env.content_of(&uid).await;
+    let captured = eventually("the intent recorded", || async {
+        crate::common::journal_entries(&env).await.remove(&name)
+    })
+    .await;
+    env.content_until(&name, "the lost answer reported", |c| {
+        c["status"]["error"]["message"].is_string()
+    })
+    .await;
+    env.kill().await;
+    env.run();
+    let ready = env
+        .content_until(&name, "the content ready", |c| {
+            c["status"]["readyToUse"] == true
+        })
+        .await;
+    let handle = ready["status"]["snapshotHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let retain = Patch::Merge(json!({"spec": {"deletionPolicy": "Retain"}}));
+    env.contents()
+        .patch(&name, &PatchParams::default(), &retain)
+        .await
+        .unwrap();
+    env.delete_snapshot("snap").await;
+    env.contents()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.content_gone(&name).await;
+    eventually("the intent forgotten", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    env.kill().await;
+    assert!(env.mock.state().snapshots.contains_key(&handle));
+
+    let legacy: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "snapshotter-journal"},
+        "data": {name.clone(): captured.clone()},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(env.client(), env.ns())
+        .create(&PostParams::default(), &legacy)
+        .await
+        .unwrap();
+    env.run();
+    let rejected = rejected_entries(&env, 1).await;
+    assert!(rejected[0].contains("(legacy)"), "{rejected:?}");
+    // A snapshot cut after the journal was taken up: the snapshotter is at work.
+    let marker = env.snapshot("marker", "data", "class").await;
+    env.content_until(&format!("snapcontent-{marker}"), "the marker ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
+
+    // Taken in by a pre-provisioned content, and the entry replayed into the journal.
+    env.kill().await;
+    let home = env.n("rehomed");
+    let content = json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+        "metadata": {"name": home},
+        "spec": {"driver": env.driver, "deletionPolicy": "Retain",
+                 "source": {"snapshotHandle": handle},
+                 "volumeSnapshotRef": {"name": "adopted", "namespace": env.ns()}},
+    });
+    env.contents()
+        .create(
+            &Default::default(),
+            &serde_json::from_value(content).unwrap(),
+        )
+        .await
+        .unwrap();
+    write_journal_as_is(&env, [(name.clone(), captured)].into()).await;
+    env.run();
+    eventually("the replayed intent settled", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
+    assert!(
+        env.mock.state().snapshots.contains_key(&handle),
+        "the snapshot a content names is kept"
+    );
+    env.stop().await;
+}
