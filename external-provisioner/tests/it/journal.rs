@@ -1188,12 +1188,13 @@ async fn an_unusable_journal_never_holds_provisioning_up() {
         assert_eq!(metrics.usable("provisioner-journal"), Some(false));
     }
 
-    // Shipped again, empty: the journal is written again.
+    // Shipped again, empty, while the sidecar still may not create it: the journal is written
+    // again.
+    let shipped: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "provisioner-journal"}})).unwrap();
     if let Some(faults) = &refused {
         faults.clear();
     }
-    let shipped: Secret =
-        serde_json::from_value(json!({"metadata": {"name": "provisioner-journal"}})).unwrap();
     if secrets
         .get_opt("provisioner-journal")
         .await
@@ -1204,6 +1205,9 @@ async fn an_unusable_journal_never_holds_provisioning_up() {
             .create(&kube::api::PostParams::default(), &shipped)
             .await
             .unwrap();
+    }
+    if let Some(faults) = &refused {
+        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
     }
     // Tried again without waiting for a record.
     eventually("the journal usable again", || async {
@@ -1220,6 +1224,9 @@ async fn an_unusable_journal_never_holds_provisioning_up() {
             .unwrap()
             .is_some()
     );
+    if let Some(faults) = &refused {
+        faults.clear();
+    }
     env.stop().await;
 }
 

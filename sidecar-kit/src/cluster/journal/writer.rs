@@ -300,16 +300,21 @@ impl Writer {
                 self.synced = false;
                 Err(Step::Again(message))
             }
-            Err(Step::Fault(Unjournaled::Forbidden, message)) if creating => Err(Step::Fault(
-                Unjournaled::Missing,
-                format!(
-                    "Secret {} does not exist and the sidecar may not create it: {message}",
-                    location.name
-                ),
-            )),
+            Err(Step::Fault(Unjournaled::Forbidden, message)) if creating => {
+                // Read first next time: the Secret may be shipped again meanwhile.
+                self.synced = false;
+                Err(Step::Fault(
+                    Unjournaled::Missing,
+                    format!(
+                        "Secret {} does not exist and the sidecar may not create it: {message}",
+                        location.name
+                    ),
+                ))
+            }
             Err(Step::NotFound(message)) => {
                 if creating {
                     // The namespace itself is missing.
+                    self.synced = false;
                     return Err(Step::Fault(Unjournaled::Missing, message));
                 }
                 // Deleted under the writer: made again (if the sidecar may) with every open
