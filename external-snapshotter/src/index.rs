@@ -2,7 +2,7 @@
 //! VolumeGroupSnapshotContents, and the classes of both. Each event returns the contents to
 //! work on. No I/O.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::values::shrink::ShrinkWhenSparse;
@@ -68,6 +68,10 @@ trait Cached {
     fn driver(&self) -> Option<&str>;
     /// `None` for a class: each event of one replaces the cached one.
     fn resource_version(&self) -> Option<&str>;
+    /// Whether it keeps what it names once deleted (a content of deletion policy Retain).
+    fn retains(&self) -> bool {
+        false
+    }
 }
 
 impl<T: ContentObject> Cached for T {
@@ -79,6 +83,9 @@ impl<T: ContentObject> Cached for T {
     }
     fn resource_version(&self) -> Option<&str> {
         Some(ContentObject::resource_version(self))
+    }
+    fn retains(&self) -> bool {
+        !self.deletes()
     }
 }
 
@@ -100,6 +107,10 @@ impl Cached for Class {
 struct Table<T> {
     items: HashMap<String, T>,
     relist: Relist,
+    /// Contents whose last version kept what they name (deletion policy Retain) when they
+    /// went, until the worker that settles them has looked: a policy patched to Retain after
+    /// a create was recorded outranks the recorded one.
+    retained_gone: HashSet<String>,
 }
 
 impl<T> Default for Table<T> {
@@ -107,6 +118,7 @@ impl<T> Default for Table<T> {
         Self {
             items: HashMap::new(),
             relist: Relist::default(),
+            retained_gone: HashSet::new(),
         }
     }
 }
@@ -145,6 +157,10 @@ impl<T: Cached> Table<T> {
             }
             Change::Delete(object) => {
                 let name = object.meta().name.clone().unwrap_or_default();
+                let last = project(object);
+                if last.retains() && last.driver().is_none_or(|d| d == driver) {
+                    self.retained_gone.insert(name.clone());
+                }
                 self.forget(&name);
                 // The worker looks at a content that is gone too: an unanswered create call
                 // may have left a snapshot no content will name.
@@ -249,6 +265,12 @@ impl Index {
             .values()
             .find(|c| c.uid() == content_uid || c.source_uid() == source_uid)
             .map(|c| c.name().to_string())
+    }
+
+    /// Whether content `name` of kind `T` kept what it names when it went (its deletion policy
+    /// was Retain), asked once: the answer is forgotten.
+    pub fn take_retained_gone<T: Shelved>(&mut self, name: &str) -> bool {
+        T::shelf_mut(self).contents.retained_gone.remove(name)
     }
 
     /// A content of kind `T` (of any driver) that names the driver's snapshot (group)

@@ -286,6 +286,8 @@ pub trait ContentObject: Sized {
     fn error_message(&self) -> Option<&str>;
     /// Whether it names the snapshot (group) `handle` of the driver.
     fn names_handle(&self, handle: &str) -> bool;
+    /// Whether its deletion policy deletes what it names.
+    fn deletes(&self) -> bool;
 
     /// The reference an Event about this content names.
     fn object_ref(&self) -> ObjectReference {
@@ -331,6 +333,9 @@ macro_rules! content_fields {
         fn error_message(&self) -> Option<&str> {
             let error = self.status.as_ref()?.error.as_ref()?;
             error.message.as_deref()
+        }
+        fn deletes(&self) -> bool {
+            self.deletion_policy == "Delete"
         }
         fn project(object: &Self::Object) -> Self {
             Self::from_api(object)

@@ -151,6 +151,7 @@ impl Controller {
     /// for it may have cut something, that is found (the call is idempotent by name) and
     /// deleted unless the content's policy kept it.
     pub(super) async fn settle_gone<K: ContentKind>(&self, name: &str) -> Result<(), Failure> {
+        let retained = self.kept_when_gone::<K>(name);
         let Some(intent) = lock(&K::lane(self).intents).get(name).cloned() else {
             K::done(self, name);
             return Ok(());
@@ -160,7 +161,9 @@ impl Controller {
         {
             return Ok(());
         }
-        if !intent.delete() {
+        // The policy the content had when it went outranks the one recorded with the intent
+        // (backup tools patch contents to Retain before they delete them).
+        if !intent.delete() || retained {
             tracing::warn!(
                 kind = kind_of::<K>(),
                 name,
@@ -194,6 +197,17 @@ impl Controller {
         }
     }
 
+    /// Whether content `name` kept what it names when it went: its last version seen had
+    /// deletion policy Retain (its deletion seen, or not yet).
+    fn kept_when_gone<K: ContentKind>(&self, name: &str) -> bool {
+        let mut index = self.index();
+        let gone_retained = index.take_retained_gone::<K::Content>(name);
+        gone_retained
+            || index
+                .current::<K::Content>(name)
+                .is_some_and(|content| !content.deletes())
+    }
+
     /// Deletes what the create call cut for a content that is gone, then forgets the intent.
     pub(super) async fn discard<K: ContentKind>(
         &self,
@@ -202,7 +216,15 @@ impl Controller {
         cut: &K::Cut,
     ) -> Result<(), Failure> {
         let named = self.index().naming_handle::<K::Content>(K::handle(cut));
-        if let Some(owner) = named {
+        if self.kept_when_gone::<K>(name) {
+            tracing::info!(
+                kind = kind_of::<K>(),
+                name,
+                handle = K::handle(cut),
+                "the content went with deletion policy Retain: its {} is kept",
+                K::CUT
+            );
+        } else if let Some(owner) = named {
             // Some content names it (an administrator took it in, or an intent was
             // replayed): never deleted here.
             tracing::warn!(

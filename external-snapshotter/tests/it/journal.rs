@@ -519,3 +519,41 @@ async fn a_replayed_entry_never_deletes_a_retained_snapshot() {
     );
     env.stop().await;
 }
+
+/// A content patched to Retain while its CreateSnapshot is unanswered (as backup tools patch
+/// contents before they delete them), then deleted: the snapshot the call cut is kept, as the
+/// content asked when it went, though the recorded intent said Delete.
+#[tokio::test]
+async fn a_content_retained_before_it_went_keeps_its_snapshot() {
+    let env = Env::start(MockDriver::builder(), |_| {}).await;
+    env.class("class", "Delete", json!({})).await;
+    env.bound_claim("data").await;
+    env.mock.faults().hang(CREATE);
+    let uid = env.snapshot("snap", "data", "class").await;
+    let name = format!("snapcontent-{uid}");
+    env.content_of(&uid).await;
+    eventually("the call at the driver", || async {
+        (env.mock.calls().count(CREATE) >= 1).then_some(())
+    })
+    .await;
+    let retain = Patch::Merge(json!({"spec": {"deletionPolicy": "Retain"}}));
+    env.contents()
+        .patch(&name, &PatchParams::default(), &retain)
+        .await
+        .unwrap();
+    // A Retain content outlives its VolumeSnapshot: it is deleted by hand, its finalizer
+    // taken away.
+    env.delete_snapshot("snap").await;
+    env.contents()
+        .delete(&name, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    unfinalize(&env, &name).await;
+    env.mock.faults().release(CREATE);
+    eventually("the intent forgotten", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
+    assert_eq!(env.mock.state().snapshots.len(), 1, "the snapshot is kept");
+}
