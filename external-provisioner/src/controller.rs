@@ -402,7 +402,23 @@ impl Controller {
         };
         let now = decide::prepare(&policy, &claim, &class, &*self.index(), &lookups);
         match now {
-            Ok(now) => journal::check_against(intent, &claim, &class.name, &now),
+            Ok(now) => {
+                journal::check_against(intent, &claim, &class.name, &now)?;
+                if live.is_none() || !self.config.policy.topology || claim.selected_node().is_none()
+                {
+                    return Ok(());
+                }
+                // A claim placed on a node: its volume must be asked for there.
+                let placed = decide::prepare(
+                    &self.config.policy,
+                    &claim,
+                    &class,
+                    &*self.index(),
+                    &lookups,
+                )
+                .map_err(|failure| Rejected::Unverifiable(failure.message))?;
+                journal::check_topology(intent, &placed)
+            }
             Err(failure) if live.is_none() => {
                 // What the gone claim read (its data source, its attributes class) may be
                 // gone too: every part that does not depend on them must still agree.

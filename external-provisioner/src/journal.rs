@@ -178,6 +178,25 @@ pub fn check_against(
     }
 }
 
+/// For a claim with a selected node, prepared `now` with topology: the recorded request must
+/// ask first for the topology that node has (its preferred segment, else its first requisite
+/// one). The rest of the requirements follows the cluster's nodes and is not compared.
+pub fn check_topology(intent: &Intent, now: &Prepared) -> Result<(), Rejected> {
+    let first = |prepared: &Prepared| {
+        let requirements = prepared.request.accessibility_requirements.as_ref()?;
+        requirements
+            .preferred
+            .first()
+            .or_else(|| requirements.requisite.first())
+            .cloned()
+    };
+    if first(&intent.prepared) == first(now) {
+        Ok(())
+    } else {
+        Err(Rejected::Differs("topology of the selected node"))
+    }
+}
+
 /// The claim as [`decide::prepare`] sees it without its lookups: no data source and no
 /// VolumeAttributesClass, which a claim that is gone may name although they are gone too.
 pub fn without_lookups(claim: &Claim) -> Claim {
@@ -348,7 +367,32 @@ mod tests {
                 Err(Rejected::Differs(part)),
             );
         }
-        // Topology follows the nodes, and the claim's resourceVersion moves on.
+        // A claim with a selected node: the first segment asked for must be that node's.
+        let segment = |zone: &str| csi_proto::v1::Topology {
+            segments: [("zone".to_string(), zone.to_string())].into(),
+        };
+        let requirements = |zone: &str| {
+            Some(csi_proto::v1::TopologyRequirement {
+                requisite: vec![segment("a"), segment("b")],
+                preferred: vec![segment(zone)],
+            })
+        };
+        let mut placed = intent.clone();
+        placed.prepared.request.accessibility_requirements = requirements("a");
+        let mut now_placed = now.clone();
+        now_placed.request.accessibility_requirements = requirements("a");
+        assert_eq!(check_topology(&placed, &now_placed), Ok(()));
+        now_placed.request.accessibility_requirements = requirements("b");
+        assert_eq!(
+            check_topology(&placed, &now_placed),
+            Err(Rejected::Differs("topology of the selected node"))
+        );
+        assert_eq!(
+            check_topology(&intent, &now_placed),
+            Err(Rejected::Differs("topology of the selected node")),
+            "recorded without topology"
+        );
+        // Otherwise topology follows the nodes, and the claim's resourceVersion moves on.
         let mut drifted = intent.clone();
         drifted.prepared.request.accessibility_requirements = Some(Default::default());
         drifted.prepared.pv.claim_ref.resource_version = Some("99".into());
