@@ -1347,3 +1347,117 @@ async fn a_configmap_writer_can_neither_read_nor_write_the_journal() {
     assert_eq!(env.mock.calls().count(DELETE_VOLUME), 0, "nothing deleted");
     env.stop().await;
 }
+
+/// Open intents outlive their journal's Secret: deleted while a CreateVolume hangs (the sidecar
+/// may not create it), then filled past its use by someone who may write Secrets, then shipped
+/// again. The writer keeps the open entries: once the Secret is back, they are in it, and the
+/// junk is taken out.
+#[tokio::test]
+async fn open_intents_survive_their_journal_being_deleted_and_shipped_again() {
+    use k8s_openapi::api::core::v1::Secret;
+    use testkit::apiserver::RequestMatch;
+    let mut env = Env::without_controller(mock()).await;
+    let metrics = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
+    let config = env.config(&[]).await;
+    launch_reporting(&mut env, config, &metrics);
+    let class = env.create_class(json!({})).await;
+    running(&env, &class, "before").await;
+    env.mock.faults().hang(CREATE_VOLUME);
+    let open = env
+        .create_claim("open", &class, json!({}))
+        .await
+        .metadata
+        .uid
+        .unwrap();
+    eventually("the open intent recorded", || async {
+        entries(&env).await.contains_key(&open).then_some(())
+    })
+    .await;
+    let secrets = Api::<Secret>::namespaced(env.client(), &env.namespace());
+    secrets
+        .delete("provisioner-journal", &Default::default())
+        .await
+        .unwrap();
+    let refused = env.cluster.faults();
+    if let Some(faults) = &refused {
+        // A create names no object in its path: the journal's is the only Secret made now.
+        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
+    }
+    // A second record finds the journal gone.
+    let second = env
+        .create_claim("second", &class, json!({}))
+        .await
+        .metadata
+        .uid
+        .unwrap();
+    if refused.is_some() {
+        env.wait_event("provisioner", kit_journal::UNUSABLE_REASON, "missing")
+            .await;
+    }
+    // Shipped again, filled by hand with junk the size of the API's limit.
+    let junk = kit_journal::MAX_BYTES + 100 * 1024;
+    let shipped: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "provisioner-journal"},
+        "stringData": {"junk": "x".repeat(junk)},
+    }))
+    .unwrap();
+    if let Some(faults) = &refused {
+        faults.clear();
+    }
+    // Created, or (where the provisioner made it again first) filled in place.
+    eventually("the Secret shipped again", || async {
+        let written = match secrets.get_opt("provisioner-journal").await.unwrap() {
+            None => {
+                secrets
+                    .create(&kube::api::PostParams::default(), &shipped)
+                    .await
+            }
+            Some(mut found) => {
+                found.string_data = shipped.string_data.clone();
+                secrets
+                    .replace("provisioner-journal", &Default::default(), &found)
+                    .await
+            }
+        };
+        match written {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => None,
+            Err(err) => panic!("{err}"),
+        }
+    })
+    .await;
+    if let Some(faults) = &refused {
+        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
+    }
+    // A third record writes the journal again in any case.
+    let third = env
+        .create_claim("third", &class, json!({}))
+        .await
+        .metadata
+        .uid
+        .unwrap();
+    eventually(
+        "the open intents written into the shipped Secret",
+        || async {
+            let now = entries(&env).await;
+            let all = [&open, &second, &third]
+                .iter()
+                .all(|uid| now.contains_key(*uid));
+            (all && !now.contains_key("junk")).then_some(())
+        },
+    )
+    .await;
+    assert!(metrics.dropped("provisioner-journal", DropReason::Forged) >= 1);
+    if let Some(faults) = &refused {
+        faults.clear();
+    }
+    env.mock.faults().release(CREATE_VOLUME);
+    for claim in ["open", "second", "third"] {
+        env.wait_bound(claim).await;
+    }
+    eventually("the intents forgotten", || async {
+        entries(&env).await.is_empty().then_some(())
+    })
+    .await;
+    env.stop().await;
+}
