@@ -128,7 +128,12 @@ pub async fn tls_channel(port: u16, ca: CertificateDer<'static>) -> (Channel, Pr
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let presented = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = presented.clone();
+    // Windows as a grpc-go client's (upstream's lister is one): h2's allowance for small DATA
+    // frames left unread is half the connection window, which a client that stops reading
+    // would otherwise use up on its own connection.
     let channel = Endpoint::from_static("http://127.0.0.1")
+        .initial_stream_window_size(sidecar_kit::driver::connection::STREAM_WINDOW)
+        .initial_connection_window_size(sidecar_kit::driver::connection::CONNECTION_WINDOW)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let connector = connector.clone();
             let seen = seen.clone();

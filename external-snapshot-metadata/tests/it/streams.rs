@@ -118,3 +118,40 @@ async fn a_client_that_goes_away_ends_the_driver_s_stream() {
     })
     .await;
 }
+
+/// A backup client that stops reading a stream of one tiny message a block (`max_results` 1,
+/// as upstream's lister asks): the driver's messages wait, bounded by the stream's window, and
+/// nothing else is affected: another client's streams on the same driver connection complete
+/// throughout, and the stalled stream completes, whole, once its client reads again.
+#[tokio::test]
+async fn a_client_that_stops_reading_takes_nothing_else_down() {
+    const BIG: i64 = 1 << 16;
+    let env = ready().await;
+    filled(&env, "big", BIG).await;
+    filled(&env, "small", 64).await;
+    let mut stalled_client = env.connect().await;
+    let mut request = env.allocated("big");
+    request.max_results = 1;
+    let mut stalled = stalled_client
+        .get_metadata_allocated(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stalled.message().await.unwrap().is_some());
+    // Ten more requests over five seconds while the stalled stream's client reads nothing.
+    let mut client = env.connect().await;
+    for round in 0..10 {
+        let mut request = env.allocated("small");
+        request.max_results = 1;
+        let messages = all_allocated(&mut client, request)
+            .await
+            .unwrap_or_else(|status| panic!("round {round}: {status:?}"));
+        assert_eq!(messages.len(), 64, "round {round}");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let mut read = 1;
+    while stalled.message().await.unwrap().is_some() {
+        read += 1;
+    }
+    assert_eq!(read, BIG, "every block relayed once its client read again");
+}

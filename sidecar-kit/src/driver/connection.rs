@@ -175,10 +175,22 @@ pub async fn connect(
     }
 }
 
+/// HTTP/2 flow-control windows of the driver connection, as grpc-go's: small per stream, so
+/// that what a stream's reader leaves unread stays small, and large per connection, so that
+/// one stalled stream never holds the others up. h2 also ends a connection that holds too many
+/// small DATA frames unread (GOAWAY ENHANCE_YOUR_CALM, which the controller sidecars would
+/// take for the driver gone); its allowance is half the connection window, and a stream's
+/// window bounds what one stream may leave unread (grpc-go drivers send each message in a
+/// frame of its own: a few dozen bytes for a block of SnapshotMetadata).
+pub const STREAM_WINDOW: u32 = 64 * 1024;
+pub const CONNECTION_WINDOW: u32 = 1 << 30;
+
 async fn channel_for(endpoint: &Endpoint, state: Arc<LinkState>) -> Result<Channel, String> {
     // The URI is not dialed: the connector below decides where bytes go.
     let builder = TonicEndpoint::from_static("http://csi-driver.local")
         .connect_timeout(Duration::from_secs(5))
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(false);
     let endpoint = endpoint.clone();

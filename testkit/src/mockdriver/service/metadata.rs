@@ -199,10 +199,17 @@ impl MockService {
         tracing::debug!(method, seq, tuples = listing.len(), ?fault, "streaming");
         let (messages, ending) = shape(&listing, fault);
         let faults = driver.faults.clone();
-        let messages = stream::iter(messages).map(move |message| {
-            let mut answer = Resp::from_message(message);
-            faults.rewrite_answer(method, &mut answer);
-            Ok(answer)
+        // Each message waits for the next poll: tonic then sends it in a DATA frame of its own,
+        // as grpc-go sends each message a driver hands it (with one block a message, frames of
+        // a few dozen bytes).
+        let messages = stream::iter(messages).then(move |message| {
+            let faults = faults.clone();
+            async move {
+                tokio::task::yield_now().await;
+                let mut answer = Resp::from_message(message);
+                faults.rewrite_answer(method, &mut answer);
+                Ok(answer)
+            }
         });
         let shutdown = driver.shutdown.clone();
         let ending = stream::once(async move {
