@@ -95,12 +95,21 @@ struct Operation {
     ask: Ask,
     started: Instant,
     name: String,
+    /// Whether the caller was authorized: only then do the names it sent become metric labels
+    /// (anyone may send any name, and each label value would be a series kept for good).
+    authorized: AtomicBool,
 }
 
 impl Operation {
     fn done(&self, shared: &Shared, code: Code) {
-        let target = self.ask.target_label();
-        let base = self.ask.base.as_deref().unwrap_or("");
+        let (target, base) = if self.authorized.load(Ordering::Relaxed) {
+            (
+                self.ask.target_label(),
+                self.ask.base.as_deref().unwrap_or(""),
+            )
+        } else {
+            (String::new(), "")
+        };
         shared.metrics.observe_with(
             self.ask.method.label(),
             code_label(code),
@@ -213,12 +222,14 @@ impl Service {
     }
 
     /// Upstream's pipeline up to the driver's call.
-    async fn resolve(&self, ask: &Ask) -> Result<Resolved, Refusal> {
+    async fn resolve(&self, op: &Operation) -> Result<Resolved, Refusal> {
         let shared = &self.0;
+        let ask = &op.ask;
         decide::validate(ask)?;
         let audience = self.audience()?;
         let user = self.authenticate(&ask.token, &audience).await?;
         self.authorize(&user, &ask.namespace).await?;
+        op.authorized.store(true, Ordering::Relaxed);
         if !shared.ready.load(Ordering::Acquire) {
             return Err(Refusal::new(
                 Code::Unavailable,
@@ -276,9 +287,10 @@ impl Service {
             name: format!("{}-{n}", ask.method.rpc()),
             started: Instant::now(),
             ask,
+            authorized: AtomicBool::new(false),
         };
         tracing::debug!(op = %op.name, namespace = %op.ask.namespace, snapshot = %op.ask.snapshot, base = ?op.ask.base, starting_offset = op.ask.starting_offset, max_results = op.ask.max_results, "request");
-        let resolved = match self.resolve(&op.ask).await {
+        let resolved = match self.resolve(&op).await {
             Ok(resolved) => resolved,
             Err(refusal) => {
                 tracing::info!(op = %op.name, code = code_label(refusal.code), message = %refusal.message, "request refused");

@@ -176,6 +176,23 @@ async fn every_refusal_has_its_code_and_the_sidecar_survives_a_snapshot_without_
     assert_eq!(code, Code::PermissionDenied, "{message}");
     let (code, _) = code_of(&mut client, with(TOKEN, "missing")).await;
     assert_eq!(code, Code::NotFound);
+    // What a caller that is not authorized names never becomes a label (a series kept for
+    // good); an authorized caller's names do.
+    let metrics = env.metrics().await;
+    let series = |code: &str, target: &str| {
+        format!(
+            r#"grpc_status_code="{code}",method_name="MetadataAllocated",target_snapshot="{target}"}}"#
+        )
+    };
+    let ns = env.ns().to_string();
+    for code in ["InvalidArgument", "Unauthenticated", "PermissionDenied"] {
+        assert!(
+            !metrics.contains(&series(code, &format!("{ns}/mine"))),
+            "{code}: {metrics}"
+        );
+        assert!(metrics.contains(&series(code, "")), "{code}: {metrics}");
+    }
+    assert!(metrics.contains(&series("NotFound", &format!("{ns}/missing"))));
     let (code, message) = code_of(&mut client, with(TOKEN, "fresh")).await;
     assert_eq!(
         (code, message.as_str()),
