@@ -261,9 +261,11 @@ pub const FIXED_LENGTH: i32 = 1;
 pub const VARIABLE_LENGTH: i32 = 2;
 
 /// What the driver's stream must keep, as the API promises its clients: one block type and one
-/// capacity, ranges ascending and apart, fixed-length ranges of one size, within the volume,
-/// none ending at or before `starting_offset`; at most `max_results` ranges a message (the
-/// sidecar splits larger messages rather than fail the stream).
+/// capacity, ranges ascending and apart, fixed-length ranges of one size, none ending at or
+/// before `starting_offset`; at most `max_results` ranges a message (the sidecar splits larger
+/// messages rather than fail the stream). A range that ends past the volume's capacity is
+/// relayed, as upstream relays it: drivers report a partial last block as a whole one (a volume
+/// whose size is not a multiple of the block size); it is noted for the log.
 #[derive(Clone, Debug)]
 pub struct StreamCheck {
     starting_offset: i64,
@@ -272,6 +274,10 @@ pub struct StreamCheck {
     fixed_size: Option<i64>,
     /// Where the last range ended.
     end: Option<i64>,
+    /// The first range that ends past the capacity, until [`StreamCheck::past_capacity`] says
+    /// so.
+    past_capacity: Option<(i64, i64)>,
+    noted: bool,
 }
 
 impl StreamCheck {
@@ -282,7 +288,19 @@ impl StreamCheck {
             shape: None,
             fixed_size: None,
             end: None,
+            past_capacity: None,
+            noted: false,
         }
+    }
+
+    /// The first range that ended past the volume's capacity, once: `(offset, size)`.
+    pub fn past_capacity(&mut self) -> Option<(i64, i64)> {
+        if self.noted {
+            return None;
+        }
+        let first = self.past_capacity?;
+        self.noted = true;
+        Some(first)
     }
 
     /// The messages to relay for the driver's `batch`, or what it broke.
@@ -338,10 +356,10 @@ impl StreamCheck {
         }
         let end = offset
             .checked_add(size)
-            .filter(|end| *end <= capacity)
-            .ok_or_else(|| {
-                format!("the range at offset {offset} of {size} bytes ends past the volume's {capacity} bytes")
-            })?;
+            .ok_or_else(|| format!("the range at offset {offset} of {size} bytes overflows"))?;
+        if end > capacity && self.past_capacity.is_none() {
+            self.past_capacity = Some((offset, size));
+        }
         if end <= self.starting_offset {
             return Err(format!(
                 "the range at offset {offset} of {size} bytes ends before the starting offset {}",

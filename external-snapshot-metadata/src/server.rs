@@ -462,6 +462,9 @@ async fn relay<R>(
                 .await;
             }
         };
+        if let Some((offset, size)) = check.past_capacity() {
+            tracing::debug!(op = %op.name, offset, size, "the CSI driver reports a range past the volume's capacity (a partial last block reported whole); relayed as it is");
+        }
         for message in messages {
             tracing::trace!(op = %op.name, blocks = ?message.blocks, "relaying");
             if tx.send(Ok(respond(message))).await.is_err() {

@@ -245,6 +245,23 @@ fn a_stream_that_keeps_the_promises_is_relayed_and_split_to_max_results() {
 }
 
 #[test]
+fn a_partial_last_block_reported_whole_is_relayed_and_noted_once() {
+    // A volume of 2.5 blocks: the driver reports its last block whole, past the capacity.
+    let capacity = 10240;
+    let batch = |blocks: &[(i64, i64)]| Batch {
+        capacity,
+        ..fixed(blocks)
+    };
+    let mut check = StreamCheck::new(0, 0);
+    assert!(check.take(batch(&[(0, 4096)])).is_ok());
+    assert_eq!(check.past_capacity(), None);
+    let out = check.take(batch(&[(4096, 4096), (8192, 4096)])).unwrap();
+    assert_eq!(out[0].blocks, [(4096, 4096), (8192, 4096)]);
+    assert_eq!(check.past_capacity(), Some((8192, 4096)));
+    assert_eq!(check.past_capacity(), None, "noted once");
+}
+
+#[test]
 fn a_stream_that_breaks_a_promise_is_stopped() {
     let broken = |batches: &[Batch], start: i64| {
         let mut check = StreamCheck::new(start, 0);
@@ -269,8 +286,8 @@ fn a_stream_that_breaks_a_promise_is_stopped() {
         "before the start"
     );
     assert!(
-        broken(&[fixed(&[((1 << 20) - 4096, 8192)])], 0).is_err(),
-        "past the end"
+        broken(&[fixed(&[(i64::MAX - 100, 4096)])], 0).is_err(),
+        "past every offset"
     );
     let other_type = Batch {
         block_type: VARIABLE_LENGTH,

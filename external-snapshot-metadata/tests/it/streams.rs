@@ -155,3 +155,23 @@ async fn a_client_that_stops_reading_takes_nothing_else_down() {
     }
     assert_eq!(read, BIG, "every block relayed once its client read again");
 }
+
+/// A volume whose size is not a multiple of its block size (a "1G" claim of 10^9 bytes), with
+/// its partial last block written: the driver reports that block whole, past the capacity, and
+/// it is relayed as upstream relays it.
+#[tokio::test]
+async fn a_partial_last_block_is_relayed() {
+    let env = ready().await;
+    let capacity = 10 * BLOCK + 2560;
+    let volume = env.volume("vol-odd", capacity).await;
+    env.mock.write_blocks(&volume, [0, 10]).unwrap();
+    let handle = env.cut("snap-odd", &volume).await;
+    env.snapshot("odd", &handle, DRIVER, None).await;
+    let mut client = env.connect().await;
+    let messages = all_allocated(&mut client, env.allocated("odd"))
+        .await
+        .unwrap();
+    assert!(messages.iter().all(|m| m.volume_capacity_bytes == capacity));
+    let blocks: Vec<_> = messages.into_iter().map(|m| m.block_metadata).collect();
+    assert_eq!(ranges(&blocks), [(0, BLOCK), (10 * BLOCK, BLOCK)]);
+}
