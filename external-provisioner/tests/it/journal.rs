@@ -19,8 +19,8 @@ use sidecar_kit::cluster::journal::{
 /// once, and a write that finds no answer gives up after 5 s.
 const UNUSABLE_LIMIT: Duration = Duration::from_secs(10);
 use sidecar_kit::pipeline::workqueue::Backoff;
-use testkit::apiserver::RequestCounters;
 use testkit::apiserver::counters::Verb;
+use testkit::apiserver::{Faults, RequestCounters, RequestMatch};
 use tonic::Code;
 
 /// The journal's entries (claim UID → sealed intent).
@@ -1129,14 +1129,64 @@ async fn a_replayed_entry_never_deletes_a_re_homed_volume() {
     env.stop().await;
 }
 
+/// Every create of a Secret refused from now on, as the manifests' RBAC refuses the sidecar's
+/// (a create names no object in its path: the journal's is the only Secret made then). Only
+/// the test kit can: on a real cluster the test's provisioner is the cluster's admin.
+fn refuse_creates(faults: Option<&Faults>) {
+    if let Some(faults) = faults {
+        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
+    }
+}
+
+/// Ships the journal's Secret again as an administrator would, with `data`: created, or filled
+/// in place where the provisioner made it again first; the provisioner's creates stay refused.
+async fn ship_journal_again(
+    env: &Env,
+    refused: Option<&Faults>,
+    data: std::collections::BTreeMap<String, String>,
+) {
+    let secrets = Api::<Secret>::namespaced(env.client(), &env.namespace());
+    let shipped = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("provisioner-journal".into()),
+            ..Default::default()
+        },
+        string_data: Some(data),
+        ..Default::default()
+    };
+    if let Some(faults) = refused {
+        faults.clear();
+    }
+    eventually("the Secret shipped again", || async {
+        let written = match secrets.get_opt("provisioner-journal").await.unwrap() {
+            None => {
+                secrets
+                    .create(&kube::api::PostParams::default(), &shipped)
+                    .await
+            }
+            Some(mut found) => {
+                found.string_data = shipped.string_data.clone();
+                secrets
+                    .replace("provisioner-journal", &Default::default(), &found)
+                    .await
+            }
+        };
+        match written {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => None,
+            Err(err) => panic!("{err}"),
+        }
+    })
+    .await;
+    refuse_creates(refused);
+}
+
 /// The journal's Secret made immutable, then deleted where the sidecar may not create it, then
 /// shipped again: each time claims are provisioned within seconds (unjournaled while the
 /// journal cannot be written), a Warning Event on the Lease and the metrics say so, and once the
 /// Secret is back the journal is written again.
 #[tokio::test]
 async fn an_unusable_journal_never_holds_provisioning_up() {
-    use k8s_openapi::api::core::v1::Secret;
-    use testkit::apiserver::RequestMatch;
     let mut env = Env::without_controller(mock()).await;
     let metrics = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
     let config = env.config(&[]).await;
@@ -1177,10 +1227,7 @@ async fn an_unusable_journal_never_holds_provisioning_up() {
         .await
         .unwrap();
     let refused = env.cluster.faults();
-    if let Some(faults) = &refused {
-        // A create names no object in its path: the journal's is the only Secret made now.
-        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
-    }
+    refuse_creates(refused.as_ref());
     provisioned_soon("deleted").await;
     if refused.is_some() {
         env.wait_event("provisioner", kit_journal::UNUSABLE_REASON, "missing")
@@ -1190,25 +1237,7 @@ async fn an_unusable_journal_never_holds_provisioning_up() {
 
     // Shipped again, empty, while the sidecar still may not create it: the journal is written
     // again.
-    let shipped: Secret =
-        serde_json::from_value(json!({"metadata": {"name": "provisioner-journal"}})).unwrap();
-    if let Some(faults) = &refused {
-        faults.clear();
-    }
-    if secrets
-        .get_opt("provisioner-journal")
-        .await
-        .unwrap()
-        .is_none()
-    {
-        secrets
-            .create(&kube::api::PostParams::default(), &shipped)
-            .await
-            .unwrap();
-    }
-    if let Some(faults) = &refused {
-        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
-    }
+    ship_journal_again(&env, refused.as_ref(), Default::default()).await;
     // Tried again without waiting for a record.
     eventually("the journal usable again", || async {
         (metrics.usable("provisioner-journal") == Some(true)).then_some(())
@@ -1354,8 +1383,6 @@ async fn a_configmap_writer_can_neither_read_nor_write_the_journal() {
 /// junk is taken out.
 #[tokio::test]
 async fn open_intents_survive_their_journal_being_deleted_and_shipped_again() {
-    use k8s_openapi::api::core::v1::Secret;
-    use testkit::apiserver::RequestMatch;
     let mut env = Env::without_controller(mock()).await;
     let metrics = JournalMetrics::register(&prometheus::Registry::new()).unwrap();
     let config = env.config(&[]).await;
@@ -1379,10 +1406,7 @@ async fn open_intents_survive_their_journal_being_deleted_and_shipped_again() {
         .await
         .unwrap();
     let refused = env.cluster.faults();
-    if let Some(faults) = &refused {
-        // A create names no object in its path: the journal's is the only Secret made now.
-        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
-    }
+    refuse_creates(refused.as_ref());
     // A second record finds the journal gone.
     let second = env
         .create_claim("second", &class, json!({}))
@@ -1396,39 +1420,12 @@ async fn open_intents_survive_their_journal_being_deleted_and_shipped_again() {
     }
     // Shipped again, filled by hand with junk the size of the API's limit.
     let junk = kit_journal::MAX_BYTES + 100 * 1024;
-    let shipped: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "provisioner-journal"},
-        "stringData": {"junk": "x".repeat(junk)},
-    }))
-    .unwrap();
-    if let Some(faults) = &refused {
-        faults.clear();
-    }
-    // Created, or (where the provisioner made it again first) filled in place.
-    eventually("the Secret shipped again", || async {
-        let written = match secrets.get_opt("provisioner-journal").await.unwrap() {
-            None => {
-                secrets
-                    .create(&kube::api::PostParams::default(), &shipped)
-                    .await
-            }
-            Some(mut found) => {
-                found.string_data = shipped.string_data.clone();
-                secrets
-                    .replace("provisioner-journal", &Default::default(), &found)
-                    .await
-            }
-        };
-        match written {
-            Ok(_) => Some(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => None,
-            Err(err) => panic!("{err}"),
-        }
-    })
+    ship_journal_again(
+        &env,
+        refused.as_ref(),
+        [("junk".into(), "x".repeat(junk))].into(),
+    )
     .await;
-    if let Some(faults) = &refused {
-        faults.fail_next(RequestMatch::new(Verb::Create, "secrets"), 1000, 403);
-    }
     // A third record writes the journal again in any case.
     let third = env
         .create_claim("third", &class, json!({}))

@@ -493,6 +493,35 @@ impl Shared {
         }
     }
 
+    /// What [`Journal::load`] makes of a read that failed: a fault is reported and leaves
+    /// nothing to take up; anything else is tried again by the caller.
+    fn load_failed<T>(&self, step: writer::Step) -> Result<Vec<T>, JournalError> {
+        match step {
+            writer::Step::Fault(reason, message) => {
+                self.faulty(reason, &message);
+                Ok(Vec::new())
+            }
+            writer::Step::Transient(message)
+            | writer::Step::Again(message)
+            | writer::Step::NotFound(message) => Err(JournalError::Read(message)),
+        }
+    }
+
+    /// The entries of the journal's Secret that open with `keys`, as text; each that does not
+    /// is reported and left out.
+    fn open_all(&self, keys: &Keyring, secret: &Secret) -> Entries {
+        let mut open = Entries::new();
+        for (key, value) in sealed_entries(secret) {
+            match seal::open(keys, self.location.place(&key), &value) {
+                Ok(text) => {
+                    open.insert(key, text.to_string());
+                }
+                Err(why) => self.report_dropped(&key, (&why).into(), &why.to_string()),
+            }
+        }
+        open
+    }
+
     /// Why `key` is not one of this journal's keys, if it is not.
     fn bad_key(&self, key: &str) -> Option<String> {
         (!(self.owner.key_form)(key))
@@ -542,6 +571,16 @@ pub fn read_entry<T: DeserializeOwned>(
 ) -> Result<T, (DropReason, String)> {
     let text = seal::open(keys, location.place(key), value)
         .map_err(|why| (DropReason::from(&why), why.to_string()))?;
+    decode_entry(owner, key, text)
+}
+
+/// The intent of an opened entry `key`, or why it is dropped: its key must have `owner`'s
+/// form and its text must decode.
+fn decode_entry<T: DeserializeOwned>(
+    owner: &Owner,
+    key: &str,
+    text: &str,
+) -> Result<T, (DropReason, String)> {
     if !(owner.key_form)(key) {
         return Err((
             DropReason::Forged,
@@ -618,23 +657,11 @@ impl Journal {
         }
     }
 
-    /// Whether the journal records (it is configured); it may still be unusable for a while.
-    pub fn enabled(&self) -> bool {
-        self.shared.is_some()
-    }
-
     /// Writes to the API server so far.
     pub fn writes(&self) -> u64 {
         self.shared
             .as_ref()
             .map_or(0, |shared| shared.writes.load(Ordering::Relaxed))
-    }
-
-    /// Why the journal cannot be written now, if it cannot.
-    pub fn fault(&self) -> Option<Unjournaled> {
-        self.shared
-            .as_ref()
-            .and_then(|shared| *locked(&shared.fault))
     }
 
     /// The recorded intents, read at the start of leadership: those that open with the
@@ -651,17 +678,7 @@ impl Journal {
         shared.report_legacy(legacy).await;
         let found = match writer::bounded(api.get_opt(&shared.location.name)).await {
             Ok(found) => found,
-            Err(writer::Step::Fault(reason, message)) => {
-                shared.faulty(reason, &message);
-                return Ok(Vec::new());
-            }
-            Err(
-                writer::Step::Transient(message)
-                | writer::Step::Again(message)
-                | writer::Step::NotFound(message),
-            ) => {
-                return Err(JournalError::Read(message));
-            }
+            Err(step) => return shared.load_failed(step),
         };
         let Some(secret) = found else {
             // Made at once if the sidecar may, reported as missing if not.
@@ -671,32 +688,21 @@ impl Journal {
         };
         let keys = match writer::bounded(shared.keys.keyring()).await {
             Ok(keys) => keys,
-            Err(writer::Step::Fault(reason, message)) => {
-                shared.faulty(reason, &message);
-                return Ok(Vec::new());
-            }
-            Err(
-                writer::Step::Transient(message)
-                | writer::Step::Again(message)
-                | writer::Step::NotFound(message),
-            ) => {
-                return Err(JournalError::Read(message));
-            }
+            Err(step) => return shared.load_failed(step),
         };
-        let mut open = Entries::new();
+        let mut open = shared.open_all(&keys, &secret);
         let mut good = Vec::new();
-        for (key, value) in sealed_entries(&secret) {
-            match read_entry(&keys, &shared.location, &shared.owner, &key, &value) {
-                Ok(intent) => {
-                    if let Ok(text) = seal::open(&keys, shared.location.place(&key), &value) {
-                        open.insert(key.clone(), text.to_string());
-                    }
-                    good.push((key, intent));
-                }
-                // Not carried over: the next write takes it out.
-                Err((reason, why)) => shared.report_dropped(&key, reason, &why),
+        open.retain(|key, text| match decode_entry(&shared.owner, key, text) {
+            Ok(intent) => {
+                good.push((key.clone(), intent));
+                true
             }
-        }
+            // Not carried over: the next write takes it out.
+            Err((reason, why)) => {
+                shared.report_dropped(key, reason, &why);
+                false
+            }
+        });
         *locked(&shared.loaded) = Some(writer::Loaded {
             entries: open,
             resource_version: secret.metadata.resource_version,
@@ -784,11 +790,16 @@ fn sealed(entries: &Entries, keys: &Keyring, location: &Location) -> Entries {
         .collect()
 }
 
+/// The space entry `key` with `text` takes in the journal, sealed.
+fn entry_size(key: &str, text: &str) -> usize {
+    key.len() + seal::sealed_len(text.len())
+}
+
 /// The space `entries` take in the journal, sealed.
 fn size(entries: &Entries) -> usize {
     entries
         .iter()
-        .map(|(key, text)| key.len() + seal::sealed_len(text.len()))
+        .map(|(key, text)| entry_size(key, text))
         .sum()
 }
 
@@ -798,12 +809,10 @@ fn apply(entries: &mut Entries, ops: &[(String, Option<String>)]) -> Vec<usize> 
     let mut refused = Vec::new();
     let mut used = size(entries);
     for (i, (key, value)) in ops.iter().enumerate() {
-        let old = entries
-            .get(key)
-            .map_or(0, |v| key.len() + seal::sealed_len(v.len()));
+        let old = entries.get(key).map_or(0, |text| entry_size(key, text));
         match value {
             Some(text) => {
-                let new = key.len() + seal::sealed_len(text.len());
+                let new = entry_size(key, text);
                 if used - old + new > MAX_BYTES {
                     refused.push(i);
                     continue;

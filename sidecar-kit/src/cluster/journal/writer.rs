@@ -20,7 +20,9 @@ use super::seal::Keyring;
 use super::{Entries, FORGET_DELAY, Shared, Unjournaled, apply, locked, sealed, size};
 use crate::cluster::client::{TokenBucket, api_message};
 
-/// Longest wait for one request of the journal's.
+/// Longest wait for one request of the journal's, shorter than the client's own bound on every
+/// request: records wait for the journal's answer, and a journal that gives none is reported
+/// unusable and let go past.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A write that keeps failing for no clear reason (no answer, 5xx) is given up after this
 /// long: its records go ahead unjournaled, and the journal is tried again later.
@@ -334,18 +336,9 @@ impl Writer {
         self.resource_version = None;
         if let Some(secret) = found {
             self.resource_version = secret.metadata.resource_version.clone();
-            for (key, value) in super::sealed_entries(&secret) {
-                let place = self.shared.location.place(&key);
-                match super::seal::open(keys, place, &value) {
-                    Ok(text) => {
-                        if !self.forgotten.contains(&key) && !self.entries.contains_key(&key) {
-                            self.entries.insert(key.clone(), text.to_string());
-                        }
-                    }
-                    Err(why) => {
-                        self.shared
-                            .report_dropped(&key, (&why).into(), &why.to_string());
-                    }
+            for (key, text) in self.shared.open_all(keys, &secret) {
+                if !self.forgotten.contains(&key) {
+                    self.entries.entry(key).or_insert(text);
                 }
             }
         }
