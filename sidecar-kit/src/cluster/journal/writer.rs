@@ -115,7 +115,10 @@ pub(super) struct Writer {
     synced: bool,
     /// The Secret's resourceVersion at the last read or write; `None`: there was no Secret.
     resource_version: Option<String>,
-    /// Keys forgotten since the last write: a re-read must not bring them back.
+    /// Keys the Secret held at the last read or write.
+    stored: BTreeSet<String>,
+    /// Those of them forgotten since: a re-read must not bring them back. A subset of
+    /// `stored`, so bounded by what a Secret holds however long the journal is unusable.
     forgotten: BTreeSet<String>,
     /// While the journal is faulty: when to try again, and the pause after that.
     retry: Option<(Instant, Duration)>,
@@ -130,6 +133,7 @@ impl Writer {
             entries: Entries::new(),
             synced: false,
             resource_version: None,
+            stored: BTreeSet::new(),
             forgotten: BTreeSet::new(),
             retry: None,
         }
@@ -180,6 +184,7 @@ impl Writer {
         }
         if let Some(loaded) = locked(&self.shared.loaded).take() {
             for (key, text) in loaded.entries {
+                self.stored.insert(key.clone());
                 self.entries.entry(key).or_insert(text);
             }
             self.resource_version = loaded.resource_version;
@@ -189,7 +194,7 @@ impl Writer {
         for (key, value) in &ops {
             if value.is_some() {
                 self.forgotten.remove(key);
-            } else {
+            } else if self.stored.contains(key) {
                 self.forgotten.insert(key.clone());
             }
         }
@@ -293,6 +298,7 @@ impl Writer {
         match result {
             Ok(written) => {
                 self.resource_version = written.metadata.resource_version;
+                self.stored = self.entries.keys().cloned().collect();
                 self.forgotten.clear();
                 Ok(())
             }
@@ -336,7 +342,10 @@ impl Writer {
         self.resource_version = None;
         if let Some(secret) = found {
             self.resource_version = secret.metadata.resource_version.clone();
-            for (key, text) in self.shared.open_all(keys, &secret) {
+            let open = self.shared.open_all(keys, &secret);
+            self.stored = open.keys().cloned().collect();
+            self.forgotten.retain(|key| self.stored.contains(key));
+            for (key, text) in open {
                 if !self.forgotten.contains(&key) {
                     self.entries.entry(key).or_insert(text);
                 }
