@@ -12,6 +12,8 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+use sidecar_kit::cluster::client::TokenBucket;
+use sidecar_kit::cluster::client::api_message;
 
 use crate::decide::Refusal;
 use crate::model::SNAPSHOT_GROUP;
@@ -50,12 +52,12 @@ impl<V> Default for Remembered<V> {
 /// Most answers a cache holds: a client that sends many tokens evicts, never grows, it.
 pub const CACHE_CAPACITY: usize = TOKEN_CACHE_CAPACITY;
 
-/// The digest of `parts`, each ended by a NUL so that no two lists share one.
+/// The digest of `parts`, each preceded by its length so that no two lists share one.
 pub fn key(parts: &[&str]) -> [u8; 32] {
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
     for part in parts {
+        context.update(&(part.len() as u64).to_le_bytes());
         context.update(part.as_bytes());
-        context.update(&[0]);
     }
     let mut key = [0u8; 32];
     key.copy_from_slice(context.finish().as_ref());
@@ -124,23 +126,103 @@ pub const DENIED_TTL: Duration = Duration::from_secs(5);
 /// Access review answers by user and namespace.
 pub type AccessCache = Remembered<Result<(), Refusal>>;
 
-/// The key of `user`'s access to `namespace`.
+/// The key of `user`'s access to `namespace`: every list counted, so that no group can pass
+/// for an extra value or the other way round.
 pub fn access_key(user: &User, namespace: &str) -> [u8; 32] {
-    let mut parts: Vec<&str> = vec![&user.username, &user.uid, namespace];
+    let groups = user.groups.len().to_string();
+    let extras = user.extra.len().to_string();
+    let counts: Vec<String> = user.extra.values().map(|v| v.len().to_string()).collect();
+    let mut parts: Vec<&str> = vec![&user.username, &user.uid, namespace, &groups];
     parts.extend(user.groups.iter().map(String::as_str));
-    let extra: Vec<String> = user
-        .extra
-        .iter()
-        .map(|(k, v)| format!("{k}={}", v.join(",")))
-        .collect();
-    parts.extend(extra.iter().map(String::as_str));
+    parts.push(&extras);
+    for ((name, values), count) in user.extra.iter().zip(&counts) {
+        parts.push(name);
+        parts.push(count);
+        parts.extend(values.iter().map(String::as_str));
+    }
     key(&parts)
 }
 
-/// When a JWT says it expires (`exp`), read without checking its signature: only to keep the
-/// cache from trusting it longer, never to trust it.
-pub fn token_expiry(token: &str) -> Option<SystemTime> {
-    let payload = token.split('.').nth(1)?;
+/// How long a token the API server did not authenticate is refused without asking again.
+pub const FAILED_TTL: Duration = Duration::from_secs(10);
+
+/// Tokens recently refused, by digest.
+pub type FailedCache = Remembered<()>;
+
+/// Reviews a second, and at once, for tokens shaped like a token for the audience (see
+/// [`plausible`]), and for any other token: made-up tokens use up only their own share, so
+/// they cannot starve a backup application's real one, nor the sidecar's other API requests.
+pub const PLAUSIBLE_REVIEWS: (f64, u32) = (20.0, 40);
+pub const OTHER_REVIEWS: (f64, u32) = (5.0, 10);
+/// The longest a request waits for its review's turn; past it, ResourceExhausted.
+pub const REVIEW_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether `token` looks like a token issued for `audience` and not expired at `wall`: a JWT
+/// whose claims name the audience. Read without checking the signature: it only chooses the
+/// budget a review comes out of, never whether the token is trusted.
+pub fn plausible(token: &str, audience: &str, wall: SystemTime) -> bool {
+    let Some(claims) = claims(token) else {
+        return false;
+    };
+    let fresh = match claims.get("exp").and_then(serde_json::Value::as_u64) {
+        Some(exp) => UNIX_EPOCH + Duration::from_secs(exp) > wall,
+        None => true,
+    };
+    let names_audience = match claims.get("aud") {
+        Some(serde_json::Value::String(aud)) => aud == audience,
+        Some(serde_json::Value::Array(auds)) => auds.iter().any(|a| a.as_str() == Some(audience)),
+        _ => false,
+    };
+    fresh && names_audience
+}
+
+/// The budgets of the reviews the sidecar asks for.
+#[derive(Debug)]
+pub struct ReviewBudget {
+    plausible: TokenBucket,
+    other: TokenBucket,
+}
+
+impl Default for ReviewBudget {
+    fn default() -> Self {
+        let bucket = |(qps, burst): (f64, u32)| {
+            TokenBucket::new(qps, burst).unwrap_or_else(|| unreachable!("positive rates"))
+        };
+        Self {
+            plausible: bucket(PLAUSIBLE_REVIEWS),
+            other: bucket(OTHER_REVIEWS),
+        }
+    }
+}
+
+impl ReviewBudget {
+    /// Waits for a review's turn from the plausible share or the other; ResourceExhausted at
+    /// once when it would not come within [`REVIEW_WAIT`].
+    pub async fn turn(&self, plausible: bool) -> Result<(), Refusal> {
+        let bucket = if plausible {
+            &self.plausible
+        } else {
+            &self.other
+        };
+        match bucket.reserve_within(REVIEW_WAIT) {
+            Some(wait) => {
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+            None => Err(Refusal::new(
+                tonic::Code::ResourceExhausted,
+                "too many authentication requests; retry later",
+            )),
+        }
+    }
+}
+
+/// A JWT's claims, read without checking its signature.
+fn claims(token: &str) -> Option<serde_json::Value> {
+    let mut parts = token.split('.');
+    let (_, payload, _, None) = (parts.next()?, parts.next()?, parts.next()?, parts.next()) else {
+        return None;
+    };
     // Bounded: a payload this long is no ServiceAccount token.
     if payload.len() > 16 * 1024 {
         return None;
@@ -148,8 +230,13 @@ pub fn token_expiry(token: &str) -> Option<SystemTime> {
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload.trim_end_matches('='))
         .ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    let exp = claims.get("exp")?.as_u64()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// When a JWT says it expires (`exp`), read without checking its signature: only to keep the
+/// cache from trusting it longer, never to trust it.
+pub fn token_expiry(token: &str) -> Option<SystemTime> {
+    let exp = claims(token)?.get("exp")?.as_u64()?;
     UNIX_EPOCH.checked_add(Duration::from_secs(exp))
 }
 
@@ -173,7 +260,7 @@ pub async fn review_token(
         .map_err(|err| {
             Refusal::new(
                 tonic::Code::Internal,
-                format!("failed to authenticate user: {err}"),
+                format!("failed to authenticate user: {}", api_message(&err)),
             )
         })?;
     let status = answer.status.unwrap_or_default();
@@ -222,7 +309,7 @@ pub async fn authorize(client: &kube::Client, user: &User, namespace: &str) -> R
         .map_err(|err| {
             Refusal::new(
                 tonic::Code::Internal,
-                format!("failed to authorize the user: {err}"),
+                format!("failed to authorize the user: {}", api_message(&err)),
             )
         })?;
     let status = answer.status.unwrap_or_default();
@@ -289,6 +376,73 @@ mod tests {
         assert_ne!(access_key(&a, "ns"), access_key(&a, "other"));
         assert_ne!(access_key(&a, "ns"), access_key(&grouped, "ns"));
         assert_eq!(access_key(&a, "ns"), access_key(&user("a"), "ns"));
+
+        let mut as_group = user("a");
+        as_group.groups.push("k=v".into());
+        let mut as_extra = user("a");
+        as_extra.extra.insert("k".into(), vec!["v".into()]);
+        assert_ne!(access_key(&as_group, "ns"), access_key(&as_extra, "ns"));
+        let mut two = user("a");
+        two.extra.insert("k".into(), vec!["v".into(), "w".into()]);
+        let mut joined = user("a");
+        joined.extra.insert("k".into(), vec!["v,w".into()]);
+        assert_ne!(access_key(&two, "ns"), access_key(&joined, "ns"));
+        assert_ne!(key(&["ab", "c"]), key(&["a", "bc"]));
+    }
+
+    fn jwt(claims: &str) -> String {
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
+        format!("eyJhbGciOiJSUzI1NiJ9.{payload}.signature")
+    }
+
+    #[test]
+    fn a_token_is_plausible_only_as_a_fresh_jwt_for_the_audience() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        assert!(plausible(&jwt(r#"{"aud":["cbt"],"exp":2000}"#), "cbt", now));
+        assert!(plausible(&jwt(r#"{"aud":"cbt"}"#), "cbt", now));
+        assert!(!plausible(
+            &jwt(r#"{"aud":["other"],"exp":2000}"#),
+            "cbt",
+            now
+        ));
+        assert!(!plausible(&jwt(r#"{"aud":["cbt"],"exp":500}"#), "cbt", now));
+        assert!(!plausible(&jwt("not json"), "cbt", now));
+        assert!(!plausible("opaque-token", "cbt", now));
+        assert!(!plausible(
+            &format!("{}.extra", jwt(r#"{"aud":"cbt"}"#)),
+            "cbt",
+            now
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn made_up_tokens_use_up_only_their_own_share_of_reviews() {
+        let budget = ReviewBudget::default();
+        let start = tokio::time::Instant::now();
+        let flood = futures::future::join_all((0..100).map(|_| budget.turn(false)));
+        let real = async {
+            let turn = budget.turn(true).await;
+            (turn, start.elapsed())
+        };
+        let (flood, (real, waited)) = tokio::join!(flood, real);
+        let served = flood.iter().filter(|turn| turn.is_ok()).count();
+        let (qps, burst) = OTHER_REVIEWS;
+        // The burst at once, then the rate for at most REVIEW_WAIT.
+        assert!(served <= burst as usize + (qps * REVIEW_WAIT.as_secs_f64()) as usize + 1);
+        assert!(
+            served < flood.len(),
+            "a flood is refused once its share is spent"
+        );
+        assert!(flood.iter().all(|turn| match turn {
+            Ok(()) => true,
+            Err(refusal) => refusal.code == tonic::Code::ResourceExhausted,
+        }));
+        assert!(real.is_ok());
+        assert_eq!(
+            waited,
+            Duration::ZERO,
+            "a plausible token's turn is not taken"
+        );
     }
 
     #[test]

@@ -88,6 +88,10 @@ impl Ask {
     }
 }
 
+/// The longest base snapshot handle taken: far beyond any driver's (CSI asks for at most 128
+/// bytes), short enough to log and to label a metric with.
+pub const MAX_HANDLE_BYTES: usize = 4096;
+
 /// Upstream's checks in its order, then ours: a negative offset or result count is refused here
 /// instead of being passed to the driver.
 pub fn validate(ask: &Ask) -> Result<(), Refusal> {
@@ -108,6 +112,27 @@ pub fn validate(ask: &Ask) -> Result<(), Refusal> {
             return Err(Refusal::invalid("targetSnapshotName cannot be empty"));
         }
         _ => {}
+    }
+    // A name no object can have is refused before it costs a review or a lookup, and is never
+    // echoed (it may be megabytes long).
+    if !names::is_dns1123_label(&ask.namespace) {
+        return Err(Refusal::invalid(
+            "namespace is not a valid namespace name (a DNS-1123 label)",
+        ));
+    }
+    if !names::is_dns1123_subdomain(&ask.snapshot) {
+        return Err(Refusal::invalid(
+            "the snapshot name is not a valid VolumeSnapshot name (a DNS-1123 subdomain)",
+        ));
+    }
+    if ask
+        .base
+        .as_ref()
+        .is_some_and(|base| base.len() > MAX_HANDLE_BYTES)
+    {
+        return Err(Refusal::invalid(format!(
+            "baseSnapshotId is longer than {MAX_HANDLE_BYTES} bytes"
+        )));
     }
     if ask.starting_offset < 0 {
         return Err(Refusal::invalid(format!(

@@ -13,6 +13,11 @@ use sidecar_kit::runtime::startup::Greeting;
 
 /// The longest a stream may last by default, in minutes (also what zero or less means).
 pub const DEFAULT_STREAMING_MINUTES: i64 = 10;
+/// Streams in flight by default: each holds a driver stream and up to its share of the relay's
+/// bytes, so that all of them fit the manifest's memory limit with room to spare.
+pub const DEFAULT_MAX_STREAMS: u32 = 100;
+/// Client connections open at once by default.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 100;
 
 /// csi-snapshot-metadata: serves the Kubernetes SnapshotMetadata API (changed block tracking) to
 /// backup applications over TLS, from the CSI driver's SnapshotMetadata service.
@@ -62,6 +67,18 @@ pub struct Cli {
     #[arg(long, default_value_t = DEFAULT_STREAMING_MINUTES, allow_negative_numbers = true,
           value_name = "MINUTES")]
     pub max_streaming_duration_min: i64,
+
+    /// Most SnapshotMetadata streams in flight, all connections together; a request past it
+    /// is refused with ResourceExhausted (not in upstream's sidecar, which has no bound)
+    #[arg(long, default_value_t = DEFAULT_MAX_STREAMS, value_parser = clap::value_parser!(u32).range(1..),
+          value_name = "COUNT")]
+    pub max_streams: u32,
+
+    /// Most client connections open at once; a connection past it is closed at once (not in
+    /// upstream's sidecar, which has no bound)
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..),
+          value_name = "COUNT")]
+    pub max_connections: u32,
 
     #[command(flatten)]
     pub kube: KubeFlags,

@@ -7,7 +7,8 @@
 //! - [`decide`]: pure decisions (validation, resolution, class and secret, the stream's checks);
 //! - [`index`]: the classes and audience, fed by watches;
 //! - [`auth`]: TokenReview with its cache, SubjectAccessReview;
-//! - [`server`]: the request pipeline and the relay;
+//! - [`server`]: the request pipeline;
+//! - [`relay`]: the driver's stream to the client, bounded in bytes and time;
 //! - [`tls`]: the certificate, its reloading, the accepting of connections;
 //! - [`app`]: its start-up, a plug-in of the sidecar runtime ([`app::SnapshotMetadata`]);
 //! - [`flags`]: the command line.
@@ -18,6 +19,7 @@ pub mod decide;
 pub mod flags;
 pub mod index;
 pub mod model;
+pub mod relay;
 pub mod server;
 pub mod tls;
 
@@ -26,5 +28,13 @@ pub mod api {
     tonic::include_proto!("snapshotmetadata");
 }
 
-/// Largest message taken from the driver or a client (gRPC's usual 4 MiB).
+/// Largest message taken from the driver (gRPC's usual 4 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Largest request taken from a client: a token and a few names need a few KiB, and a request
+/// is held whole before anyone is authenticated, so this bounds what an unknown client can
+/// make the server hold (upstream takes gRPC's 4 MiB). A larger one is refused with
+/// OutOfRange.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Streams one client connection may have open at once (HTTP/2 SETTINGS); a client queues
+/// more. With `--max-connections` it bounds the requests held before authentication.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;

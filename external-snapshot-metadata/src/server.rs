@@ -12,37 +12,65 @@ use std::time::{Duration, Instant, SystemTime};
 use csi_proto::v1 as csi;
 use csi_proto::v1::snapshot_metadata_client::SnapshotMetadataClient;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
+use sidecar_kit::cluster::client::api_message;
 use sidecar_kit::driver::csi::CsiClient;
 use sidecar_kit::pipeline::lock;
 use sidecar_kit::process::metrics::{CsiMetrics, code_label};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
 use crate::api;
-use crate::auth::{self, AccessCache, TokenCache, User};
-use crate::decide::{self, Ask, Batch, Method, ReadError, Refusal, StreamCheck};
+use crate::auth::{self, AccessCache, FailedCache, ReviewBudget, TokenCache, User};
+use crate::decide::{self, Ask, Batch, Method, ReadError, Refusal};
 use crate::index::Index;
-use crate::model::{VolumeSnapshot, VolumeSnapshotContent};
+use crate::model::{
+    Class, SnapshotMetadataService, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent,
+};
+use crate::relay::{self, DriverStream, Outgoing, Relay, driver_status};
+use crate::tls::Peer;
 
-/// Messages buffered towards a client: a slow client slows the driver's stream (HTTP/2 flow
-/// control) instead of filling memory.
-const RELAY_BUFFER: usize = 4;
+/// Which kinds the index holds whole: until their watch has synced (never, while the sidecar
+/// may not watch them), requests read them from the API server.
+#[derive(Debug, Default)]
+pub struct Watched {
+    pub classes: AtomicBool,
+}
+
+/// How long and how many streams are served at once.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamLimits {
+    /// `--max-streaming-duration-min`.
+    pub max_duration: Duration,
+    /// `--max-streams`.
+    pub max_streams: usize,
+}
 
 /// What every request shares.
 pub struct Shared {
     pub driver: String,
     pub csi: CsiClient,
     pub client: kube::Client,
+    /// TokenReviews and SubjectAccessReviews go through this client, paced by `reviews`
+    /// instead of by the rate limit of `client`, which the lookups and watches keep.
+    review_client: kube::Client,
+    reviews: ReviewBudget,
     pub index: Arc<Mutex<Index>>,
     /// `--audience`; empty: the SnapshotMetadataService's.
     pub audience: String,
     pub tokens: Mutex<TokenCache>,
+    failed: Mutex<FailedCache>,
     pub access: Mutex<AccessCache>,
     pub metrics: CsiMetrics,
     pub max_duration: Duration,
+    /// Streams in flight, all connections together: `--max-streams`.
+    stream_slots: Arc<Semaphore>,
+    max_streams: usize,
+    /// What the relays hold for their clients ([`relay::RELAY_BYTES`]).
+    pub relay_bytes: Arc<Semaphore>,
+    /// Which kinds the index holds whole (their watch synced).
+    pub watched: Watched,
     /// Whether requests are served: the driver checked and the watches synced.
     pub ready: Arc<AtomicBool>,
     /// Cancelled when the streams in flight must end (shutdown).
@@ -55,10 +83,10 @@ impl Shared {
     pub fn new(
         driver: String,
         csi: CsiClient,
-        client: kube::Client,
+        (client, review_client): (kube::Client, kube::Client),
         index: Arc<Mutex<Index>>,
         audience: String,
-        max_duration: Duration,
+        limits: StreamLimits,
         ready: Arc<AtomicBool>,
         streams: CancellationToken,
     ) -> Self {
@@ -67,12 +95,19 @@ impl Shared {
             driver,
             csi,
             client,
+            review_client,
+            reviews: ReviewBudget::default(),
             index,
             audience,
             tokens: Mutex::new(TokenCache::default()),
+            failed: Mutex::new(FailedCache::default()),
             access: Mutex::new(AccessCache::default()),
             metrics,
-            max_duration,
+            max_duration: limits.max_duration,
+            stream_slots: Arc::new(Semaphore::new(limits.max_streams)),
+            max_streams: limits.max_streams,
+            relay_bytes: relay::budget(),
+            watched: Watched::default(),
             ready,
             streams,
             next_op: AtomicU64::new(0),
@@ -91,10 +126,10 @@ struct Resolved {
 }
 
 /// One request's record: its log name and what its metric is labelled with.
-struct Operation {
-    ask: Ask,
+pub struct Operation {
+    pub ask: Ask,
     started: Instant,
-    name: String,
+    pub name: String,
     /// Whether the caller was authorized: only then do the names it sent become metric labels
     /// (anyone may send any name, and each label value would be a series kept for good).
     authorized: AtomicBool,
@@ -120,6 +155,15 @@ impl Operation {
     }
 }
 
+/// Upstream's answer before the sidecar serves.
+fn not_ready() -> Refusal {
+    Refusal::new(Code::Unavailable, "the CSI driver is not yet ready")
+}
+
+fn unauthenticated() -> Refusal {
+    Refusal::new(Code::Unauthenticated, "unauthenticated user")
+}
+
 fn read_error(err: kube::Error) -> ReadError {
     match err {
         kube::Error::Api(status) if status.code == 404 => ReadError::NotFound,
@@ -128,38 +172,66 @@ fn read_error(err: kube::Error) -> ReadError {
 }
 
 impl Service {
-    /// The audience tokens must be issued for.
-    fn audience(&self) -> Result<String, Refusal> {
+    /// The audience tokens must be issued for: `--audience`, else that of the driver's
+    /// SnapshotMetadataService as its watch has it or, when the watch has not seen it, as the
+    /// API server has it (as upstream reads it on every request).
+    async fn audience(&self) -> Result<String, Refusal> {
         let shared = &self.0;
         if !shared.audience.is_empty() {
             return Ok(shared.audience.clone());
         }
-        lock(&shared.index)
-            .audience()
-            .map(str::to_string)
-            .ok_or_else(|| {
-                Refusal::new(
-                    Code::Internal,
-                    format!(
-                        "failed to authenticate user: failed to find the SnapshotMetadataService CR for driver '{}': not found",
-                        shared.driver
-                    ),
-                )
-            })
+        if let Some(audience) = lock(&shared.index).audience() {
+            return Ok(audience.to_string());
+        }
+        if !shared.ready.load(Ordering::Acquire) {
+            return Err(not_ready());
+        }
+        let not_found = |reason: String| {
+            Refusal::new(
+                Code::Internal,
+                format!(
+                    "failed to authenticate user: failed to find the SnapshotMetadataService CR for driver '{}': {reason}",
+                    shared.driver
+                ),
+            )
+        };
+        let service: SnapshotMetadataService = Api::all(shared.client.clone())
+            .get(&shared.driver)
+            .await
+            .map_err(|e| not_found(api_message(&e)))?;
+        Ok(service.spec.audience)
     }
 
     async fn authenticate(&self, token: &str, audience: &str) -> Result<User, Refusal> {
         let shared = &self.0;
         let key = auth::key(&[token, audience]);
-        if let Some(user) = lock(&shared.tokens).get(&key, Instant::now()) {
+        let now = Instant::now();
+        if let Some(user) = lock(&shared.tokens).get(&key, now) {
             return Ok(user);
         }
-        let user = auth::review_token(&shared.client, token, audience).await?;
-        let now = Instant::now();
-        if let Some(until) = auth::token_until(now, SystemTime::now(), auth::token_expiry(token)) {
-            lock(&shared.tokens).put(key, user.clone(), until, now);
+        if lock(&shared.failed).get(&key, now).is_some() {
+            return Err(unauthenticated());
         }
-        Ok(user)
+        let wall = SystemTime::now();
+        shared
+            .reviews
+            .turn(auth::plausible(token, audience, wall))
+            .await?;
+        let answer = auth::review_token(&shared.review_client, token, audience).await;
+        let now = Instant::now();
+        match &answer {
+            Ok(user) => {
+                if let Some(until) = auth::token_until(now, wall, auth::token_expiry(token)) {
+                    lock(&shared.tokens).put(key, user.clone(), until, now);
+                }
+            }
+            Err(refusal) if refusal.code == Code::Unauthenticated => {
+                lock(&shared.failed).put(key, (), now + auth::FAILED_TTL, now);
+            }
+            // A failed review is not an answer.
+            Err(_) => {}
+        }
+        answer
     }
 
     /// Whether `user` may get VolumeSnapshots in `namespace`, remembered briefly.
@@ -169,7 +241,9 @@ impl Service {
         if let Some(answer) = lock(&shared.access).get(&key, Instant::now()) {
             return answer;
         }
-        let answer = auth::authorize(&shared.client, user, namespace).await;
+        // Only authenticated callers get here: their reviews come out of the plausible share.
+        shared.reviews.turn(true).await?;
+        let answer = auth::authorize(&shared.review_client, user, namespace).await;
         let ttl = match &answer {
             Ok(()) => Some(auth::ALLOWED_TTL),
             Err(refusal) if refusal.code == Code::PermissionDenied => Some(auth::DENIED_TTL),
@@ -221,36 +295,72 @@ impl Service {
         decide::snapshot_handle(&content, name, &shared.driver, &ask.snapshot)
     }
 
+    /// The driver's classes: as their watch has them or, while the sidecar may not watch them,
+    /// as the API server has them (the one the snapshot names, else all of them for the
+    /// default), as upstream reads them on every request.
+    async fn classes(&self, named: Option<&str>) -> Result<BTreeMap<String, Class>, Refusal> {
+        let shared = &self.0;
+        if shared.watched.classes.load(Ordering::Acquire) {
+            return Ok(lock(&shared.index).classes().clone());
+        }
+        let api = Api::<VolumeSnapshotClass>::all(shared.client.clone());
+        let found = match named.filter(|n| !n.is_empty()) {
+            Some(name) => vec![api.get(name).await.map_err(|e| {
+                Refusal::new(
+                    Code::Unavailable,
+                    format!(
+                        "failed to get VolumeSnapshotClass '{name}': {}",
+                        api_message(&e)
+                    ),
+                )
+            })?],
+            None => {
+                api.list(&ListParams::default())
+                    .await
+                    .map_err(|e| {
+                        Refusal::new(
+                            Code::Unavailable,
+                            format!("failed to list VolumeSnapshotClasses: {}", api_message(&e)),
+                        )
+                    })?
+                    .items
+            }
+        };
+        Ok(found
+            .iter()
+            .filter(|class| class.driver == shared.driver)
+            .map(|class| {
+                (
+                    class.metadata.name.clone().unwrap_or_default(),
+                    Class::from_api(class),
+                )
+            })
+            .collect())
+    }
+
     /// Upstream's pipeline up to the driver's call.
     async fn resolve(&self, op: &Operation) -> Result<Resolved, Refusal> {
         let shared = &self.0;
         let ask = &op.ask;
         decide::validate(ask)?;
-        let audience = self.audience()?;
+        // Only now: the names are bounded.
+        tracing::debug!(op = %op.name, namespace = %ask.namespace, snapshot = %ask.snapshot, base = ?ask.base, starting_offset = ask.starting_offset, max_results = ask.max_results, "request");
+        let audience = self.audience().await?;
         let user = self.authenticate(&ask.token, &audience).await?;
         self.authorize(&user, &ask.namespace).await?;
         op.authorized.store(true, Ordering::Relaxed);
         if !shared.ready.load(Ordering::Acquire) {
-            return Err(Refusal::new(
-                Code::Unavailable,
-                "the CSI driver is not yet ready",
-            ));
+            return Err(not_ready());
         }
         let (snapshot, content_name) = self.snapshot(ask).await?;
         let handle = self.handle(&content_name, ask).await?;
-        let secret = {
-            let index = lock(&shared.index);
-            let class = decide::choose_class(
-                snapshot.spec.volume_snapshot_class_name.as_deref(),
-                index.classes(),
-                &shared.driver,
-            )?;
-            match class {
-                Some(class) => {
-                    decide::snapshotter_secret(class, &content_name, &ask.namespace, &ask.snapshot)?
-                }
-                None => None,
+        let named = snapshot.spec.volume_snapshot_class_name.as_deref();
+        let classes = self.classes(named).await?;
+        let secret = match decide::choose_class(named, &classes, &shared.driver)? {
+            Some(class) => {
+                decide::snapshotter_secret(class, &content_name, &ask.namespace, &ask.snapshot)?
             }
+            None => None,
         };
         let secrets = match secret {
             None => BTreeMap::new(),
@@ -259,7 +369,10 @@ impl Service {
                     .get(&secret.name)
                     .await
                     .map_err(|e| {
-                        Refusal::new(Code::Unavailable, format!("failed to get credentials: {e}"))
+                        Refusal::new(
+                            Code::Unavailable,
+                            format!("failed to get credentials: {}", api_message(&e)),
+                        )
                     })?;
                 found
                     .data
@@ -275,9 +388,10 @@ impl Service {
     /// Serves one request: resolves it, opens the driver's stream and relays it.
     async fn serve<R>(
         &self,
+        peer: Option<Peer>,
         ask: Ask,
         respond: fn(Batch) -> R,
-    ) -> Result<Response<ReceiverStream<Result<R, Status>>>, Status>
+    ) -> Result<Response<Outgoing<R>>, Status>
     where
         R: Send + 'static,
     {
@@ -289,15 +403,27 @@ impl Service {
             ask,
             authorized: AtomicBool::new(false),
         };
-        tracing::debug!(op = %op.name, namespace = %op.ask.namespace, snapshot = %op.ask.snapshot, base = ?op.ask.base, starting_offset = op.ask.starting_offset, max_results = op.ask.max_results, "request");
-        let resolved = match self.resolve(&op).await {
-            Ok(resolved) => resolved,
+        let admitted = self.resolve(&op).await.and_then(|resolved| {
+            let slot = shared.stream_slots.clone().try_acquire_owned().map_err(|_| {
+                Refusal::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "too many SnapshotMetadata streams in flight ({}, --max-streams); retry later",
+                        shared.max_streams
+                    ),
+                )
+            })?;
+            Ok((resolved, slot))
+        });
+        let (resolved, slot) = match admitted {
+            Ok(admitted) => admitted,
             Err(refusal) => {
                 tracing::info!(op = %op.name, code = code_label(refusal.code), message = %refusal.message, "request refused");
                 op.done(&shared, refusal.code);
                 return Err(refusal.into());
             }
         };
+        let open_on_connection = peer.as_ref().map(Peer::stream);
         let deadline = tokio::time::Instant::now() + shared.max_duration;
         let driver_stream = match open(&shared, &op.ask, resolved, shared.max_duration).await {
             Ok(stream) => stream,
@@ -306,28 +432,20 @@ impl Service {
                 return Err(status);
             }
         };
-        let (tx, rx) = mpsc::channel(RELAY_BUFFER);
+        let (to_client, outgoing) = relay::outbox();
         tokio::spawn(async move {
-            let code = relay(&shared, &op, driver_stream, respond, tx, deadline).await;
+            let _held = (slot, open_on_connection);
+            let relay = Relay {
+                shared: &shared,
+                op: &op,
+                respond,
+                to_client,
+                deadline,
+            };
+            let code = relay.run(driver_stream).await;
             op.done(&shared, code);
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-/// The driver's stream of either RPC, as plain batches.
-type DriverStream = futures::stream::BoxStream<'static, Result<Batch, Status>>;
-
-/// A driver error as the client gets it: its own code and message when it has one (upstream
-/// passes them through), Internal otherwise.
-fn driver_status(status: Status) -> Status {
-    if status.code() == Code::Unknown {
-        Status::internal(format!(
-            "failed to get response from CSI driver: {}",
-            status.message()
-        ))
-    } else {
-        status
+        Ok(Response::new(outgoing))
     }
 }
 
@@ -413,68 +531,6 @@ async fn open(
     }
 }
 
-/// Relays the driver's stream to the client until it ends, the client goes, the deadline
-/// passes or the server stops; the status code the request ended with.
-async fn relay<R>(
-    shared: &Shared,
-    op: &Operation,
-    mut driver: DriverStream,
-    respond: fn(Batch) -> R,
-    tx: mpsc::Sender<Result<R, Status>>,
-    deadline: tokio::time::Instant,
-) -> Code {
-    use futures::StreamExt;
-    let mut check = StreamCheck::new(op.ask.starting_offset, op.ask.max_results);
-    let end = |status: Status| async {
-        let code = status.code();
-        let _ = tx.send(Err(status)).await;
-        code
-    };
-    loop {
-        let next = tokio::select! {
-            next = driver.next() => next,
-            _ = tx.closed() => {
-                tracing::info!(op = %op.name, "the client went away; ending the driver's stream");
-                return Code::Cancelled;
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                return end(Status::deadline_exceeded(format!(
-                    "the stream ran longer than --max-streaming-duration-min ({} s)",
-                    shared.max_duration.as_secs()
-                ))).await;
-            }
-            _ = shared.streams.cancelled() => {
-                return end(Status::unavailable("the sidecar is shutting down")).await;
-            }
-        };
-        let batch = match next {
-            None => return Code::Ok,
-            Some(Err(status)) => return end(driver_status(status)).await,
-            Some(Ok(batch)) => batch,
-        };
-        let messages = match check.take(batch) {
-            Ok(messages) => messages,
-            Err(broken) => {
-                tracing::warn!(op = %op.name, driver = %shared.driver, problem = %broken, "the CSI driver broke the SnapshotMetadata stream; ending it");
-                return end(Status::internal(format!(
-                    "the CSI driver broke the SnapshotMetadata stream: {broken}"
-                )))
-                .await;
-            }
-        };
-        if let Some((offset, size)) = check.past_capacity() {
-            tracing::debug!(op = %op.name, offset, size, "the CSI driver reports a range past the volume's capacity (a partial last block reported whole); relayed as it is");
-        }
-        for message in messages {
-            tracing::trace!(op = %op.name, blocks = ?message.blocks, "relaying");
-            if tx.send(Ok(respond(message))).await.is_err() {
-                tracing::info!(op = %op.name, "the client went away; ending the driver's stream");
-                return Code::Cancelled;
-            }
-        }
-    }
-}
-
 fn blocks(batch: &Batch) -> Vec<api::BlockMetadata> {
     batch
         .blocks
@@ -488,14 +544,14 @@ fn blocks(batch: &Batch) -> Vec<api::BlockMetadata> {
 
 #[tonic::async_trait]
 impl api::snapshot_metadata_server::SnapshotMetadata for Service {
-    type GetMetadataAllocatedStream =
-        ReceiverStream<Result<api::GetMetadataAllocatedResponse, Status>>;
-    type GetMetadataDeltaStream = ReceiverStream<Result<api::GetMetadataDeltaResponse, Status>>;
+    type GetMetadataAllocatedStream = Outgoing<api::GetMetadataAllocatedResponse>;
+    type GetMetadataDeltaStream = Outgoing<api::GetMetadataDeltaResponse>;
 
     async fn get_metadata_allocated(
         &self,
         request: Request<api::GetMetadataAllocatedRequest>,
     ) -> Result<Response<Self::GetMetadataAllocatedStream>, Status> {
+        let peer = request.extensions().get::<Peer>().cloned();
         let r = request.into_inner();
         let ask = Ask {
             method: Method::Allocated,
@@ -506,7 +562,7 @@ impl api::snapshot_metadata_server::SnapshotMetadata for Service {
             starting_offset: r.starting_offset,
             max_results: r.max_results,
         };
-        self.serve(ask, |b| api::GetMetadataAllocatedResponse {
+        self.serve(peer, ask, |b| api::GetMetadataAllocatedResponse {
             block_metadata_type: b.block_type,
             volume_capacity_bytes: b.capacity,
             block_metadata: blocks(&b),
@@ -518,6 +574,7 @@ impl api::snapshot_metadata_server::SnapshotMetadata for Service {
         &self,
         request: Request<api::GetMetadataDeltaRequest>,
     ) -> Result<Response<Self::GetMetadataDeltaStream>, Status> {
+        let peer = request.extensions().get::<Peer>().cloned();
         let r = request.into_inner();
         let ask = Ask {
             method: Method::Delta,
@@ -528,7 +585,7 @@ impl api::snapshot_metadata_server::SnapshotMetadata for Service {
             starting_offset: r.starting_offset,
             max_results: r.max_results,
         };
-        self.serve(ask, |b| api::GetMetadataDeltaResponse {
+        self.serve(peer, ask, |b| api::GetMetadataDeltaResponse {
             block_metadata_type: b.block_type,
             volume_capacity_bytes: b.capacity,
             block_metadata: blocks(&b),

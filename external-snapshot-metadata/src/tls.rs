@@ -6,16 +6,20 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls::ServerConfig;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
@@ -303,62 +307,178 @@ pub fn server_config(
     Ok(config)
 }
 
-/// A TLS connection tonic serves.
-pub struct Connection(pub TlsStream<TcpStream>);
+/// How long a connection may stay open with no stream of ours and nothing read from it.
+pub const CONNECTION_IDLE: Duration = Duration::from_secs(5 * 60);
+/// TCP keepalive on accepted connections: Go's listener default, which upstream's server has.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// What one connection is doing: streams of ours open on it, and when it last did anything.
+#[derive(Debug)]
+pub struct Activity {
+    streams: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            streams: AtomicUsize::new(0),
+            last: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn touch(&self) {
+        *sidecar_kit::pipeline::lock(&self.last) = Instant::now();
+    }
+
+    /// Since when the connection has been idle: `None` while a stream is open.
+    fn idle_since(&self) -> Option<Instant> {
+        (self.streams.load(Ordering::Acquire) == 0)
+            .then(|| *sidecar_kit::pipeline::lock(&self.last))
+    }
+}
+
+/// The connection a request came on, as tonic hands it to the request.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub addr: Option<std::net::SocketAddr>,
+    activity: Arc<Activity>,
+}
+
+impl Peer {
+    /// Marks a stream open on the connection until the guard is dropped.
+    pub fn stream(&self) -> StreamOpen {
+        self.activity.streams.fetch_add(1, Ordering::AcqRel);
+        StreamOpen(self.activity.clone())
+    }
+}
+
+/// A stream open on a connection (see [`Peer::stream`]).
+pub struct StreamOpen(Arc<Activity>);
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A TLS connection tonic serves: closed once idle for `idle` (see [`CONNECTION_IDLE`]); holds
+/// its place among the connections allowed until it is dropped.
+pub struct Connection {
+    tls: TlsStream<TcpStream>,
+    activity: Arc<Activity>,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    fn new(tls: TlsStream<TcpStream>, idle: Duration, slot: OwnedSemaphorePermit) -> Self {
+        Self {
+            tls,
+            activity: Arc::new(Activity::new()),
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+            _slot: slot,
+        }
+    }
+
+    /// Whether the connection has been idle for long enough to close; otherwise the timer is
+    /// set for the next look (and registered with `cx`).
+    fn idle_out(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let next = match self.activity.idle_since() {
+                Some(since) if since.elapsed() >= self.idle => return true,
+                Some(since) => since + self.idle,
+                None => Instant::now() + self.idle,
+            };
+            self.timer.as_mut().reset(next.into());
+        }
+        false
+    }
+}
 
 impl tonic::transport::server::Connected for Connection {
-    type ConnectInfo = Option<std::net::SocketAddr>;
+    type ConnectInfo = Peer;
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.get_ref().0.peer_addr().ok()
+    fn connect_info(&self) -> Peer {
+        Peer {
+            addr: self.tls.get_ref().0.peer_addr().ok(),
+            activity: self.activity.clone(),
+        }
     }
 }
 
-impl tokio::io::AsyncRead for Connection {
+impl AsyncRead for Connection {
     fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.tls).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                if buf.filled().len() > before {
+                    this.activity.touch();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending if this.idle_out(cx) => {
+                tracing::debug!(peer = ?this.tls.get_ref().0.peer_addr().ok(), idle = ?this.idle, "closing an idle connection");
+                // The end of the stream: the HTTP/2 server closes the connection.
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
-impl tokio::io::AsyncWrite for Connection {
+impl AsyncWrite for Connection {
     fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
         buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tls).poll_write(cx, buf)
     }
 
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_flush(cx)
     }
 
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_shutdown(cx)
     }
 }
+
+/// How many connections are served at once and how long one may idle.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    pub max: usize,
+    pub idle: Duration,
+}
+
+/// How often, at most, turning away connections over the limit is logged.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Accepts connections on `listener` until `stop`, and hands each one whose handshake completes
-/// within [`HANDSHAKE_TIMEOUT`] to the receiver.
+/// within [`HANDSHAKE_TIMEOUT`] to the receiver; a connection past `limits.max` is closed at
+/// once (its client sees Unavailable and may retry) rather than left waiting.
 pub fn accept(
     listener: TcpListener,
     config: ServerConfig,
+    limits: ConnectionLimits,
     stop: CancellationToken,
 ) -> mpsc::Receiver<io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(MAX_HANDSHAKES);
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let slots = Arc::new(Semaphore::new(limits.max));
     tokio::spawn(async move {
+        let mut last_refusal_logged: Option<Instant> = None;
+        let mut refused = 0u64;
         loop {
             let Ok(permit) = handshakes.clone().acquire_owned().await else {
                 return;
@@ -374,14 +494,29 @@ pub fn accept(
                     }
                 },
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                refused += 1;
+                if last_refusal_logged.is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL) {
+                    tracing::warn!(%peer, max = limits.max, refused, "connection refused: as many connections as --max-connections are open");
+                    last_refusal_logged = Some(Instant::now());
+                }
+                drop(tcp);
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
+            let keepalive = socket2::TcpKeepalive::new()
+                .with_time(TCP_KEEPALIVE)
+                .with_interval(TCP_KEEPALIVE);
+            if let Err(err) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive) {
+                tracing::debug!(%peer, error = %err, "cannot set TCP keepalive");
+            }
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(Connection(tls))).await;
+                        let _ = tx.send(Ok(Connection::new(tls, limits.idle, slot))).await;
                     }
                     Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

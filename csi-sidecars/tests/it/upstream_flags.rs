@@ -43,7 +43,7 @@ const UPSTREAM: [(&str, &str); 8] = [
 ];
 
 /// Our flags upstream's binary lacks, and why.
-const OURS_ONLY: [(&str, &str); 18] = [
+const OURS_ONLY: [(&str, &str); 20] = [
     // Every controller releases its Lease on a graceful shutdown unless this says no (upstream:
     // the alpha gate ReleaseLeaderElectionOnExit, off by default).
     ("csi-provisioner", "leader-election-release-on-exit"),
@@ -64,6 +64,9 @@ const OURS_ONLY: [(&str, &str); 18] = [
     ("csi-snapshot-metadata", "tls-min-version"),
     ("csi-snapshot-metadata", "tls-cipher-suites"),
     ("csi-snapshot-metadata", "tls-curve-preferences"),
+    // Bounds on clients, which upstream's server does not have.
+    ("csi-snapshot-metadata", "max-streams"),
+    ("csi-snapshot-metadata", "max-connections"),
     // OpenTelemetry tracing, configured as kube-apiserver's (upstream's sidecars trace nothing).
     ("csi-provisioner", "tracing-config-file"),
     ("csi-attacher", "tracing-config-file"),

@@ -73,6 +73,45 @@ fn requests_are_checked_in_upstream_s_order_and_negative_numbers_refused() {
     );
 }
 
+#[test]
+fn names_no_object_can_have_are_refused_without_being_echoed() {
+    let huge = "x".repeat(1 << 20);
+    for bad in [
+        Ask {
+            namespace: "Not_A_Label".into(),
+            ..ask(Method::Allocated)
+        },
+        Ask {
+            namespace: "n".repeat(64),
+            ..ask(Method::Allocated)
+        },
+        Ask {
+            snapshot: huge.clone(),
+            ..ask(Method::Allocated)
+        },
+        Ask {
+            snapshot: "snap/../other".into(),
+            ..ask(Method::Delta)
+        },
+        Ask {
+            base: Some(huge.clone()),
+            ..ask(Method::Delta)
+        },
+    ] {
+        let refusal = validate(&bad).unwrap_err();
+        assert_eq!(refusal.code, Code::InvalidArgument);
+        assert!(refusal.message.len() < 200, "{}", refusal.message);
+    }
+    assert_eq!(
+        validate(&Ask {
+            snapshot: "a.b-c".into(),
+            base: Some("h".repeat(MAX_HANDLE_BYTES)),
+            ..ask(Method::Delta)
+        }),
+        Ok(())
+    );
+}
+
 fn snapshot(status: Option<SnapshotStatus>) -> VolumeSnapshot {
     VolumeSnapshot {
         status,

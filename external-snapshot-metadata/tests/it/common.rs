@@ -19,6 +19,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
+use testkit::apiserver::counters::Verb;
+use testkit::apiserver::faults::RequestMatch;
 use testkit::apiserver::{Access, ApiServer, Subject, TokenIdentity};
 use testkit::measure::{free_port, http_get};
 use testkit::mockdriver::{MockDriver, MockHandle};
@@ -139,6 +141,8 @@ pub async fn tls_channel(port: u16, ca: CertificateDer<'static>) -> (Channel, Pr
             let seen = seen.clone();
             async move {
                 let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+                // As gRPC clients do: no Nagle delay behind each small write.
+                tcp.set_nodelay(true)?;
                 let name = ServerName::try_from("127.0.0.1").unwrap();
                 let tls = connector.connect(name, tcp).await?;
                 if let Some(chain) = tls.get_ref().1.peer_certificates() {
@@ -174,6 +178,9 @@ pub struct Start {
     pub extra: Vec<String>,
     /// Another build of the sidecar (upstream's, in the benchmark) instead of this one.
     pub binary: Option<String>,
+    /// Requests the API server refuses from the start: verb, resource and status code (403 as
+    /// RBAC would).
+    pub refused: Vec<(Verb, &'static str, u16)>,
 }
 
 impl Env {
@@ -206,6 +213,11 @@ impl Env {
                 NAMESPACE,
             ),
         );
+        for (verb, resource, code) in &start.refused {
+            cluster
+                .faults()
+                .fail_next(RequestMatch::new(*verb, *resource), u32::MAX, *code);
+        }
         let authority = Authority::new();
         let certs = tempfile::tempdir().unwrap();
         install(certs.path(), &authority.server("first"));
@@ -456,4 +468,32 @@ pub fn ranges<'a>(
         .flatten()
         .map(|b| (b.byte_offset, b.size_bytes))
         .collect()
+}
+
+/// The sidecar with `--audience`, ready.
+pub async fn ready() -> Env {
+    Env::start(Start {
+        audience: Some(AUDIENCE),
+        ..Start::default()
+    })
+    .await
+}
+
+/// A VolumeSnapshot of a filled volume of `blocks` blocks.
+pub async fn filled(env: &Env, name: &str, blocks: i64) {
+    let volume = env.volume(&format!("vol-{name}"), blocks * BLOCK).await;
+    env.mock.fill(&volume).unwrap();
+    let handle = env.cut(&format!("snap-{name}"), &volume).await;
+    env.snapshot(name, &handle, DRIVER, None).await;
+}
+
+/// The status an Allocated request ended with: its code and message.
+pub async fn code_of(
+    client: &mut external_snapshot_metadata::api::snapshot_metadata_client::SnapshotMetadataClient<
+        tonic::transport::Channel,
+    >,
+    request: external_snapshot_metadata::api::GetMetadataAllocatedRequest,
+) -> (tonic::Code, String) {
+    let status = all_allocated(client, request).await.unwrap_err();
+    (status.code(), status.message().to_string())
 }

@@ -2,6 +2,7 @@
 //! (whose TokenReview and SubjectAccessReview answers the tests set; upstream's lister and
 //! verifier are the real-cluster check) and the mock driver's SnapshotMetadata service.
 
+mod bounds;
 mod common;
 mod requests;
 mod streams;

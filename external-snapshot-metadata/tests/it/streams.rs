@@ -7,14 +7,6 @@ use tonic::Code;
 
 use crate::common::*;
 
-async fn ready() -> Env {
-    Env::start(Start {
-        audience: Some(AUDIENCE),
-        ..Start::default()
-    })
-    .await
-}
-
 #[tokio::test]
 async fn the_changed_blocks_between_two_snapshots_are_streamed() {
     let env = ready().await;
@@ -40,14 +32,6 @@ async fn the_changed_blocks_between_two_snapshots_are_streamed() {
         (call.base_snapshot_id, call.target_snapshot_id),
         (base, target)
     );
-}
-
-/// A VolumeSnapshot of a filled volume of `blocks` blocks.
-async fn filled(env: &Env, name: &str, blocks: i64) {
-    let volume = env.volume(&format!("vol-{name}"), blocks * BLOCK).await;
-    env.mock.fill(&volume).unwrap();
-    let handle = env.cut(&format!("snap-{name}"), &volume).await;
-    env.snapshot(name, &handle, DRIVER, None).await;
 }
 
 #[tokio::test]

@@ -432,6 +432,24 @@ impl TokenBucket {
 }
 
 impl TokenBucket {
+    /// Takes a token if the caller's turn comes within `limit`, and says how long to wait for
+    /// it; `None` (nothing taken) when the callers already waiting would make it later.
+    pub fn reserve_within(&self, limit: Duration) -> Option<Duration> {
+        let Ok(mut state) = self.state.lock() else {
+            return Some(Duration::ZERO);
+        };
+        let now = Instant::now();
+        let refill = now.duration_since(state.updated).as_secs_f64() * self.qps;
+        state.tokens = (state.tokens + refill).min(self.burst);
+        state.updated = now;
+        let wait = Duration::from_secs_f64((1.0 - state.tokens).max(0.0) / self.qps);
+        if wait > limit {
+            return None;
+        }
+        state.tokens -= 1.0;
+        Some(wait)
+    }
+
     /// Takes a token only if one is free now; never goes into debt, so callers waiting in
     /// [`reserve`](Self::reserve) order keep their turn. Otherwise says when to ask again.
     pub fn try_take(&self) -> Result<(), Duration> {

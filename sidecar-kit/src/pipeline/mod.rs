@@ -304,6 +304,11 @@ impl Pipeline {
         }
     }
 
+    /// Its watches' hub, for a pipeline started later that shares them.
+    pub fn hub(&self) -> WatchHub {
+        self.hub.clone()
+    }
+
     /// The service its operations' traces are exported under.
     pub fn service(&self) -> Option<&Arc<str>> {
         self.service.as_ref()
