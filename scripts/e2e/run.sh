@@ -39,7 +39,8 @@ log() { echo "[e2e $(date +%H:%M:%S)] $*"; }
 die() { echo "[e2e $(date +%H:%M:%S)] ERROR: $*" >&2; exit 1; }
 kc() { "$KUBECTL" --kubeconfig "$KC" "$@"; }
 
-"$HERE/node.sh" status | grep -q '^kubelet: up' || die "no real node: run $HERE/node.sh up"
+node_status=$("$HERE/node.sh" status 2>&1 || true)
+grep -q "^kubelet: up" <<<"$node_status" || die "no real node: run $HERE/node.sh up"
 [ -x "$E2E_BIN/e2e.test" ] && [ -x "$E2E_BIN/ginkgo" ] || die "no e2e.test or ginkgo: run $HERE/build.sh"
 [ -f "$TEST_DRIVER" ] || die "no $TEST_DRIVER"
 
