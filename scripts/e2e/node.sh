@@ -43,9 +43,11 @@ REG=lab.local
 IMG_BUSYBOX=$REG/e2e-test-images/busybox:1.37.0-1
 IMG_AGNHOST=$REG/e2e-test-images/agnhost:2.56
 IMG_PAUSE=$REG/pause:3.10.1
-# the volumes testsuite's "should allow exec of files on the volume" runs `/bin/sh -c` in the e2e nginx image:
-# that name is tagged onto the busybox image (a shell, no nginx inside)
+# the volumes testsuite's "should allow exec of files on the volume" runs `/bin/sh -c` in the e2e nginx image,
+# and the multiVolume and provisioning suites run shell commands in jessie-dnsutils: those names are tagged onto
+# the busybox image (a shell and its tools, no nginx or dnsutils inside)
 IMG_NGINX_ALIAS=$REG/e2e-test-images/nginx:1.14-4
+IMG_DNSUTILS_ALIAS=$REG/e2e-test-images/jessie-dnsutils:1.7
 CHECK_NS=lab-e2e-node-check
 SYSCTLS="vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes net/ipv4/ip_forward"
 
@@ -295,11 +297,14 @@ ensure_images() {
     touch "$tar.imported"
     log "imported $name"
   done
-  if ! grep -qxF "$IMG_NGINX_ALIAS" <<< "$have" || [ "$E2E/images/busybox.tar.imported" -nt "$E2E/images/nginx-alias.tagged" ]; then
-    ctr_ images tag --force "$IMG_BUSYBOX" "$IMG_NGINX_ALIAS" >/dev/null || die "ctr images tag $IMG_NGINX_ALIAS failed"
-    touch "$E2E/images/nginx-alias.tagged"
-    log "tagged $IMG_BUSYBOX as $IMG_NGINX_ALIAS (shell only)"
-  fi
+  local alias
+  for alias in "$IMG_NGINX_ALIAS" "$IMG_DNSUTILS_ALIAS"; do
+    if ! grep -qxF "$alias" <<< "$have" || [ "$E2E/images/busybox.tar.imported" -nt "$E2E/images/${alias##*/}.tagged" ]; then
+      ctr_ images tag --force "$IMG_BUSYBOX" "$alias" >/dev/null || die "ctr images tag $alias failed"
+      touch "$E2E/images/${alias##*/}.tagged"
+      log "tagged $IMG_BUSYBOX as $alias (shell only)"
+    fi
+  done
 }
 
 write_repo_list() {
@@ -308,7 +313,7 @@ write_repo_list() {
 # KUBE_TEST_REPO_LIST for the e2e suite (written by scripts/e2e/node.sh): every registry of
 # test/utils/image/manifest.go mapped to the made-up local registry $REG. Imported on the node:
 #   $IMG_BUSYBOX, $IMG_AGNHOST, $IMG_PAUSE
-#   and $IMG_NGINX_ALIAS = the busybox image (for \`sh -c\` only, there is no nginx in it)
+#   and $IMG_NGINX_ALIAS, $IMG_DNSUTILS_ALIAS = the busybox image (for \`sh -c\` only)
 gcAuthenticatedRegistry: $REG/authenticated-image-pulling
 promoterE2eRegistry: $REG/e2e-test-images
 buildImageRegistry: $REG/build-image
@@ -673,8 +678,8 @@ cmd_status() {
   if [ -S "$SOCK" ] && containerd_ok; then
     local have n=0 i
     have=$(ctr_ images ls -q 2>/dev/null)
-    for i in "$IMG_BUSYBOX" "$IMG_AGNHOST" "$IMG_PAUSE" "$IMG_NGINX_ALIAS"; do grep -qxF "$i" <<< "$have" && n=$((n + 1)); done
-    echo "images: $n/4 present ($IMG_BUSYBOX $IMG_AGNHOST $IMG_PAUSE; $IMG_NGINX_ALIAS = busybox)"
+    for i in "$IMG_BUSYBOX" "$IMG_AGNHOST" "$IMG_PAUSE" "$IMG_NGINX_ALIAS" "$IMG_DNSUTILS_ALIAS"; do grep -qxF "$i" <<< "$have" && n=$((n + 1)); done
+    echo "images: $n/5 present ($IMG_BUSYBOX $IMG_AGNHOST $IMG_PAUSE; $IMG_NGINX_ALIAS and $IMG_DNSUTILS_ALIAS = busybox)"
   else echo "images: (containerd down)"; fi
   if hosts_has_line; then echo "/etc/hosts: $NODE_NAME -> 127.0.0.1 (ours)"; else echo "/etc/hosts: no line of ours"; fi
   if [ -s "$E2E/repo-list.yaml" ]; then echo "repo-list: $E2E/repo-list.yaml"; else echo "repo-list: missing"; fi
