@@ -131,7 +131,7 @@ if [ -n "${SUBSET:-}" ]; then
   focus=()
   while IFS= read -r spec; do
     [[ -z $spec || $spec == \#* ]] && continue
-    focus+=(--focus="External.Storage.*$(printf '%s' "$spec" | sed 's/[][(){}.*+?^$|\\]/\\&/g')\$")
+    focus+=(--focus="External.Storage.*$(printf '%s' "$spec" | sed 's/[][(){}.*+?^$|\\]/\\&/g; s/\\\.\\\.\\\./.*/g')\$")
   done < "$SUBSET"
   FOCUS="${#focus[@]} specs of $SUBSET"
   SKIP='\[Disruptive\]|\[Feature:SELinux\]'
