@@ -16,7 +16,9 @@
 #   FOCUS, SKIP (ginkgo regular expressions; defaults as above); SUBSET (a file of spec texts,
 #   one a line, `#` comments: only those run, each matched whole, instead of FOCUS; e.g.
 #   subset.txt beside this script); PROCS (ginkgo processes, default 3); TIMEOUT (default
-#   3h); E2E_BIN (default $LAB/e2e/bin).
+#   3h); E2E_BIN (default $LAB/e2e/bin); STOP (binaries to stop once the CSI components are
+#   up, e.g. csi-provisioner: the harness's own check, whose provisioning tests must then
+#   fail); RESULTS_NAME (default the run's name).
 set -euo pipefail
 LAB=${LAB:?set LAB to the lab directory}
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -28,7 +30,7 @@ FOCUS=${FOCUS:-External.Storage}
 SKIP=${SKIP:-'\[Serial\]|\[Disruptive\]|\[Feature:|\[Feature:SELinux\]'}
 PROCS=${PROCS:-3}
 TIMEOUT=${TIMEOUT:-3h}
-RESULTS=$LAB/e2e/results/$NAME
+RESULTS=$LAB/e2e/results/${RESULTS_NAME:-$NAME}
 KC=$LAB/kubeconfig
 KUBECTL=$LAB/bin/kubectl
 CSI_NS=${CSI_NS:-lab-csi}
@@ -136,6 +138,11 @@ if [ -n "${SUBSET:-}" ]; then
   FOCUS="${#focus[@]} specs of $SUBSET"
   SKIP='\[Disruptive\]|\[Feature:SELinux\]'
 fi
+
+for b in ${STOP:-}; do
+  stop_pidfile "$b"
+  log "stopped $b, as STOP asks"
+done
 
 rm -rf "$RESULTS"; mkdir -p "$RESULTS"
 log "suite: focus '$FOCUS', skip '$SKIP', $PROCS processes; results in $RESULTS"
