@@ -81,14 +81,18 @@ pub async fn greet_driver(
     metrics: &CsiMetrics,
     shutdown: &CancellationToken,
 ) -> Result<Option<Driver>, StartupError> {
-    let connection = connection::connect(
+    let connecting = connection::connect(
         greeting.csi_address,
         ConnectOptions {
             dial_timeout: Some(connection::DEFAULT_DIAL_TIMEOUT),
             policy: LossPolicy::Exit,
         },
-    )
-    .await?;
+    );
+    // A stop while the driver is not up yet ends the wait for it, as a stop ends the probe.
+    let connection = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(None),
+        connected = connecting => connected?,
+    };
     connection.exit_on_loss();
     let csi =
         CsiClient::new(connection, metrics.clone()).with_max_log_length(greeting.max_log_length);
@@ -104,4 +108,34 @@ pub async fn greet_driver(
         other => other?,
     };
     Ok(Some(Driver { csi, name }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stop_ends_the_wait_for_a_driver_that_is_not_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("nobody.sock");
+        let address = socket.to_string_lossy().into_owned();
+        let metrics = CsiMetrics::new().unwrap();
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop.cancel();
+        });
+        let started = std::time::Instant::now();
+        let greeted = greet_driver(
+            Greeting::bounded_by(&address, Duration::from_secs(1)),
+            &metrics,
+            &shutdown,
+        )
+        .await
+        .unwrap();
+        assert!(greeted.is_none());
+        // Well before the dial's own bound (30 s).
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
 }
