@@ -136,6 +136,10 @@ mod tests {
         .unwrap();
         assert!(greeted.is_none());
         // Well before the dial's own bound (30 s).
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
