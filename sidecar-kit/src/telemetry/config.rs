@@ -118,8 +118,11 @@ pub fn resolve(
     let from_file = file.map(|(path, text)| read_file(path, text)).transpose()?;
     let traces_endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     let base_endpoint = env("OTEL_EXPORTER_OTLP_ENDPOINT");
-    let switched_off = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim() == "true")
-        || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim() == "none");
+    let switched_off = env("OTEL_SDK_DISABLED").is_some_and(|v| enum_value(&v) == "true")
+        || env("OTEL_TRACES_EXPORTER")
+            .map(|value| exporter(&value))
+            .transpose()?
+            == Some(Exporter::None);
     if from_file.is_none()
         && (switched_off || (traces_endpoint.is_none() && base_endpoint.is_none()))
     {
@@ -302,8 +305,41 @@ fn parse_url(source: &str, shown: &str, url: &str) -> Result<http::Uri, TracingC
     Ok(uri)
 }
 
+/// An enumerated value as the OpenTelemetry specification reads it: case-insensitively.
+fn enum_value(value: &str) -> String {
+    value.trim().to_ascii_lowercase()
+}
+
+/// What `OTEL_TRACES_EXPORTER` may ask for here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Exporter {
+    Otlp,
+    None,
+}
+
+/// `OTEL_TRACES_EXPORTER`: `otlp` (the default) or `none`; any other exporter (`console`,
+/// `zipkin`, …) is refused rather than quietly replaced by OTLP. A list (the specification
+/// allows several) may name `otlp` and `none` only.
+fn exporter(value: &str) -> Result<Exporter, TracingConfigError> {
+    let mut chosen = None;
+    for name in value.split(',').map(enum_value) {
+        match name.as_str() {
+            "otlp" => chosen = Some(chosen.unwrap_or(Exporter::Otlp)),
+            "none" => chosen = Some(Exporter::None),
+            _ => {
+                return Err(TracingConfigError::Variable {
+                    variable: "OTEL_TRACES_EXPORTER",
+                    value: value.to_string(),
+                    reason: "unsupported exporter; use otlp or none",
+                });
+            }
+        }
+    }
+    Ok(chosen.unwrap_or(Exporter::Otlp))
+}
+
 fn protocol(variable: &'static str, value: &str) -> Result<Protocol, TracingConfigError> {
-    match value.trim() {
+    match enum_value(value).as_str() {
         "grpc" => Ok(Protocol::Grpc),
         "http/protobuf" => Ok(Protocol::HttpProtobuf),
         "http/json" => Err(TracingConfigError::Variable {
@@ -339,7 +375,7 @@ fn sampler(env: &impl Fn(&str) -> Option<String>) -> Result<Sampling, TracingCon
             parent_based: true,
         });
     };
-    let (ratio, parent_based) = match value.trim() {
+    let (ratio, parent_based) = match enum_value(&value).as_str() {
         "always_on" => (1.0, false),
         "always_off" => (0.0, false),
         "traceidratio" => (ratio()?, false),

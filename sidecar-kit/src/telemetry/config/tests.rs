@@ -194,3 +194,41 @@ fn bad_settings_name_the_flag_or_variable() {
     let err = resolve(None, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")])).unwrap_err();
     assert!(err.to_string().contains("not a URL"), "{err}");
 }
+
+#[test]
+fn enumerated_values_are_read_case_insensitively_and_unknown_exporters_refused() {
+    let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+    for off in [
+        ("OTEL_SDK_DISABLED", "TRUE"),
+        ("OTEL_TRACES_EXPORTER", "None"),
+    ] {
+        assert_eq!(resolve(None, env(&[endpoint, off])), Ok(None), "{off:?}");
+    }
+    let on = resolve(
+        None,
+        env(&[
+            endpoint,
+            ("OTEL_TRACES_EXPORTER", "OTLP"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "GRPC"),
+            ("OTEL_TRACES_SAMPLER", "ParentBased_Always_On"),
+        ]),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(on.protocol, Protocol::Grpc);
+    assert!(on.sampling.parent_based);
+    for unsupported in ["console", "zipkin", "otlp,console"] {
+        let err = resolve(
+            None,
+            env(&[endpoint, ("OTEL_TRACES_EXPORTER", unsupported)]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("OTEL_TRACES_EXPORTER=") && err.contains("use otlp or none"),
+            "{err}"
+        );
+    }
+    // Refused even without an endpoint: nothing is quietly left untraced either.
+    assert!(resolve(None, env(&[("OTEL_TRACES_EXPORTER", "console")])).is_err());
+}
