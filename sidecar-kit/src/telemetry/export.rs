@@ -212,6 +212,9 @@ enum Sender {
     Http {
         client: Box<Client<HttpConnector, Full<Bytes>>>,
         url: http::Uri,
+        /// `OTEL_EXPORTER_OTLP_TIMEOUT`, for the whole exchange: connecting, sending the
+        /// batch and reading the answer.
+        timeout: Duration,
     },
 }
 
@@ -231,6 +234,7 @@ impl Sender {
                 Sender::Http {
                     client: Box::new(Client::builder(TokioExecutor::new()).build(connector)),
                     url: settings.endpoint.clone(),
+                    timeout: settings.export_timeout,
                 }
             }
         }
@@ -243,23 +247,36 @@ impl Sender {
                 .await
                 .map(|_| ())
                 .map_err(|status| format!("{:?}: {}", status.code(), status.message())),
-            Sender::Http { client, url } => {
+            Sender::Http {
+                client,
+                url,
+                timeout,
+            } => {
                 let body = Full::new(Bytes::from(request.encode_to_vec()));
                 let post = http::Request::post(url.clone())
                     .header(http::header::CONTENT_TYPE, "application/x-protobuf")
                     .body(body)
                     .map_err(|err| err.to_string())?;
-                let answer = client.request(post).await.map_err(|err| err.to_string())?;
-                let status = answer.status();
-                // Read (and bound) the answer so that the connection is reused.
-                let _ = http_body_util::Limited::new(answer.into_body(), 64 << 10)
-                    .collect()
-                    .await;
-                if status.is_success() {
-                    Ok(())
-                } else {
-                    Err(format!("HTTP {status}"))
-                }
+                let exchange = async {
+                    let answer = client.request(post).await.map_err(|err| err.to_string())?;
+                    let status = answer.status();
+                    // Read (and bound) the answer so that the connection is reused.
+                    let _ = http_body_util::Limited::new(answer.into_body(), 64 << 10)
+                        .collect()
+                        .await;
+                    if status.is_success() {
+                        Ok(())
+                    } else {
+                        Err(format!("HTTP {status}"))
+                    }
+                };
+                tokio::time::timeout(*timeout, exchange)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "no answer in {timeout:?} (OTEL_EXPORTER_OTLP_TIMEOUT)"
+                        ))
+                    })
             }
         }
     }
@@ -389,5 +406,44 @@ impl Batcher {
         Resource::builder_empty()
             .with_attributes(attributes)
             .build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A collector that takes the connection and the request and never answers holds one
+    /// export for `OTEL_EXPORTER_OTLP_TIMEOUT`, not for the batch's whole timeout.
+    #[tokio::test]
+    async fn the_http_timeout_bounds_the_whole_export() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                held.push(connection);
+            }
+        });
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let settings = crate::telemetry::config::resolve(None, |name| match name {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(endpoint.clone()),
+            "OTEL_EXPORTER_OTLP_TIMEOUT" => Some("300".to_string()),
+            _ => None,
+        })
+        .unwrap()
+        .unwrap();
+        let mut sender = Sender::new(&settings);
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(5),
+            sender.send(ExportTraceServiceRequest::default()),
+        )
+        .await
+        .expect("the export bounded by OTEL_EXPORTER_OTLP_TIMEOUT");
+        let took = started.elapsed();
+        assert!(outcome.unwrap_err().contains("no answer"), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        silent.abort();
     }
 }
