@@ -156,7 +156,7 @@ impl Index {
         self.classes.apply(
             change,
             |class| class.metadata.name.clone().unwrap_or_default(),
-            |class| (class.driver == driver).then(|| Class::from_api(class)),
+            |class| Class::of_driver(class, &driver),
         );
     }
 

@@ -110,6 +110,11 @@ pub struct Class {
 }
 
 impl Class {
+    /// What is kept of `class` when it is one of `driver`'s.
+    pub fn of_driver(class: &VolumeSnapshotClass, driver: &str) -> Option<Self> {
+        (class.driver == driver).then(|| Self::from_api(class))
+    }
+
     pub fn from_api(class: &VolumeSnapshotClass) -> Self {
         let is_default = class
             .metadata

@@ -328,12 +328,9 @@ impl Service {
         };
         Ok(found
             .iter()
-            .filter(|class| class.driver == shared.driver)
-            .map(|class| {
-                (
-                    class.metadata.name.clone().unwrap_or_default(),
-                    Class::from_api(class),
-                )
+            .filter_map(|class| {
+                let kept = Class::of_driver(class, &shared.driver)?;
+                Some((class.metadata.name.clone().unwrap_or_default(), kept))
             })
             .collect())
     }

@@ -15,6 +15,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
+SUITE_NODES = ("[SynchronizedBeforeSuite]", "[SynchronizedAfterSuite]", "[ReportBeforeSuite]",
+               "[ReportAfterSuite]")
+
+
 def outcomes(directory):
     """Test name -> "passed" | "failed" | "skipped", for the tests a run looked at."""
     results = {}
@@ -34,10 +38,9 @@ def outcomes(directory):
                 outcome = "skipped"
             else:
                 outcome = "passed"
-            if name.startswith("[SynchronizedBeforeSuite]") or name.startswith("[SynchronizedAfterSuite]") \
-                    or name.startswith("[ReportBeforeSuite]") or name.startswith("[ReportAfterSuite]"):
-                if outcome != "failed":
-                    continue
+            # The suite's set-up and reports count only when they failed.
+            if name.startswith(SUITE_NODES) and outcome != "failed":
+                continue
             # A test run by several processes (or twice) counts by its worst outcome.
             rank = {"failed": 2, "passed": 1, "skipped": 0}
             if name not in results or rank[outcome] > rank[results[name]]:

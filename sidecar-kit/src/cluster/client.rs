@@ -414,34 +414,36 @@ impl TokenBucket {
         })
     }
 
-    /// Takes one token and says how long the caller must wait before using it.
-    pub fn reserve(&self) -> Duration {
-        let Ok(mut state) = self.state.lock() else {
-            return Duration::ZERO;
-        };
+    /// The state, refilled for the time since it was last looked at; `None` when its lock is
+    /// poisoned (then nothing is limited).
+    fn refilled(&self) -> Option<std::sync::MutexGuard<'_, BucketState>> {
+        let mut state = self.state.lock().ok()?;
         let now = Instant::now();
         let refill = now.duration_since(state.updated).as_secs_f64() * self.qps;
-        state.tokens = (state.tokens + refill).min(self.burst) - 1.0;
+        state.tokens = (state.tokens + refill).min(self.burst);
         state.updated = now;
+        Some(state)
+    }
+
+    /// Takes one token and says how long the caller must wait before using it.
+    pub fn reserve(&self) -> Duration {
+        let Some(mut state) = self.refilled() else {
+            return Duration::ZERO;
+        };
+        state.tokens -= 1.0;
         if state.tokens >= 0.0 {
             Duration::ZERO
         } else {
             Duration::from_secs_f64(-state.tokens / self.qps)
         }
     }
-}
 
-impl TokenBucket {
     /// Takes a token if the caller's turn comes within `limit`, and says how long to wait for
     /// it; `None` (nothing taken) when the callers already waiting would make it later.
     pub fn reserve_within(&self, limit: Duration) -> Option<Duration> {
-        let Ok(mut state) = self.state.lock() else {
+        let Some(mut state) = self.refilled() else {
             return Some(Duration::ZERO);
         };
-        let now = Instant::now();
-        let refill = now.duration_since(state.updated).as_secs_f64() * self.qps;
-        state.tokens = (state.tokens + refill).min(self.burst);
-        state.updated = now;
         let wait = Duration::from_secs_f64((1.0 - state.tokens).max(0.0) / self.qps);
         if wait > limit {
             return None;
@@ -453,13 +455,9 @@ impl TokenBucket {
     /// Takes a token only if one is free now; never goes into debt, so callers waiting in
     /// [`reserve`](Self::reserve) order keep their turn. Otherwise says when to ask again.
     pub fn try_take(&self) -> Result<(), Duration> {
-        let Ok(mut state) = self.state.lock() else {
+        let Some(mut state) = self.refilled() else {
             return Ok(());
         };
-        let now = Instant::now();
-        let refill = now.duration_since(state.updated).as_secs_f64() * self.qps;
-        state.tokens = (state.tokens + refill).min(self.burst);
-        state.updated = now;
         if state.tokens >= 1.0 {
             state.tokens -= 1.0;
             Ok(())
