@@ -9,12 +9,13 @@ use std::time::Duration;
 use csi_proto::methods::identity::GET_PLUGIN_INFO;
 use csi_proto::v1::GetPluginInfoRequest;
 use csi_proto::v1::identity_client::IdentityClient;
-use sidecar_kit::driver::connection::{self, ConnectError, ConnectOptions, LossPolicy};
+use sidecar_kit::driver::connection::{
+    self, ConnectError, ConnectOptions, DriverConnection, LossPolicy,
+};
 use sidecar_kit::driver::csi::{DEADLINE_MESSAGE, record_code, traced_call};
 use sidecar_kit::process::metrics::code_label;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tracing::Instrument;
 
@@ -54,15 +55,18 @@ pub fn is_retryable(error: &NameError) -> bool {
 ///
 /// The registrar calls the driver once, so it goes without the kit's measured client: no
 /// metrics are served, and GetPluginInfo carries no secrets to strip from the `-v=5` log.
-pub async fn driver_name(channel: Channel, timeout: Duration) -> Result<String, NameError> {
+pub async fn driver_name(
+    connection: &DriverConnection,
+    timeout: Duration,
+) -> Result<String, NameError> {
     let mut request = tonic::Request::new(GetPluginInfoRequest {});
     request.set_timeout(timeout);
-    let span = traced_call(GET_PLUGIN_INFO, &mut request);
+    let span = traced_call(GET_PLUGIN_INFO, connection.endpoint(), &mut request);
     tracing::trace!(method = GET_PLUGIN_INFO, "GRPC call");
     let started = Instant::now();
     let answer = tokio::time::timeout(
         timeout,
-        IdentityClient::new(channel)
+        IdentityClient::new(connection.channel())
             .get_plugin_info(request)
             .instrument(span.clone()),
     )
@@ -112,7 +116,7 @@ pub async fn wait_for_driver_name(
     };
     let mut next_report = Instant::now();
     loop {
-        let error = match driver_name(connection.channel(), call_timeout).await {
+        let error = match driver_name(&connection, call_timeout).await {
             Ok(name) => return Ok(Some(name)),
             Err(error) if !is_retryable(&error) => return Err(DriverError::Name(error)),
             Err(error) => error,

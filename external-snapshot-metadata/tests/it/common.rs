@@ -24,6 +24,7 @@ use testkit::apiserver::faults::RequestMatch;
 use testkit::apiserver::{Access, ApiServer, Subject, TokenIdentity};
 use testkit::measure::{free_port, http_get};
 use testkit::mockdriver::{MockDriver, MockHandle};
+pub use testkit::tls::Authority;
 use tokio::net::TcpStream;
 use tokio::process::Child;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -52,44 +53,6 @@ where
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A CA and a way to sign server certificates for 127.0.0.1 with it.
-pub struct Authority {
-    ca: rcgen::Certificate,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-impl Authority {
-    pub fn new() -> Self {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "snapshot-metadata test CA");
-        let key = rcgen::KeyPair::generate().unwrap();
-        let ca = params.self_signed(&key).unwrap();
-        Self {
-            issuer: rcgen::Issuer::new(params, key),
-            ca,
-        }
-    }
-
-    pub fn ca_der(&self) -> CertificateDer<'static> {
-        self.ca.der().clone()
-    }
-
-    /// A server certificate and key (PEM) for 127.0.0.1 named `name`.
-    pub fn server(&self, name: &str) -> (String, String) {
-        let mut params =
-            rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), name.to_string()]).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
     }
 }
 

@@ -343,7 +343,7 @@ impl Connections {
         Ok(self
             .builder(config)?
             .with_layer(&RateLimitLayer::new(qps, burst))
-            .with_layer(&ApiTraceLayer)
+            .with_layer(&ApiTraceLayer::new(&config.cluster_url))
             .build())
     }
 
@@ -360,12 +360,12 @@ impl Connections {
             .with_layer(&RateLimitLayer {
                 bucket: bucket.clone(),
             })
-            .with_layer(&ApiTraceLayer)
+            .with_layer(&ApiTraceLayer::new(&config.cluster_url))
             .build();
         let background = self
             .builder(config)?
             .with_layer(&BackgroundLayer { bucket })
-            .with_layer(&ApiTraceLayer)
+            .with_layer(&ApiTraceLayer::new(&config.cluster_url))
             .build();
         Ok(Clients { main, background })
     }

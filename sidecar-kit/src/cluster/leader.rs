@@ -680,12 +680,7 @@ impl LeaderElector {
 
 /// client-go's jitter: a pause between `period` and 2.2 × `period`.
 fn jittered(period: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let factor = 1.0 + 1.2 * (f64::from(nanos % 1000) / 1000.0);
-    period.mul_f64(factor)
+    crate::runtime::jittered(period, 1.0, 2.2)
 }
 
 /// Wakes waiting candidates whenever the Lease changes.

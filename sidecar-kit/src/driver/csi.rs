@@ -18,6 +18,7 @@ use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::driver::connection::DriverConnection;
+use crate::driver::endpoint::Endpoint;
 use crate::process::metrics::{CsiMetrics, code_label};
 
 /// The message a call that ran out of time fails with (the text gRPC-Go uses).
@@ -95,7 +96,7 @@ impl CsiClient {
         if let Some(timeout) = options.timeout {
             request.set_timeout(timeout);
         }
-        let span = traced_call(method, &mut request);
+        let span = traced_call(method, self.connection.endpoint(), &mut request);
         let started = Instant::now();
         let pending = call(self.connection.channel(), request).instrument(span.clone());
         let result = match options.timeout {
@@ -482,12 +483,13 @@ fn truncate(text: String, max: i64) -> String {
 /// request's metadata; a disabled span when tracing is off. End it with [`record_code`].
 pub fn traced_call<M: prost::Message + prost::Name>(
     method: &'static str,
+    endpoint: &Endpoint,
     request: &mut tonic::Request<M>,
 ) -> tracing::Span {
     if !crate::telemetry::enabled() {
         return tracing::Span::none();
     }
-    let span = call_span(method, request.get_ref());
+    let span = call_span(method, endpoint, request.get_ref());
     crate::telemetry::propagate::inject_metadata(&span, request.metadata_mut());
     span
 }
@@ -504,9 +506,23 @@ pub fn record_code(span: &tracing::Span, code: Code) {
 
 /// The client span of one CSI call: OpenTelemetry's RPC attributes and the handles the request
 /// names (never a secret).
-fn call_span<M: prost::Message + prost::Name>(method: &'static str, request: &M) -> tracing::Span {
+fn call_span<M: prost::Message + prost::Name>(
+    method: &'static str,
+    endpoint: &Endpoint,
+    request: &M,
+) -> tracing::Span {
     let path = method.trim_start_matches('/');
     let (service, name) = path.split_once('/').unwrap_or(("", path));
+    // OpenTelemetry's names for where the call went: the socket's path or the pipe's name,
+    // or a TCP address.
+    let (address, port, transport) = match endpoint {
+        Endpoint::Unix(path) => (path.to_string_lossy(), None, "unix"),
+        Endpoint::NamedPipe(name) => (name.as_str().into(), None, "pipe"),
+        Endpoint::Tcp(address) => match address.rsplit_once(':') {
+            Some((host, port)) => (host.into(), port.parse::<u16>().ok(), "tcp"),
+            None => (address.as_str().into(), None, "tcp"),
+        },
+    };
     let span = tracing::info_span!(
         "csi call",
         otel.name = path,
@@ -516,6 +532,9 @@ fn call_span<M: prost::Message + prost::Name>(method: &'static str, request: &M)
         rpc.service = service,
         rpc.method = name,
         rpc.grpc.status_code = Empty,
+        server.address = %address,
+        server.port = port,
+        network.transport = transport,
     );
     for (field, value) in csi_proto::redact::identifiers(request) {
         span.set_attribute(format!("csi.{field}"), value);

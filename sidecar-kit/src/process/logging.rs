@@ -118,14 +118,7 @@ impl<'a> MakeWriter<'a> for Streams {
 pub fn init(flags: &LoggingFlags, service: &str) -> Result<(), TracingConfigError> {
     let tracing = telemetry::settings(flags.tracing_config_file.as_deref());
     let tracer = match &tracing {
-        Ok(Some(settings)) => {
-            Some(
-                telemetry::start(settings, service).map_err(|err| TracingConfigError::File {
-                    path: "(export thread)".to_string(),
-                    reason: err.to_string(),
-                }),
-            )
-        }
+        Ok(Some(settings)) => Some(telemetry::start(settings, service)),
         _ => None,
     }
     .transpose();

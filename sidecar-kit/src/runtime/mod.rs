@@ -21,6 +21,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::CommandFactory;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +37,16 @@ use crate::process::http::{HttpError, HttpPlan, Routes};
 use crate::process::metrics::OperationsShape;
 use crate::runtime::startup::Greeting;
 use host::{Controller, Host, HostError};
+
+/// `period` scaled by a factor between `low` and `high`, so that processes that started
+/// together do not retry together. Not for anything secret: the clock's nanoseconds suffice.
+pub(crate) fn jittered(period: Duration, low: f64, high: f64) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    period.mul_f64(low + (high - low) * (f64::from(nanos % 1000) / 1000.0))
+}
 
 /// Routes a sidecar adds to the process's HTTP endpoint.
 pub type RouteHook = Box<dyn FnOnce(Routes) -> Routes + Send>;

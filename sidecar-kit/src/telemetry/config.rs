@@ -2,10 +2,14 @@
 //! file kube-apiserver and the kubelet take) and the standard `OTEL_*` environment variables.
 //! Pure: the file's text and the environment come in as values.
 
-use std::path::Path;
+mod endpoint;
+
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+pub use endpoint::Collector;
 
 /// The API versions kube-apiserver accepts for its tracing file.
 const API_VERSIONS: &[&str] = &[
@@ -13,10 +17,11 @@ const API_VERSIONS: &[&str] = &[
     "apiserver.config.k8s.io/v1beta1",
     "apiserver.config.k8s.io/v1alpha1",
 ];
-/// kube-apiserver's default collector: OTLP/gRPC on the node.
+/// kube-apiserver's default collector: OTLP/gRPC on `localhost`, which for a sidecar is its pod.
 const DEFAULT_FILE_ENDPOINT: &str = "localhost:4317";
 /// The OTLP defaults for each protocol (OpenTelemetry's exporter specification).
 const DEFAULT_GRPC_ENDPOINT: &str = "http://localhost:4317";
+const DEFAULT_GRPC_PORT: u16 = 4317;
 const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
 const MAX_QUEUE: usize = 65_536;
 
@@ -32,13 +37,29 @@ pub enum TracingConfigError {
     Endpoint {
         origin: String,
         value: String,
-        reason: &'static str,
+        reason: String,
     },
     #[error("{variable}={value:?}: {reason}")]
     Variable {
         variable: &'static str,
         value: String,
         reason: &'static str,
+    },
+    /// A setting whose value may be secret (headers carry API keys): never shown.
+    #[error("{variable}: {reason}")]
+    Secret {
+        variable: &'static str,
+        reason: String,
+    },
+    /// The exporter could not be set up (its TLS files, its thread).
+    #[error("tracing: {0}")]
+    Export(String),
+    #[error(
+        "{first} without {second}: a client certificate needs its key and the key its certificate"
+    )]
+    HalfIdentity {
+        first: &'static str,
+        second: &'static str,
     },
 }
 
@@ -77,11 +98,49 @@ impl Default for Batching {
     }
 }
 
+/// TLS to the collector.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tls {
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`: the CAs (PEM) trusted instead of the system's.
+    pub roots: Option<PathBuf>,
+    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `…_CLIENT_KEY` (PEM): presented to a
+    /// collector that asks for a client certificate.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// Whether export bodies are compressed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compression {
+    #[default]
+    None,
+    Gzip,
+}
+
+/// `OTEL_EXPORTER_OTLP_HEADERS`: sent with every export. Values are often API keys: they are
+/// never shown, in logs or in errors.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Headers(pub Vec<(http::HeaderName, http::HeaderValue)>);
+
+impl std::fmt::Debug for Headers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(name, _)| format!("{name}: <redacted>")))
+            .finish()
+    }
+}
+
 /// Everything the exporter needs; `None` from [`resolve`] means tracing is off.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceSettings {
-    /// For gRPC the server's URI (`http://host:port`); for HTTP the full URL spans are posted to.
+    /// For gRPC the server's URI (`http://host:port`, its `:authority`); for HTTP the full URL
+    /// spans are posted to.
     pub endpoint: http::Uri,
+    /// Where the connection goes.
+    pub collector: Collector,
+    /// `None`: plain text.
+    pub tls: Option<Tls>,
+    pub headers: Headers,
+    pub compression: Compression,
     pub protocol: Protocol,
     pub sampling: Sampling,
     /// `OTEL_SERVICE_NAME` (or `service.name` in `OTEL_RESOURCE_ATTRIBUTES`); the binary's own
@@ -118,7 +177,10 @@ pub fn resolve(
     let from_file = file.map(|(path, text)| read_file(path, text)).transpose()?;
     let traces_endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     let base_endpoint = env("OTEL_EXPORTER_OTLP_ENDPOINT");
-    let switched_off = env("OTEL_SDK_DISABLED").is_some_and(|v| enum_value(&v) == "true")
+    let switched_off = env("OTEL_SDK_DISABLED")
+        .map(|value| boolean("OTEL_SDK_DISABLED", &value))
+        .transpose()?
+        == Some(true)
         || env("OTEL_TRACES_EXPORTER")
             .map(|value| exporter(&value))
             .transpose()?
@@ -129,41 +191,109 @@ pub fn resolve(
         return Ok(None);
     }
 
-    let (protocol, endpoint) = match &from_file {
+    // A signal's own variable wins over the general one.
+    let pick = |specific: &'static str, general: &'static str| {
+        env(specific)
+            .map(|value| (specific, value))
+            .or_else(|| env(general).map(|value| (general, value)))
+    };
+    let (protocol, target) = match &from_file {
+        // kube-apiserver's exporter: OTLP/gRPC in plain text.
         Some(file) => {
-            let source = format!("--tracing-config-file {}", file.path);
-            (Protocol::Grpc, grpc_endpoint(&source, &file.endpoint)?)
+            let origin = format!("--tracing-config-file {}", file.path);
+            (Protocol::Grpc, file_target(&origin, &file.endpoint)?)
         }
         None => {
-            let protocol = match env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
-                Some(value) => protocol("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", &value)?,
-                None => match env("OTEL_EXPORTER_OTLP_PROTOCOL") {
-                    Some(value) => protocol("OTEL_EXPORTER_OTLP_PROTOCOL", &value)?,
-                    None => Protocol::HttpProtobuf,
-                },
+            let protocol = match pick(
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ) {
+                Some((variable, value)) => protocol(variable, &value)?,
+                None => Protocol::HttpProtobuf,
             };
-            let endpoint = match (protocol, traces_endpoint, base_endpoint) {
+            let insecure = match pick(
+                "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+                "OTEL_EXPORTER_OTLP_INSECURE",
+            ) {
+                Some((variable, value)) => boolean(variable, &value)?,
+                None => false,
+            };
+            let target = match (protocol, traces_endpoint, base_endpoint) {
                 (Protocol::Grpc, Some(url), _) => {
-                    grpc_endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &url)?
+                    grpc_target("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &url, insecure)?
                 }
                 (Protocol::Grpc, None, Some(url)) => {
-                    grpc_endpoint("OTEL_EXPORTER_OTLP_ENDPOINT", &url)?
+                    grpc_target("OTEL_EXPORTER_OTLP_ENDPOINT", &url, insecure)?
                 }
-                (Protocol::Grpc, None, None) => grpc_endpoint("default", DEFAULT_GRPC_ENDPOINT)?,
+                (Protocol::Grpc, None, None) => {
+                    grpc_target("default", DEFAULT_GRPC_ENDPOINT, insecure)?
+                }
                 // A signal's own variable is the URL as it is; the base gets the signal's path.
                 (Protocol::HttpProtobuf, Some(url), _) => {
-                    http_endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &url)?
+                    http_target("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &url, url.trim())?
                 }
                 (Protocol::HttpProtobuf, None, base) => {
                     let base = base.unwrap_or_else(|| DEFAULT_HTTP_ENDPOINT.to_string());
                     let url = format!("{}/v1/traces", base.trim().trim_end_matches('/'));
-                    parse_url("OTEL_EXPORTER_OTLP_ENDPOINT", &base, &url)?
+                    http_target("OTEL_EXPORTER_OTLP_ENDPOINT", &base, &url)?
                 }
             };
-            (protocol, endpoint)
+            (protocol, target)
         }
     };
-
+    let tls = if target.tls {
+        let identity = match (
+            pick(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            ),
+            pick(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            ),
+        ) {
+            (Some((_, certificate)), Some((_, key))) => {
+                Some((PathBuf::from(certificate.trim()), PathBuf::from(key.trim())))
+            }
+            (Some((first, _)), None) => {
+                return Err(TracingConfigError::HalfIdentity {
+                    first,
+                    second: "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                });
+            }
+            (None, Some((first, _))) => {
+                return Err(TracingConfigError::HalfIdentity {
+                    first,
+                    second: "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                });
+            }
+            (None, None) => None,
+        };
+        Some(Tls {
+            roots: pick(
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            )
+            .map(|(_, path)| PathBuf::from(path.trim())),
+            identity,
+        })
+    } else {
+        None
+    };
+    let headers = match pick(
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ) {
+        Some((variable, value)) => headers(variable, &value)?,
+        None => Headers::default(),
+    };
+    let compression = match pick(
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    ) {
+        Some((variable, value)) => compression(variable, &value)?,
+        None => Compression::None,
+    };
     let sampling = match &from_file {
         // kube-apiserver's rule: a root is kept at the given rate, never without one; a span
         // with a parent follows its parent.
@@ -186,15 +316,19 @@ pub fn resolve(
         }
     }
 
-    let export_timeout = match env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") {
-        Some(value) => millis("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", &value)?,
-        None => match env("OTEL_EXPORTER_OTLP_TIMEOUT") {
-            Some(value) => millis("OTEL_EXPORTER_OTLP_TIMEOUT", &value)?,
-            None => Duration::from_secs(10),
-        },
+    let export_timeout = match pick(
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ) {
+        Some((variable, value)) => millis(variable, &value)?,
+        None => Duration::from_secs(10),
     };
     Ok(Some(TraceSettings {
-        endpoint,
+        endpoint: target.endpoint,
+        collector: target.collector,
+        tls,
+        headers,
+        compression,
         protocol,
         sampling,
         service_name,
@@ -257,52 +391,175 @@ fn read_file(path: &Path, text: &str) -> Result<FileSettings, TracingConfigError
     })
 }
 
-fn endpoint_error(source: &str, value: &str, reason: &'static str) -> TracingConfigError {
+fn endpoint_error(source: &str, value: &str, reason: impl Into<String>) -> TracingConfigError {
     TracingConfigError::Endpoint {
         origin: source.to_string(),
         value: value.to_string(),
-        reason,
+        reason: reason.into(),
     }
 }
 
-/// A gRPC collector's address: `host:port` (kube-apiserver's form) or `http://host:port`.
-fn grpc_endpoint(source: &str, value: &str) -> Result<http::Uri, TracingConfigError> {
-    let value = value.trim();
-    let with_scheme = if value.contains("://") {
-        value.to_string()
-    } else {
-        format!("http://{value}")
+/// Where spans are sent and how.
+struct Target {
+    endpoint: http::Uri,
+    collector: Collector,
+    tls: bool,
+}
+
+/// The `:authority` of gRPC requests to `collector`.
+fn grpc_authority(
+    source: &str,
+    value: &str,
+    collector: &Collector,
+) -> Result<http::Uri, TracingConfigError> {
+    let text = match collector {
+        Collector::Tcp { host, port } if host.contains(':') => format!("http://[{host}]:{port}"),
+        Collector::Tcp { host, port } => format!("http://{host}:{port}"),
+        Collector::Unix(_) | Collector::UnixAbstract(_) => "http://localhost".to_string(),
     };
-    let uri = parse_url(source, value, &with_scheme)?;
-    if uri.port_u16().is_none() {
-        return Err(endpoint_error(source, value, "no port (host:port)"));
-    }
-    Ok(uri)
+    text.parse()
+        .map_err(|_| endpoint_error(source, value, "not a host name or address"))
 }
 
-fn http_endpoint(source: &str, value: &str) -> Result<http::Uri, TracingConfigError> {
-    parse_url(source, value, value.trim())
+/// A `TracingConfiguration`'s endpoint: a gRPC target, taken where kube-apiserver takes it.
+fn file_target(source: &str, value: &str) -> Result<Target, TracingConfigError> {
+    endpoint::kube_validates(value).map_err(|reason| endpoint_error(source, value, reason))?;
+    let collector =
+        endpoint::grpc_target(value).map_err(|reason| endpoint_error(source, value, reason))?;
+    Ok(Target {
+        endpoint: grpc_authority(source, value, &collector)?,
+        collector,
+        tls: false,
+    })
+}
+
+/// An OTLP/gRPC endpoint variable: `http://` plain text, `https://` TLS; without a scheme,
+/// TLS unless `OTEL_EXPORTER_OTLP_INSECURE` is true (the specification's rule). The path is
+/// not used; the port is 4317 when none is given.
+fn grpc_target(source: &str, value: &str, insecure: bool) -> Result<Target, TracingConfigError> {
+    let value = value.trim();
+    let (url, tls) = if value.contains("://") {
+        let url = parse_url(source, value, value)?;
+        let tls = url.scheme_str() == Some("https");
+        (url, tls)
+    } else {
+        (
+            parse_url(source, value, &format!("http://{value}"))?,
+            !insecure,
+        )
+    };
+    let collector = tcp_collector(&url, DEFAULT_GRPC_PORT);
+    Ok(Target {
+        endpoint: grpc_authority(source, value, &collector)?,
+        collector,
+        tls,
+    })
+}
+
+/// An OTLP/HTTP endpoint: the URL spans are posted to, `http://` or `https://`.
+fn http_target(source: &str, shown: &str, url: &str) -> Result<Target, TracingConfigError> {
+    let endpoint = parse_url(source, shown, url)?;
+    let tls = endpoint.scheme_str() == Some("https");
+    let collector = tcp_collector(&endpoint, if tls { 443 } else { 80 });
+    Ok(Target {
+        endpoint,
+        collector,
+        tls,
+    })
+}
+
+fn tcp_collector(url: &http::Uri, default_port: u16) -> Collector {
+    let host = url.host().unwrap_or("localhost");
+    Collector::Tcp {
+        // An IPv6 address without its brackets.
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port: url.port_u16().unwrap_or(default_port),
+    }
 }
 
 fn parse_url(source: &str, shown: &str, url: &str) -> Result<http::Uri, TracingConfigError> {
     let uri: http::Uri = url
         .parse()
         .map_err(|_| endpoint_error(source, shown, "not a URL or host:port"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(endpoint_error(
-                source,
-                shown,
-                "TLS to the collector is not supported; send to a collector agent on the node or in the pod over plain http",
-            ));
-        }
-        _ => return Err(endpoint_error(source, shown, "the scheme must be http")),
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(endpoint_error(
+            source,
+            shown,
+            "the scheme must be http or https",
+        ));
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(endpoint_error(source, shown, "no host"));
     }
     Ok(uri)
+}
+
+/// A boolean variable: `true` or `false` in any case; anything else is refused rather than
+/// read as false.
+fn boolean(variable: &'static str, value: &str) -> Result<bool, TracingConfigError> {
+    match enum_value(value).as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(TracingConfigError::Variable {
+            variable,
+            value: value.to_string(),
+            reason: "must be true or false",
+        }),
+    }
+}
+
+fn compression(variable: &'static str, value: &str) -> Result<Compression, TracingConfigError> {
+    match enum_value(value).as_str() {
+        "gzip" => Ok(Compression::Gzip),
+        "none" => Ok(Compression::None),
+        _ => Err(TracingConfigError::Variable {
+            variable,
+            value: value.to_string(),
+            reason: "use gzip or none",
+        }),
+    }
+}
+
+/// Headers that belong to the protocol: set by the exporter, never by the operator.
+const RESERVED_HEADERS: &[&str] = &[
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "host",
+    "te",
+    "transfer-encoding",
+    "user-agent",
+];
+
+/// `name=value,name2=value2`, values percent-encoded (W3C Baggage's octets), as the
+/// specification reads `OTEL_EXPORTER_OTLP_HEADERS`. Errors name the header, never a value.
+fn headers(variable: &'static str, value: &str) -> Result<Headers, TracingConfigError> {
+    let bad = |reason: String| TracingConfigError::Secret { variable, reason };
+    let mut headers = Vec::new();
+    for pair in value.split(',').filter(|pair| !pair.trim().is_empty()) {
+        let Some((name, raw)) = pair.split_once('=') else {
+            return Err(bad(
+                "expected name=value pairs separated by commas".to_string()
+            ));
+        };
+        let name = name.trim();
+        let header = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| bad(format!("{name:?} is not a header name")))?;
+        if RESERVED_HEADERS.contains(&header.as_str()) || header.as_str().starts_with("grpc-") {
+            return Err(bad(format!("{header} is set by the exporter itself")));
+        }
+        let decoded = percent_decode(raw.trim())
+            .ok_or_else(|| bad(format!("the value of {header} has a bad percent escape")))?;
+        let mut value = http::HeaderValue::from_str(&decoded)
+            .map_err(|_| bad(format!("the value of {header} is not a valid header value")))?;
+        value.set_sensitive(true);
+        headers.push((header, value));
+    }
+    Ok(Headers(headers))
 }
 
 /// An enumerated value as the OpenTelemetry specification reads it: case-insensitively.

@@ -7,28 +7,25 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use opentelemetry::trace::TraceId;
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::common::v1::InstrumentationScope as ProtoScope;
+use opentelemetry_proto::tonic::resource::v1::Resource as ProtoResource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span as ProtoSpan};
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
-use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::{Channel, Endpoint};
 
-use super::config::{Protocol, TraceSettings};
+use super::config::TraceSettings;
+use super::held::Held;
+use super::transport::{Attempt, Sender, TransportError};
 
 /// Traces whose service is remembered for the all-in-one process (the oldest forgotten first):
 /// more than the operations in flight and queued for export at once.
@@ -36,13 +33,20 @@ const REMEMBERED_TRACES: usize = 8192;
 /// At most one log line per this long about failing exports.
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Spans dropped, by why: `queue_full` (the collector is slower than the work) or
-/// `export_failed` (the collector refused them or could not be reached in time).
+/// What became of finished spans, and how often an export was tried again.
 #[derive(Debug, Default)]
 pub struct Drops {
-    pub queue_full: AtomicU64,
-    pub export_failed: AtomicU64,
     pub exported: AtomicU64,
+    /// The collector is slower than the work: the queue was full.
+    pub queue_full: AtomicU64,
+    /// The collector could not be reached in time, or refused the request.
+    pub export_failed: AtomicU64,
+    /// The collector took the request but not these spans (`partial_success`).
+    pub rejected: AtomicU64,
+    /// Larger alone than an export request may be.
+    pub too_large: AtomicU64,
+    /// Export attempts after the first of their batch.
+    pub retries: AtomicU64,
 }
 
 /// Which service each trace belongs to: in the all-in-one process every controller exports
@@ -108,11 +112,23 @@ impl Services {
     }
 }
 
-/// The span processor the tracer provider calls: hands each finished span to the queue.
+/// The span processor the tracer provider calls: hands each finished span to the queue once
+/// its trace's local root has ended (see [`Held`]).
 #[derive(Debug)]
 pub struct QueueProcessor {
     queue: mpsc::Sender<SpanData>,
     drops: Arc<Drops>,
+    held: Arc<Mutex<Held>>,
+}
+
+impl QueueProcessor {
+    fn enqueue(&self, spans: Vec<SpanData>) {
+        for span in spans {
+            if self.queue.try_send(span).is_err() {
+                self.drops.queue_full.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl SpanProcessor for QueueProcessor {
@@ -122,17 +138,17 @@ impl SpanProcessor for QueueProcessor {
         if !span.span_context.is_sampled() {
             return;
         }
-        if span.parent_span_id == opentelemetry::trace::SpanId::INVALID
+        let idle_root = span.parent_span_id == opentelemetry::trace::SpanId::INVALID
             && span
                 .attributes
                 .iter()
-                .any(|kv| kv.key.as_str() == super::operation::IDLE)
-        {
-            return;
-        }
-        if self.queue.try_send(span).is_err() {
-            self.drops.queue_full.fetch_add(1, Ordering::Relaxed);
-        }
+                .any(|kv| kv.key.as_str() == super::operation::IDLE);
+        let release = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finished(span, idle_root);
+        self.enqueue(release.export);
     }
 
     fn force_flush(&self) -> OTelSdkResult {
@@ -174,113 +190,50 @@ impl Flusher {
     }
 }
 
-/// Starts the export thread for `settings`.
+/// Starts the export thread for `settings`; fails when its TLS files cannot be used.
 pub fn start(
     settings: &TraceSettings,
     services: Arc<Services>,
     drops: Arc<Drops>,
-) -> std::io::Result<(QueueProcessor, Flusher)> {
+) -> Result<(QueueProcessor, Flusher), TransportError> {
     let (queue, spans) = mpsc::channel(settings.batching.max_queue);
     let (requests, flushes) = mpsc::unbounded_channel();
     let settings = settings.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
-    let thread_drops = drops.clone();
+        .build()
+        .map_err(|err| TransportError::Tls(format!("cannot start the export thread: {err}")))?;
+    // The gRPC channel's connection task is spawned on the export thread's runtime.
+    let sender = {
+        let _inside = runtime.enter();
+        Sender::new(&settings)?
+    };
+    let processor = QueueProcessor {
+        queue,
+        drops: drops.clone(),
+        held: Arc::new(Mutex::new(Held::new(settings.batching.max_queue))),
+    };
     std::thread::Builder::new()
         .name("span-export".to_string())
         .spawn(move || {
             runtime.block_on(async move {
-                let sender = Sender::new(&settings);
-                Batcher {
-                    settings,
-                    sender,
-                    services,
-                    drops: thread_drops,
-                    last_failure_log: None,
-                    failures_unlogged: 0,
-                }
-                .run(spans, flushes)
-                .await
-            })
-        })?;
-    Ok((QueueProcessor { queue, drops }, Flusher { requests }))
-}
-
-enum Sender {
-    Grpc(TraceServiceClient<Channel>),
-    Http {
-        client: Box<Client<HttpConnector, Full<Bytes>>>,
-        url: http::Uri,
-        /// `OTEL_EXPORTER_OTLP_TIMEOUT`, for the whole exchange: connecting, sending the
-        /// batch and reading the answer.
-        timeout: Duration,
-    },
-}
-
-impl Sender {
-    fn new(settings: &TraceSettings) -> Self {
-        match settings.protocol {
-            Protocol::Grpc => {
-                let endpoint = Endpoint::from(settings.endpoint.clone())
-                    .connect_timeout(settings.export_timeout)
-                    .timeout(settings.export_timeout);
-                Sender::Grpc(TraceServiceClient::new(endpoint.connect_lazy()))
-            }
-            Protocol::HttpProtobuf => {
-                let mut connector = HttpConnector::new();
-                connector.set_connect_timeout(Some(settings.export_timeout));
-                connector.set_nodelay(true);
-                Sender::Http {
-                    client: Box::new(Client::builder(TokioExecutor::new()).build(connector)),
-                    url: settings.endpoint.clone(),
-                    timeout: settings.export_timeout,
-                }
-            }
-        }
-    }
-
-    async fn send(&mut self, request: ExportTraceServiceRequest) -> Result<(), String> {
-        match self {
-            Sender::Grpc(client) => client
-                .export(request)
-                .await
-                .map(|_| ())
-                .map_err(|status| format!("{:?}: {}", status.code(), status.message())),
-            Sender::Http {
-                client,
-                url,
-                timeout,
-            } => {
-                let body = Full::new(Bytes::from(request.encode_to_vec()));
-                let post = http::Request::post(url.clone())
-                    .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-                    .body(body)
-                    .map_err(|err| err.to_string())?;
-                let exchange = async {
-                    let answer = client.request(post).await.map_err(|err| err.to_string())?;
-                    let status = answer.status();
-                    // Read (and bound) the answer so that the connection is reused.
-                    let _ = http_body_util::Limited::new(answer.into_body(), 64 << 10)
-                        .collect()
-                        .await;
-                    if status.is_success() {
-                        Ok(())
-                    } else {
-                        Err(format!("HTTP {status}"))
-                    }
-                };
-                tokio::time::timeout(*timeout, exchange)
+                Batcher::new(settings, sender, services, drops)
+                    .run(spans, flushes)
                     .await
-                    .unwrap_or_else(|_| {
-                        Err(format!(
-                            "no answer in {timeout:?} (OTEL_EXPORTER_OTLP_TIMEOUT)"
-                        ))
-                    })
-            }
-        }
-    }
+            })
+        })
+        .map_err(|err| TransportError::Tls(format!("cannot start the export thread: {err}")))?;
+    Ok((processor, Flusher { requests }))
 }
+
+/// The first pause before an export is tried again, doubled after each failure up to
+/// [`MAX_RETRY_PAUSE`], each spread by ±50 %; every attempt stays within the export's timeout.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(200);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
+/// Largest export request, in bytes: below the 4 MiB a collector's gRPC receiver takes by
+/// default, so that a batch of large spans (at -v=5 they carry many log lines) is sent in
+/// several requests instead of being refused every time.
+const MAX_REQUEST_BYTES: usize = 3 << 20;
 
 struct Batcher {
     settings: TraceSettings,
@@ -292,6 +245,22 @@ struct Batcher {
 }
 
 impl Batcher {
+    fn new(
+        settings: TraceSettings,
+        sender: Sender,
+        services: Arc<Services>,
+        drops: Arc<Drops>,
+    ) -> Self {
+        Self {
+            settings,
+            sender,
+            services,
+            drops,
+            last_failure_log: None,
+            failures_unlogged: 0,
+        }
+    }
+
     async fn run(
         mut self,
         mut spans: mpsc::Receiver<SpanData>,
@@ -336,42 +305,94 @@ impl Batcher {
         if batch.is_empty() {
             return;
         }
-        let count = batch.len() as u64;
-        let request = self.request(batch);
-        let outcome =
-            match tokio::time::timeout(self.settings.batching.timeout, self.sender.send(request))
-                .await
-            {
-                Ok(outcome) => outcome,
-                Err(_) => Err(format!("no answer in {:?}", self.settings.batching.timeout)),
-            };
-        match outcome {
-            Ok(()) => {
-                tracing::debug!(spans = count, "spans exported");
-                self.drops.exported.fetch_add(count, Ordering::Relaxed);
-            }
-            Err(reason) => {
-                self.drops.export_failed.fetch_add(count, Ordering::Relaxed);
-                self.failures_unlogged += count;
-                let quiet = self
-                    .last_failure_log
-                    .is_some_and(|at| at.elapsed() < FAILURE_LOG_EVERY);
-                if !quiet {
-                    tracing::warn!(
-                        endpoint = %self.settings.endpoint,
-                        spans = self.failures_unlogged,
-                        error = %reason,
-                        "cannot export spans; they are dropped"
-                    );
-                    self.last_failure_log = Some(Instant::now());
-                    self.failures_unlogged = 0;
+        let (requests, too_large) = self.requests(batch);
+        if too_large > 0 {
+            self.drops.too_large.fetch_add(too_large, Ordering::Relaxed);
+            self.failed(
+                too_large,
+                &format!(
+                    "a span is larger than an export request may be ({MAX_REQUEST_BYTES} bytes)"
+                ),
+            );
+        }
+        for (request, count) in requests {
+            match self.deliver(&request).await {
+                Ok((rejected, message)) => {
+                    let rejected = rejected.min(count);
+                    tracing::debug!(spans = count, rejected, "spans exported");
+                    self.drops
+                        .exported
+                        .fetch_add(count - rejected, Ordering::Relaxed);
+                    if rejected > 0 {
+                        self.drops.rejected.fetch_add(rejected, Ordering::Relaxed);
+                        self.failed(rejected, &format!("the collector rejected them: {message}"));
+                    }
+                }
+                Err(reason) => {
+                    self.drops.export_failed.fetch_add(count, Ordering::Relaxed);
+                    self.failed(count, &reason);
                 }
             }
         }
     }
 
-    /// One request for the batch, a resource per service.
-    fn request(&self, batch: Vec<SpanData>) -> ExportTraceServiceRequest {
+    /// Sends `request`, again after a failure the specification retries, all within the
+    /// export's timeout; the spans the collector rejected and why, or why none were taken.
+    async fn deliver(
+        &mut self,
+        request: &ExportTraceServiceRequest,
+    ) -> Result<(u64, String), String> {
+        let bound = self
+            .settings
+            .export_timeout
+            .min(self.settings.batching.timeout);
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            let attempt = tokio::time::timeout_at(deadline, self.sender.send(request))
+                .await
+                .map_err(|_| format!("no answer in {bound:?} (OTEL_EXPORTER_OTLP_TIMEOUT)"))?;
+            let (reason, after) = match attempt {
+                Attempt::Taken { rejected, message } => return Ok((rejected, message)),
+                Attempt::Failed(reason) => return Err(reason),
+                Attempt::Retry { reason, after } => (reason, after),
+            };
+            // A collector's Retry-After is honoured, but never faster than the backoff: a
+            // `Retry-After: 0` would otherwise spin until the timeout.
+            let wait = crate::runtime::jittered(pause, 0.5, 1.5).max(after.unwrap_or_default());
+            if tokio::time::Instant::now() + wait >= deadline {
+                return Err(format!(
+                    "{reason} (no time left within {bound:?} to try again)"
+                ));
+            }
+            tokio::time::sleep(wait).await;
+            self.drops.retries.fetch_add(1, Ordering::Relaxed);
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+        }
+    }
+
+    /// Logs lost spans at most once per [`FAILURE_LOG_EVERY`], with how many since the last.
+    fn failed(&mut self, spans: u64, reason: &str) {
+        self.failures_unlogged += spans;
+        if self
+            .last_failure_log
+            .is_some_and(|at| at.elapsed() < FAILURE_LOG_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            endpoint = %self.settings.endpoint,
+            spans = self.failures_unlogged,
+            error = %reason,
+            "cannot export spans; they are dropped"
+        );
+        self.last_failure_log = Some(Instant::now());
+        self.failures_unlogged = 0;
+    }
+
+    /// Export requests for the batch, each at most [`MAX_REQUEST_BYTES`] and each with a
+    /// resource per service, and how many spans were too large to send at all.
+    fn requests(&self, batch: Vec<SpanData>) -> (Vec<(ExportTraceServiceRequest, u64)>, u64) {
         let mut by_service: Vec<(String, Vec<SpanData>)> = Vec::new();
         for span in batch {
             let service = self.services.of(span.span_context.trace_id());
@@ -380,17 +401,19 @@ impl Batcher {
                 None => by_service.push((service, vec![span])),
             }
         }
-        let resource_spans = by_service
-            .into_iter()
-            .flat_map(|(service, spans)| {
-                let resource = self.resource(service);
-                group_spans_by_resource_and_scope(
-                    spans,
-                    &ResourceAttributesWithSchema::from(&resource),
-                )
-            })
-            .collect();
-        ExportTraceServiceRequest { resource_spans }
+        let mut packer = Packer::default();
+        for (service, spans) in by_service {
+            let resource = ResourceAttributesWithSchema::from(&self.resource(service));
+            let resource = ProtoResource {
+                attributes: resource.attributes.0,
+                ..Default::default()
+            };
+            for span in spans {
+                let scope = span.instrumentation_scope.clone();
+                packer.add(&resource, &scope, ProtoSpan::from(span));
+            }
+        }
+        packer.finish()
     }
 
     fn resource(&self, service: String) -> Resource {
@@ -409,41 +432,94 @@ impl Batcher {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Fills export requests with spans up to [`MAX_REQUEST_BYTES`] each.
+#[derive(Default)]
+struct Packer {
+    done: Vec<(ExportTraceServiceRequest, u64)>,
+    current: ExportTraceServiceRequest,
+    bytes: usize,
+    spans: u64,
+    too_large: u64,
+}
 
-    /// A collector that takes the connection and the request and never answers holds one
-    /// export for `OTEL_EXPORTER_OTLP_TIMEOUT`, not for the batch's whole timeout.
-    #[tokio::test]
-    async fn the_http_timeout_bounds_the_whole_export() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let silent = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((connection, _)) = listener.accept().await {
-                held.push(connection);
-            }
-        });
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let settings = crate::telemetry::config::resolve(None, |name| match name {
-            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(endpoint.clone()),
-            "OTEL_EXPORTER_OTLP_TIMEOUT" => Some("300".to_string()),
-            _ => None,
-        })
-        .unwrap()
-        .unwrap();
-        let mut sender = Sender::new(&settings);
-        let started = std::time::Instant::now();
-        let outcome = tokio::time::timeout(
-            Duration::from_secs(5),
-            sender.send(ExportTraceServiceRequest::default()),
-        )
-        .await
-        .expect("the export bounded by OTEL_EXPORTER_OTLP_TIMEOUT");
-        let took = started.elapsed();
-        assert!(outcome.unwrap_err().contains("no answer"), "{took:?}");
-        assert!(took < Duration::from_secs(2), "{took:?}");
-        silent.abort();
+/// A field's tag and length prefix, on top of a message's own bytes.
+const FIELD_OVERHEAD: usize = 8;
+
+impl Packer {
+    fn add(&mut self, resource: &ProtoResource, scope: &InstrumentationScope, span: ProtoSpan) {
+        let size = span.encoded_len() + FIELD_OVERHEAD;
+        let proto_scope = ProtoScope {
+            name: scope.name().to_string(),
+            version: scope.version().unwrap_or_default().to_string(),
+            ..Default::default()
+        };
+        let group = resource.encoded_len() + proto_scope.encoded_len() + 4 * FIELD_OVERHEAD;
+        if size + group > MAX_REQUEST_BYTES {
+            self.too_large += 1;
+            return;
+        }
+        let same_resource = self
+            .current
+            .resource_spans
+            .last()
+            .is_some_and(|last| last.resource.as_ref() == Some(resource));
+        let same_scope = same_resource
+            && self
+                .current
+                .resource_spans
+                .last()
+                .and_then(|last| last.scope_spans.last())
+                .is_some_and(|last| last.scope.as_ref() == Some(&proto_scope));
+        let mut added = size + if same_scope { 0 } else { group };
+        if self.bytes + added > MAX_REQUEST_BYTES {
+            self.seal();
+            added = size + group;
+        }
+        let resources = &mut self.current.resource_spans;
+        if resources
+            .last()
+            .is_none_or(|last| last.resource.as_ref() != Some(resource))
+        {
+            resources.push(ResourceSpans {
+                resource: Some(resource.clone()),
+                ..Default::default()
+            });
+        }
+        let Some(last) = resources.last_mut() else {
+            return;
+        };
+        if last
+            .scope_spans
+            .last()
+            .is_none_or(|last| last.scope.as_ref() != Some(&proto_scope))
+        {
+            last.scope_spans.push(ScopeSpans {
+                scope: Some(proto_scope),
+                ..Default::default()
+            });
+        }
+        if let Some(scope_spans) = last.scope_spans.last_mut() {
+            scope_spans.spans.push(span);
+            self.bytes += added;
+            self.spans += 1;
+        }
+    }
+
+    fn seal(&mut self) {
+        if self.spans > 0 {
+            self.done
+                .push((std::mem::take(&mut self.current), self.spans));
+        }
+        self.current = ExportTraceServiceRequest::default();
+        self.bytes = 0;
+        self.spans = 0;
+    }
+
+    fn finish(mut self) -> (Vec<(ExportTraceServiceRequest, u64)>, u64) {
+        self.seal();
+        (self.done, self.too_large)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,8 +6,10 @@
 
 pub mod config;
 mod export;
+mod held;
 pub mod operation;
 pub mod propagate;
+mod transport;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -57,7 +59,7 @@ pub fn settings(config_file: Option<&Path>) -> Result<Option<TraceSettings>, Tra
 
 /// Starts the export and returns the tracer the logging layer turns spans into OTel spans
 /// with; `service` names the process where `OTEL_SERVICE_NAME` does not. Once per process.
-pub fn start(settings: &TraceSettings, service: &str) -> Result<Tracer, std::io::Error> {
+pub fn start(settings: &TraceSettings, service: &str) -> Result<Tracer, TracingConfigError> {
     let services = Arc::new(Services::new(
         settings
             .service_name
@@ -66,7 +68,8 @@ pub fn start(settings: &TraceSettings, service: &str) -> Result<Tracer, std::io:
         settings.service_name.is_some(),
     ));
     let drops = Arc::new(Drops::default());
-    let (processor, flusher) = export::start(settings, services.clone(), drops.clone())?;
+    let (processor, flusher) = export::start(settings, services.clone(), drops.clone())
+        .map_err(|err| TracingConfigError::Export(err.to_string()))?;
     let root = if settings.sampling.ratio >= 1.0 {
         Sampler::AlwaysOn
     } else if settings.sampling.ratio <= 0.0 {
@@ -143,8 +146,9 @@ pub fn current_ids() -> Option<(String, String)> {
     })
 }
 
-/// `csi_sidecar_tracing_spans_total{outcome}`: spans exported, dropped because the export queue
-/// was full, or dropped because the collector did not take them. Registered where tracing is on.
+/// `csi_sidecar_tracing_spans_total{outcome}`: what became of finished spans, and
+/// `csi_sidecar_tracing_export_retries_total`: export attempts after a retryable failure.
+/// Registered where tracing is on.
 pub fn register_metrics(registry: &prometheus::Registry) -> Result<(), prometheus::Error> {
     let Some(telemetry) = TELEMETRY.get() else {
         return Ok(());
@@ -154,45 +158,63 @@ pub fn register_metrics(registry: &prometheus::Registry) -> Result<(), prometheu
 
 struct SpanCounts {
     drops: Arc<Drops>,
-    desc: Desc,
+    spans: Desc,
+    retries: Desc,
 }
 
 const SPANS_METRIC: &str = "csi_sidecar_tracing_spans_total";
+const RETRIES_METRIC: &str = "csi_sidecar_tracing_export_retries_total";
 
 impl SpanCounts {
     fn new(drops: Arc<Drops>) -> Result<Self, prometheus::Error> {
-        let desc = Desc::new(
+        let spans = Desc::new(
             SPANS_METRIC.to_string(),
-            "Finished spans by outcome: exported, queue_full (dropped: the export queue was full), export_failed (dropped: the collector did not take them).".to_string(),
+            "Finished spans by outcome: exported, queue_full (dropped: the export queue was full), export_failed (dropped: the collector could not be reached in time or refused the request), rejected (the collector took the request but not these spans), too_large (larger alone than an export request may be).".to_string(),
             vec!["outcome".to_string()],
             Default::default(),
         )?;
-        Ok(Self { drops, desc })
+        let retries = Desc::new(
+            RETRIES_METRIC.to_string(),
+            "Export attempts made again after a failure the OTLP specification retries (collector unavailable or overloaded).".to_string(),
+            Vec::new(),
+            Default::default(),
+        )?;
+        Ok(Self {
+            drops,
+            spans,
+            retries,
+        })
     }
 }
 
 impl Collector for SpanCounts {
     fn desc(&self) -> Vec<&Desc> {
-        vec![&self.desc]
+        vec![&self.spans, &self.retries]
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         let counter = prometheus::IntCounterVec::new(
-            prometheus::Opts::new(SPANS_METRIC, self.desc.help.clone()),
+            prometheus::Opts::new(SPANS_METRIC, self.spans.help.clone()),
             &["outcome"],
         );
-        let Ok(counter) = counter else {
+        let retries = prometheus::IntCounter::new(RETRIES_METRIC, self.retries.help.clone());
+        let (Ok(counter), Ok(retries)) = (counter, retries) else {
             return Vec::new();
         };
         for (outcome, value) in [
             ("exported", &self.drops.exported),
             ("queue_full", &self.drops.queue_full),
             ("export_failed", &self.drops.export_failed),
+            ("rejected", &self.drops.rejected),
+            ("too_large", &self.drops.too_large),
         ] {
             counter
                 .with_label_values(&[outcome])
                 .inc_by(value.load(Ordering::Relaxed));
         }
-        counter.collect()
+        retries.inc_by(self.drops.retries.load(Ordering::Relaxed));
+        let mut families = counter.collect();
+        families.extend(retries.collect());
+        families
     }
 }

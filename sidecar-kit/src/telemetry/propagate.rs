@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
@@ -27,7 +28,7 @@ pub fn inject_metadata(span: &tracing::Span, metadata: &mut tonic::metadata::Met
 
 /// The server span of a gRPC call this process answers (`method`: `package.Service/Method`),
 /// continuing the caller's trace when its metadata carries one; a disabled span when tracing
-/// is off.
+/// is off. End it with [`crate::driver::csi::record_code`].
 pub fn server_span(method: &'static str, metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
     if !super::enabled() {
         return tracing::Span::none();
@@ -38,9 +39,11 @@ pub fn server_span(method: &'static str, metadata: &tonic::metadata::MetadataMap
         "grpc server",
         otel.name = method,
         otel.kind = "server",
+        otel.status_code = Empty,
         rpc.system = "grpc",
         rpc.service = service,
         rpc.method = name,
+        rpc.grpc.status_code = Empty,
     );
     let caller = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
     if caller.span().span_context().is_valid() {
@@ -153,20 +156,56 @@ fn verb(method: &http::Method, target: &ApiTarget<'_>, query: Option<&str>) -> &
 /// Tower layer giving each API request made inside a traced operation a client span and the
 /// `traceparent` header; requests outside one (watches, lists of the caches, Lease renewals)
 /// pass untouched.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ApiTraceLayer;
+#[derive(Clone, Debug)]
+pub struct ApiTraceLayer {
+    server: Arc<ApiServer>,
+}
+
+/// The API server as OpenTelemetry's HTTP client attributes name it.
+#[derive(Debug)]
+struct ApiServer {
+    address: String,
+    port: u16,
+    /// `scheme://host:port`, for `url.full`.
+    base: String,
+}
+
+impl ApiTraceLayer {
+    /// Spans for requests to the API server at `cluster_url`.
+    pub fn new(cluster_url: &http::Uri) -> Self {
+        let scheme = cluster_url.scheme_str().unwrap_or("https");
+        let port = cluster_url
+            .port_u16()
+            .unwrap_or(if scheme == "http" { 80 } else { 443 });
+        let host = cluster_url.host().unwrap_or_default();
+        Self {
+            server: Arc::new(ApiServer {
+                address: host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+                port,
+                base: format!("{scheme}://{host}:{port}"),
+            }),
+        }
+    }
+}
 
 impl<S> Layer<S> for ApiTraceLayer {
     type Service = ApiTrace<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ApiTrace { inner }
+        ApiTrace {
+            inner,
+            server: self.server.clone(),
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct ApiTrace<S> {
     inner: S,
+    server: Arc<ApiServer>,
 }
 
 impl<S, B, R> Service<Request<B>> for ApiTrace<S>
@@ -197,18 +236,27 @@ where
             Some(sub) => format!("{}/{sub}", target.resource),
             None => target.resource.to_string(),
         };
+        // The path and query only: credentials travel in headers, never in the URL.
+        let path_and_query = request
+            .uri()
+            .path_and_query()
+            .map_or_else(|| request.uri().path(), |p| p.as_str());
         let span = tracing::info_span!(
             "api request",
             otel.name = %format_args!("{verb} {resource}"),
             otel.kind = "client",
             otel.status_code = Empty,
             http.request.method = %request.method(),
+            server.address = self.server.address.as_str(),
+            server.port = self.server.port,
+            url.full = %format_args!("{}{path_and_query}", self.server.base),
             url.path = request.uri().path(),
             k8s.verb = verb,
             k8s.resource = %resource,
             k8s.namespace.name = target.namespace,
             k8s.object.name = target.name,
             http.response.status_code = Empty,
+            error.type = Empty,
         );
         inject_headers(&span, request.headers_mut());
         let pending = span.in_scope(|| self.inner.call(request));
@@ -222,10 +270,13 @@ where
                         current.record("http.response.status_code", status.as_u16());
                         if status.is_server_error() || status.is_client_error() {
                             current.record("otel.status_code", "ERROR");
+                            current.record("error.type", status.as_str());
                         }
                     }
                     Err(_) => {
                         current.record("otel.status_code", "ERROR");
+                        // No answer: the convention's word for an error of no known type.
+                        current.record("error.type", "_OTHER");
                     }
                 }
                 answer

@@ -149,9 +149,9 @@ fn bad_settings_name_the_flag_or_variable() {
     let err = file("kind: TracingConfiguration\n");
     assert!(err.to_string().contains("apiVersion is missing"), "{err}");
     let err = file(
-        "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: collector\n",
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: http://collector:4317\n",
     );
-    assert!(err.to_string().contains("no port"), "{err}");
+    assert!(err.to_string().contains("unsupported scheme"), "{err}");
     let err = file(": : :\n\t[");
     assert!(
         err.to_string()
@@ -183,13 +183,14 @@ fn bad_settings_name_the_flag_or_variable() {
     assert!(var(&[("OTEL_BSP_MAX_QUEUE_SIZE", "0")]).starts_with("OTEL_BSP_MAX_QUEUE_SIZE="));
     let err = resolve(
         None,
-        env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")]),
+        env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:4318")]),
     )
     .unwrap_err();
+    assert!(err.to_string().contains("http or https"), "{err}");
+    assert!(var(&[("OTEL_SDK_DISABLED", "yes")]).starts_with("OTEL_SDK_DISABLED="));
     assert!(
-        err.to_string()
-            .starts_with("OTEL_EXPORTER_OTLP_ENDPOINT: endpoint \"https://c:4318\": TLS"),
-        "{err}"
+        var(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")])
+            .starts_with("OTEL_EXPORTER_OTLP_COMPRESSION=")
     );
     let err = resolve(None, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")])).unwrap_err();
     assert!(err.to_string().contains("not a URL"), "{err}");
@@ -231,4 +232,138 @@ fn enumerated_values_are_read_case_insensitively_and_unknown_exporters_refused()
     }
     // Refused even without an endpoint: nothing is quietly left untraced either.
     assert!(resolve(None, env(&[("OTEL_TRACES_EXPORTER", "console")])).is_err());
+}
+
+#[test]
+fn tls_follows_the_scheme_and_without_one_the_insecure_flag() {
+    let with = |pairs: &[(&str, &str)]| resolve(None, env(pairs)).unwrap().unwrap();
+    let https = with(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://otlp.example.com"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "/etc/otel/traces-ca.pem",
+        ),
+        ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/etc/otel/tls.crt"),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/otel/tls.key"),
+    ]);
+    assert_eq!(
+        https.tls,
+        Some(Tls {
+            roots: Some("/etc/otel/traces-ca.pem".into()),
+            identity: Some(("/etc/otel/tls.crt".into(), "/etc/otel/tls.key".into())),
+        })
+    );
+    assert_eq!(
+        https.collector,
+        Collector::Tcp {
+            host: "otlp.example.com".to_string(),
+            port: 443
+        }
+    );
+    assert_eq!(
+        https.endpoint.to_string(),
+        "https://otlp.example.com/v1/traces"
+    );
+    let grpc = |endpoint: &str, insecure: &str| {
+        with(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_INSECURE", insecure),
+        ])
+    };
+    // The specification: without a scheme, TLS unless insecure; a scheme decides by itself.
+    assert!(grpc("collector:4317", "false").tls.is_some());
+    assert!(grpc("collector:4317", "TRUE").tls.is_none());
+    assert!(grpc("http://collector:4317", "false").tls.is_none());
+    assert!(grpc("https://collector:4317", "true").tls.is_some());
+    assert_eq!(
+        grpc("[::1]", "true").collector,
+        Collector::Tcp {
+            host: "::1".to_string(),
+            port: 4317
+        }
+    );
+    // kube-apiserver's file: plain text, whatever the environment says of TLS.
+    let file = resolve(
+        Some((Path::new("t.yaml"), FILE)),
+        env(&[("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem")]),
+    )
+    .unwrap()
+    .unwrap();
+    assert!(file.tls.is_none());
+
+    let half = resolve(
+        None,
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/k"),
+        ]),
+    )
+    .unwrap_err();
+    assert!(
+        half.to_string()
+            .starts_with("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY without"),
+        "{half}"
+    );
+}
+
+#[test]
+fn headers_are_decoded_and_never_shown() {
+    let settings = resolve(
+        None,
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "ignored=1"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                " Authorization = Bearer%20tok3n , x-scope=team-a",
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "GZIP"),
+        ]),
+    )
+    .unwrap()
+    .unwrap();
+    let headers: Vec<(String, String)> = settings
+        .headers
+        .0
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        headers,
+        vec![
+            ("authorization".to_string(), "Bearer tok3n".to_string()),
+            ("x-scope".to_string(), "team-a".to_string())
+        ]
+    );
+    assert_eq!(settings.compression, Compression::Gzip);
+    let shown = format!("{settings:?}");
+    assert!(
+        !shown.contains("tok3n") && shown.contains("authorization"),
+        "{shown}"
+    );
+
+    for (value, named) in [
+        ("authorization=Bearer\u{7}tok3n", "authorization"),
+        ("content-type=text/plain", "content-type"),
+        ("bad name=tok3n", "bad name"),
+        ("authorization=%zztok3n", "authorization"),
+        ("tok3n", "name=value"),
+    ] {
+        let err = resolve(
+            None,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c"),
+                ("OTEL_EXPORTER_OTLP_HEADERS", value),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("OTEL_EXPORTER_OTLP_HEADERS: ") && err.contains(named),
+            "{err}"
+        );
+        assert!(!err.contains("tok3n"), "{err}");
+    }
 }
