@@ -298,3 +298,47 @@ async fn a_tracing_configuration_that_cannot_be_used_stops_the_start() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn an_operation_in_flight_at_sigterm_is_exported_whole() {
+    let collector = Collector::start().await.unwrap();
+    let mut env = Env::without_controller(mock()).await;
+    env.mock.faults().hang(CREATE);
+    let child = spawn(
+        &env,
+        &["--timeout=2s".to_string()],
+        &fast_export(("OTEL_EXPORTER_OTLP_ENDPOINT", collector.http_endpoint())),
+    );
+    let class = env.create_class(json!({})).await;
+    env.create_claim("held", &class, json!({})).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while env.mock.calls().of(CREATE).is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no CreateVolume");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The operation's children so far are held back until it ends: nothing of its trace has
+    // been sent while it runs.
+    assert!(
+        !collector
+            .spans()
+            .iter()
+            .any(|s| s.attribute("k8s.pvc.name") == Some("held"))
+    );
+    let logs = stop(child).await;
+    let root = collector
+        .wait_for(WAIT, |spans| operation(spans, "provision", "held").cloned())
+        .await
+        .unwrap_or_else(|| panic!("the provisioning in flight was exported\n{logs}"));
+    // The stop waited for the call (its --timeout), so the operation ended as it would have:
+    // failed, with its CreateVolume span and its children.
+    assert_eq!(root.status_code, 2, "{root:#?}");
+    let trace = collector.trace(&root.trace_id);
+    let call = trace
+        .iter()
+        .find(|s| s.name == CREATE.trim_start_matches('/'))
+        .expect("the CreateVolume span");
+    assert_eq!(call.attribute("rpc.grpc.status_code"), Some("4"));
+    assert!(trace.iter().any(|s| s.name == "queue wait"));
+    env.mock.faults().release(CREATE);
+    env.stop().await;
+}

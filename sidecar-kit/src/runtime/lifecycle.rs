@@ -78,10 +78,12 @@ pub fn write_termination_message(path: &Path, message: &str) -> bool {
     }
 }
 
-/// Crash-only exit: logs `message`, leaves it in the termination log, exits with code 1.
+/// Crash-only exit: logs `message`, leaves it in the termination log, exports the spans of
+/// the operations it interrupts (bounded), exits with code 1.
 pub fn fatal(message: &str) -> ! {
     tracing::error!("{message}");
     write_termination_message(Path::new(TERMINATION_LOG), message);
+    crate::telemetry::flush();
     std::process::exit(1)
 }
 

@@ -98,6 +98,23 @@ impl Default for Batching {
     }
 }
 
+/// What a trace hands on with each request (`OTEL_PROPAGATORS`): W3C `traceparent` and
+/// `tracestate`, and W3C `baggage`. Both by default, as the specification and kube-apiserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Propagators {
+    pub trace_context: bool,
+    pub baggage: bool,
+}
+
+impl Default for Propagators {
+    fn default() -> Self {
+        Self {
+            trace_context: true,
+            baggage: true,
+        }
+    }
+}
+
 /// TLS to the collector.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tls {
@@ -141,6 +158,8 @@ pub struct TraceSettings {
     pub tls: Option<Tls>,
     pub headers: Headers,
     pub compression: Compression,
+    /// `OTEL_PROPAGATORS`: what is handed on to the driver and the API server.
+    pub propagators: Propagators,
     pub protocol: Protocol,
     pub sampling: Sampling,
     /// `OTEL_SERVICE_NAME` (or `service.name` in `OTEL_RESOURCE_ATTRIBUTES`); the binary's own
@@ -329,6 +348,10 @@ pub fn resolve(
         tls,
         headers,
         compression,
+        propagators: match env("OTEL_PROPAGATORS") {
+            Some(value) => propagators(&value)?,
+            None => Propagators::default(),
+        },
         protocol,
         sampling,
         service_name,
@@ -509,6 +532,30 @@ fn boolean(variable: &'static str, value: &str) -> Result<bool, TracingConfigErr
             reason: "must be true or false",
         }),
     }
+}
+
+/// `OTEL_PROPAGATORS`: `tracecontext`, `baggage`, or `none`; the others the specification
+/// names (`b3`, `jaeger`, `xray`, ...) are refused rather than silently not sent.
+fn propagators(value: &str) -> Result<Propagators, TracingConfigError> {
+    let mut chosen = Propagators {
+        trace_context: false,
+        baggage: false,
+    };
+    for name in value.split(',').map(enum_value) {
+        match name.as_str() {
+            "tracecontext" => chosen.trace_context = true,
+            "baggage" => chosen.baggage = true,
+            "none" | "" => {}
+            _ => {
+                return Err(TracingConfigError::Variable {
+                    variable: "OTEL_PROPAGATORS",
+                    value: value.to_string(),
+                    reason: "unsupported propagator; use tracecontext, baggage or none",
+                });
+            }
+        }
+    }
+    Ok(chosen)
 }
 
 fn compression(variable: &'static str, value: &str) -> Result<Compression, TracingConfigError> {

@@ -114,7 +114,7 @@ impl Services {
 
 /// The span processor the tracer provider calls: hands each finished span to the queue once
 /// its trace's local root has ended (see [`Held`]).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct QueueProcessor {
     queue: mpsc::Sender<SpanData>,
     drops: Arc<Drops>,
@@ -135,9 +135,29 @@ impl SpanProcessor for QueueProcessor {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
+        if !span.span_context.is_sampled() || super::operation::substituted(&span.span_context) {
             return;
         }
+        self.accept(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+impl QueueProcessor {
+    /// Takes the span a stop made for an operation it interrupted (see
+    /// [`super::operation::interrupted`]).
+    pub fn end_interrupted(&self, span: SpanData) {
+        self.accept(span);
+    }
+
+    fn accept(&self, span: SpanData) {
         let idle_root = span.parent_span_id == opentelemetry::trace::SpanId::INVALID
             && span
                 .attributes
@@ -149,14 +169,6 @@ impl SpanProcessor for QueueProcessor {
             .unwrap_or_else(PoisonError::into_inner)
             .finished(span, idle_root);
         self.enqueue(release.export);
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
     }
 }
 

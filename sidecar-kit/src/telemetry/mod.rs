@@ -16,19 +16,28 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use opentelemetry::propagation::{TextMapCompositePropagator, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 
 pub use config::{TraceSettings, TracingConfigError};
-use export::{Drops, Flusher, Services};
+use export::{Drops, Flusher, QueueProcessor, Services};
+
+/// The name of the process's tracer: the instrumentation scope of every span.
+const TRACER: &str = "csi-sidecars";
 
 /// How long a graceful stop waits for the spans still queued to reach the collector.
 const FLUSH_ON_STOP: Duration = Duration::from_secs(5);
 
 /// The process's tracing once started.
 struct Telemetry {
+    /// Where a stop hands the spans of interrupted operations.
+    processor: QueueProcessor,
+    /// `OTEL_PROPAGATORS`' choice.
+    propagator: TextMapCompositePropagator,
     services: Arc<Services>,
     drops: Arc<Drops>,
     flusher: Flusher,
@@ -83,13 +92,22 @@ pub fn start(settings: &TraceSettings, service: &str) -> Result<Tracer, TracingC
         root
     };
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(processor)
+        .with_span_processor(processor.clone())
         .with_sampler(sampler)
         .build();
-    let tracer = provider.tracer("csi-sidecars");
+    let tracer = provider.tracer(TRACER);
     // The waits an operation records after the fact (queue, backoff) are made with it too.
     opentelemetry::global::set_tracer_provider(provider.clone());
+    let mut propagators: Vec<Box<dyn TextMapPropagator + Send + Sync>> = Vec::new();
+    if settings.propagators.trace_context {
+        propagators.push(Box::new(TraceContextPropagator::new()));
+    }
+    if settings.propagators.baggage {
+        propagators.push(Box::new(BaggagePropagator::new()));
+    }
     let _ = TELEMETRY.set(Telemetry {
+        processor,
+        propagator: TextMapCompositePropagator::new(propagators),
         services,
         drops,
         flusher,
@@ -98,16 +116,27 @@ pub fn start(settings: &TraceSettings, service: &str) -> Result<Tracer, TracingC
     Ok(tracer)
 }
 
+/// The propagators `OTEL_PROPAGATORS` chose; `None` when tracing is off.
+fn propagator() -> Option<&'static TextMapCompositePropagator> {
+    TELEMETRY.get().map(|telemetry| &telemetry.propagator)
+}
+
 /// Whether spans are exported: the kit makes its spans only then.
 pub fn enabled() -> bool {
     TELEMETRY.get().is_some()
 }
 
-/// Sends what is queued, bounded; for a graceful stop, after the runtime ended.
+/// For a stop (graceful, after the runtime ended, or fatal): ends the spans of operations
+/// still open, marked as interrupted, and sends what is queued, waiting at most
+/// [`FLUSH_ON_STOP`].
 pub fn flush() {
-    if let Some(telemetry) = TELEMETRY.get()
-        && !telemetry.flusher.flush(FLUSH_ON_STOP)
-    {
+    let Some(telemetry) = TELEMETRY.get() else {
+        return;
+    };
+    for span in operation::interrupted() {
+        telemetry.processor.end_interrupted(span);
+    }
+    if !telemetry.flusher.flush(FLUSH_ON_STOP) {
         tracing::warn!(timeout = ?FLUSH_ON_STOP, "spans still queued at exit were not all exported");
     }
 }

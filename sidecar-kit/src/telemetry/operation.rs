@@ -11,12 +11,115 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::{SpanContext, TraceContextExt, Tracer as _};
-use opentelemetry::{Context, KeyValue};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer as _,
+};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The passes [`describe`]d so far and not finished: the others did nothing worth a trace.
 static DESCRIBED: Mutex<Option<HashSet<tracing::Id>>> = Mutex::new(None);
+
+/// Sampled passes begun and not finished, by their span: what a stop ends itself when their
+/// tasks cannot (a fatal exit, a worker still busy at SIGTERM), see [`interrupted`].
+static OPEN: Mutex<Option<HashMap<SpanId, Open>>> = Mutex::new(None);
+/// Spans [`interrupted`] ended in their pass's stead: if the pass ends after all, its own span
+/// is not exported a second time.
+static SUBSTITUTED: Mutex<Option<HashSet<(TraceId, SpanId)>>> = Mutex::new(None);
+static ANY_SUBSTITUTED: AtomicBool = AtomicBool::new(false);
+
+/// What an open pass's span holds so far.
+struct Open {
+    context: SpanContext,
+    /// The first pass's span, when this one continues its trace.
+    parent: Option<SpanContext>,
+    name: String,
+    started: SystemTime,
+    attributes: Vec<KeyValue>,
+}
+
+/// Ends the spans of the operations still open, each marked `csi.sidecar.interrupted` with an
+/// error status, for a stop to export before the process ends.
+pub(super) fn interrupted() -> Vec<SpanData> {
+    let open: Vec<Open> = OPEN
+        .lock()
+        .ok()
+        .and_then(|mut open| open.take())
+        .map(|open| open.into_values().collect())
+        .unwrap_or_default();
+    if open.is_empty() {
+        return Vec::new();
+    }
+    if let Ok(mut substituted) = SUBSTITUTED.lock() {
+        let substituted = substituted.get_or_insert_with(HashSet::new);
+        substituted.extend(
+            open.iter()
+                .map(|open| (open.context.trace_id(), open.context.span_id())),
+        );
+        ANY_SUBSTITUTED.store(true, Ordering::Release);
+    }
+    let now = SystemTime::now();
+    open.into_iter()
+        .map(|open| {
+            let mut attributes = open.attributes;
+            attributes.push(KeyValue::new(INTERRUPTED, true));
+            SpanData {
+                span_context: open.context,
+                parent_span_id: open
+                    .parent
+                    .as_ref()
+                    .map_or(SpanId::INVALID, SpanContext::span_id),
+                parent_span_is_remote: open.parent.is_some(),
+                span_kind: SpanKind::Internal,
+                name: open.name.into(),
+                start_time: open.started,
+                end_time: now,
+                attributes,
+                dropped_attributes_count: 0,
+                events: SpanEvents::default(),
+                links: SpanLinks::default(),
+                status: Status::error("the process stopped before the operation ended"),
+                instrumentation_scope: InstrumentationScope::builder(super::TRACER).build(),
+            }
+        })
+        .collect()
+}
+
+/// Whether `span` was ended by [`interrupted`] already.
+pub(super) fn substituted(span: &SpanContext) -> bool {
+    ANY_SUBSTITUTED.load(Ordering::Acquire)
+        && SUBSTITUTED
+            .lock()
+            .ok()
+            .and_then(|set| {
+                set.as_ref()
+                    .map(|set| set.contains(&(span.trace_id(), span.span_id())))
+            })
+            .unwrap_or(false)
+}
+
+/// The attribute of an operation's span that a stop ended (see [`interrupted`]).
+pub(super) const INTERRUPTED: &str = "csi.sidecar.interrupted";
+
+/// Registers an open operation as [`Retries::begin`] does, for tests of what a stop exports.
+#[cfg(test)]
+pub(super) fn open_for_test(context: SpanContext, name: &str) {
+    if let Ok(mut open) = OPEN.lock() {
+        open.get_or_insert_with(HashMap::new).insert(
+            context.span_id(),
+            Open {
+                context,
+                parent: None,
+                name: name.to_string(),
+                started: SystemTime::now(),
+                attributes: Vec::new(),
+            },
+        );
+    }
+}
 
 /// The attribute that marks the root of a pass that turned out to be no operation (a claim of
 /// another provisioner, an object already as it should be): the export drops it.
@@ -40,6 +143,8 @@ impl<K> Default for Retries<K> {
 /// One pass of a worker over `key`; `finish` it when the pass ends.
 pub struct Pass<K> {
     pub span: tracing::Span,
+    /// Its span's id, under which it is [`OPEN`] until it ends.
+    own: SpanId,
     key: K,
     /// The first pass's span, when this one continues it.
     first: Option<SpanContext>,
@@ -89,8 +194,27 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
             super::attribute_to(&span, service);
         }
         let started = SystemTime::now();
+        let own = span.context().span().span_context().clone();
+        if own.is_sampled()
+            && let Ok(mut open) = OPEN.lock()
+        {
+            open.get_or_insert_with(HashMap::new).insert(
+                own.span_id(),
+                Open {
+                    context: own.clone(),
+                    parent: first.clone(),
+                    name: format!("{queue} {lane}"),
+                    started,
+                    attributes: vec![
+                        KeyValue::new("csi.sidecar.queue", queue.to_string()),
+                        KeyValue::new("csi.sidecar.key", format!("{key:?}")),
+                    ],
+                },
+            );
+        }
         Some(Pass {
             span,
+            own: own.span_id(),
             key: key.clone(),
             first,
             failed_at,
@@ -102,7 +226,7 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
 
     /// Ends `pass` with children for its waits; when its key is to be retried (`failures` >
     /// 0) the next pass continues its trace.
-    pub fn finish(&self, pass: Pass<K>, failures: u32) {
+    pub fn finish(&self, mut pass: Pass<K>, failures: u32) {
         let described = pass.span.id().is_some_and(|id| {
             DESCRIBED
                 .lock()
@@ -110,6 +234,11 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
                 .and_then(|mut described| described.as_mut().map(|set| set.remove(&id)))
                 .unwrap_or(false)
         });
+        if failures > 0 {
+            pass.span.set_status(opentelemetry::trace::Status::error(
+                "the operation failed; it is retried",
+            ));
+        }
         if !described && failures == 0 {
             pass.span.set_attribute(IDLE, true);
             if pass.first.is_none() {
@@ -144,8 +273,25 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
         {
             let first = pass
                 .first
+                .take()
                 .unwrap_or_else(|| context.span().span_context().clone());
-            pending.insert(pass.key, (first, SystemTime::now()));
+            pending.insert(pass.key.clone(), (first, SystemTime::now()));
+        }
+    }
+}
+
+impl<K> Drop for Pass<K> {
+    /// A pass ends here, finished or not (its task cancelled): it is no longer open.
+    fn drop(&mut self) {
+        if let Ok(mut open) = OPEN.lock()
+            && let Some(open) = open.as_mut()
+        {
+            open.remove(&self.own);
+        }
+        if let (Some(id), Ok(mut described)) = (self.span.id(), DESCRIBED.lock())
+            && let Some(described) = described.as_mut()
+        {
+            described.remove(&id);
         }
     }
 }
@@ -159,7 +305,7 @@ fn child(
     end: SystemTime,
     attributes: Vec<KeyValue>,
 ) {
-    let tracer = opentelemetry::global::tracer("csi-sidecars");
+    let tracer = opentelemetry::global::tracer(super::TRACER);
     let mut span = tracer
         .span_builder(name)
         .with_start_time(start)
@@ -181,9 +327,22 @@ pub fn describe(name: &str, attributes: &[(&'static str, &str)]) {
     }
     span.record("otel.name", name);
     // Once the span has started (a child or an event started it), only this renames it.
-    span.context().span().update_name(name.to_string());
+    let context = span.context();
+    context.span().update_name(name.to_string());
     for (key, value) in attributes {
         span.set_attribute(*key, value.to_string());
+    }
+    if let Ok(mut open) = OPEN.lock()
+        && let Some(open) = open
+            .as_mut()
+            .and_then(|open| open.get_mut(&context.span().span_context().span_id()))
+    {
+        open.name = name.to_string();
+        open.attributes.extend(
+            attributes
+                .iter()
+                .map(|(key, value)| KeyValue::new(*key, value.to_string())),
+        );
     }
 }
 

@@ -10,20 +10,23 @@ use std::task::{Context, Poll};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use opentelemetry::propagation::{Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tower::{Layer, Service};
 use tracing::Instrument;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-/// Writes `span`'s context into `headers`.
+/// Writes `span`'s context into `headers`, as `OTEL_PROPAGATORS` says.
 pub fn inject_headers(span: &tracing::Span, headers: &mut HeaderMap) {
-    TraceContextPropagator::new().inject_context(&span.context(), &mut HeaderInjector(headers));
+    if let Some(propagator) = super::propagator() {
+        propagator.inject_context(&span.context(), &mut HeaderInjector(headers));
+    }
 }
 
-/// Writes `span`'s context into a gRPC request's metadata.
+/// Writes `span`'s context into a gRPC request's metadata, as `OTEL_PROPAGATORS` says.
 pub fn inject_metadata(span: &tracing::Span, metadata: &mut tonic::metadata::MetadataMap) {
-    TraceContextPropagator::new().inject_context(&span.context(), &mut MetadataInjector(metadata));
+    if let Some(propagator) = super::propagator() {
+        propagator.inject_context(&span.context(), &mut MetadataInjector(metadata));
+    }
 }
 
 /// The server span of a gRPC call this process answers (`method`: `package.Service/Method`),
@@ -45,9 +48,11 @@ pub fn server_span(method: &'static str, metadata: &tonic::metadata::MetadataMap
         rpc.method = name,
         rpc.grpc.status_code = Empty,
     );
-    let caller = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
-    if caller.span().span_context().is_valid() {
-        let _ = span.set_parent(caller);
+    if let Some(propagator) = super::propagator() {
+        let caller = propagator.extract(&MetadataExtractor(metadata));
+        if caller.span().span_context().is_valid() {
+            let _ = span.set_parent(caller);
+        }
     }
     span
 }

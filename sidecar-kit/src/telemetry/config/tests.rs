@@ -367,3 +367,29 @@ fn headers_are_decoded_and_never_shown() {
         assert!(!err.contains("tok3n"), "{err}");
     }
 }
+
+#[test]
+fn propagators_are_the_specifications_and_others_refused() {
+    let with = |value: Option<&str>| {
+        let mut pairs = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
+        pairs.extend(value.map(|v| ("OTEL_PROPAGATORS", v)));
+        resolve(None, env(&pairs)).map(|s| s.unwrap().propagators)
+    };
+    assert_eq!(with(None), Ok(Propagators::default()));
+    assert_eq!(
+        with(Some("TraceContext")),
+        Ok(Propagators {
+            trace_context: true,
+            baggage: false
+        })
+    );
+    assert_eq!(
+        with(Some("none")),
+        Ok(Propagators {
+            trace_context: false,
+            baggage: false
+        })
+    );
+    let err = with(Some("tracecontext,b3")).unwrap_err().to_string();
+    assert!(err.starts_with("OTEL_PROPAGATORS="), "{err}");
+}

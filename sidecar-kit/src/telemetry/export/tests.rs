@@ -278,3 +278,31 @@ async fn a_batch_is_split_into_requests_a_collector_takes() {
     assert_eq!(exporter.count(|d| &d.export_failed), 0);
     assert!(collector.requests() >= 3, "{}", collector.requests());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_a_stop_interrupts_is_exported_once_with_its_children() {
+    use crate::telemetry::operation;
+    let collector = Collector::start().await.unwrap();
+    let exporter = Exporter::start(&settings(&[(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        &collector.http_endpoint(),
+    )]));
+    // An operation (trace 11, span 1) still open, one of its children already ended.
+    let root = span(11, 1, 0, false);
+    operation::open_for_test(root.span_context.clone(), "provision");
+    exporter.processor.on_end(span(11, 2, 1, false));
+    let interrupted = operation::interrupted();
+    assert_eq!(interrupted.len(), 1);
+    for span in interrupted {
+        exporter.processor.end_interrupted(span);
+    }
+    exporter.export(Vec::new()).await;
+    // The operation ends after all: its own span is not sent a second time.
+    exporter.export(vec![root]).await;
+    let trace = collector.trace(&format!("{:032x}", 11));
+    assert_eq!(trace.len(), 2, "{trace:#?}");
+    let exported = trace.iter().find(|s| s.parent_span_id.is_empty()).unwrap();
+    assert_eq!(exported.name, "provision");
+    assert_eq!(exported.attribute(operation::INTERRUPTED), Some("true"));
+    assert_eq!(exported.status_code, 2);
+}
