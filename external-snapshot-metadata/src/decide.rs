@@ -65,6 +65,23 @@ impl Method {
             Method::Delta => "GetMetadataDelta",
         }
     }
+
+    /// The RPC a backup application calls, as its server span names it.
+    pub fn traced(self) -> &'static str {
+        match self {
+            Method::Allocated => "snapshotmetadata.SnapshotMetadata/GetMetadataAllocated",
+            Method::Delta => "snapshotmetadata.SnapshotMetadata/GetMetadataDelta",
+        }
+    }
+
+    /// The driver's RPC that answers it.
+    pub fn driver_method(self) -> &'static str {
+        use csi_proto::methods::snapshot_metadata::{GET_METADATA_ALLOCATED, GET_METADATA_DELTA};
+        match self {
+            Method::Allocated => GET_METADATA_ALLOCATED,
+            Method::Delta => GET_METADATA_DELTA,
+        }
+    }
 }
 
 /// A request of either RPC, as the client sent it.

@@ -102,6 +102,12 @@ pub struct Cli {
           default_value = "false", value_parser = parse_go_bool)]
     pub version: bool,
 
+    /// Trace requests to the OpenTelemetry collector a TracingConfiguration file names (as
+    /// kube-apiserver's --tracing-config-file: its OTLP/gRPC endpoint and
+    /// samplingRatePerMillion); the OTEL_* variables configure it too. Not an upstream flag
+    #[arg(long, value_name = "PATH")]
+    pub tracing_config_file: Option<std::path::PathBuf>,
+
     #[command(flatten)]
     pub klog: KlogFlags,
 
@@ -180,6 +186,7 @@ impl SidecarCli for Cli {
         };
         common.process.version = self.version;
         common.logging = self.klog.logging();
+        common.logging.tracing_config_file = self.tracing_config_file.clone();
     }
 
     /// Upstream's checks, in its order (exit code 1).

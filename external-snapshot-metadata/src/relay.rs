@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -202,6 +203,51 @@ pub struct Relay<'a, R> {
     pub respond: fn(Batch) -> R,
     pub to_client: Sender<R>,
     pub deadline: tokio::time::Instant,
+    pub relayed: &'a Counts,
+}
+
+/// What a relay handed its client.
+#[derive(Debug, Default)]
+pub struct Counts {
+    messages: AtomicU64,
+    blocks: AtomicU64,
+    /// The bytes of the volume the relayed blocks cover.
+    volume_bytes: AtomicU64,
+}
+
+impl Counts {
+    fn add(&self, batch: &Batch) {
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        self.blocks
+            .fetch_add(batch.blocks.len() as u64, Ordering::Relaxed);
+        let covered = batch
+            .blocks
+            .iter()
+            .map(|&(_, size)| u64::try_from(size).unwrap_or(0))
+            .fold(0u64, u64::saturating_add);
+        self.volume_bytes.fetch_add(covered, Ordering::Relaxed);
+    }
+
+    /// Sets them on `span` (the driver call's), as attributes.
+    pub fn record(&self, span: &tracing::Span) {
+        sidecar_kit::telemetry::count_on(
+            span,
+            &[
+                (
+                    "csi.snapshot_metadata.messages",
+                    self.messages.load(Ordering::Relaxed),
+                ),
+                (
+                    "csi.snapshot_metadata.blocks",
+                    self.blocks.load(Ordering::Relaxed),
+                ),
+                (
+                    "csi.snapshot_metadata.volume_bytes",
+                    self.volume_bytes.load(Ordering::Relaxed),
+                ),
+            ],
+        );
+    }
 }
 
 /// What ends a wait of the relay other than what it waits for.
@@ -309,6 +355,7 @@ impl<R> Relay<'_, R> {
             let held = Arc::new(held);
             for message in messages {
                 tracing::trace!(op = %self.op.name, blocks = ?message.blocks, "relaying");
+                self.relayed.add(&message);
                 let relayed = Relayed {
                     message: (self.respond)(message),
                     _bytes: held.clone(),

@@ -14,12 +14,14 @@ use csi_proto::v1::snapshot_metadata_client::SnapshotMetadataClient;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
 use sidecar_kit::cluster::client::api_message;
-use sidecar_kit::driver::csi::CsiClient;
+use sidecar_kit::driver::csi::{CsiClient, record_code, traced_call};
 use sidecar_kit::pipeline::lock;
 use sidecar_kit::process::metrics::{CsiMetrics, code_label};
+use sidecar_kit::telemetry::propagate::server_span;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
+use tracing::Instrument;
 
 use crate::api;
 use crate::auth::{self, AccessCache, FailedCache, ReviewBudget, TokenCache, User};
@@ -383,10 +385,12 @@ impl Service {
     }
 
     /// Serves one request: resolves it, opens the driver's stream and relays it.
+    /// `span`: the request's server span, which lasts until its stream ends.
     async fn serve<R>(
         &self,
         peer: Option<Peer>,
         ask: Ask,
+        span: tracing::Span,
         respond: fn(Batch) -> R,
     ) -> Result<Response<Outgoing<R>>, Status>
     where
@@ -400,7 +404,11 @@ impl Service {
             ask,
             authorized: AtomicBool::new(false),
         };
-        let admitted = self.resolve(&op).await.and_then(|resolved| {
+        let admitted = self
+            .resolve(&op)
+            .instrument(span.clone())
+            .await
+            .and_then(|resolved| {
             let slot = shared.stream_slots.clone().try_acquire_owned().map_err(|_| {
                 Refusal::new(
                     Code::ResourceExhausted,
@@ -415,33 +423,47 @@ impl Service {
         let (resolved, slot) = match admitted {
             Ok(admitted) => admitted,
             Err(refusal) => {
-                tracing::info!(op = %op.name, code = code_label(refusal.code), message = %refusal.message, "request refused");
+                span.in_scope(|| tracing::info!(op = %op.name, code = code_label(refusal.code), message = %refusal.message, "request refused"));
+                record_code(&span, refusal.code);
                 op.done(&shared, refusal.code);
                 return Err(refusal.into());
             }
         };
         let open_on_connection = peer.as_ref().map(Peer::stream);
         let deadline = tokio::time::Instant::now() + shared.max_duration;
-        let driver_stream = match open(&shared, &op.ask, resolved, shared.max_duration).await {
-            Ok(stream) => stream,
-            Err(status) => {
+        let (driver_stream, call) = match open(&shared, &op.ask, resolved, shared.max_duration)
+            .instrument(span.clone())
+            .await
+        {
+            Ok(opened) => opened,
+            Err((status, call)) => {
+                record_code(&call, status.code());
+                record_code(&span, status.code());
                 op.done(&shared, status.code());
                 return Err(status);
             }
         };
         let (to_client, outgoing) = relay::outbox();
-        tokio::spawn(async move {
-            let _held = (slot, open_on_connection);
-            let relay = Relay {
-                shared: &shared,
-                op: &op,
-                respond,
-                to_client,
-                deadline,
-            };
-            let code = relay.run(driver_stream).await;
-            op.done(&shared, code);
-        });
+        tokio::spawn(
+            async move {
+                let _held = (slot, open_on_connection);
+                let relayed = relay::Counts::default();
+                let relay = Relay {
+                    shared: &shared,
+                    op: &op,
+                    respond,
+                    to_client,
+                    deadline,
+                    relayed: &relayed,
+                };
+                let code = relay.run(driver_stream).await;
+                relayed.record(&call);
+                record_code(&call, code);
+                record_code(&tracing::Span::current(), code);
+                op.done(&shared, code);
+            }
+            .instrument(span),
+        );
         Ok(Response::new(outgoing))
     }
 }
@@ -464,66 +486,86 @@ fn timed<T>(request: T, limit: Duration) -> Request<T> {
     request
 }
 
-/// The driver's answer as plain batches; `parts` takes a message apart.
+/// The driver's answer as plain batches; `parts` takes a message apart. `call`: the span of
+/// the call, handed back with either.
 fn batches<M: Send + 'static>(
     answer: Result<tonic::Response<tonic::Streaming<M>>, Status>,
+    call: tracing::Span,
     parts: fn(M) -> Batch,
-) -> Result<DriverStream, Status> {
+) -> Result<(DriverStream, tracing::Span), (Status, tracing::Span)> {
     use futures::StreamExt;
-    Ok(answer
-        .map_err(driver_status)?
-        .into_inner()
-        .map(move |message| message.map(parts))
-        .boxed())
+    match answer {
+        Ok(answer) => Ok((
+            answer
+                .into_inner()
+                .map(move |message| message.map(parts))
+                .boxed(),
+            call,
+        )),
+        Err(status) => Err((driver_status(status), call)),
+    }
 }
 
-/// Opens the driver's stream for `ask`.
+/// Opens the driver's stream for `ask`, with the client span of the call, which lasts as
+/// long as the stream (a disabled span when tracing is off).
 async fn open(
     shared: &Shared,
     ask: &Ask,
     resolved: Resolved,
     limit: Duration,
-) -> Result<DriverStream, Status> {
-    let mut client = SnapshotMetadataClient::new(shared.csi.connection().channel())
+) -> Result<(DriverStream, tracing::Span), (Status, tracing::Span)> {
+    let connection = shared.csi.connection();
+    let mut client = SnapshotMetadataClient::new(connection.channel())
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
     let secrets = resolved.secrets.into_iter().collect();
+    let endpoint = connection.endpoint();
     match ask.method {
         Method::Allocated => {
-            let request = csi::GetMetadataAllocatedRequest {
-                snapshot_id: resolved.handle,
-                starting_offset: ask.starting_offset,
-                max_results: ask.max_results,
-                secrets,
-            };
-            batches(
-                client.get_metadata_allocated(timed(request, limit)).await,
-                |m| {
-                    batch(
-                        m.block_metadata_type,
-                        m.volume_capacity_bytes,
-                        m.block_metadata,
-                    )
+            let mut request = timed(
+                csi::GetMetadataAllocatedRequest {
+                    snapshot_id: resolved.handle,
+                    starting_offset: ask.starting_offset,
+                    max_results: ask.max_results,
+                    secrets,
                 },
-            )
+                limit,
+            );
+            let call = traced_call(Method::Allocated.driver_method(), endpoint, &mut request);
+            let answer = client
+                .get_metadata_allocated(request)
+                .instrument(call.clone())
+                .await;
+            batches(answer, call, |m| {
+                batch(
+                    m.block_metadata_type,
+                    m.volume_capacity_bytes,
+                    m.block_metadata,
+                )
+            })
         }
         Method::Delta => {
-            let request = csi::GetMetadataDeltaRequest {
-                base_snapshot_id: ask.base.clone().unwrap_or_default(),
-                target_snapshot_id: resolved.handle,
-                starting_offset: ask.starting_offset,
-                max_results: ask.max_results,
-                secrets,
-            };
-            batches(
-                client.get_metadata_delta(timed(request, limit)).await,
-                |m| {
-                    batch(
-                        m.block_metadata_type,
-                        m.volume_capacity_bytes,
-                        m.block_metadata,
-                    )
+            let mut request = timed(
+                csi::GetMetadataDeltaRequest {
+                    base_snapshot_id: ask.base.clone().unwrap_or_default(),
+                    target_snapshot_id: resolved.handle,
+                    starting_offset: ask.starting_offset,
+                    max_results: ask.max_results,
+                    secrets,
                 },
-            )
+                limit,
+            );
+            let call = traced_call(Method::Delta.driver_method(), endpoint, &mut request);
+            let answer = client
+                .get_metadata_delta(request)
+                .instrument(call.clone())
+                .await;
+            batches(answer, call, |m| {
+                batch(
+                    m.block_metadata_type,
+                    m.volume_capacity_bytes,
+                    m.block_metadata,
+                )
+            })
         }
     }
 }
@@ -549,6 +591,7 @@ impl api::snapshot_metadata_server::SnapshotMetadata for Service {
         request: Request<api::GetMetadataAllocatedRequest>,
     ) -> Result<Response<Self::GetMetadataAllocatedStream>, Status> {
         let peer = request.extensions().get::<Peer>().cloned();
+        let span = server_span(Method::Allocated.traced(), request.metadata());
         let r = request.into_inner();
         let ask = Ask {
             method: Method::Allocated,
@@ -559,7 +602,7 @@ impl api::snapshot_metadata_server::SnapshotMetadata for Service {
             starting_offset: r.starting_offset,
             max_results: r.max_results,
         };
-        self.serve(peer, ask, |b| api::GetMetadataAllocatedResponse {
+        self.serve(peer, ask, span, |b| api::GetMetadataAllocatedResponse {
             block_metadata_type: b.block_type,
             volume_capacity_bytes: b.capacity,
             block_metadata: blocks(&b),
@@ -572,6 +615,7 @@ impl api::snapshot_metadata_server::SnapshotMetadata for Service {
         request: Request<api::GetMetadataDeltaRequest>,
     ) -> Result<Response<Self::GetMetadataDeltaStream>, Status> {
         let peer = request.extensions().get::<Peer>().cloned();
+        let span = server_span(Method::Delta.traced(), request.metadata());
         let r = request.into_inner();
         let ask = Ask {
             method: Method::Delta,
@@ -582,7 +626,7 @@ impl api::snapshot_metadata_server::SnapshotMetadata for Service {
             starting_offset: r.starting_offset,
             max_results: r.max_results,
         };
-        self.serve(peer, ask, |b| api::GetMetadataDeltaResponse {
+        self.serve(peer, ask, span, |b| api::GetMetadataDeltaResponse {
             block_metadata_type: b.block_type,
             volume_capacity_bytes: b.capacity,
             block_metadata: blocks(&b),

@@ -144,6 +144,8 @@ pub struct Start {
     /// Requests the API server refuses from the start: verb, resource and status code (403 as
     /// RBAC would).
     pub refused: Vec<(Verb, &'static str, u16)>,
+    /// Variables of the sidecar's environment.
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Env {
@@ -201,6 +203,12 @@ impl Env {
             command.arg(format!("--audience={audience}"));
         }
         command.args(&start.extra);
+        command.envs(
+            start
+                .env
+                .iter()
+                .map(|(name, value)| (*name, value.as_str())),
+        );
         let sidecar = testkit::process::spawn_sidecar(&mut command, Stdio::inherit()).unwrap();
         let env = Self {
             cluster,

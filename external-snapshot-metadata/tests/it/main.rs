@@ -7,3 +7,4 @@ mod common;
 mod requests;
 mod streams;
 mod tls;
+mod tracing;

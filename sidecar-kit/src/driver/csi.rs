@@ -489,6 +489,12 @@ pub fn traced_call<M: prost::Message + prost::Name>(
     if !crate::telemetry::enabled() {
         return tracing::Span::none();
     }
+    let parent = tracing::Span::current();
+    if !parent.is_none() && !crate::telemetry::sampled(&parent) {
+        // The driver is told the trace is not sampled, and nothing else is built.
+        crate::telemetry::propagate::inject_metadata(&parent, request.metadata_mut());
+        return tracing::Span::none();
+    }
     let span = call_span(method, endpoint, request.get_ref());
     crate::telemetry::propagate::inject_metadata(&span, request.metadata_mut());
     span
@@ -536,8 +542,12 @@ fn call_span<M: prost::Message + prost::Name>(
         server.port = port,
         network.transport = transport,
     );
-    for (field, value) in csi_proto::redact::identifiers(request) {
-        span.set_attribute(format!("csi.{field}"), value);
+    // A call with no operation around it is a root of its own, sampled on its own.
+    if crate::telemetry::sampled(&span) {
+        crate::telemetry::attribute_work_done();
+        for (field, value) in csi_proto::redact::identifiers(request) {
+            span.set_attribute(format!("csi.{field}"), value);
+        }
     }
     span
 }

@@ -12,7 +12,7 @@ pub mod propagate;
 mod transport;
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -121,6 +121,28 @@ fn propagator() -> Option<&'static TextMapCompositePropagator> {
     TELEMETRY.get().map(|telemetry| &telemetry.propagator)
 }
 
+/// Attribute work the kit did for spans (renderings, a CSI request's identifiers, child
+/// spans): none is done for a span that is not sampled, which this count shows in tests and
+/// benchmarks.
+static ATTRIBUTE_WORK: AtomicU64 = AtomicU64::new(0);
+
+/// How often the kit built attributes or child spans for a sampled span.
+pub fn attribute_work() -> u64 {
+    ATTRIBUTE_WORK.load(Ordering::Relaxed)
+}
+
+pub(crate) fn attribute_work_done() {
+    ATTRIBUTE_WORK.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Whether `span` is exported: it exists and was sampled. Under every sampler offered here a
+/// child shares its parent's decision (parent-based, or decided by the trace id, or always the
+/// same), so an unsampled parent spares its children every attribute.
+pub fn sampled(span: &tracing::Span) -> bool {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    !span.is_none() && span.context().span().span_context().is_sampled()
+}
+
 /// Whether spans are exported: the kit makes its spans only then.
 pub fn enabled() -> bool {
     TELEMETRY.get().is_some()
@@ -148,6 +170,17 @@ pub fn attribute_to(span: &tracing::Span, service: &Arc<str>) {
     if let Some(telemetry) = TELEMETRY.get() {
         let trace = span.context().span().span_context().trace_id();
         telemetry.services.remember(trace, service.clone());
+    }
+}
+
+/// Adds counts to `span` as attributes, where it is traced.
+pub fn count_on(span: &tracing::Span, counts: &[(&'static str, u64)]) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if span.is_none() {
+        return;
+    }
+    for (key, value) in counts {
+        span.set_attribute(*key, i64::try_from(*value).unwrap_or(i64::MAX));
     }
 }
 

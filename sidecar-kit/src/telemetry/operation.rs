@@ -247,7 +247,12 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
             return;
         }
         let context = pass.span.context();
+        let sampled = context.span().span_context().is_sampled();
+        if sampled {
+            super::attribute_work_done();
+        }
         if let Some(failed_at) = pass.failed_at
+            && sampled
             && failed_at < pass.queued
         {
             child(
@@ -261,13 +266,15 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
                 )],
             );
         }
-        child(
-            &context,
-            "queue wait",
-            pass.queued,
-            pass.started,
-            Vec::new(),
-        );
+        if sampled {
+            child(
+                &context,
+                "queue wait",
+                pass.queued,
+                pass.started,
+                Vec::new(),
+            );
+        }
         if failures > 0
             && let Ok(mut pending) = self.pending.lock()
         {
@@ -325,6 +332,10 @@ pub fn describe(name: &str, attributes: &[(&'static str, &str)]) {
     if let (Some(id), Ok(mut described)) = (span.id(), DESCRIBED.lock()) {
         described.get_or_insert_with(HashSet::new).insert(id);
     }
+    if !super::sampled(&span) {
+        return;
+    }
+    super::attribute_work_done();
     span.record("otel.name", name);
     // Once the span has started (a child or an event started it), only this renames it.
     let context = span.context();

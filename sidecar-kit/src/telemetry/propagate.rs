@@ -228,15 +228,22 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let traced = super::enabled() && !tracing::Span::current().is_none();
+        let current = tracing::Span::current();
+        let traced = super::enabled() && !current.is_none();
         let target = traced.then(|| api_target(request.uri().path())).flatten();
         let Some(target) = target else {
             return Box::pin(self.inner.call(request));
         };
+        if !super::sampled(&current) {
+            // The API server is told the trace is not sampled, and nothing else is built.
+            inject_headers(&current, request.headers_mut());
+            return Box::pin(self.inner.call(request));
+        }
         let verb = verb(request.method(), &target, request.uri().query());
         if verb == "watch" {
             return Box::pin(self.inner.call(request));
         }
+        super::attribute_work_done();
         let resource = match target.subresource {
             Some(sub) => format!("{}/{sub}", target.resource),
             None => target.resource.to_string(),
