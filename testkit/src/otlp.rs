@@ -269,21 +269,17 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 impl Collector {
     /// Listens on two free ports of 127.0.0.1: OTLP/gRPC and OTLP/HTTP.
     pub async fn start() -> std::io::Result<Self> {
-        Self::start_on(0, 0).await
-    }
-
-    /// Listens on 127.0.0.1's `grpc_port` (OTLP/gRPC) and `http_port` (OTLP/HTTP); 0 picks a
-    /// free one.
-    pub async fn start_on(grpc_port: u16, http_port: u16) -> std::io::Result<Self> {
-        Self::listen(grpc_port, http_port, Options::default()).await
+        Self::start_on(0, 0, Options::default()).await
     }
 
     /// Listens on two free ports with `options`.
     pub async fn start_with(options: Options) -> std::io::Result<Self> {
-        Self::listen(0, 0, options).await
+        Self::start_on(0, 0, options).await
     }
 
-    async fn listen(grpc_port: u16, http_port: u16, options: Options) -> std::io::Result<Self> {
+    /// Listens on 127.0.0.1's `grpc_port` (OTLP/gRPC) and `http_port` (OTLP/HTTP) with
+    /// `options`; 0 picks a free port.
+    pub async fn start_on(grpc_port: u16, http_port: u16, options: Options) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             required_header: options.required_header.clone(),
             ..Shared::default()

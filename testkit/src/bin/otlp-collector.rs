@@ -19,12 +19,64 @@ struct Cli {
     /// Print only the traces that hold a span of this service (e.g. kube-apiserver)
     #[arg(long)]
     with_service: Option<String>,
+
+    /// Serve TLS on both ports with this certificate chain (PEM); needs --tls-key
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+
+    /// The key of --tls-cert (PEM)
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+
+    /// With TLS, require a client certificate signed by this CA (PEM)
+    #[arg(long, requires = "tls_cert")]
+    client_ca: Option<std::path::PathBuf>,
+
+    /// Refuse exports without this header, as NAME=VALUE (UNAUTHENTICATED, HTTP 401)
+    #[arg(long, value_name = "NAME=VALUE")]
+    require_header: Option<String>,
+}
+
+fn options(cli: &Cli) -> Result<testkit::otlp::Options, String> {
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|err| format!("{}: {err}", path.display()))
+    };
+    let tls = match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => Some(testkit::otlp::ServerTls {
+            cert: read(cert)?,
+            key: read(key)?,
+            client_ca: cli.client_ca.as_deref().map(read).transpose()?,
+        }),
+        _ => None,
+    };
+    let required_header = match &cli.require_header {
+        None => None,
+        Some(pair) => {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or("--require-header takes NAME=VALUE")?;
+            Some((name.trim().to_ascii_lowercase(), value.to_string()))
+        }
+    };
+    Ok(testkit::otlp::Options {
+        tls,
+        required_header,
+    })
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let collector = match testkit::otlp::Collector::start_on(cli.grpc_port, cli.http_port).await {
+    let options = match options(&cli) {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("{err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let collector = match testkit::otlp::Collector::start_on(cli.grpc_port, cli.http_port, options)
+        .await
+    {
         Ok(collector) => collector,
         Err(err) => {
             eprintln!(
@@ -35,7 +87,7 @@ async fn main() -> std::process::ExitCode {
         }
     };
     println!(
-        "OTLP/gRPC on {}, OTLP/HTTP on {}; Ctrl-C or SIGTERM prints the traces",
+        "OTLP/gRPC on {}, OTLP/HTTP on {}; Ctrl-C or SIGTERM prints the traces and what was refused",
         collector.grpc_endpoint(),
         collector.http_endpoint()
     );
@@ -61,6 +113,12 @@ async fn main() -> std::process::ExitCode {
         println!("\ntrace {trace}");
         print!("{}", testkit::otlp::waterfall(members));
     }
+    println!(
+        "\n{} export requests taken, {} refused for the header, {} gzip-compressed",
+        collector.requests(),
+        collector.unauthenticated(),
+        collector.compressed_requests()
+    );
     std::process::ExitCode::SUCCESS
 }
 
