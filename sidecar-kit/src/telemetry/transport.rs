@@ -174,9 +174,11 @@ fn client_config(
             let chain = certificates("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", certificate)?;
             let key = PrivateKeyDer::from_pem_file(key)
                 .map_err(|err| file_error("OTEL_EXPORTER_OTLP_CLIENT_KEY", key, err))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|err| TransportError::Tls(err.to_string()))?
+            // The certificate's own faults (an X.509 v1 certificate, a key of another) show
+            // here: named by its file.
+            builder.with_client_auth_cert(chain, key).map_err(|err| {
+                file_error("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", certificate, err)
+            })?
         }
         None => builder.with_no_client_auth(),
     };
