@@ -13,7 +13,8 @@
 //! `BENCH_ONLY=production|unlimited|default|idle|sources|capacity` runs one scenario and
 //! `BENCH_BIN` measures another build of the binary, `BENCH_TRACING_ENDPOINT` (an OTLP/HTTP
 //! collector, e.g. the test kit's `otlp-collector` on `http://127.0.0.1:4318`) runs it with
-//! every operation traced. `BENCH_ONLY=burst` (run only when asked)
+//! every operation traced, or as `BENCH_TRACING_SAMPLER` samples (`always_off`: on, none
+//! kept). `BENCH_ONLY=burst` (run only when asked)
 //! follows the resident memory through a burst at the default QPS: `BENCH_CLAIMS_DEFAULT_QPS`
 //! claims created, bound and deleted, then every 10 s for `BENCH_SETTLE` seconds (default 60);
 //! `BENCH_HOLD` (seconds) keeps the process running afterwards, for a look at its `/proc`.
@@ -154,11 +155,14 @@ impl Bench {
     fn spawn_with_env(&self, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Child {
         let bin = std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string());
         let mut command = Command::new(bin);
-        // Every operation traced and exported to the collector there.
+        // Every operation traced (or as BENCH_TRACING_SAMPLER says) and exported to the
+        // collector there.
         if let Ok(endpoint) = std::env::var("BENCH_TRACING_ENDPOINT") {
+            let sampler =
+                std::env::var("BENCH_TRACING_SAMPLER").unwrap_or_else(|_| "always_on".to_string());
             command
                 .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
-                .env("OTEL_TRACES_SAMPLER", "always_on");
+                .env("OTEL_TRACES_SAMPLER", sampler);
         }
         testkit::process::die_with_parent(&mut command);
         command

@@ -456,7 +456,9 @@ impl Service {
                     deadline,
                     relayed: &relayed,
                 };
-                let code = relay.run(driver_stream).await;
+                // Inside the call's span: a span ends at its last exit, and the call lasts as
+                // long as its stream.
+                let code = relay.run(driver_stream).instrument(call.clone()).await;
                 relayed.record(&call);
                 record_code(&call, code);
                 record_code(&tracing::Span::current(), code);

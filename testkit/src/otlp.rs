@@ -279,7 +279,11 @@ impl Collector {
 
     /// Listens on 127.0.0.1's `grpc_port` (OTLP/gRPC) and `http_port` (OTLP/HTTP) with
     /// `options`; 0 picks a free port.
-    pub async fn start_on(grpc_port: u16, http_port: u16, options: Options) -> std::io::Result<Self> {
+    pub async fn start_on(
+        grpc_port: u16,
+        http_port: u16,
+        options: Options,
+    ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             required_header: options.required_header.clone(),
             ..Shared::default()
@@ -598,6 +602,8 @@ fn draw(out: &mut String, spans: &[ReceivedSpan], span: &ReceivedSpan, start: u6
         "csi.name",
         "rpc.grpc.status_code",
         "http.response.status_code",
+        "csi.snapshot_metadata.blocks",
+        "csi.sidecar.interrupted",
     ]
     .iter()
     .filter_map(|key| span.attribute(key).map(|v| format!(" {key}={v}")))

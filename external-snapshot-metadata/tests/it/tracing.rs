@@ -22,13 +22,19 @@ async fn a_request_is_one_trace_from_the_client_through_the_sidecar_to_the_drive
         ..Start::default()
     })
     .await;
-    let volume = env.volume("vol-traced", 1 << 20).await;
-    env.mock.write_blocks(&volume, [1, 3, 4]).unwrap();
+    // More one-block messages than HTTP/2's windows hold (64 KiB), so that the relay waits on
+    // the client while it pauses.
+    const BLOCKS: u64 = 16_384;
+    let volume = env.volume("vol-traced", BLOCKS as i64 * BLOCK).await;
+    env.mock.write_blocks(&volume, 0..BLOCKS).unwrap();
     let handle = env.cut("snap-traced", &volume).await;
     env.snapshot("traced", &handle, DRIVER, None).await;
 
     let mut client = env.connect().await;
-    let mut request = tonic::Request::new(env.allocated("traced"));
+    // One block a message, the first read after a pause: the driver's stream lasts as long.
+    let mut asked = env.allocated("traced");
+    asked.max_results = 1;
+    let mut request = tonic::Request::new(asked);
     request.metadata_mut().insert(
         "traceparent",
         format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")
@@ -41,10 +47,11 @@ async fn a_request_is_one_trace_from_the_client_through_the_sidecar_to_the_drive
         .unwrap()
         .into_inner();
     let mut blocks = 0;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     while let Some(message) = stream.next().await {
-        blocks += message.unwrap().block_metadata.len();
+        blocks += message.unwrap().block_metadata.len() as u64;
     }
-    assert_eq!(blocks, 3);
+    assert_eq!(blocks, BLOCKS);
 
     let trace = collector
         .wait_for(WAIT, |spans| {
@@ -76,12 +83,25 @@ async fn a_request_is_one_trace_from_the_client_through_the_sidecar_to_the_drive
     let call = child("csi.v1.SnapshotMetadata/GetMetadataAllocated");
     assert_eq!(call.kind, 3);
     assert_eq!(call.attribute("rpc.grpc.status_code"), Some("0"));
-    assert_eq!(call.attribute("csi.snapshot_metadata.blocks"), Some("3"));
+    let count = BLOCKS.to_string();
+    assert_eq!(
+        call.attribute("csi.snapshot_metadata.blocks"),
+        Some(count.as_str())
+    );
+    assert_eq!(
+        call.attribute("csi.snapshot_metadata.messages"),
+        Some(count.as_str())
+    );
     assert_eq!(
         call.attribute("csi.snapshot_metadata.volume_bytes"),
-        Some((3 * BLOCK).to_string().as_str())
+        Some((BLOCKS as i64 * BLOCK).to_string().as_str())
     );
     assert_eq!(call.attribute("network.transport"), Some("unix"));
+    // The call lasts as long as its stream, which waited for the client's pause.
+    assert!(
+        call.duration() >= std::time::Duration::from_millis(400),
+        "{call:#?}"
+    );
     let told = env
         .mock
         .calls()

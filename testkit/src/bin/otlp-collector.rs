@@ -74,18 +74,17 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let collector = match testkit::otlp::Collector::start_on(cli.grpc_port, cli.http_port, options)
-        .await
-    {
-        Ok(collector) => collector,
-        Err(err) => {
-            eprintln!(
-                "cannot listen on ports {} and {}: {err}",
-                cli.grpc_port, cli.http_port
-            );
-            return std::process::ExitCode::FAILURE;
-        }
-    };
+    let collector =
+        match testkit::otlp::Collector::start_on(cli.grpc_port, cli.http_port, options).await {
+            Ok(collector) => collector,
+            Err(err) => {
+                eprintln!(
+                    "cannot listen on ports {} and {}: {err}",
+                    cli.grpc_port, cli.http_port
+                );
+                return std::process::ExitCode::FAILURE;
+            }
+        };
     println!(
         "OTLP/gRPC on {}, OTLP/HTTP on {}; Ctrl-C or SIGTERM prints the traces and what was refused",
         collector.grpc_endpoint(),
