@@ -5,6 +5,7 @@
 //! and ends when the client goes away.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -15,6 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
 use sidecar_kit::cluster::client::api_message;
 use sidecar_kit::driver::csi::{CsiClient, record_code, traced_call};
+use sidecar_kit::driver::endpoint::Endpoint;
 use sidecar_kit::pipeline::lock;
 use sidecar_kit::process::metrics::{CsiMetrics, code_label};
 use sidecar_kit::telemetry::propagate::server_span;
@@ -494,7 +496,7 @@ fn batches<M: Send + 'static>(
     answer: Result<tonic::Response<tonic::Streaming<M>>, Status>,
     call: tracing::Span,
     parts: fn(M) -> Batch,
-) -> Result<(DriverStream, tracing::Span), (Status, tracing::Span)> {
+) -> Opened {
     use futures::StreamExt;
     match answer {
         Ok(answer) => Ok((
@@ -508,14 +510,12 @@ fn batches<M: Send + 'static>(
     }
 }
 
-/// Opens the driver's stream for `ask`, with the client span of the call, which lasts as
-/// long as the stream (a disabled span when tracing is off).
-async fn open(
-    shared: &Shared,
-    ask: &Ask,
-    resolved: Resolved,
-    limit: Duration,
-) -> Result<(DriverStream, tracing::Span), (Status, tracing::Span)> {
+/// What opening a driver's stream gives: the stream, or why not, each with the client span of
+/// the call, which lasts as long as the stream (a disabled span when tracing is off).
+type Opened = Result<(DriverStream, tracing::Span), (Status, tracing::Span)>;
+
+/// Opens the driver's stream for `ask`.
+async fn open(shared: &Shared, ask: &Ask, resolved: Resolved, limit: Duration) -> Opened {
     let connection = shared.csi.connection();
     let mut client = SnapshotMetadataClient::new(connection.channel())
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
@@ -523,53 +523,68 @@ async fn open(
     let endpoint = connection.endpoint();
     match ask.method {
         Method::Allocated => {
-            let mut request = timed(
-                csi::GetMetadataAllocatedRequest {
-                    snapshot_id: resolved.handle,
-                    starting_offset: ask.starting_offset,
-                    max_results: ask.max_results,
-                    secrets,
+            let request = csi::GetMetadataAllocatedRequest {
+                snapshot_id: resolved.handle,
+                starting_offset: ask.starting_offset,
+                max_results: ask.max_results,
+                secrets,
+            };
+            traced_stream(
+                (ask.method, endpoint, limit),
+                request,
+                |request| client.get_metadata_allocated(request),
+                |m| {
+                    batch(
+                        m.block_metadata_type,
+                        m.volume_capacity_bytes,
+                        m.block_metadata,
+                    )
                 },
-                limit,
-            );
-            let call = traced_call(Method::Allocated.driver_method(), endpoint, &mut request);
-            let answer = client
-                .get_metadata_allocated(request)
-                .instrument(call.clone())
-                .await;
-            batches(answer, call, |m| {
-                batch(
-                    m.block_metadata_type,
-                    m.volume_capacity_bytes,
-                    m.block_metadata,
-                )
-            })
+            )
+            .await
         }
         Method::Delta => {
-            let mut request = timed(
-                csi::GetMetadataDeltaRequest {
-                    base_snapshot_id: ask.base.clone().unwrap_or_default(),
-                    target_snapshot_id: resolved.handle,
-                    starting_offset: ask.starting_offset,
-                    max_results: ask.max_results,
-                    secrets,
+            let request = csi::GetMetadataDeltaRequest {
+                base_snapshot_id: ask.base.clone().unwrap_or_default(),
+                target_snapshot_id: resolved.handle,
+                starting_offset: ask.starting_offset,
+                max_results: ask.max_results,
+                secrets,
+            };
+            traced_stream(
+                (ask.method, endpoint, limit),
+                request,
+                |request| client.get_metadata_delta(request),
+                |m| {
+                    batch(
+                        m.block_metadata_type,
+                        m.volume_capacity_bytes,
+                        m.block_metadata,
+                    )
                 },
-                limit,
-            );
-            let call = traced_call(Method::Delta.driver_method(), endpoint, &mut request);
-            let answer = client
-                .get_metadata_delta(request)
-                .instrument(call.clone())
-                .await;
-            batches(answer, call, |m| {
-                batch(
-                    m.block_metadata_type,
-                    m.volume_capacity_bytes,
-                    m.block_metadata,
-                )
-            })
+            )
+            .await
         }
     }
+}
+
+/// Sends `request` (bounded by `limit`) with `send` inside the call's span, its trace in the
+/// request's metadata; `parts` takes the answer's messages apart.
+async fn traced_stream<Req, M, Fut>(
+    (method, endpoint, limit): (Method, &Endpoint, Duration),
+    request: Req,
+    send: impl FnOnce(Request<Req>) -> Fut,
+    parts: fn(M) -> Batch,
+) -> Opened
+where
+    Req: prost::Message + prost::Name,
+    M: Send + 'static,
+    Fut: Future<Output = Result<tonic::Response<tonic::Streaming<M>>, Status>>,
+{
+    let mut request = timed(request, limit);
+    let call = traced_call(method.driver_method(), endpoint, &mut request);
+    let answer = send(request).instrument(call.clone()).await;
+    batches(answer, call, parts)
 }
 
 fn blocks(batch: &Batch) -> Vec<api::BlockMetadata> {
