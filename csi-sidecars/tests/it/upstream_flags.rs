@@ -78,6 +78,7 @@ const OURS_ONLY: [(&str, &str); 20] = [
     ),
     ("csi-node-driver-registrar", "tracing-config-file"),
     ("livenessprobe", "tracing-config-file"),
+    ("csi-snapshot-metadata", "tracing-config-file"),
 ];
 
 /// The names of a fixture: a line each, `#` starts a comment.
