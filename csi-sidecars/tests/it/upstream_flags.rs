@@ -43,7 +43,7 @@ const UPSTREAM: [(&str, &str); 8] = [
 ];
 
 /// Our flags upstream's binary lacks, and why.
-const OURS_ONLY: [(&str, &str); 20] = [
+const OURS_ONLY: [(&str, &str); 21] = [
     // Every controller releases its Lease on a graceful shutdown unless this says no (upstream:
     // the alpha gate ReleaseLeaderElectionOnExit, off by default).
     ("csi-provisioner", "leader-election-release-on-exit"),
