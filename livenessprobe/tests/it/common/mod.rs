@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: a minimal HTTP client and mock driver set-up.
 
 use std::net::SocketAddr;
+#[cfg(unix)]
 use std::time::Duration;
 
 use livenessprobe::flags::Cli;
