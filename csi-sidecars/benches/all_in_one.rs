@@ -6,6 +6,8 @@
 //! queued and has given back what it could (idle), then the same after `BENCH_OPS` (default
 //! 1000) claims provisioned, attached, expanded and snapshotted (at unlimited QPS, so that the
 //! run measures the processes, not the rate limit). Every pair is still bound at the end.
+//! `BENCH_ATTACHMENTS` (default 0) of the pairs' volumes are attached as a cluster in use holds
+//! them (a VolumeAttachment each, attached, published in the mock driver).
 //!
 //! `cargo bench -p csi-sidecars --bench all_in_one`; `BENCH_ONLY=separate|aio` runs one layout.
 //! `BENCH_BINS=$PWD/target/release` (after `cargo build --release --bins`) runs the five processes
@@ -97,7 +99,7 @@ struct World {
 }
 
 impl World {
-    async fn start(pairs: usize) -> (Self, Duration) {
+    async fn start(pairs: usize, attachments: usize) -> (Self, Duration) {
         let api = ApiServer::start_with(Options {
             pv_controller: true,
             snapshot_controller: true,
@@ -142,6 +144,10 @@ impl World {
             _dir: dir,
         };
         until("pairs bound", pairs, || world.bound_pairs()).await;
+        PAIRS
+            .attach(&world.api.client(), &world.mock, attachments, NODES)
+            .await
+            .expect("the volumes attached");
         (world, fill.elapsed())
     }
 
@@ -403,7 +409,8 @@ fn mib(kib: u64) -> String {
 }
 
 async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
-    let (world, fill) = World::start(pairs).await;
+    let attachments = env_usize("BENCH_ATTACHMENTS", 0).min(pairs);
+    let (world, fill) = World::start(pairs, attachments).await;
     let ticks = clock_ticks();
     let counters = world.api.counters();
     counters.reset();
@@ -437,6 +444,12 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
         .filter(|(k, _)| k.verb == Verb::List)
         .map(|(_, n)| n)
         .sum();
+    let lists_by_resource: Vec<String> = counters
+        .snapshot()
+        .iter()
+        .filter(|(k, _)| k.verb != Verb::Watch)
+        .map(|(k, n)| format!("{:?} {} {n}", k.verb, k.resource))
+        .collect();
     let watches: u64 = counters
         .snapshot()
         .iter()
@@ -463,14 +476,15 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
     let bound = world.bound_pairs().await;
     assert_eq!(bound, pairs + 1 + ops, "bound pairs after the run");
     println!(
-        "## {label}: {} process(es), {pairs} pairs (filled in {:.0} s)",
+        "## {label}: {} process(es), {pairs} pairs, {attachments} of them attached (filled in {:.0} s)",
         pids.len(),
         fill.as_secs_f64()
     );
     println!(
-        "start-up to a claim provisioned, attached, grown and snapshotted: {:.1} s, to every queue empty: {:.1} s more; lists {reads} (the benchmark's own included), watches {watches}",
+        "start-up to a claim provisioned, attached, grown and snapshotted: {:.1} s, to every queue empty: {:.1} s more; lists {reads}, watches {watches}; requests (the benchmark's own included): {}",
         ready.as_secs_f64(),
-        drained.as_secs_f64()
+        drained.as_secs_f64(),
+        lists_by_resource.join(", ")
     );
     println!(
         "RSS idle {} (anon {}, file {}); after {ops} of each operation {} (anon {}), peaks summed {}; CPU {:.1} s",

@@ -7,8 +7,12 @@
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+
+use crate::mockdriver::MockHandle;
+use crate::mockdriver::state::{AccessMode, AccessType, Capability, Publication, Volume};
 
 /// Requests at once while filling.
 const PARALLEL: usize = 64;
@@ -47,7 +51,7 @@ impl Pairs<'_> {
     ) -> Result<(), kube::Error> {
         let (driver, class) = (self.driver, self.class);
         let name = format!("pair-{i}");
-        let volume = format!("pvc-00000000-0000-0000-0000-{i:012}");
+        let volume = Self::volume_name(i);
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
             "metadata": {"name": name, "annotations": {
                 "volume.kubernetes.io/storage-provisioner": driver,
@@ -74,6 +78,85 @@ impl Pairs<'_> {
         .map_err(kube::Error::SerdeError)?;
         pvs.create(&PostParams::default(), &pv).await?;
         Ok(())
+    }
+
+    /// Attaches the volumes of pairs `0..count`, as a cluster with that many volumes in use
+    /// holds them: a VolumeAttachment `va-{i}` to node `node-{i % nodes}` (whose CSI node ID
+    /// is `nid-{i % nodes}`) with the attacher's finalizer and `attached: true`, the attacher's
+    /// finalizer on the volume, and the volume published to that node in `mock`.
+    pub async fn attach(
+        &self,
+        client: &kube::Client,
+        mock: &MockHandle,
+        count: usize,
+        nodes: usize,
+    ) -> Result<(), kube::Error> {
+        let finalizer = format!("external-attacher/{}", self.driver.replace('.', "-"));
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let vas: Api<VolumeAttachment> = Api::all(client.clone());
+        let nodes = nodes.max(1);
+        let capability = Capability {
+            access_mode: AccessMode::SingleNodeWriter,
+            access_type: AccessType::Mount {
+                fs_type: "ext4".to_string(),
+                mount_flags: Vec::new(),
+            },
+        };
+        mock.update_state(|state| {
+            for i in 0..count {
+                let handle = format!("vol-{i}");
+                let volume = state
+                    .volumes
+                    .entry(handle.clone())
+                    .or_insert_with(|| Volume {
+                        id: handle.clone(),
+                        name: handle,
+                        capacity_bytes: 1 << 30,
+                        ..Default::default()
+                    });
+                volume.published.insert(
+                    format!("nid-{}", i % nodes),
+                    Publication {
+                        readonly: false,
+                        capability: capability.clone(),
+                    },
+                );
+            }
+        })
+        .map_err(|err| kube::Error::Service(err.to_string().into()))?;
+        let made: Vec<Result<(), kube::Error>> = futures::stream::iter(0..count)
+            .map(|i| {
+                let (pvs, vas, finalizer) = (pvs.clone(), vas.clone(), finalizer.clone());
+                async move {
+                    let pv = Self::volume_name(i);
+                    let finalizers = json!({"metadata": {"finalizers": [
+                        "external-provisioner.volume.kubernetes.io/finalizer", finalizer]}});
+                    pvs.patch(&pv, &PatchParams::default(), &Patch::Merge(&finalizers))
+                        .await?;
+                    let name = format!("va-{i}");
+                    let va: VolumeAttachment = serde_json::from_value(json!({
+                        "metadata": {"name": name, "finalizers": [finalizer],
+                            "annotations": {"csi.alpha.kubernetes.io/node-id": format!("nid-{}", i % nodes)}},
+                        "spec": {"attacher": self.driver, "nodeName": format!("node-{}", i % nodes),
+                            "source": {"persistentVolumeName": pv}}
+                    }))
+                    .map_err(kube::Error::SerdeError)?;
+                    vas.create(&PostParams::default(), &va).await?;
+                    let status = json!({"status": {"attached": true}});
+                    vas.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                        .await?;
+                    Ok(())
+                }
+            })
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        made.into_iter().collect()
+    }
+
+    /// The name of pair `i`'s volume, as the provisioner names volumes.
+    fn volume_name(i: usize) -> String {
+        format!("pvc-00000000-0000-0000-0000-{i:012}")
     }
 
     /// How many claims of the namespace and volumes are bound (the smaller count): the pairs
