@@ -65,6 +65,10 @@ pub struct Index {
     nodes: HashMap<String, BTreeMap<String, String>>,
     /// VolumeAttachment name → (PV name, node name).
     attachments: HashMap<String, (String, String)>,
+    /// The same by PV: PV name → VolumeAttachment name → node name. Every PV's sync asks
+    /// whether it is attached: a scan of all attachments each time is quadratic at start-up
+    /// (100 000 PVs × 10 000 attachments).
+    attachments_by_pv: HashMap<String, BTreeMap<String, String>>,
     /// The claims without a volume that name each snapshot or claim as their data source.
     by_source: HashMap<SourceKey, BTreeSet<Arc<str>>>,
     /// VolumeSnapshots by namespace and name, when they are watched.
@@ -98,6 +102,7 @@ impl Index {
             csinodes: HashMap::new(),
             nodes: HashMap::new(),
             attachments: HashMap::new(),
+            attachments_by_pv: HashMap::new(),
             by_source: HashMap::new(),
             snapshots: HashMap::new(),
             grants: HashMap::new(),
@@ -141,13 +146,29 @@ impl Index {
         })
     }
 
-    /// The node of a VolumeAttachment naming `pv`, if any.
+    /// The node of a VolumeAttachment naming `pv`, if any (the first by name of the nodes).
     pub fn attached_to(&self, pv: &str) -> Option<String> {
-        self.attachments
-            .values()
-            .filter(|(name, _)| name == pv)
-            .map(|(_, node)| node.clone())
-            .min()
+        self.attachments_by_pv.get(pv)?.values().min().cloned()
+    }
+
+    fn link_attachment(&mut self, name: String, (pv, node): (String, String)) {
+        self.unlink_attachment(&name);
+        self.attachments_by_pv
+            .entry(pv.clone())
+            .or_default()
+            .insert(name.clone(), node.clone());
+        self.attachments.insert(name, (pv, node));
+    }
+
+    fn unlink_attachment(&mut self, name: &str) -> Option<(String, String)> {
+        let (pv, node) = self.attachments.remove(name)?;
+        if let Some(on_pv) = self.attachments_by_pv.get_mut(&pv) {
+            on_pv.remove(name);
+            if on_pv.is_empty() {
+                self.attachments_by_pv.remove(&pv);
+            }
+        }
+        Some((pv, node))
     }
 
     /// Claims without a volume, whatever their class.
@@ -531,7 +552,7 @@ impl Index {
     pub fn attachment_event(&mut self, change: Change<&VolumeAttachment>) -> Vec<Work> {
         let mut work = Vec::new();
         let detach = |index: &mut Self, name: &str, work: &mut Vec<Work>| {
-            if let Some((pv, _)) = index.attachments.remove(name)
+            if let Some((pv, _)) = index.unlink_attachment(name)
                 && let Some(view) = index.volumes.get(&pv)
             {
                 work.push(Work::Volume(view.name.clone()));
@@ -544,9 +565,7 @@ impl Index {
                     self.relists.attachments.saw(name.as_str());
                 }
                 match model::attachment_of(va) {
-                    Some(link) => {
-                        self.attachments.insert(name, link);
-                    }
+                    Some(link) => self.link_attachment(name, link),
                     None => detach(self, &name, &mut work),
                 }
             }
@@ -868,5 +887,26 @@ mod tests {
             vec![Work::Volume("a".into())]
         );
         assert_eq!(index.attached_to("a"), None);
+    }
+
+    #[test]
+    fn a_volume_attached_to_several_nodes_names_the_first_until_none_is_left() {
+        let mut index = Index::new("d");
+        index.volume_event(Change::Apply(&view(&pv("a", "1", "d"))));
+        let va = |name: &str, node: &str| -> VolumeAttachment {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"attacher": "d", "nodeName": node, "source": {"persistentVolumeName": "a"}}
+            }))
+            .unwrap()
+        };
+        index.attachment_event(Change::Apply(&va("va2", "n2")));
+        index.attachment_event(Change::Apply(&va("va1", "n1")));
+        assert_eq!(index.attached_to("a").as_deref(), Some("n1"));
+        index.attachment_event(Change::Delete(&va("va1", "n1")));
+        assert_eq!(index.attached_to("a").as_deref(), Some("n2"));
+        index.attachment_event(Change::Delete(&va("va2", "n2")));
+        assert_eq!(index.attached_to("a"), None);
+        assert!(index.attachments_by_pv.is_empty());
     }
 }
