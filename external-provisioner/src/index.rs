@@ -63,12 +63,12 @@ pub struct Index {
     /// The driver's topology keys per CSINode (empty: the driver is not registered there).
     csinodes: HashMap<String, Vec<String>>,
     nodes: HashMap<String, BTreeMap<String, String>>,
-    /// VolumeAttachment name → (PV name, node name).
-    attachments: HashMap<String, (String, String)>,
-    /// The same by PV: PV name → VolumeAttachment name → node name. Every PV's sync asks
-    /// whether it is attached: a scan of all attachments each time is quadratic at start-up
-    /// (100 000 PVs × 10 000 attachments).
-    attachments_by_pv: HashMap<String, BTreeMap<String, String>>,
+    /// VolumeAttachment name → the PV it names.
+    attachments: HashMap<Arc<str>, Arc<str>>,
+    /// By PV: the VolumeAttachments naming it and their nodes. Every PV's sync asks whether it
+    /// is attached: a scan of all attachments each time was quadratic at start-up (100 000
+    /// PVs × 10 000 attachments).
+    attachments_by_pv: HashMap<Arc<str>, Vec<(Arc<str>, Arc<str>)>>,
     /// The claims without a volume that name each snapshot or claim as their data source.
     by_source: HashMap<SourceKey, BTreeSet<Arc<str>>>,
     /// VolumeSnapshots by namespace and name, when they are watched.
@@ -148,27 +148,35 @@ impl Index {
 
     /// The node of a VolumeAttachment naming `pv`, if any (the first by name of the nodes).
     pub fn attached_to(&self, pv: &str) -> Option<String> {
-        self.attachments_by_pv.get(pv)?.values().min().cloned()
+        let attachments = self.attachments_by_pv.get(pv)?;
+        attachments
+            .iter()
+            .map(|(_, node)| node)
+            .min()
+            .map(|node| node.to_string())
     }
 
-    fn link_attachment(&mut self, name: String, (pv, node): (String, String)) {
-        self.unlink_attachment(&name);
+    fn link_attachment(&mut self, name: &str, (pv, node): (String, String)) {
+        self.unlink_attachment(name);
+        let name: Arc<str> = name.into();
+        let pv: Arc<str> = pv.into();
         self.attachments_by_pv
             .entry(pv.clone())
             .or_default()
-            .insert(name.clone(), node.clone());
-        self.attachments.insert(name, (pv, node));
+            .push((name.clone(), node.into()));
+        self.attachments.insert(name, pv);
     }
 
-    fn unlink_attachment(&mut self, name: &str) -> Option<(String, String)> {
-        let (pv, node) = self.attachments.remove(name)?;
+    /// Forgets the VolumeAttachment `name`; the PV it named.
+    fn unlink_attachment(&mut self, name: &str) -> Option<Arc<str>> {
+        let pv = self.attachments.remove(name)?;
         if let Some(on_pv) = self.attachments_by_pv.get_mut(&pv) {
-            on_pv.remove(name);
+            on_pv.retain(|(va, _)| &**va != name);
             if on_pv.is_empty() {
                 self.attachments_by_pv.remove(&pv);
             }
         }
-        Some((pv, node))
+        Some(pv)
     }
 
     /// Claims without a volume, whatever their class.
@@ -552,7 +560,7 @@ impl Index {
     pub fn attachment_event(&mut self, change: Change<&VolumeAttachment>) -> Vec<Work> {
         let mut work = Vec::new();
         let detach = |index: &mut Self, name: &str, work: &mut Vec<Work>| {
-            if let Some((pv, _)) = index.unlink_attachment(name)
+            if let Some(pv) = index.unlink_attachment(name)
                 && let Some(view) = index.volumes.get(&pv)
             {
                 work.push(Work::Volume(view.name.clone()));
@@ -565,7 +573,7 @@ impl Index {
                     self.relists.attachments.saw(name.as_str());
                 }
                 match model::attachment_of(va) {
-                    Some(link) => self.link_attachment(name, link),
+                    Some(link) => self.link_attachment(&name, link),
                     None => detach(self, &name, &mut work),
                 }
             }
