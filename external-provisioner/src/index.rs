@@ -68,7 +68,7 @@ pub struct Index {
     /// By PV: the VolumeAttachments naming it and their nodes. Every PV's sync asks whether it
     /// is attached: a scan of all attachments each time was quadratic at start-up (100 000
     /// PVs × 10 000 attachments).
-    attachments_by_pv: HashMap<Arc<str>, Vec<(Arc<str>, Arc<str>)>>,
+    attachments_by_pv: HashMap<Arc<str>, Vec<Attachment>>,
     /// The claims without a volume that name each snapshot or claim as their data source.
     by_source: HashMap<SourceKey, BTreeSet<Arc<str>>>,
     /// VolumeSnapshots by namespace and name, when they are watched.
@@ -89,6 +89,9 @@ fn stale(candidate: &str, stored: &str) -> bool {
         _ => false,
     }
 }
+
+/// A VolumeAttachment's name and node.
+type Attachment = (Arc<str>, Arc<str>);
 
 impl Index {
     pub fn new(driver: &str) -> Self {
