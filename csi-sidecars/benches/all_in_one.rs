@@ -7,7 +7,9 @@
 //! 1000) claims provisioned, attached, expanded and snapshotted (at unlimited QPS, so that the
 //! run measures the processes, not the rate limit). Every pair is still bound at the end.
 //! `BENCH_ATTACHMENTS` (default 0) of the pairs' volumes are attached as a cluster in use holds
-//! them (a VolumeAttachment each, attached, published in the mock driver).
+//! them (a VolumeAttachment each, attached, published in the mock driver), and
+//! `BENCH_SNAPSHOTS` (default 0) of them snapshotted (a ready, retained content each and its
+//! bound VolumeSnapshot).
 //!
 //! `cargo bench -p csi-sidecars --bench all_in_one`; `BENCH_ONLY=separate|aio` runs one layout.
 //! `BENCH_BINS=$PWD/target/release` (after `cargo build --release --bins`) runs the five processes
@@ -99,7 +101,7 @@ struct World {
 }
 
 impl World {
-    async fn start(pairs: usize, attachments: usize) -> (Self, Duration) {
+    async fn start(pairs: usize, attachments: usize, snapshots: usize) -> (Self, Duration) {
         let api = ApiServer::start_with(Options {
             pv_controller: true,
             snapshot_controller: true,
@@ -148,6 +150,10 @@ impl World {
             .attach(&world.api.client(), &world.mock, attachments, NODES)
             .await
             .expect("the volumes attached");
+        PAIRS
+            .snapshots(&world.api.client(), &world.mock, snapshots, SNAPSHOT_CLASS)
+            .await
+            .expect("the snapshots made");
         (world, fill.elapsed())
     }
 
@@ -410,7 +416,8 @@ fn mib(kib: u64) -> String {
 
 async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
     let attachments = env_usize("BENCH_ATTACHMENTS", 0).min(pairs);
-    let (world, fill) = World::start(pairs, attachments).await;
+    let snapshots = env_usize("BENCH_SNAPSHOTS", 0).min(pairs);
+    let (world, fill) = World::start(pairs, attachments, snapshots).await;
     let ticks = clock_ticks();
     let counters = world.api.counters();
     counters.reset();
@@ -476,7 +483,7 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
     let bound = world.bound_pairs().await;
     assert_eq!(bound, pairs + 1 + ops, "bound pairs after the run");
     println!(
-        "## {label}: {} process(es), {pairs} pairs, {attachments} of them attached (filled in {:.0} s)",
+        "## {label}: {} process(es), {pairs} pairs, {attachments} of them attached, {snapshots} snapshotted (filled in {:.0} s)",
         pids.len(),
         fill.as_secs_f64()
     );

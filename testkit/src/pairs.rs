@@ -8,11 +8,13 @@
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use serde_json::json;
 
 use crate::mockdriver::MockHandle;
-use crate::mockdriver::state::{AccessMode, AccessType, Capability, Publication, Volume};
+use crate::mockdriver::state::{AccessMode, AccessType, Capability, Publication, Snapshot, Volume};
 
 /// Requests at once while filling.
 const PARALLEL: usize = 64;
@@ -145,6 +147,93 @@ impl Pairs<'_> {
                     let status = json!({"status": {"attached": true}});
                     vas.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                         .await?;
+                    Ok(())
+                }
+            })
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        made.into_iter().collect()
+    }
+
+    /// Snapshots of the volumes of pairs `0..count`, as a cluster that keeps backups holds them:
+    /// a ready VolumeSnapshotContent `content-{i}` of snapshot `snap-{i}` (which `mock` has),
+    /// of `snapshot_class`, retained, and the VolumeSnapshot `snap-{i}` bound to it (the test
+    /// kit's snapshot controller binds them).
+    pub async fn snapshots(
+        &self,
+        client: &kube::Client,
+        mock: &MockHandle,
+        count: usize,
+        snapshot_class: &str,
+    ) -> Result<(), kube::Error> {
+        let resource = |kind: &str, plural: &str| {
+            ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind),
+                plural,
+            )
+        };
+        let contents: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+        );
+        let snapshots: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            self.namespace,
+            &resource("VolumeSnapshot", "volumesnapshots"),
+        );
+        const CUT_AT: i64 = 1_700_000_000;
+        mock.update_state(|state| {
+            for i in 0..count {
+                let id = format!("snap-{i}");
+                state.snapshots.insert(
+                    id.clone(),
+                    Snapshot {
+                        id: id.clone(),
+                        name: id,
+                        source_volume_id: format!("vol-{i}"),
+                        size_bytes: 1 << 30,
+                        creation_seconds: CUT_AT,
+                        creation_nanos: 0,
+                        answers: 1,
+                        group_snapshot_id: String::new(),
+                    },
+                );
+            }
+        })
+        .map_err(|err| kube::Error::Service(err.to_string().into()))?;
+        let made: Vec<Result<(), kube::Error>> = futures::stream::iter(0..count)
+            .map(|i| {
+                let (contents, snapshots) = (contents.clone(), snapshots.clone());
+                async move {
+                    let content = format!("content-{i}");
+                    let snapshot = format!("snap-{i}");
+                    let object: DynamicObject = serde_json::from_value(json!({
+                        "apiVersion": "snapshot.storage.k8s.io/v1",
+                        "kind": "VolumeSnapshotContent",
+                        "metadata": {"name": content},
+                        "spec": {"deletionPolicy": "Retain", "driver": self.driver,
+                            "source": {"snapshotHandle": snapshot},
+                            "volumeSnapshotClassName": snapshot_class,
+                            "volumeSnapshotRef": {"kind": "VolumeSnapshot",
+                                "name": snapshot, "namespace": self.namespace}}
+                    }))
+                    .map_err(kube::Error::SerdeError)?;
+                    contents.create(&PostParams::default(), &object).await?;
+                    let status = json!({"status": {"readyToUse": true, "snapshotHandle": snapshot,
+                        "restoreSize": 1i64 << 30, "creationTime": CUT_AT * 1_000_000_000}});
+                    contents
+                        .patch_status(&content, &PatchParams::default(), &Patch::Merge(&status))
+                        .await?;
+                    let object: DynamicObject = serde_json::from_value(json!({
+                        "apiVersion": "snapshot.storage.k8s.io/v1",
+                        "kind": "VolumeSnapshot",
+                        "metadata": {"name": snapshot},
+                        "spec": {"volumeSnapshotClassName": snapshot_class,
+                            "source": {"volumeSnapshotContentName": content}}
+                    }))
+                    .map_err(kube::Error::SerdeError)?;
+                    snapshots.create(&PostParams::default(), &object).await?;
                     Ok(())
                 }
             })
