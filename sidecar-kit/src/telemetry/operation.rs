@@ -234,11 +234,6 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
                 .and_then(|mut described| described.as_mut().map(|set| set.remove(&id)))
                 .unwrap_or(false)
         });
-        if failures > 0 {
-            pass.span.set_status(opentelemetry::trace::Status::error(
-                "the operation failed; it is retried",
-            ));
-        }
         if !described && failures == 0 {
             pass.span.set_attribute(IDLE, true);
             if pass.first.is_none() {
@@ -250,6 +245,10 @@ impl<K: Clone + Eq + Hash + Debug> Retries<K> {
         let sampled = context.span().span_context().is_sampled();
         if sampled {
             super::attribute_work_done();
+            if failures > 0 {
+                pass.span
+                    .set_status(Status::error("the operation failed; it is retried"));
+            }
         }
         if let Some(failed_at) = pass.failed_at
             && sampled
