@@ -43,7 +43,7 @@ const UPSTREAM: [(&str, &str); 8] = [
 ];
 
 /// Our flags upstream's binary lacks, and why.
-const OURS_ONLY: [(&str, &str); 21] = [
+const OURS_ONLY: [(&str, &str); 26] = [
     // Every controller releases its Lease on a graceful shutdown unless this says no (upstream:
     // the alpha gate ReleaseLeaderElectionOnExit, off by default).
     ("csi-provisioner", "leader-election-release-on-exit"),
@@ -53,6 +53,15 @@ const OURS_ONLY: [(&str, &str); 21] = [
     (
         "csi-external-health-monitor-controller",
         "leader-election-release-on-exit",
+    ),
+    // A standby replica may keep its caches synced, so that a failover costs only the Lease.
+    ("csi-provisioner", "leader-election-warm-standby"),
+    ("csi-attacher", "leader-election-warm-standby"),
+    ("csi-resizer", "leader-election-warm-standby"),
+    ("csi-snapshotter", "leader-election-warm-standby"),
+    (
+        "csi-external-health-monitor-controller",
+        "leader-election-warm-standby",
     ),
     // The registrar waits for a slow driver instead of crash-looping, and re-creates a
     // deleted registration socket.

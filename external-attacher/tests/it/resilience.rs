@@ -79,6 +79,7 @@ fn election(env: &Env, identity: &str) -> ElectionConfig {
         labels: BTreeMap::new(),
         release_on_exit: false,
         event_source: format!("external-attacher-leader-{}/{identity}", env.driver),
+        warm_standby: false,
     }
 }
 

@@ -132,6 +132,9 @@ pub struct ElectionConfig {
     pub release_on_exit: bool,
     /// The component the Event of a won election is from ([`event_source`]).
     pub event_source: String,
+    /// Whether the controllers run (watch, index, queue) while they wait for the Lease, and
+    /// only their acting waits for it (see [`crate::pipeline::leading`]).
+    pub warm_standby: bool,
 }
 
 impl ElectionConfig {
@@ -148,6 +151,7 @@ impl ElectionConfig {
             labels: flags.leader_election_labels.0.iter().cloned().collect(),
             release_on_exit: flags.leader_election_release_on_exit,
             event_source: event_source(lock_name),
+            warm_standby: flags.leader_election_warm_standby,
         };
         config.validate()?;
         Ok(config)
@@ -204,6 +208,10 @@ pub fn decide(spec: &LeaseSpec, identity: &str, since_change: Duration) -> Decis
         transitions: transitions + 1,
     }
 }
+
+/// How long after a Lease's expiry a candidate tries to take it: past it for sure, however the
+/// timer fires.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(20);
 
 #[derive(Debug)]
 struct Observed {
@@ -348,6 +356,11 @@ impl LeaderElector {
         self
     }
 
+    /// Whether its controllers run while it waits (`--leader-election-warm-standby`).
+    pub fn warm_standby(&self) -> bool {
+        self.config.warm_standby
+    }
+
     pub fn health(&self) -> LeaderHealth {
         LeaderHealth {
             observed: self.observed.clone(),
@@ -467,7 +480,9 @@ impl LeaderElector {
             if self.try_acquire_or_renew().await {
                 return true;
             }
-            let pause = jittered(self.config.retry_period);
+            // A Lease held by a replica that stopped renewing is taken as soon as it expires,
+            // not up to a retry period later: that wait would be most of a failover.
+            let pause = jittered(self.config.retry_period).min(self.until_expiry());
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
                 _ = tokio::time::sleep(pause) => {}
@@ -612,6 +627,19 @@ impl LeaderElector {
         let mut labels = existing.unwrap_or_default();
         labels.extend(self.config.labels.clone());
         Some(labels)
+    }
+
+    /// How long until the Lease last read expires as [`decide`] judges it, and a little more
+    /// so that it has; a retry period when nothing was read.
+    fn until_expiry(&self) -> Duration {
+        let Ok(o) = self.observed.lock() else {
+            return self.config.retry_period;
+        };
+        let Some(spec) = o.spec.as_ref() else {
+            return self.config.retry_period;
+        };
+        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+        (o.changed_at + duration + EXPIRY_MARGIN).saturating_duration_since(Instant::now())
     }
 
     /// Remembers the record read; returns how long ago it last changed as we saw it.
@@ -786,6 +814,7 @@ mod tests {
             labels: BTreeMap::new(),
             release_on_exit: true,
             event_source: "l/me".into(),
+            warm_standby: false,
         };
         assert!(config.validate().is_ok());
         config.renew_deadline = Duration::from_secs(6);

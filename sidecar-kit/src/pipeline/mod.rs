@@ -3,6 +3,7 @@
 //! queues. A sidecar configures one [`Pipeline`] with its watches and worker pools and keeps
 //! its own decisions; this module knows nothing of what the keys mean.
 
+pub mod leading;
 pub mod views;
 pub mod viewtable;
 pub mod watches;
@@ -25,6 +26,7 @@ use tracing::Instrument;
 
 use crate::cluster::events::{Recorder, Reporter};
 use crate::cluster::journal::JournalMetrics;
+use crate::pipeline::leading::Leadership;
 use crate::pipeline::views::{Needs, View};
 use crate::pipeline::watches::{Subscription, Synced, WatchHub};
 use crate::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
@@ -274,6 +276,8 @@ pub struct Pipeline {
     stopping: CancellationToken,
     /// The service its operations' traces are exported under (the binary's name).
     service: Option<Arc<str>>,
+    /// What it waits for between its caches' sync and its start: the task's at its making.
+    leadership: Leadership,
 }
 
 impl Default for Pipeline {
@@ -301,6 +305,7 @@ impl Pipeline {
             stops: Vec::new(),
             stopping: CancellationToken::new(),
             service: None,
+            leadership: Leadership::current(),
         }
     }
 
@@ -529,20 +534,33 @@ impl Pipeline {
         self.workers.spawn(task);
     }
 
-    /// Runs the pipeline until `shutdown`: once every watch has listed, `start` adds the
-    /// workers and periodic tasks (it is given `shutdown`, for tasks of its own); then it
-    /// [`stop`](Self::stop)s. A shutdown before the watches synced stops it without starting
-    /// anything.
+    /// Runs the pipeline until `shutdown`: once every watch has listed and the process leads
+    /// (see [`leading`]), `start` adds the workers and periodic tasks (it is given `shutdown`,
+    /// for tasks of its own); then it [`stop`](Self::stop)s. A shutdown before that stops it
+    /// without starting anything.
     pub async fn run(
         mut self,
         shutdown: &CancellationToken,
         start: impl AsyncFnOnce(&mut Self, CancellationToken),
     ) {
-        if self.wait_synced(shutdown).await {
+        if self.wait_synced(shutdown).await && self.wait_leading(shutdown).await {
             start(&mut self, shutdown.clone()).await;
             shutdown.cancelled().await;
         }
         self.stop().await;
+    }
+
+    /// Waits until the process leads; `false` if `shutdown` came first.
+    async fn wait_leading(&mut self, shutdown: &CancellationToken) -> bool {
+        if self.leadership.leads() {
+            return true;
+        }
+        tracing::info!("caches synced; standing by until this replica leads");
+        let leads = self.leadership.wait(shutdown).await;
+        if leads {
+            tracing::info!("leading: starting work from the synced caches");
+        }
+        leads
     }
 
     /// Stops taking work: queues shut down, watches end, and the workers finish the operation

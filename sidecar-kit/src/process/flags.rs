@@ -513,6 +513,13 @@ pub struct LeaderElectionFlags {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
           default_value = "true", value_parser = parse_go_bool)]
     pub leader_election_release_on_exit: bool,
+
+    /// While another replica leads, watch and index everything (one watch per kind, as the
+    /// leader does) and act only once the Lease is won, so that a failover costs the Lease and
+    /// no list
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value = "false", value_parser = parse_go_bool)]
+    pub leader_election_warm_standby: bool,
 }
 
 /// The flags upstream's csi-lib-utils registers for the provisioner and the attacher.

@@ -17,6 +17,7 @@ use crate::cluster::client::Connections;
 use crate::cluster::journal::JournalMetrics;
 use crate::cluster::leader::{self, ElectionConfig, LeaderElector, LeaderMetrics};
 use crate::driver::csi::CsiClient;
+use crate::pipeline::leading::Leadership;
 use crate::pipeline::watches::WatchHub;
 use crate::pipeline::workqueue::WorkQueueMetrics;
 use crate::process::http::{HttpError, HttpPlan, Routes};
@@ -162,13 +163,29 @@ pub fn consolidate(controllers: Vec<Controller>, lock: &str) -> Vec<Controller> 
         .collect();
     let election = (client.clone(), config.clone());
     others.push(Controller::new(CONSOLIDATED, Some(election), move |leading| async move {
-        if let Err(err) = consolidated::take_over(&client, &config, &legacy).await {
-            tracing::error!(error = %err, "cannot run the controllers under the consolidated Lease");
-            return;
-        }
-        if let Err(err) = supervise(runs, leading).await {
-            tracing::error!(error = %err, "a controller under the consolidated Lease stopped");
-        }
+        // A warm standby runs the controllers while it waits; they act once the single
+        // sidecars' Leases are taken over as well.
+        let mut won = Leadership::current();
+        let (taken_over, leadership) = Leadership::gated();
+        let stop = leading.child_token();
+        let take_over = async {
+            if !won.wait(&leading).await {
+                return;
+            }
+            match consolidated::take_over(&client, &config, &legacy).await {
+                Ok(()) => taken_over.open(),
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot run the controllers under the consolidated Lease");
+                    stop.cancel();
+                }
+            }
+        };
+        let controllers = async {
+            if let Err(err) = leadership.scope(supervise(runs, stop.clone())).await {
+                tracing::error!(error = %err, "a controller under the consolidated Lease stopped");
+            }
+        };
+        futures::join!(take_over, controllers);
     }));
     others
 }
@@ -235,6 +252,54 @@ pub async fn supervise(
 /// to the next leader (a create call to the intent journal).
 pub const DRAIN: Duration = Duration::from_secs(5);
 
+/// Runs a warm standby's controller at once, behind a gate that `elector` opens once it wins
+/// the Lease (see [`crate::pipeline::leading`]); returns as [`LeaderElector::run`] does. A
+/// controller that ends while it stands by ends the election too.
+async fn stand_by(
+    elector: LeaderElector,
+    shutdown: CancellationToken,
+    run: Run,
+) -> Result<(), leader::LeaderError> {
+    let (gate, leadership) = Leadership::gated();
+    let watcher = leadership.clone();
+    let stop = shutdown.child_token();
+    let finished = CancellationToken::new();
+    // Polled here rather than spawned, so that it ends with the election.
+    let work = async {
+        leadership.scope(run(stop.clone())).await;
+        finished.cancel();
+    };
+    let (lead_stop, lead_finished) = (stop.clone(), finished.clone());
+    let election = elector.run(shutdown, move |leading| async move {
+        gate.open();
+        tokio::select! {
+            _ = leading.cancelled() => lead_stop.cancel(),
+            _ = lead_finished.cancelled() => {}
+        }
+        lead_finished.cancelled().await;
+    });
+    tokio::pin!(work, election);
+    let mut worked = false;
+    let result = loop {
+        tokio::select! {
+            result = &mut election => break result,
+            // Having led, the election ends once the work has, releasing the Lease.
+            _ = &mut work, if !worked => {
+                worked = true;
+                if !watcher.leads() {
+                    break Ok(());
+                }
+            }
+        }
+    };
+    stop.cancel();
+    if result.is_ok() && !worked {
+        // In-flight work finishes; after a lost Lease the caller drains the rest instead.
+        work.await;
+    }
+    result
+}
+
 /// Each controller stops with the process, or makes the process stop: once one ends first, the
 /// others are stopped and given [`DRAIN`] before they are abandoned.
 async fn run_all(
@@ -243,10 +308,15 @@ async fn run_all(
 ) -> Result<(), HostError> {
     let stop = shutdown.child_token();
     let mut running = JoinSet::new();
+    // Controllers run under a consolidated Lease wait for it as their parent does.
+    let leadership = Leadership::current();
     for (name, elector, run) in electors {
         let token = stop.clone();
-        running.spawn(async move {
+        running.spawn(leadership.clone().scope(async move {
             let result = match elector {
+                Some(elector) if elector.warm_standby() => {
+                    stand_by(elector, token, run).await.map_err(HostError::from)
+                }
                 Some(elector) => elector.run(token, run).await.map_err(HostError::from),
                 None => {
                     run(token).await;
@@ -254,7 +324,7 @@ async fn run_all(
                 }
             };
             (name, result)
-        });
+        }));
     }
     let mut outcome = Ok(());
     let mut drain_until = None;

@@ -31,6 +31,7 @@ fn config(cluster: &TestCluster, identity: &str) -> ElectionConfig {
         labels: BTreeMap::from([("app".to_string(), "csi-attacher".to_string())]),
         release_on_exit: true,
         event_source: format!("external-attacher-leader-mock.csi.example.com/{identity}"),
+        warm_standby: false,
     }
 }
 
