@@ -1,19 +1,26 @@
-//! The controller pod's five sidecars of one driver (provisioner, attacher, resizer,
-//! snapshotter, livenessprobe) as five processes and as one all-in-one process
-//! (`--controllers=*,livenessprobe`), each layout against an API server of its own that holds
-//! `BENCH_PAIRS` (default 50000) bound PVC+PV pairs: lists and watches at start-up, resident
-//! memory once every controller has done its first operation, has worked off what start-up
-//! queued and has given back what it could (idle), then the same after `BENCH_OPS` (default
-//! 1000) claims provisioned, attached, expanded and snapshotted (at unlimited QPS, so that the
-//! run measures the processes, not the rate limit). Every pair is still bound at the end.
-//! `BENCH_ATTACHMENTS` (default 0) of the pairs' volumes are attached as a cluster in use holds
-//! them (a VolumeAttachment each, attached, published in the mock driver), and
-//! `BENCH_SNAPSHOTS` (default 0) of them snapshotted (a ready, retained content each and its
-//! bound VolumeSnapshot).
+//! The controller pod's six sidecars of one driver (provisioner, attacher, resizer,
+//! snapshotter, health monitor, livenessprobe) as six processes and as one all-in-one process
+//! (`--controllers=*,health-monitor,livenessprobe`), each layout against an
+//! API server of its own that holds `BENCH_PAIRS` (default 50000) bound PVC+PV pairs: lists and
+//! watches at start-up, the time from start to the first claim provisioned (the claim waits for
+//! the processes: a cold start), resident memory once every controller has done its first
+//! operation, has worked off what start-up queued and has given back what it could (idle), then
+//! the same after `BENCH_OPS` (default 1000) claims provisioned, attached, expanded and
+//! snapshotted (at unlimited QPS, so that the run measures the processes, not the rate limit).
+//! Every pair is still bound at the end. `BENCH_ATTACHMENTS` (default 0) of the pairs' volumes
+//! are attached as a cluster in use holds them (a VolumeAttachment each, attached, published in
+//! the mock driver), and `BENCH_SNAPSHOTS` (default 0) of them snapshotted (a ready, retained
+//! content each and its bound VolumeSnapshot).
+//!
+//! `BENCH_FAILOVER=1` runs the all-in-one process under leader election with a warm standby
+//! beside it (a host name of its own, in a UTS namespace: `unshare` must be able to make one),
+//! kills the leader with SIGKILL and times the next claim's provisioning from the kill. The
+//! all-in-one figures are compared with `benches/baseline.txt` when its population is the same
+//! (`BENCH_WRITE_BASELINE=1` rewrites it).
 //!
 //! `cargo bench -p csi-sidecars --bench all_in_one`; `BENCH_ONLY=separate|aio` runs one layout.
-//! `BENCH_BINS=$PWD/target/release` (after `cargo build --release --bins`) runs the five processes
-//! from the single binaries, as five images would; without it they are the multi-call binary,
+//! `BENCH_BINS=$PWD/target/release` (after `cargo build --release --bins`) runs the six processes
+//! from the single binaries, as six images would; without it they are the multi-call binary,
 //! whose code pages then count in each process's RSS. `BENCH_WRAPPER` (e.g. `heaptrack -o
 //! FILE`) starts the all-in-one process under a profiler; its figures are then the profiler's.
 
@@ -48,6 +55,13 @@ const PAIRS: Pairs = Pairs {
     namespace: NAMESPACE,
 };
 const PARALLEL: usize = 64;
+/// The leader election of the all-in-one process when `BENCH_FAILOVER` asks for a standby
+/// (upstream's default Lease timings).
+const ELECTION: [&str; 3] = [
+    "--leader-election",
+    "--leader-election-warm-standby",
+    "--leader-election-namespace=default",
+];
 /// Longest wait for one phase.
 const WAIT_LIMIT: Duration = Duration::from_secs(900);
 
@@ -93,6 +107,14 @@ where
     }
 }
 
+/// How a sidecar process is started besides its selection: extra flags, and a host name of its
+/// own (`None`: the machine's).
+#[derive(Default)]
+struct Replica {
+    args: Vec<String>,
+    host: Option<String>,
+}
+
 /// One layout's world: an API server with the pairs, the classes and nodes, and the driver.
 struct World {
     api: ApiServer,
@@ -112,6 +134,8 @@ impl World {
         let dir = tempfile::tempdir().expect("a directory");
         let mock = MockDriver::builder()
             .driver_name(DRIVER)
+            // The health monitor asks for volume conditions.
+            .volume_condition(true)
             // Room for every operation's volume grown to 2 GiB (the default pool is smaller).
             .total_capacity(1 << 50)
             .call_log_limit(16)
@@ -157,6 +181,34 @@ impl World {
         (world, fill.elapsed())
     }
 
+    /// A claim of the class named `name`, labelled `bench=name`.
+    async fn claim(&self, name: &str) {
+        create(
+            &Api::<PersistentVolumeClaim>::namespaced(self.api.client(), NAMESPACE),
+            json!({"metadata": {"name": name, "labels": {"bench": name}}, "spec": {
+                "accessModes": ["ReadWriteOnce"], "storageClassName": CLASS,
+                "resources": {"requests": {"storage": "1Gi"}}}}),
+        )
+        .await;
+    }
+
+    /// When the claim `name` was first seen bound (polled every 20 ms, at most [`WAIT_LIMIT`]).
+    async fn until_bound(&self, name: &str) -> Instant {
+        let pvcs = Api::<PersistentVolumeClaim>::namespaced(self.api.client(), NAMESPACE);
+        let start = Instant::now();
+        loop {
+            let claim = pvcs.get(name).await.expect("the claim read");
+            if claim.status.and_then(|s| s.phase).as_deref() == Some("Bound") {
+                return Instant::now();
+            }
+            assert!(
+                start.elapsed() < WAIT_LIMIT,
+                "{name} not bound after {WAIT_LIMIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn bound_pairs(&self) -> usize {
         PAIRS
             .bound(&self.api.client())
@@ -166,13 +218,14 @@ impl World {
 
     /// A sidecar process: `first` names the sidecar or the selection; every controller without
     /// a rate limit and without leader election.
-    fn spawn(&self, first: &str, port: u16) -> Child {
+    fn spawn(&self, first: &str, port: u16, replica: &Replica) -> Child {
         let single = match first {
             "provisioner" => Some("csi-provisioner"),
             "attacher" => Some("csi-attacher"),
             "resizer" => Some("csi-resizer"),
             "snapshotter" => Some("csi-snapshotter"),
             "livenessprobe" => Some("livenessprobe"),
+            "external-health-monitor-controller" => Some("csi-external-health-monitor-controller"),
             _ => None,
         };
         let bins = std::env::var_os("BENCH_BINS").map(std::path::PathBuf::from);
@@ -186,15 +239,24 @@ impl World {
             .ok()
             .filter(|_| single.is_none());
         let mut words = wrapper.iter().flat_map(|w| w.split_whitespace());
-        let mut command = match words.next() {
-            Some(wrapper) => {
+        let mut command = match (&replica.host, words.next()) {
+            // A replica of its own host name (its leader election identity), as a pod has:
+            // in a UTS namespace of its own.
+            (Some(host), _) => {
+                let mut command = Command::new("unshare");
+                command
+                    .args(["-Uru", "sh", "-c", "hostname \"$0\" && exec \"$@\"", host])
+                    .arg(program);
+                command
+            }
+            (None, Some(wrapper)) => {
                 let mut command = Command::new(wrapper);
                 command.args(words).arg(program);
                 command
             }
-            None => Command::new(program),
+            (None, None) => Command::new(program),
         };
-        command.args(first_arg);
+        command.args(first_arg).args(&replica.args);
         testkit::process::die_with_parent(&mut command);
         command
             .clean_env()
@@ -218,10 +280,10 @@ impl World {
 
     /// A sidecar process that serves HTTP; started again on another port when the one it was
     /// given was taken meanwhile.
-    async fn spawn_serving(&self, first: &str) -> (Child, u16) {
+    async fn spawn_serving(&self, first: &str, replica: &Replica) -> (Child, u16) {
         for _ in 0..5 {
             let port = free_port().expect("a port");
-            let mut child = self.spawn(first, port);
+            let mut child = self.spawn(first, port, replica);
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(30) {
                 if matches!(child.try_wait(), Ok(Some(_))) {
@@ -421,15 +483,27 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
     let ticks = clock_ticks();
     let counters = world.api.counters();
     counters.reset();
+    // A claim waits for the processes: the time to its volume is a cold start's.
+    world.claim("cold").await;
+    let failover = std::env::var_os("BENCH_FAILOVER").is_some() && sidecars.len() == 1;
+    let leader = Replica {
+        args: if failover {
+            ELECTION.map(String::from).to_vec()
+        } else {
+            Vec::new()
+        },
+        host: None,
+    };
     let started = Instant::now();
     let mut children = Vec::new();
     let mut ports = Vec::new();
     for sidecar in sidecars {
-        let (child, port) = world.spawn_serving(sidecar).await;
+        let (child, port) = world.spawn_serving(sidecar, &leader).await;
         children.push(child);
         ports.push(port);
     }
     let pids: Vec<u32> = children.iter().filter_map(Child::id).collect();
+    let cold_start = world.until_bound("cold").await - started;
     // Every controller has synced and worked once: one claim through every stage.
     world.operate("first", 1).await;
     let ready = started.elapsed();
@@ -479,9 +553,17 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
     until_settled(&pids, WAIT_LIMIT).await;
     let after = total(&pids, ticks);
     let each_after = each();
+    let standby = match failover {
+        true => Some(fail_over(&world, sidecars[0], &mut children[0]).await),
+        false => None,
+    };
     // Every pair is still bound, and so is every claim the run made.
     let bound = world.bound_pairs().await;
-    assert_eq!(bound, pairs + 1 + ops, "bound pairs after the run");
+    assert_eq!(
+        bound,
+        pairs + 2 + ops + usize::from(failover),
+        "bound pairs after the run"
+    );
     println!(
         "## {label}: {} process(es), {pairs} pairs, {attachments} of them attached, {snapshots} snapshotted (filled in {:.0} s)",
         pids.len(),
@@ -515,6 +597,31 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
         stages[2].as_secs_f64(),
         stages[3].as_secs_f64()
     );
+    println!(
+        "cold start to the first claim bound: {:.2} s",
+        cold_start.as_secs_f64()
+    );
+    if let Some(standby) = &standby {
+        println!(
+            "warm standby: RSS {} once synced; kill -9 of the leader to the next claim bound {:.2} s (Lease 15 s); lists after the kill: {}",
+            mib(standby.rss_kib),
+            standby.failover.as_secs_f64(),
+            standby.lists_after
+        );
+    }
+    if sidecars.len() == 1 {
+        against_baseline(
+            &Figures {
+                pairs,
+                attachments,
+                snapshots,
+                idle_mib: idle.rss_kib as f64 / 1024.0,
+                peak_mib: after.peak_rss_kib as f64 / 1024.0,
+                cold_start_s: cold_start.as_secs_f64(),
+            },
+            standby.as_ref().map(|s| s.failover.as_secs_f64()),
+        );
+    }
     for mut child in children {
         // A profiler's wrapper is asked to stop its program, so that it writes its report.
         if std::env::var_os("BENCH_WRAPPER").is_some()
@@ -531,6 +638,118 @@ async fn run(label: &str, sidecars: &[&str], pairs: usize, ops: usize) {
     }
 }
 
+/// A warm standby's figures.
+struct Standby {
+    rss_kib: u64,
+    failover: Duration,
+    /// Lists of claims and volumes after the leader's death.
+    lists_after: u64,
+}
+
+/// Starts a warm standby of `selection` beside `leader` (which leads), waits for its caches to
+/// sync, kills the leader with SIGKILL and times the next claim's provisioning from the kill.
+/// The standby is stopped at the end.
+async fn fail_over(world: &World, selection: &str, leader: &mut Child) -> Standby {
+    let counters = world.api.counters();
+    let claim_lists =
+        || counters.lists("persistentvolumeclaims") + counters.lists("persistentvolumes");
+    let before = claim_lists();
+    let replica = Replica {
+        args: ELECTION.map(String::from).to_vec(),
+        host: Some("standby".to_string()),
+    };
+    let (mut standby, _) = world.spawn_serving(selection, &replica).await;
+    let pid = standby.id().expect("the standby runs");
+    // Synced: it has listed claims and volumes, and its memory has settled.
+    until("the standby's lists", 2, || async {
+        (claim_lists() - before) as usize
+    })
+    .await;
+    until_settled(&[pid], WAIT_LIMIT).await;
+    let rss_kib = usage(pid, clock_ticks()).rss_kib;
+    let listed = claim_lists();
+    let _ = leader.start_kill();
+    let killed = Instant::now();
+    let _ = leader.wait().await;
+    world.claim("failover").await;
+    let failover = world.until_bound("failover").await - killed;
+    let lists_after = claim_lists() - listed;
+    let _ = standby.start_kill();
+    let _ = standby.wait().await;
+    Standby {
+        rss_kib,
+        failover,
+        lists_after,
+    }
+}
+
+/// Where the figures of the all-in-one run are kept (`BENCH_WRITE_BASELINE=1` rewrites them).
+const BASELINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/baseline.txt");
+
+/// The all-in-one run's figures, against a baseline of the same population.
+struct Figures {
+    pairs: usize,
+    attachments: usize,
+    snapshots: usize,
+    idle_mib: f64,
+    peak_mib: f64,
+    cold_start_s: f64,
+}
+
+fn against_baseline(now: &Figures, failover_s: Option<f64>) {
+    let population = format!(
+        "pairs = {}\nattachments = {}\nsnapshots = {}\n",
+        now.pairs, now.attachments, now.snapshots
+    );
+    if std::env::var_os("BENCH_WRITE_BASELINE").is_some() {
+        let failover = failover_s.map_or(String::new(), |f| format!("failover_s = {f:.2}\n"));
+        let text = format!(
+            "# The all-in-one run of `BENCH_ONLY=aio BENCH_FAILOVER=1 cargo bench -p csi-sidecars --bench all_in_one`\n\
+             # with this population. A change that makes idle_mib or peak_mib 10 % higher, or cold_start_s or\n\
+             # failover_s 20 % longer, says so in its commit.\n\
+             {population}idle_mib = {:.1}\npeak_mib = {:.1}\ncold_start_s = {:.2}\n{failover}",
+            now.idle_mib, now.peak_mib, now.cold_start_s
+        );
+        std::fs::write(BASELINE, text).expect("the baseline written");
+        println!("baseline written to {BASELINE}");
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(BASELINE) else {
+        println!("no baseline at {BASELINE}");
+        return;
+    };
+    let value = |name: &str| {
+        text.lines()
+            .filter_map(|line| line.split_once('='))
+            .find(|(key, _)| key.trim() == name)
+            .and_then(|(_, value)| value.trim().parse::<f64>().ok())
+    };
+    let same = [
+        ("pairs", now.pairs),
+        ("attachments", now.attachments),
+        ("snapshots", now.snapshots),
+    ]
+    .iter()
+    .all(|(name, n)| value(name) == Some(*n as f64));
+    if !same {
+        println!("the baseline at {BASELINE} is of another population");
+        return;
+    }
+    let compare = |name: &str, now: f64, worse: f64| match value(name) {
+        Some(base) => {
+            let flag = if now > base * worse { "  WORSE" } else { "" };
+            println!("against the baseline: {name} {now:.2} ({base:.2}){flag}");
+        }
+        None => println!("the baseline has no {name}"),
+    };
+    compare("idle_mib", now.idle_mib, 1.1);
+    compare("peak_mib", now.peak_mib, 1.1);
+    compare("cold_start_s", now.cold_start_s, 1.2);
+    if let Some(failover) = failover_s {
+        compare("failover_s", failover, 1.2);
+    }
+}
+
 fn main() {
     let pairs = env_usize("BENCH_PAIRS", 50_000);
     let ops = env_usize("BENCH_OPS", 1000);
@@ -542,12 +761,13 @@ fn main() {
     runtime.block_on(async {
         if only.is_empty() || only == "separate" {
             run(
-                "five processes",
+                "six processes",
                 &[
                     "provisioner",
                     "attacher",
                     "resizer",
                     "snapshotter",
+                    "external-health-monitor-controller",
                     "livenessprobe",
                 ],
                 pairs,
@@ -556,7 +776,13 @@ fn main() {
             .await;
         }
         if only.is_empty() || only == "aio" {
-            run("all in one", &["--controllers=*,livenessprobe"], pairs, ops).await;
+            run(
+                "all in one",
+                &["--controllers=*,health-monitor,livenessprobe"],
+                pairs,
+                ops,
+            )
+            .await;
         }
     });
 }
