@@ -14,6 +14,7 @@ use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use sidecar_kit::migration;
 use sidecar_kit::pipeline::views::PvView;
 use sidecar_kit::pipeline::viewtable::ViewTable;
+use sidecar_kit::values::version::ResourceVersion;
 
 use crate::decide::{self, NodeLookup};
 use crate::model::{self, NEEDS, Pv, Va, VaSource, csinode_node_id};
@@ -106,6 +107,11 @@ fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
 /// Whether a change carrying `candidate` is older than (or the same as) what is stored.
 fn stale(candidate: &str, stored: &str) -> bool {
     model::newer(candidate, stored) == Some(false)
+}
+
+/// [`stale`] for a cached view: the same version, or an older one.
+fn stale_view(candidate: &ResourceVersion, stored: &ResourceVersion) -> bool {
+    candidate == stored || candidate.is_older_than(stored)
 }
 
 impl Index {
@@ -278,7 +284,7 @@ impl Index {
     fn apply_pv(&mut self, view: &Arc<PvView>, work: &mut Vec<Work>) {
         let old = self.pvs.get(&view.name);
         if let Some(old) = old
-            && stale(&view.resource_version, &old.resource_version)
+            && stale_view(&view.resource_version, &old.resource_version)
         {
             return;
         }
@@ -324,7 +330,7 @@ impl Index {
     pub fn store_pv(&mut self, api: &PersistentVolume) {
         let view = PvView::from_api(api, NEEDS);
         if let Some(old) = self.pvs.get(&view.name)
-            && stale(&view.resource_version, &old.resource_version)
+            && stale_view(&view.resource_version, &old.resource_version)
         {
             return;
         }

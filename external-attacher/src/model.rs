@@ -258,7 +258,7 @@ impl Pv {
         });
         Self {
             name: view.name.to_string(),
-            resource_version: view.resource_version.clone(),
+            resource_version: view.resource_version.to_string(),
             deleting: view.deleting,
             finalizers: view.finalizers.clone(),
             migrated_to: view

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use sidecar_kit::pipeline::views::{ClaimView, PvView};
+use sidecar_kit::pipeline::viewtable::ViewTable;
 use sidecar_kit::pipeline::{Change, Relist};
 use sidecar_kit::values::shrink::ShrinkWhenSparse;
 
@@ -49,11 +50,11 @@ struct Relists {
 pub struct Index {
     driver: String,
     /// This driver's CSI volumes (in-tree ones are not monitored, as upstream's).
-    pvs: HashMap<Arc<str>, Arc<PvView>>,
-    /// Volume handle → PV name, for ListVolumes' entries.
-    handles: HashMap<Box<str>, Arc<str>>,
+    pvs: ViewTable<PvView>,
+    /// The same by volume handle, for ListVolumes' entries.
+    handles: ViewTable<PvView, str>,
     /// Claims by `namespace/name`.
-    claims: HashMap<Arc<str>, Arc<ClaimView>>,
+    claims: ViewTable<ClaimView>,
     /// Warning `VolumeConditionAbnormal` Events by `namespace/name` → their claim's UID.
     warnings: HashMap<Arc<str>, Arc<str>>,
     /// How many of those Events each claim UID has.
@@ -127,9 +128,9 @@ impl Index {
     pub fn new(driver: &str) -> Self {
         Self {
             driver: driver.to_string(),
-            pvs: HashMap::new(),
-            handles: HashMap::new(),
-            claims: HashMap::new(),
+            pvs: ViewTable::new(|pv| &pv.name),
+            handles: ViewTable::new(PvView::volume_handle),
+            claims: ViewTable::new(|claim| &claim.key),
             warnings: HashMap::new(),
             warned: HashMap::new(),
             recovered: HashSet::new(),
@@ -164,13 +165,12 @@ impl Index {
         match seen(&mut self.relist.pvs, change, |pv| pv.name.clone()) {
             Seen::Upsert(pv) if self.mine(pv) => {
                 let was_bound = self.pvs.get(&pv.name).map(|old| bound(old));
-                if let Some(old) = self.pvs.insert(pv.name.clone(), pv.clone())
+                if let Some(old) = self.pvs.insert(pv.clone())
                     && old.volume_handle() != pv.volume_handle()
                 {
                     self.handles.remove(old.volume_handle());
                 }
-                self.handles
-                    .insert(pv.volume_handle().into(), pv.name.clone());
+                self.handles.insert(pv.clone());
                 match (was_bound, bound(pv)) {
                     (None | Some(false), true) => vec![Work::Volume(pv.name.clone())],
                     _ => Vec::new(),
@@ -195,7 +195,7 @@ impl Index {
             if self
                 .handles
                 .get(old.volume_handle())
-                .is_some_and(|n| **n == *name)
+                .is_some_and(|pv| *pv.name == *name)
             {
                 self.handles.remove(old.volume_handle());
             }
@@ -207,7 +207,7 @@ impl Index {
     pub fn claim_event(&mut self, change: Change<&Arc<ClaimView>>) -> Vec<Work> {
         match seen(&mut self.relist.claims, change, |c| c.key.clone()) {
             Seen::Upsert(claim) => {
-                self.claims.insert(claim.key.clone(), claim.clone());
+                self.claims.insert(claim.clone());
             }
             Seen::Remove(claim) => {
                 self.claims.remove(&claim.key);
@@ -340,7 +340,7 @@ impl Index {
 
     /// The PV of the volume with handle `handle`, if it is this driver's.
     pub fn pv_of_handle(&self, handle: &str) -> Option<Arc<str>> {
-        self.handles.get(handle).cloned()
+        self.handles.get(handle).map(|pv| pv.name.clone())
     }
 
     /// The bound PVs of this driver, to be checked.

@@ -40,7 +40,7 @@ pub fn claim_ref(claim: &ClaimView) -> ObjectReference {
         namespace: Some(claim.namespace.to_string()),
         name: Some(claim.name().to_string()),
         uid: Some(claim.uid.to_string()),
-        resource_version: Some(claim.resource_version.clone()),
+        resource_version: claim.resource_version.to_option(),
         ..Default::default()
     }
 }

@@ -21,6 +21,7 @@ use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
 use sidecar_kit::telemetry::operation;
 use sidecar_kit::values::shrink::ShrinkWhenSparse;
+use sidecar_kit::values::version::ResourceVersion;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -138,7 +139,7 @@ struct Controller {
     owners: Mutex<HashMap<String, OwnerAttempt>>,
     /// VolumeSnapshotContents read for restores, with the snapshot resourceVersion they were
     /// read at: restores of an unchanged snapshot do not read its content again.
-    contents: Mutex<HashMap<String, (String, Content)>>,
+    contents: Mutex<HashMap<String, (ResourceVersion, Content)>>,
     /// One content read at a time, so that a burst of restores of one snapshot reads it once.
     content_reads: tokio::sync::Mutex<()>,
     /// Claims the driver found infeasible (InvalidArgument): the class UID then, and when.

@@ -82,14 +82,6 @@ fn name_of(meta: &ObjectMeta) -> String {
     meta.name.clone().unwrap_or_default()
 }
 
-/// Whether `candidate` is older than `stored` (both resourceVersions of one object).
-fn stale(candidate: &str, stored: &str) -> bool {
-    match (candidate.parse::<u64>(), stored.parse::<u64>()) {
-        (Ok(c), Ok(s)) => c < s,
-        _ => false,
-    }
-}
-
 /// A VolumeAttachment's name and node.
 type Attachment = (Arc<str>, Arc<str>);
 
@@ -273,7 +265,7 @@ impl Index {
     fn apply_claim(&mut self, view: &Arc<ClaimView>, work: &mut Vec<Work>) {
         let old = self.claims.get(&view.uid);
         if let Some(old) = old
-            && stale(&view.resource_version, &old.resource_version)
+            && view.resource_version.is_older_than(&old.resource_version)
         {
             return;
         }
@@ -430,7 +422,7 @@ impl Index {
             return;
         }
         if let Some(old) = self.volumes.get(&view.name)
-            && stale(&volume.resource_version, &old.resource_version)
+            && view.resource_version.is_older_than(&old.resource_version)
         {
             return;
         }
@@ -605,7 +597,9 @@ impl Index {
                     self.relists.snapshots.saw(format!("{}/{}", key.0, key.1));
                 }
                 if let Some(old) = self.snapshots.get(&key)
-                    && (stale(&snapshot.resource_version, &old.resource_version)
+                    && (snapshot
+                        .resource_version
+                        .is_older_than(&old.resource_version)
                         || *old == snapshot)
                 {
                     return work;

@@ -188,7 +188,7 @@ impl Claim {
             uid: view.uid.to_string(),
             namespace: view.namespace.clone(),
             name: view.name().to_string(),
-            resource_version: view.resource_version.clone(),
+            resource_version: view.resource_version.to_string(),
             volume_name: view.volume_name.clone(),
             phase: view.phase.clone(),
             deleting: view.deleting,
@@ -340,7 +340,7 @@ impl Volume {
         let claim_ref = view.claim_ref.as_deref();
         Self {
             name: view.name.to_string(),
-            resource_version: view.resource_version.clone(),
+            resource_version: view.resource_version.to_string(),
             deleting: view.deleting,
             finalizers: view.finalizers.to_vec(),
             phase: view.phase.clone(),

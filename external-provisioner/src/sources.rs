@@ -11,6 +11,7 @@ use k8s_openapi::api::storage::v1::VolumeAttributesClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
+use sidecar_kit::values::version::ResourceVersion;
 
 use crate::model::{self, Claim, Class, DataSource, Volume};
 
@@ -139,7 +140,7 @@ pub struct Snapshot {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    pub resource_version: String,
+    pub resource_version: ResourceVersion,
     pub deleting: bool,
     /// Carries [`model::SNAPSHOT_FINALIZER`].
     pub protected: bool,
@@ -156,7 +157,7 @@ impl Snapshot {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            resource_version: ResourceVersion::new(meta.resource_version.as_deref()),
             deleting: meta.deletion_timestamp.is_some(),
             protected: meta
                 .finalizers

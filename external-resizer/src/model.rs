@@ -175,7 +175,7 @@ impl Claim {
             namespace: view.namespace.clone(),
             name: view.name().to_string(),
             uid: view.uid.to_string(),
-            resource_version: view.resource_version.clone(),
+            resource_version: view.resource_version.to_string(),
             bound: view.phase == "Bound",
             volume_name: Some(view.volume_name.clone()).filter(|n| !n.is_empty()),
             request: size(&view.request),
@@ -295,7 +295,7 @@ impl Pv {
         let csi = view.csi.as_ref();
         Some(Self {
             name: view.name.to_string(),
-            resource_version: view.resource_version.clone(),
+            resource_version: view.resource_version.to_string(),
             claim_ref: view.claim_ref.as_ref().map(|r| ClaimRef {
                 namespace: r.namespace.to_string(),
                 name: r.name.clone(),

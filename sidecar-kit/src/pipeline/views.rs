@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::migration;
 use crate::values::atom::{Atom, List};
+use crate::values::version::ResourceVersion;
 
 /// The groups of fields a view holds beyond those every reader needs: each controller declares
 /// the groups it reads, and a process keeps the union of its controllers' groups, no more.
@@ -167,7 +168,7 @@ pub struct InTree {
 pub struct PvView {
     /// Shared with the keys of the indexes, queues and re-lists that name the PV.
     pub name: Arc<str>,
-    pub resource_version: String,
+    pub resource_version: ResourceVersion,
     pub deleting: bool,
     // Interned lists: a cached view never grows, and most views' lists equal many others'.
     pub finalizers: List<Atom>,
@@ -218,7 +219,7 @@ impl PvView {
             .collect();
         Self {
             name: meta.name.as_deref().unwrap_or_default().into(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            resource_version: ResourceVersion::new(meta.resource_version.as_deref()),
             deleting: meta.deletion_timestamp.is_some(),
             finalizers: match needs.any(Needs::PV_FINALIZERS) {
                 true => meta.finalizers.iter().flatten().map(Atom::from).collect(),
@@ -479,7 +480,7 @@ pub struct ClaimView {
     pub key: Arc<str>,
     /// Shared with the keys of the indexes, queues and re-lists that name the claim by UID.
     pub uid: Arc<str>,
-    pub resource_version: String,
+    pub resource_version: ResourceVersion,
     pub deleting: bool,
     /// The finalizers of [`CLAIM_FINALIZERS`] the claim has.
     pub finalizers: List<Atom>,
@@ -523,7 +524,7 @@ impl ClaimView {
             namespace: Atom::new(namespace),
             key: format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default()).into(),
             uid: meta.uid.as_deref().unwrap_or_default().into(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            resource_version: ResourceVersion::new(meta.resource_version.as_deref()),
             deleting: meta.deletion_timestamp.is_some(),
             finalizers: meta
                 .finalizers

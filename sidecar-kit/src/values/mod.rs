@@ -6,3 +6,4 @@ pub mod atom;
 pub mod names;
 pub mod quantity;
 pub mod shrink;
+pub mod version;
