@@ -455,7 +455,7 @@ impl Index {
                     let migrated = pv.in_tree.is_some();
                     pv.csi
                         .as_ref()
-                        .map(|csi| (&csi.driver, &csi.volume_handle, migrated))
+                        .map(|csi| (&*csi.driver, &*csi.volume_handle, migrated))
                 }) {
                     Some(found) => found,
                     None => continue,
@@ -463,8 +463,8 @@ impl Index {
                 // Inline specs in VolumeAttachments come from migrated inline volumes.
                 VaSource::Inline(spec) => match spec.csi.as_ref() {
                     Some(csi) => (
-                        &csi.driver,
-                        &csi.volume_handle,
+                        csi.driver.as_str(),
+                        csi.volume_handle.as_str(),
                         migration::is_migrated_csi_driver(&csi.driver),
                     ),
                     None => continue,
@@ -478,7 +478,7 @@ impl Index {
                     Err(_) => continue,
                 }
             } else {
-                handle.clone()
+                handle.to_string()
             };
             if decide::out_of_sync(va.attached, &volume_id, &node_id, published) {
                 found.push(OutOfSync {

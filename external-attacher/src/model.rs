@@ -246,7 +246,7 @@ impl Pv {
     pub fn from_view(view: &PvView) -> Self {
         let csi = view.csi.as_ref().map(|csi| CsiSource {
             driver: csi.driver.clone(),
-            volume_handle: csi.volume_handle.clone(),
+            volume_handle: csi.volume_handle.to_string(),
             read_only: csi.read_only,
             fs_type: csi.fs_type.clone(),
             volume_attributes: csi
@@ -268,7 +268,7 @@ impl Pv {
                 csi,
                 access_modes: view.access_modes.to_vec(),
                 block: view.volume_mode.as_deref() == Some("Block"),
-                mount_options: view.mount_options.to_vec(),
+                mount_options: view.mount_options.iter().map(Atom::to_string).collect(),
             },
             in_tree: view.in_tree.as_ref().map(|t| {
                 Box::new(InTree {

@@ -386,7 +386,7 @@ impl Index {
             .filter_map(|(key, mut pods)| {
                 pods.sort_unstable();
                 let claim = self.claims.get(key.as_str())?;
-                let pv = self.pvs.get(claim.volume_name.as_str())?;
+                let pv = self.pvs.get(&claim.volume_name)?;
                 bound(pv).then(|| (claim.clone(), pods))
             })
             .collect()

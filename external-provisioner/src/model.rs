@@ -189,7 +189,7 @@ impl Claim {
             namespace: view.namespace.clone(),
             name: view.name().to_string(),
             resource_version: view.resource_version.to_string(),
-            volume_name: view.volume_name.clone(),
+            volume_name: view.volume_name.to_string(),
             phase: view.phase.clone(),
             deleting: view.deleting,
             clone_protected: view.has_finalizer(CLONE_FINALIZER),
@@ -352,8 +352,8 @@ impl Volume {
                 .map(|c| c.driver.clone())
                 .unwrap_or_default(),
             volume_handle: view.volume_handle().to_string(),
-            claim: claim_ref.map(|r| (r.namespace.clone(), r.name.clone())),
-            claim_uid: claim_ref.map(|r| r.uid.clone()).unwrap_or_default(),
+            claim: claim_ref.map(|r| (r.namespace.clone(), r.name.to_string())),
+            claim_uid: claim_ref.map(|r| r.uid.to_string()).unwrap_or_default(),
             deletion_secret: view
                 .secret_annotations(ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE)
                 .map(|s| (s.namespace, s.name)),

@@ -177,7 +177,7 @@ impl Claim {
             uid: view.uid.to_string(),
             resource_version: view.resource_version.to_string(),
             bound: view.phase == "Bound",
-            volume_name: Some(view.volume_name.clone()).filter(|n| !n.is_empty()),
+            volume_name: Some(view.volume_name.to_string()).filter(|n| !n.is_empty()),
             request: size(&view.request),
             capacity: size(&fields.capacity),
             allocated: size(&fields.allocated),
@@ -298,8 +298,8 @@ impl Pv {
             resource_version: view.resource_version.to_string(),
             claim_ref: view.claim_ref.as_ref().map(|r| ClaimRef {
                 namespace: r.namespace.to_string(),
-                name: r.name.clone(),
-                uid: r.uid.clone(),
+                name: r.name.to_string(),
+                uid: r.uid.to_string(),
             }),
             capacity: view.capacity.as_deref().and_then(Size::parse),
             driver: Atom::new(driver),
@@ -307,7 +307,7 @@ impl Pv {
             fs_type: csi.map(|c| c.fs_type.clone()).unwrap_or_default(),
             block: view.volume_mode.as_deref() == Some("Block"),
             access_modes: view.access_modes.to_vec(),
-            mount_options: view.mount_options.to_vec(),
+            mount_options: view.mount_options.iter().map(Atom::to_string).collect(),
             expand_secret: csi.and_then(|c| c.expand_secret.clone()),
             modify_secret: view
                 .secret_annotations(

@@ -133,15 +133,16 @@ impl SecretRef {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClaimRef {
     pub namespace: Atom,
-    pub name: String,
-    pub uid: String,
+    // Boxed strings: a cached view never grows, so the capacity field of a `String` is waste.
+    pub name: Box<str>,
+    pub uid: Box<str>,
 }
 
 /// `spec.csi` of a PV (of its CSI translation, for an in-tree volume).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CsiView {
     pub driver: Atom,
-    pub volume_handle: String,
+    pub volume_handle: Box<str>,
     pub read_only: bool,
     pub fs_type: Atom,
     /// Only with [`Needs::PUBLISH`]. Interned, the whole list: the provisioner writes its identity
@@ -183,7 +184,7 @@ pub struct PvView {
     /// `spec.volumeMode` as written.
     pub volume_mode: Option<Atom>,
     pub access_modes: List<Atom>,
-    pub mount_options: Box<[String]>,
+    pub mount_options: List<Atom>,
     pub csi: Option<CsiView>,
     // Boxed, as most volumes are not in-tree ones.
     pub in_tree: Option<Box<InTree>>,
@@ -253,8 +254,8 @@ impl PvView {
                 .map(|r| {
                     Box::new(ClaimRef {
                         namespace: Atom::from(r.namespace.as_deref().unwrap_or_default()),
-                        name: r.name.clone().unwrap_or_default(),
-                        uid: r.uid.clone().unwrap_or_default(),
+                        name: r.name.as_deref().unwrap_or_default().into(),
+                        uid: r.uid.as_deref().unwrap_or_default().into(),
                     })
                 }),
             volume_mode: spec.and_then(|s| s.volume_mode.as_deref()).map(Atom::from),
@@ -265,13 +266,14 @@ impl PvView {
                 .map(Atom::from)
                 .collect(),
             mount_options: spec
-                .and_then(|s| s.mount_options.as_deref())
                 .filter(|_| needs.any(Needs::CAPABILITY))
-                .unwrap_or_default()
-                .into(),
+                .into_iter()
+                .flat_map(|s| s.mount_options.iter().flatten())
+                .map(Atom::from)
+                .collect(),
             csi: seen.and_then(|s| s.csi.as_ref()).map(|csi| CsiView {
                 driver: Atom::new(&csi.driver),
-                volume_handle: csi.volume_handle.clone(),
+                volume_handle: csi.volume_handle.as_str().into(),
                 read_only: csi.read_only.unwrap_or(false),
                 fs_type: Atom::new(csi.fs_type.as_deref().unwrap_or_default()),
                 volume_attributes: csi
@@ -324,7 +326,7 @@ impl PvView {
     }
 
     pub fn volume_handle(&self) -> &str {
-        self.csi.as_ref().map_or("", |c| c.volume_handle.as_str())
+        self.csi.as_ref().map_or("", |c| &*c.volume_handle)
     }
 }
 
@@ -487,7 +489,7 @@ pub struct ClaimView {
     /// `status.phase`.
     pub phase: Atom,
     /// Empty while unbound.
-    pub volume_name: String,
+    pub volume_name: Box<str>,
     pub storage_class: Option<Atom>,
     /// `spec.resources.requests.storage`, as written.
     pub request: Option<Atom>,
@@ -506,7 +508,10 @@ impl ClaimView {
     pub fn from_api(pvc: &PersistentVolumeClaim, needs: Needs) -> Self {
         let meta = &pvc.metadata;
         let spec = pvc.spec.as_ref();
-        let volume_name = spec.and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let volume_name: Box<str> = spec
+            .and_then(|s| s.volume_name.as_deref())
+            .unwrap_or_default()
+            .into();
         let namespace = meta.namespace.as_deref().unwrap_or_default();
         let request = storage(
             spec.and_then(|s| s.resources.as_ref())
@@ -630,7 +635,7 @@ mod tests {
         assert_eq!(view.volume_handle(), "h");
         assert_eq!(view.capacity.as_deref(), Some("1Gi"));
         assert_eq!(view.phase, "Bound");
-        assert_eq!(view.claim_ref.as_ref().map(|r| r.uid.as_str()), Some("u"));
+        assert_eq!(view.claim_ref.as_ref().map(|r| &*r.uid), Some("u"));
         assert_eq!(view.annotation(PROVISIONED_BY), Some("d"));
         assert_eq!(
             view.annotations.len(),
