@@ -5,13 +5,14 @@
 #   failover.sh BINARY [EXTRA FLAG...]
 #
 # 1. The lab's own provisioner is stopped (its Lease deleted), a claim is created, and BINARY is
-#    started as the leader: "cold start" is the time from its start to the claim Bound.
+#    started as the leader: "cold start" is the time from its start to the claim's PV created
+#    (and to the claim Bound, which kube-controller-manager does, later when it is busy).
 # 2. After IDLE seconds: the leader's RSS.
 # 3. A second BINARY (the standby) starts with a host name of its own (its leader election
 #    identity, as a pod has; in a UTS namespace of its own) and the same flags; once its RSS has
 #    not grown for SETTLE seconds: the standby's RSS.
 # 4. The leader is killed with SIGKILL (its Lease stays) and a claim created: "failover" is the
-#    time from the kill to that claim Bound.
+#    time from the kill to that claim's PV created (and Bound).
 # 5. Both are stopped, the claims deleted, and the lab's provisioner started again.
 #
 # EXTRA flags go to both processes (ours: --leader-election-warm-standby). The flags are the
@@ -56,7 +57,7 @@ flags() { # flags PORT [EXTRA...]
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  kc delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  kc delete namespace "$NS" --timeout=120s >/dev/null 2>&1 || info "namespace $NS not gone after 120 s"
   info "restarting the lab's provisioner"
   COMPONENTS=provisioner "$LAB/start-csi.sh" >/dev/null 2>&1 || info "start-csi.sh provisioner failed; run it by hand"
   rm -rf "$OUT"
@@ -71,15 +72,21 @@ metadata: {name: $1}
 spec: {accessModes: [ReadWriteOnce], storageClassName: csi-hostpath-sc, resources: {requests: {storage: 1Mi}}}
 EOF
 }
-until_bound() { # until_bound NAME: the time it was first seen Bound
-  local start phase
+until_bound() { # until_bound NAME: when its PV (pvc-<uid>, the provisioner's write) was first seen,
+  # and when the claim was first seen Bound (kube-controller-manager's, which a busy one delays)
+  local start uid phase provisioned=""
   start=$(now)
+  uid=$(kc -n "$NS" get pvc "$1" -o jsonpath='{.metadata.uid}')
   while :; do
+    [ -n "$provisioned" ] || ! kc get pv "pvc-$uid" >/dev/null 2>&1 || provisioned=$(now)
     phase=$(kc -n "$NS" get pvc "$1" -o jsonpath='{.status.phase}' 2>/dev/null || true)
-    [ "$phase" = Bound ] && { now; return; }
+    [ "$phase" = Bound ] && { echo "${provisioned:-$(now)} $(now)"; return; }
     [ "$(secs "$start" "$(now)" | cut -d. -f1)" -lt "$TIMEOUT" ] || die "$1 not Bound after ${TIMEOUT}s"
     sleep 0.2
   done
+}
+report() { # report WHAT FROM "PROVISIONED BOUND"
+  echo "$1: PV created $(secs "$2" "${3% *}") s, claim Bound $(secs "$2" "${3#* }") s"
 }
 settle() { # settle PID: waits until its RSS has not grown for SETTLE seconds
   local last=0 same=0 cur start
@@ -107,7 +114,7 @@ start=$(now)
 LEADER=$!
 PIDS+=("$LEADER")
 bound=$(until_bound cold) || exit 2
-echo "cold start to the first claim Bound: $(secs "$start" "$bound") s"
+report "cold start to the first claim" "$start" "$bound"
 sleep "$IDLE"
 echo "leader RSS after ${IDLE} s: $(rss "$LEADER") (peak $(awk '/^VmHWM/{printf "%.1f MiB", $2/1024}' "/proc/$LEADER/status"))"
 
@@ -122,4 +129,5 @@ kill -9 "$LEADER"
 killed=$(now)
 claim failover
 bound=$(until_bound failover) || exit 2
-echo "failover: kill -9 of the leader to the next claim Bound: $(secs "$killed" "$bound") s (Lease $(kc -n "$CSI_NS" get lease "$LEASE" -o jsonpath='{.spec.leaseDurationSeconds}') s, now held by $(kc -n "$CSI_NS" get lease "$LEASE" -o jsonpath='{.spec.holderIdentity}'))"
+report "failover: kill -9 of the leader to the next claim" "$killed" "$bound"
+echo "(Lease $(kc -n "$CSI_NS" get lease "$LEASE" -o jsonpath='{.spec.leaseDurationSeconds}') s, now held by $(kc -n "$CSI_NS" get lease "$LEASE" -o jsonpath='{.spec.holderIdentity}'))"
