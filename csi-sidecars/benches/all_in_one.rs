@@ -36,7 +36,8 @@ use kube::api::{
 use serde_json::{Value, json};
 use testkit::apiserver::{ApiServer, Options, Verb};
 use testkit::measure::{
-    Usage, clock_ticks, env_usize, free_port, http_get, until_queues_empty, until_settled, usage,
+    Baseline, Usage, clock_ticks, env_usize, free_port, http_get, until_queues_empty,
+    until_settled, usage,
 };
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::pairs::Pairs;
@@ -701,29 +702,20 @@ fn against_baseline(now: &Figures, failover_s: Option<f64>) {
         "pairs = {}\nattachments = {}\nsnapshots = {}\n",
         now.pairs, now.attachments, now.snapshots
     );
-    if std::env::var_os("BENCH_WRITE_BASELINE").is_some() {
+    let written = || {
         let failover = failover_s.map_or(String::new(), |f| format!("failover_s = {f:.2}\n"));
-        let text = format!(
+        format!(
             "# The all-in-one run of `BENCH_ONLY=aio BENCH_FAILOVER=1 cargo bench -p csi-sidecars --bench all_in_one`\n\
              # with this population. A change that makes idle_mib or peak_mib 10 % higher, or cold_start_s or\n\
              # failover_s 20 % longer, says so in its commit.\n\
              {population}idle_mib = {:.1}\npeak_mib = {:.1}\ncold_start_s = {:.2}\n{failover}",
             now.idle_mib, now.peak_mib, now.cold_start_s
-        );
-        std::fs::write(BASELINE, text).expect("the baseline written");
-        println!("baseline written to {BASELINE}");
-        return;
-    }
-    let Ok(text) = std::fs::read_to_string(BASELINE) else {
-        println!("no baseline at {BASELINE}");
+        )
+    };
+    let Some(baseline) = Baseline::write_or_read(BASELINE, written) else {
         return;
     };
-    let value = |name: &str| {
-        text.lines()
-            .filter_map(|line| line.split_once('='))
-            .find(|(key, _)| key.trim() == name)
-            .and_then(|(_, value)| value.trim().parse::<f64>().ok())
-    };
+    let value = |name: &str| baseline.value(name);
     let same = [
         ("pairs", now.pairs),
         ("attachments", now.attachments),

@@ -34,8 +34,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use testkit::apiserver::{ApiServer, Options, Verb};
 use testkit::measure::{
-    clock_ticks, env_usize, free_port, http_get, percentile, until_queues_empty, until_settled,
-    usage,
+    Baseline, clock_ticks, env_usize, free_port, http_get, percentile, until_queues_empty,
+    until_settled, usage,
 };
 use testkit::mockdriver::{MockDriver, MockHandle};
 use testkit::pairs::Pairs;
@@ -350,26 +350,17 @@ fn requests_per_claim(bench: &Bench, count: usize) -> (f64, String) {
 
 /// Compares the production run with [`BASELINE`] (`BENCH_WRITE_BASELINE=1` records it).
 fn against_baseline(claims_per_second: f64, requests: f64) {
-    if std::env::var_os("BENCH_WRITE_BASELINE").is_some() {
-        let text = format!(
+    let written = || {
+        format!(
             "# The production run of the provision bench (`BENCH_ONLY=production cargo bench -p external-provisioner --bench provision`).\n\
              # A change that makes claims_per_second 10 % lower, or requests_per_claim higher, says so in its commit.\n\
              claims_per_second = {claims_per_second:.1}\nrequests_per_claim = {requests:.3}\n"
-        );
-        std::fs::write(BASELINE, text).unwrap();
-        println!("baseline written to {BASELINE}");
-        return;
-    }
-    let Ok(text) = std::fs::read_to_string(BASELINE) else {
-        println!("no baseline at {BASELINE}");
+        )
+    };
+    let Some(baseline) = Baseline::write_or_read(BASELINE, written) else {
         return;
     };
-    let value = |name: &str| {
-        text.lines()
-            .filter_map(|line| line.split_once('='))
-            .find(|(key, _)| key.trim() == name)
-            .and_then(|(_, value)| value.trim().parse::<f64>().ok())
-    };
+    let value = |name: &str| baseline.value(name);
     let (Some(base_speed), Some(base_requests)) =
         (value("claims_per_second"), value("requests_per_claim"))
     else {

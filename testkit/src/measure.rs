@@ -179,6 +179,40 @@ pub async fn until_settled(pids: &[u32], limit: Duration) {
     }
 }
 
+/// A benchmark's baseline file: `name = number` lines under `#` comments.
+pub struct Baseline(String);
+
+impl Baseline {
+    /// With `BENCH_WRITE_BASELINE` set, writes `written()` to `path` and returns `None`;
+    /// otherwise the baseline at `path`, if there is one. Says which on stdout.
+    pub fn write_or_read(path: &str, written: impl FnOnce() -> String) -> Option<Self> {
+        if std::env::var_os("BENCH_WRITE_BASELINE").is_some() {
+            match std::fs::write(path, written()) {
+                Ok(()) => println!("baseline written to {path}"),
+                Err(err) => println!("cannot write the baseline to {path}: {err}"),
+            }
+            return None;
+        }
+        match std::fs::read_to_string(path) {
+            Ok(text) => Some(Self(text)),
+            Err(_) => {
+                println!("no baseline at {path}");
+                None
+            }
+        }
+    }
+
+    /// The number recorded as `name`.
+    pub fn value(&self, name: &str) -> Option<f64> {
+        self.0
+            .lines()
+            .filter(|line| !line.trim_start().starts_with('#'))
+            .filter_map(|line| line.split_once('='))
+            .find(|(key, _)| key.trim() == name)
+            .and_then(|(_, value)| value.trim().parse().ok())
+    }
+}
+
 /// The `p` quantile (0..=1) of sorted durations, nearest rank.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -198,6 +232,14 @@ mod tests {
         assert_eq!(percentile(&d, 0.5), Duration::from_millis(51));
         assert_eq!(percentile(&d, 0.99), Duration::from_millis(99));
         assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn baseline_values_by_name() {
+        let baseline = Baseline("# a = 1\nidle_mib = 130.9\npairs=100000\n".to_string());
+        assert_eq!(baseline.value("idle_mib"), Some(130.9));
+        assert_eq!(baseline.value("pairs"), Some(100_000.0));
+        assert_eq!(baseline.value("a"), None, "comments are not values");
     }
 
     #[test]
