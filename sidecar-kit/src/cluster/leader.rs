@@ -188,12 +188,17 @@ pub enum Decision {
     },
 }
 
+/// How long the holder's Lease lasts without renewal, as it wrote it (none: expired).
+fn lease_duration(spec: &LeaseSpec) -> Duration {
+    Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64)
+}
+
 /// client-go's rule: may `identity` take or keep the Lease whose record is `spec`, last seen
 /// changing `since_change` ago?
 pub fn decide(spec: &LeaseSpec, identity: &str, since_change: Duration) -> Decision {
     let holder = spec.holder_identity.clone().unwrap_or_default();
     let transitions = spec.lease_transitions.unwrap_or(0);
-    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+    let duration = lease_duration(spec);
     if holder == identity {
         return Decision::Write {
             acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
@@ -638,8 +643,8 @@ impl LeaderElector {
         let Some(spec) = o.spec.as_ref() else {
             return self.config.retry_period;
         };
-        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
-        (o.changed_at + duration + EXPIRY_MARGIN).saturating_duration_since(Instant::now())
+        (o.changed_at + lease_duration(spec) + EXPIRY_MARGIN)
+            .saturating_duration_since(Instant::now())
     }
 
     /// Remembers the record read; returns how long ago it last changed as we saw it.
