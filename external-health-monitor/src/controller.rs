@@ -81,7 +81,7 @@ pub async fn run(
     let controller = Arc::new(Controller {
         volumes: queue("csi-monitor-pv-queue"),
         nodes: queue("nodes"),
-        feed: Feeder::new(Index::new(&config.driver), client.clone(), NEEDS).paged(500),
+        feed: Feeder::new(Index::new(&config.driver), client.clone(), NEEDS),
         marked: Mutex::new(HashSet::new()),
         events: config.wiring.recorder(client.clone()),
         csi,

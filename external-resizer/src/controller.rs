@@ -147,8 +147,7 @@ pub async fn run(
             Index::new(&config.policy.driver, config.policy.recover),
             client.clone(),
             NEEDS,
-        )
-        .paged(500),
+        ),
         queue,
         memos: Mutex::new(HashMap::new()),
         events: config.wiring.recorder(client.clone()),

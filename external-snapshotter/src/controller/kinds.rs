@@ -417,7 +417,7 @@ impl Controller {
     /// Watches the contents of kind `K` (with `--node-deployment`, this node's only) and their
     /// classes.
     pub(super) fn watch<K: ContentKind>(self: &Arc<Self>, pipeline: &mut Pipeline) {
-        let mut contents = watcher::Config::default().page_size(500);
+        let mut contents = watcher::Config::default();
         if let Some(node) = &self.config.node {
             contents = contents.labels(&format!("{}={node}", model::MANAGED_BY));
         }

@@ -4,6 +4,8 @@
 //! its own decisions; this module knows nothing of what the keys mean.
 
 pub mod leading;
+pub mod listing;
+mod listwatch;
 pub mod views;
 pub mod viewtable;
 pub mod watches;
@@ -221,12 +223,6 @@ impl<I> Feeder<I> {
         }
     }
 
-    /// The watches list `page_size` objects a page (when they list in pages at all).
-    pub fn paged(mut self, page_size: u32) -> Self {
-        self.watch_config = self.watch_config.page_size(page_size);
-        self
-    }
-
     /// The watches' settings.
     pub fn watch_config(&self) -> watcher::Config {
         self.watch_config.clone()
@@ -268,8 +264,8 @@ pub struct Pipeline {
     hub: WatchHub,
     subscriptions: Vec<Subscription>,
     workers: JoinSet<()>,
-    synced_tx: mpsc::Sender<()>,
-    synced_rx: mpsc::Receiver<()>,
+    synced_tx: mpsc::UnboundedSender<()>,
+    synced_rx: mpsc::UnboundedReceiver<()>,
     expected: usize,
     stops: Vec<Box<dyn FnOnce() + Send>>,
     /// Cancelled when the pipeline stops: ends its periodic tasks.
@@ -294,7 +290,7 @@ impl Pipeline {
 
     /// A pipeline whose watches are `hub`'s (shared with every pipeline of the hub).
     pub fn with_watches(hub: WatchHub) -> Self {
-        let (synced_tx, synced_rx) = mpsc::channel(16);
+        let (synced_tx, synced_rx) = mpsc::unbounded_channel();
         Self {
             hub,
             subscriptions: Vec::new(),

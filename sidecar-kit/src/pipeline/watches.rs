@@ -5,12 +5,10 @@
 //! already running makes the watch list again (its other subscribers take the re-list as they
 //! take any re-list after a lost watch). The last subscriber to leave ends the watch.
 //!
-//! Lists are served from the API server's watch cache, never from etcd: a watch starts as a
-//! streaming list (`sendInitialEvents`, KEP-3157: the cache's objects as watch events, one at a
-//! time), as client-go's reflector does with watch-list; a server that refuses those is asked
-//! for lists at `resourceVersion=0`, which its cache serves whole, as client-go's reflector
-//! does otherwise. Either way a restart or a leader change costs the cluster no etcd range
-//! read per kind.
+//! Lists are served from the API server's watch cache (`resourceVersion=0`), never from etcd,
+//! as client-go's reflector does, and each listed object reaches the subscribers as soon as it
+//! is read (see [`listwatch`](super::listwatch)): a restart or a leader change costs the
+//! cluster no etcd range read per kind, and the process no copy of the whole list.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -18,13 +16,14 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
+use crate::pipeline::listwatch::{Failure, Source};
 use crate::pipeline::views::Needs;
 use crate::pipeline::{Change, lock};
 
@@ -33,12 +32,12 @@ use crate::pipeline::{Change, lock};
 const SHARED_GRACE: Duration = Duration::from_millis(100);
 
 /// A watch's report that its subscriber has seen a complete list.
-pub struct Synced(pub(crate) mpsc::Sender<()>);
+pub struct Synced(pub(crate) mpsc::UnboundedSender<()>);
 
 impl Synced {
-    async fn report(self) {
+    fn report(self) {
         // The receiver is gone only when the pipeline stopped waiting, which is fine.
-        let _ = self.0.send(()).await;
+        let _ = self.0.send(());
     }
 }
 
@@ -73,33 +72,27 @@ struct Shared<T> {
 
 impl<T> Shared<T> {
     /// Hands `change` to every listening subscriber; reports the ones whose first list is done.
-    async fn deliver(&self, change: Change<&T>) {
-        let mut reports = Vec::new();
-        {
-            let mut subscribers = lock(&self.subscribers);
-            for subscriber in subscribers.iter_mut() {
-                if matches!(change, Change::Relist) {
-                    subscriber.listening = true;
-                }
-                if !subscriber.listening {
-                    continue;
-                }
-                (subscriber.apply)(match &change {
-                    Change::Apply(o) => Change::Apply(*o),
-                    Change::Delete(o) => Change::Delete(*o),
-                    Change::Relist => Change::Relist,
-                    Change::Listed(o) => Change::Listed(*o),
-                    Change::Relisted => Change::Relisted,
-                });
-                if matches!(change, Change::Relisted)
-                    && let Some(synced) = subscriber.synced.take()
-                {
-                    reports.push(synced);
-                }
+    fn deliver(&self, change: Change<&T>) {
+        let mut subscribers = lock(&self.subscribers);
+        for subscriber in subscribers.iter_mut() {
+            if matches!(change, Change::Relist) {
+                subscriber.listening = true;
             }
-        }
-        for synced in reports {
-            synced.report().await;
+            if !subscriber.listening {
+                continue;
+            }
+            (subscriber.apply)(match &change {
+                Change::Apply(o) => Change::Apply(*o),
+                Change::Delete(o) => Change::Delete(*o),
+                Change::Relist => Change::Relist,
+                Change::Listed(o) => Change::Listed(*o),
+                Change::Relisted => Change::Relisted,
+            });
+            if matches!(change, Change::Relisted)
+                && let Some(synced) = subscriber.synced.take()
+            {
+                synced.report();
+            }
         }
     }
 }
@@ -241,20 +234,9 @@ impl Drop for Subscription {
     }
 }
 
-/// Whether the API server refused a streaming list as such (a server without the WatchList
-/// feature answers 400 or 422 to `sendInitialEvents`), rather than the watch for another reason.
-fn refuses_streaming(error: &watcher::Error) -> bool {
-    let status = match error {
-        watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status,
-        watcher::Error::WatchError(status) => status,
-        _ => return false,
-    };
-    matches!(status.code, 400 | 422)
-}
-
-/// Runs the watch and hands its changes to the subscribers; lists again when one joins.
-/// Failed watches are logged and restarted with the watcher's backoff.
+/// Lists and watches, handing the changes to the subscribers; lists again when one joins, when
+/// the watched version is gone, or after a failure the watch cannot resume from. Failures are
+/// logged and retried with the watcher's backoff.
 async fn run<K, T>(
     kind: String,
     api: Api<K>,
@@ -266,8 +248,9 @@ async fn run<K, T>(
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let mut config = config.streaming_lists();
-    let mut streaming = true;
+    let source = Source::new(kind.clone(), api, &config);
+    let mut backoff = watcher::DefaultBackoff::default();
+    let mut consistent = false;
     loop {
         if grace {
             tokio::time::sleep(SHARED_GRACE).await;
@@ -275,31 +258,53 @@ async fn run<K, T>(
             let _ = shared.restart.notified().now_or_never();
         }
         lists.fetch_add(1, Ordering::Relaxed);
-        let stream = watcher(api.clone(), config.clone()).default_backoff();
-        futures::pin_mut!(stream);
-        loop {
-            tokio::select! {
-                biased;
-                _ = shared.restart.notified() => break,
-                event = stream.next() => match event {
-                    Some(Ok(event)) => {
-                        let needs = Needs::from_bits(shared.needs.load(Ordering::Relaxed));
-                        let change = Change::from_watcher(event).map(|o| convert(o, needs));
-                        shared.deliver(change.as_ref()).await
-                    }
-                    Some(Err(err)) if streaming && refuses_streaming(&err) => {
-                        tracing::info!(%kind, error = %err, "the API server does not serve streaming lists: listing from its watch cache (resourceVersion=0) instead");
-                        config = config.any_semantic();
-                        config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
-                        // kube sends resourceVersion=0 only without a page size; the cache
-                        // serves the whole list at once anyway.
-                        config.page_size = None;
-                        streaming = false;
-                        break;
-                    }
-                    Some(Err(err)) => tracing::warn!(%kind, error = %err, "watch failed; retrying"),
-                    None => return,
-                },
+        let failure = tokio::select! {
+            biased;
+            _ = shared.restart.notified() => continue,
+            failure = list_and_watch(&source, convert, &shared, consistent, &mut backoff) => failure,
+        };
+        consistent = matches!(failure, Failure::Gone);
+        if consistent {
+            tracing::info!(%kind, "the watched version is gone from the API server: listing again");
+            continue;
+        }
+        let wait = backoff.next().unwrap_or(MAX_BACKOFF);
+        tracing::warn!(%kind, error = %failure, retry_in = ?wait, "list or watch failed; listing again");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The longest wait between failed lists, should the backoff end.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Lists, then watches for as long as the watch can resume from the last version seen.
+async fn list_and_watch<K, T>(
+    source: &Source,
+    convert: fn(K, Needs) -> T,
+    shared: &Shared<T>,
+    consistent: bool,
+    backoff: &mut watcher::DefaultBackoff,
+) -> Failure
+where
+    K: kube::Resource + Clone + DeserializeOwned,
+{
+    let hand = |change: Change<K>| {
+        let needs = Needs::from_bits(shared.needs.load(Ordering::Relaxed));
+        shared.deliver(change.map(|o| convert(o, needs)).as_ref());
+    };
+    let mut version = match source.list(consistent, hand).await {
+        Ok(version) => version,
+        Err(failure) => return failure,
+    };
+    shared.deliver(Change::Relisted);
+    loop {
+        match source.watch(&mut version, hand).await {
+            Ok(()) => {}
+            Err(failure @ (Failure::Gone | Failure::Event(_))) => return failure,
+            Err(failure) => {
+                let wait = backoff.next().unwrap_or(MAX_BACKOFF);
+                tracing::warn!(kind = %source.kind(), error = %failure, retry_in = ?wait, "watch failed; watching again from the last version seen");
+                tokio::time::sleep(wait).await;
             }
         }
     }

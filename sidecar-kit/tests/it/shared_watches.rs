@@ -13,7 +13,7 @@ use serde_json::json;
 use sidecar_kit::pipeline::views::{Needs, PvView};
 use sidecar_kit::pipeline::watches::WatchHub;
 use sidecar_kit::pipeline::{Change, Pipeline};
-use testkit::apiserver::{FeatureGates, Gate, Options, TestCluster, Verb};
+use testkit::apiserver::{Options, RequestMatch, TestCluster, Verb};
 use tokio_util::sync::CancellationToken;
 
 type Seen = Arc<Mutex<BTreeSet<String>>>;
@@ -23,16 +23,23 @@ fn subscriber(hub: &WatchHub, api: &Api<ConfigMap>) -> (Pipeline, Seen) {
     let seen: Seen = Arc::default();
     let mut pipeline = Pipeline::with_watches(hub.clone());
     let names = seen.clone();
+    // A re-list's names, which replace the ones seen before once it is complete.
+    let mut listed = BTreeSet::new();
     pipeline.watch(api.clone(), watcher::Config::default(), move |change| {
         let mut names = names.lock().unwrap();
+        let name = |o: &ConfigMap| o.metadata.name.clone().unwrap_or_default();
         match change {
-            Change::Apply(o) | Change::Listed(o) => {
-                names.insert(o.metadata.name.clone().unwrap_or_default());
+            Change::Apply(o) => {
+                names.insert(name(o));
             }
             Change::Delete(o) => {
-                names.remove(o.metadata.name.as_deref().unwrap_or_default());
+                names.remove(&name(o));
             }
-            Change::Relist | Change::Relisted => {}
+            Change::Relist => listed.clear(),
+            Change::Listed(o) => {
+                listed.insert(name(o));
+            }
+            Change::Relisted => *names = std::mem::take(&mut listed),
         }
     });
     (pipeline, seen)
@@ -72,11 +79,7 @@ async fn controllers_of_one_process_share_one_watch_per_kind() {
     assert_eq!(hub.lists(), 1, "one watch for both");
     if let Some(counters) = cluster.counters() {
         assert_eq!(counters.lists("configmaps"), 1);
-        assert_eq!(
-            counters.get(Verb::List, "configmaps"),
-            0,
-            "the list is streamed from the watch cache"
-        );
+        assert_eq!(counters.get(Verb::List, "configmaps"), 1);
     }
     create(&api, "c").await;
     until_seen(&first_seen, &["c"]).await;
@@ -188,18 +191,13 @@ async fn a_shared_view_holds_what_all_its_controllers_read() {
     cluster.cleanup().await.unwrap();
 }
 
-/// A server that refuses streaming lists (before 1.32, or with the WatchList gate off) is asked
-/// for a list instead, and the watch goes on from it.
+/// A watch that ends (the server's timeout, a restart) or fails goes on from the last version
+/// it saw: no list again, however many objects there are.
 #[tokio::test]
-async fn a_server_without_streaming_lists_is_listed_instead() {
-    let cluster = TestCluster::start_with(Options {
-        feature_gates: FeatureGates::default().with(Gate::WatchList, false),
-        ..Options::default()
-    })
-    .await
-    .unwrap();
-    // A real cluster's gates are its own.
-    let Some(counters) = cluster.counters() else {
+async fn a_watch_that_ends_or_fails_goes_on_without_listing_again() {
+    let cluster = TestCluster::start().await.unwrap();
+    let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
+        // A real cluster's watches cannot be ended on demand.
         return;
     };
     let api: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
@@ -209,8 +207,50 @@ async fn a_server_without_streaming_lists_is_listed_instead() {
     assert!(pipeline.wait_synced(&shutdown).await);
     until_seen(&seen, &["a"]).await;
     assert_eq!(counters.get(Verb::List, "configmaps"), 1);
+
+    faults.close_watches(Some("configmaps"));
     create(&api, "b").await;
     until_seen(&seen, &["b"]).await;
+    faults.fail_next(RequestMatch::new(Verb::Watch, "configmaps"), 1, 500);
+    faults.close_watches(Some("configmaps"));
+    create(&api, "c").await;
+    until_seen(&seen, &["c"]).await;
+    assert_eq!(faults.pending_failures(), 0, "the failed watch was retried");
+    assert_eq!(counters.get(Verb::List, "configmaps"), 1);
+    assert!(counters.get(Verb::Watch, "configmaps") >= 3);
+    pipeline.stop().await;
+    cluster.cleanup().await.unwrap();
+}
+
+/// A watch whose version the server no longer has (410 Gone, after a compaction) lists again,
+/// and the objects deleted meanwhile are gone from the subscribers too.
+#[tokio::test]
+async fn a_watch_whose_version_is_gone_lists_again() {
+    let cluster = TestCluster::start().await.unwrap();
+    let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
+        return;
+    };
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
+    create(&api, "a").await;
+    let shutdown = CancellationToken::new();
+    let (mut pipeline, seen) = subscriber(&WatchHub::default(), &api);
+    assert!(pipeline.wait_synced(&shutdown).await);
+    until_seen(&seen, &["a"]).await;
+
+    // While the watch is away: changes, then the history that held them is forgotten.
+    faults.fail_next(RequestMatch::new(Verb::Watch, "configmaps"), u32::MAX, 503);
+    faults.close_watches(Some("configmaps"));
+    api.delete("a", &Default::default()).await.unwrap();
+    create(&api, "b").await;
+    faults.compact_history();
+    faults.clear();
+    until_seen(&seen, &["b"]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.lock().unwrap().contains("a") {
+        assert!(tokio::time::Instant::now() < deadline, "a is still seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counters.get(Verb::List, "configmaps"), 2);
     pipeline.stop().await;
     cluster.cleanup().await.unwrap();
 }
