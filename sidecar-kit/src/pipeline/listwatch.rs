@@ -117,11 +117,12 @@ impl Source {
             .request
             .list(&params)
             .map_err(kube::Error::BuildRequest);
+        let started = std::time::Instant::now();
         let mut body = self.open(request.map_err(Failure::Request)?).await?;
         each(Change::Relist);
         let mut list = ListBody::new(MAX_OBJECT);
         let mut version = None;
-        let mut unreadable = 0usize;
+        let (mut listed, mut unreadable) = (0usize, 0usize);
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(Failure::Request)?;
             let Ok(chunk) = frame.into_data() else {
@@ -133,7 +134,10 @@ impl Source {
                     Part::Item(item) => {
                         drop_managed_fields(item, &[]);
                         match serde_json::from_slice::<K>(item) {
-                            Ok(object) => each(Change::Listed(object)),
+                            Ok(object) => {
+                                listed += 1;
+                                each(Change::Listed(object));
+                            }
                             Err(error) => {
                                 unreadable += 1;
                                 tracing::warn!(kind = %self.kind, %error, "an object of the list cannot be read; it is left out");
@@ -152,6 +156,7 @@ impl Source {
         if unreadable > 0 {
             tracing::warn!(kind = %self.kind, unreadable, "listed without the objects that cannot be read");
         }
+        tracing::info!(kind = %self.kind, objects = listed, elapsed = ?started.elapsed(), "listed");
         version.filter(|v| !v.is_empty()).ok_or(Failure::NoVersion)
     }
 

@@ -274,6 +274,9 @@ async fn run<K, T>(
     }
 }
 
+/// A watch that ends sooner than this counts as a failure for the backoff.
+const BRIEF_WATCH: Duration = Duration::from_secs(1);
+
 /// The longest wait between failed lists, should the backoff end.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -298,7 +301,15 @@ where
     };
     shared.deliver(Change::Relisted);
     loop {
+        let started = tokio::time::Instant::now();
         match source.watch(&mut version, hand).await {
+            // A server that ends every watch at once (broken, or hostile) is not asked again
+            // in a busy loop.
+            Ok(()) if started.elapsed() < BRIEF_WATCH => {
+                let wait = backoff.next().unwrap_or(MAX_BACKOFF);
+                tracing::warn!(kind = %source.kind(), retry_in = ?wait, "the API server ended a watch at once; watching again from the last version seen");
+                tokio::time::sleep(wait).await;
+            }
             Ok(()) => {}
             Err(failure @ (Failure::Gone | Failure::Event(_))) => return failure,
             Err(failure) => {
