@@ -122,7 +122,7 @@ impl Wiring {
     }
 }
 
-/// One watch event, as kube's watcher reports them.
+/// One change a watch reports: an object changed or gone, or a step of a (re-)list.
 #[derive(Debug)]
 pub enum Change<T> {
     Apply(T),
@@ -136,17 +136,6 @@ pub enum Change<T> {
 }
 
 impl<T> Change<T> {
-    pub fn from_watcher(event: watcher::Event<T>) -> Self {
-        use watcher::Event;
-        match event {
-            Event::Apply(o) => Self::Apply(o),
-            Event::Delete(o) => Self::Delete(o),
-            Event::Init => Self::Relist,
-            Event::InitApply(o) => Self::Listed(o),
-            Event::InitDone => Self::Relisted,
-        }
-    }
-
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Change<U> {
         match self {
             Self::Apply(o) => Change::Apply(f(o)),
