@@ -13,7 +13,7 @@ use serde_json::json;
 use sidecar_kit::pipeline::views::{Needs, PvView};
 use sidecar_kit::pipeline::watches::WatchHub;
 use sidecar_kit::pipeline::{Change, Pipeline};
-use testkit::apiserver::{Options, RequestMatch, TestCluster, Verb};
+use testkit::apiserver::{Faults, Options, RequestCounters, RequestMatch, TestCluster, Verb};
 use tokio_util::sync::CancellationToken;
 
 type Seen = Arc<Mutex<BTreeSet<String>>>;
@@ -191,21 +191,30 @@ async fn a_shared_view_holds_what_all_its_controllers_read() {
     cluster.cleanup().await.unwrap();
 }
 
+/// On the test kit (`None` on a real cluster, whose watches cannot be ended on demand): its
+/// faults and counters, and a subscriber to the ConfigMaps that has seen the one it made, `a`.
+async fn subscribed_to_a(
+    cluster: &TestCluster,
+) -> Option<(Faults, RequestCounters, Api<ConfigMap>, Pipeline, Seen)> {
+    let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
+        return None;
+    };
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
+    create(&api, "a").await;
+    let (mut pipeline, seen) = subscriber(&WatchHub::default(), &api);
+    assert!(pipeline.wait_synced(&CancellationToken::new()).await);
+    until_seen(&seen, &["a"]).await;
+    Some((faults, counters, api, pipeline, seen))
+}
+
 /// A watch that ends (the server's timeout, a restart) or fails goes on from the last version
 /// it saw: no list again, however many objects there are.
 #[tokio::test]
 async fn a_watch_that_ends_or_fails_goes_on_without_listing_again() {
     let cluster = TestCluster::start().await.unwrap();
-    let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
-        // A real cluster's watches cannot be ended on demand.
+    let Some((faults, counters, api, pipeline, seen)) = subscribed_to_a(&cluster).await else {
         return;
     };
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
-    create(&api, "a").await;
-    let shutdown = CancellationToken::new();
-    let (mut pipeline, seen) = subscriber(&WatchHub::default(), &api);
-    assert!(pipeline.wait_synced(&shutdown).await);
-    until_seen(&seen, &["a"]).await;
     assert_eq!(counters.get(Verb::List, "configmaps"), 1);
 
     faults.close_watches(Some("configmaps"));
@@ -227,15 +236,9 @@ async fn a_watch_that_ends_or_fails_goes_on_without_listing_again() {
 #[tokio::test]
 async fn a_watch_whose_version_is_gone_lists_again() {
     let cluster = TestCluster::start().await.unwrap();
-    let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
+    let Some((faults, counters, api, pipeline, seen)) = subscribed_to_a(&cluster).await else {
         return;
     };
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
-    create(&api, "a").await;
-    let shutdown = CancellationToken::new();
-    let (mut pipeline, seen) = subscriber(&WatchHub::default(), &api);
-    assert!(pipeline.wait_synced(&shutdown).await);
-    until_seen(&seen, &["a"]).await;
 
     // While the watch is away: changes, then the history that held them is forgotten.
     faults.fail_next(RequestMatch::new(Verb::Watch, "configmaps"), u32::MAX, 503);
