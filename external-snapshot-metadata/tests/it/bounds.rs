@@ -371,9 +371,12 @@ async fn upstream_s_cluster_role_suffices() {
 /// Unavailable, "not yet ready" (not the Internal of a SnapshotMetadataService not found).
 #[tokio::test]
 async fn a_request_before_the_sidecar_is_ready_is_unavailable() {
-    // The SnapshotMetadataService's watch never syncs.
+    // The SnapshotMetadataServices are never listed, so their watch never syncs.
     let env = Env::start(Start {
-        refused: vec![(Verb::Watch, "snapshotmetadataservices", 500)],
+        refused: vec![
+            (Verb::List, "snapshotmetadataservices", 500),
+            (Verb::Watch, "snapshotmetadataservices", 500),
+        ],
         ..Start::default()
     })
     .await;
