@@ -113,12 +113,11 @@ impl Source {
         if !consistent {
             params = params.at("0");
         }
-        let request = self
-            .request
-            .list(&params)
-            .map_err(kube::Error::BuildRequest);
+        let request = self.request.list(&params);
         let started = std::time::Instant::now();
-        let mut body = self.open(request.map_err(Failure::Request)?).await?;
+        let mut body = self
+            .open(request.map_err(|e| Failure::Request(kube::Error::BuildRequest(e)))?)
+            .await?;
         each(Change::Relist);
         let mut list = ListBody::new(MAX_OBJECT);
         let mut version = None;
@@ -140,7 +139,10 @@ impl Source {
                             }
                             Err(error) => {
                                 unreadable += 1;
-                                tracing::warn!(kind = %self.kind, %error, "an object of the list cannot be read; it is left out");
+                                // The first names the cause; the count of the rest follows.
+                                if unreadable == 1 {
+                                    tracing::warn!(kind = %self.kind, %error, "an object of the list cannot be read; it is left out");
+                                }
                             }
                         }
                     }
