@@ -498,13 +498,13 @@ impl Controller {
         if naming.extra_create_metadata {
             parameters.insert(
                 decide::SNAPSHOT_NAME_KEY.into(),
-                content.snapshot_ref.name.clone(),
+                content.snapshot_ref.name.to_string(),
             );
             parameters.insert(
                 decide::SNAPSHOT_NAMESPACE_KEY.into(),
-                content.snapshot_ref.namespace.clone(),
+                content.snapshot_ref.namespace.to_string(),
             );
-            parameters.insert(decide::CONTENT_NAME_KEY.into(), content.name.clone());
+            parameters.insert(decide::CONTENT_NAME_KEY.into(), content.name.to_string());
         }
         if content.snapshot_ref.uid.is_empty() {
             return Err(format!(
@@ -512,7 +512,7 @@ impl Controller {
                 content.name
             ));
         }
-        let Some(source_volume) = content.volume_handle.clone() else {
+        let Some(source_volume) = content.volume_handle.as_deref().map(String::from) else {
             return Err(format!(
                 "cannot create snapshot. Volume handle not found in snapshot content {}",
                 content.name
@@ -525,8 +525,8 @@ impl Controller {
         )?;
         Ok((
             Intent {
-                content_uid: content.uid.clone(),
-                snapshot_uid: content.snapshot_ref.uid.clone(),
+                content_uid: content.uid.to_string(),
+                snapshot_uid: content.snapshot_ref.uid.to_string(),
                 name,
                 source_volume,
                 parameters,
@@ -699,7 +699,7 @@ impl Controller {
             tracing::debug!(content = %content.name, "removed the protection finalizer");
         }
         self.events.forget_object(&content.uid);
-        lock(&self.calls).remove(&content.name);
+        lock(&self.calls).remove(&*content.name);
         Ok(())
     }
 }

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
+use sidecar_kit::values::atom::{Atom, List};
 use sidecar_kit::values::names::{self, SecretKeys};
+use sidecar_kit::values::version::ResourceVersion;
 use tonic::Code;
 
 use crate::model::{
@@ -71,9 +73,9 @@ pub fn should_enqueue(old: &Content, new: &Content) -> bool {
         return true;
     }
     let strip = |c: &Content| Content {
-        resource_version: String::new(),
+        resource_version: ResourceVersion::None,
         status: None,
-        finalizers: Vec::new(),
+        finalizers: List::default(),
         being_created: false,
         ..c.clone()
     };
@@ -124,7 +126,7 @@ pub fn plan(content: &Content, list_snapshots: bool) -> Plan {
         let handle = content
             .status
             .as_ref()
-            .and_then(|s| s.snapshot_handle.clone())
+            .and_then(|s| s.snapshot_handle.as_deref().map(String::from))
             .filter(|_| content.deletion_policy == "Delete" && !member);
         return Plan::Delete { handle };
     }
@@ -137,17 +139,21 @@ pub fn plan(content: &Content, list_snapshots: bool) -> Plan {
     let status_handle = content.status.as_ref().and_then(|s| {
         s.volume_group_snapshot_handle
             .as_ref()
-            .and(s.snapshot_handle.clone())
+            .and(s.snapshot_handle.as_deref())
     });
-    if let Some(handle) = content.snapshot_handle_source.clone().or(status_handle) {
-        return Plan::Check { handle };
+    if let Some(handle) = content.snapshot_handle_source.as_deref().or(status_handle) {
+        return Plan::Check {
+            handle: handle.into(),
+        };
     }
     let cut = content
         .status
         .as_ref()
-        .and_then(|s| s.snapshot_handle.clone());
+        .and_then(|s| s.snapshot_handle.as_deref());
     if let Some(handle) = cut.filter(|_| list_snapshots && !content.group_member) {
-        return Plan::Check { handle };
+        return Plan::Check {
+            handle: handle.into(),
+        };
     }
     if content.group_member {
         Plan::Nothing
@@ -205,15 +211,12 @@ fn annotated_secret(
 ) -> Result<Option<SecretRef>, String> {
     match secret {
         SecretAnnotations::None => Ok(None),
-        SecretAnnotations::Given { name: n, namespace } if n.is_empty() || namespace.is_empty() => {
+        SecretAnnotations::Given(given) if given.name.is_empty() || given.namespace.is_empty() => {
             Err(format!(
                 "cannot retrieve secrets for {what} {name:?}, err: secret name or namespace not specified"
             ))
         }
-        SecretAnnotations::Given { name, namespace } => Ok(Some(SecretRef {
-            namespace: namespace.clone(),
-            name: name.clone(),
-        })),
+        SecretAnnotations::Given(given) => Ok(Some(SecretRef::clone(given))),
     }
 }
 
@@ -360,7 +363,7 @@ pub fn group_finalizer_removal(content: &GroupContent) -> Option<Value> {
     removal_of(&content.finalizers, model::GROUP_FINALIZER)
 }
 
-fn removal_of(finalizers: &[String], finalizer: &str) -> Option<Value> {
+fn removal_of(finalizers: &[Atom], finalizer: &str) -> Option<Value> {
     let at = finalizers.iter().position(|f| f == finalizer)?;
     let path = format!("/metadata/finalizers/{at}");
     Some(json!([

@@ -2,10 +2,12 @@
 //! VolumeGroupSnapshotContents, and the classes of both. Each event returns the contents to
 //! work on. No I/O.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::sync::Arc;
 
+use sidecar_kit::pipeline::viewtable::ViewTable;
 use sidecar_kit::pipeline::{Change, Relist};
-use sidecar_kit::values::shrink::ShrinkWhenSparse;
+use sidecar_kit::values::version::ResourceVersion;
 
 use crate::decide;
 use crate::model::{
@@ -28,7 +30,7 @@ pub struct Shelf<T> {
     classes: Table<Class>,
 }
 
-impl<T> Default for Shelf<T> {
+impl<T: Cached> Default for Shelf<T> {
     fn default() -> Self {
         Self {
             contents: Table::default(),
@@ -67,7 +69,7 @@ trait Cached {
     /// The driver of a content; `None` for a class, which is kept whatever its driver.
     fn driver(&self) -> Option<&str>;
     /// `None` for a class: each event of one replaces the cached one.
-    fn resource_version(&self) -> Option<&str>;
+    fn resource_version(&self) -> Option<&ResourceVersion>;
     /// Whether it keeps what it names once deleted (a content of deletion policy Retain).
     fn retains(&self) -> bool {
         false
@@ -81,7 +83,7 @@ impl<T: ContentObject> Cached for T {
     fn driver(&self) -> Option<&str> {
         Some(ContentObject::driver(self))
     }
-    fn resource_version(&self) -> Option<&str> {
+    fn resource_version(&self) -> Option<&ResourceVersion> {
         Some(ContentObject::resource_version(self))
     }
     fn retains(&self) -> bool {
@@ -96,7 +98,7 @@ impl Cached for Class {
     fn driver(&self) -> Option<&str> {
         None
     }
-    fn resource_version(&self) -> Option<&str> {
+    fn resource_version(&self) -> Option<&ResourceVersion> {
         None
     }
 }
@@ -105,7 +107,7 @@ impl Cached for Class {
 /// the watch was down.
 #[derive(Debug)]
 struct Table<T> {
-    items: HashMap<String, T>,
+    items: ViewTable<T, str>,
     relist: Relist,
     /// Contents whose last version kept what they name (deletion policy Retain) when they
     /// went, until the worker that settles them has looked: a policy patched to Retain after
@@ -113,10 +115,10 @@ struct Table<T> {
     retained_gone: HashSet<String>,
 }
 
-impl<T> Default for Table<T> {
+impl<T: Cached> Default for Table<T> {
     fn default() -> Self {
         Self {
-            items: HashMap::new(),
+            items: ViewTable::new(|item: &T| item.name()),
             relist: Relist::default(),
             retained_gone: HashSet::new(),
         }
@@ -149,10 +151,10 @@ impl<T: Cached> Table<T> {
                     None => true,
                     // The echo of the snapshotter's own write, or an older version than that
                     // write: nothing new.
-                    Some(old) if !newer(old, &new) => return Vec::new(),
+                    Some(old) if !newer(&**old, &new) => return Vec::new(),
                     Some(old) => act(old, &new),
                 };
-                self.items.insert(name.clone(), new);
+                self.items.insert(Arc::new(new));
                 if work { vec![name] } else { Vec::new() }
             }
             Change::Delete(object) => {
@@ -196,16 +198,16 @@ impl<T: Cached> Table<T> {
             .get(new.name())
             .is_none_or(|old| !newer(&new, old));
         if keep {
-            self.items.insert(new.name().to_string(), new);
+            self.items.insert(Arc::new(new));
         }
     }
 
     /// The object named `name`, if cached.
-    fn class_of(&self, name: Option<&String>) -> Option<T>
+    fn class_of(&self, name: Option<&str>) -> Option<T>
     where
         T: Clone,
     {
-        name.and_then(|c| self.items.get(c)).cloned()
+        name.and_then(|c| self.items.get(c)).map(|c| T::clone(c))
     }
 }
 
@@ -227,8 +229,8 @@ impl Index {
         let shelf = T::shelf(self);
         let content = shelf.contents.items.get(name)?;
         let class = shelf.classes.class_of(content.class());
-        decide::driver_match(content, class.as_ref(), &self.driver)
-            .then(|| (content.clone(), class))
+        decide::driver_match(&**content, class.as_ref(), &self.driver)
+            .then(|| (T::clone(content), class))
     }
 
     /// The content, if it is this driver's.
@@ -242,17 +244,22 @@ impl Index {
     }
 
     pub fn class(&self, name: &str) -> Option<Class> {
-        self.snapshots.classes.items.get(name).cloned()
+        self.snapshots.classes.class_of(Some(name))
     }
 
     /// The class of contents of kind `T` named `name`.
     pub fn class_for<T: Shelved>(&self, name: &str) -> Option<Class> {
-        T::shelf(self).classes.items.get(name).cloned()
+        T::shelf(self).classes.class_of(Some(name))
     }
 
     /// The names of the contents of this driver, for the periodic resync.
     pub fn names<T: Shelved>(&self) -> Vec<String> {
-        T::shelf(self).contents.items.keys().cloned().collect()
+        T::shelf(self)
+            .contents
+            .items
+            .keys()
+            .map(str::to_string)
+            .collect()
     }
 
     /// The content (of any driver) with UID `content_uid` or bound to the VolumeSnapshot
@@ -333,8 +340,11 @@ fn newer<T: Cached>(old: &T, new: &T) -> bool {
 }
 
 /// A resourceVersion as a number, as upstream compares them (0 when not a number).
-fn version(text: &str) -> u64 {
-    text.parse().unwrap_or(0)
+fn version(written: &ResourceVersion) -> u64 {
+    match written {
+        ResourceVersion::Revision(number) => *number,
+        other => other.to_string().parse().unwrap_or(0),
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@ use std::sync::LazyLock;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+use sidecar_kit::values::atom::{Atom, List};
+use sidecar_kit::values::version::ResourceVersion;
 
 pub const GROUP: &str = "snapshot.storage.k8s.io";
 
@@ -103,18 +105,37 @@ pub struct ObjectRef {
     pub uid: String,
 }
 
-/// The status the snapshotter writes (and the controller copies to the VolumeSnapshot).
+/// What a content is bound to (its VolumeSnapshot or VolumeGroupSnapshot), as cached.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BoundRef {
+    pub name: Box<str>,
+    pub namespace: Atom,
+    pub uid: Box<str>,
+}
+
+impl From<&ObjectRef> for BoundRef {
+    fn from(object: &ObjectRef) -> Self {
+        Self {
+            name: object.name.as_str().into(),
+            namespace: Atom::new(&object.namespace),
+            uid: object.uid.as_str().into(),
+        }
+    }
+}
+
+/// The status the snapshotter writes (and the controller copies to the VolumeSnapshot). Read
+/// and cached as it is: its strings boxed, its rare error behind a pointer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContentStatus {
-    pub snapshot_handle: Option<String>,
+    pub snapshot_handle: Option<Box<str>>,
     pub ready_to_use: Option<bool>,
     /// Unix nanoseconds.
     pub creation_time: Option<i64>,
     /// Bytes.
     pub restore_size: Option<i64>,
-    pub error: Option<SnapshotError>,
-    pub volume_group_snapshot_handle: Option<String>,
+    pub error: Option<Box<SnapshotError>>,
+    pub volume_group_snapshot_handle: Option<Box<str>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -153,25 +174,25 @@ pub struct SecretRef {
     pub name: String,
 }
 
-/// The deletion-secret annotations of a content: absent, or both present (possibly empty).
+/// The deletion-secret annotations of a content: absent, or both present (possibly empty; kept
+/// apart, as most contents have none).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum SecretAnnotations {
     #[default]
     None,
-    Given {
-        name: String,
-        namespace: String,
-    },
+    Given(Box<SecretRef>),
 }
 
-/// What the snapshotter keeps of a VolumeSnapshotContent.
+/// What the snapshotter keeps of a VolumeSnapshotContent: strings boxed, and those that repeat
+/// across contents (driver, policy, class, namespace, finalizers) interned, as a cache of ten
+/// thousands of them holds each field that many times.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Content {
-    pub name: String,
-    pub uid: String,
-    pub resource_version: String,
+    pub name: Box<str>,
+    pub uid: Box<str>,
+    pub resource_version: ResourceVersion,
     pub deleting: bool,
-    pub finalizers: Vec<String>,
+    pub finalizers: List<Atom>,
     pub being_created: bool,
     pub being_deleted: bool,
     pub group_member: bool,
@@ -180,13 +201,13 @@ pub struct Content {
     /// a change to them is a change to act on (the snapshot-controller's being-deleted
     /// annotation, a secret), and nothing else reads them, so their text is not kept.
     pub other_metadata: u64,
-    pub driver: String,
+    pub driver: Atom,
     /// `Delete` or `Retain`.
-    pub deletion_policy: String,
-    pub volume_handle: Option<String>,
-    pub snapshot_handle_source: Option<String>,
-    pub class: Option<String>,
-    pub snapshot_ref: ObjectRef,
+    pub deletion_policy: Atom,
+    pub volume_handle: Option<Box<str>>,
+    pub snapshot_handle_source: Option<Box<str>>,
+    pub class: Option<Atom>,
+    pub snapshot_ref: BoundRef,
     pub status: Option<ContentStatus>,
 }
 
@@ -215,22 +236,22 @@ impl Content {
         let other_metadata = metadata_fingerprint(meta);
         let spec = &object.spec;
         Self {
-            name: meta.name.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            name: boxed(meta.name.as_deref()),
+            uid: boxed(meta.uid.as_deref()),
+            resource_version: ResourceVersion::new(meta.resource_version.as_deref()),
             deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
             being_created: annotation(BEING_CREATED).is_some(),
             being_deleted: annotation(BEING_DELETED).is_some(),
             group_member: annotation(GROUP_HANDLE).is_some(),
             secret,
             other_metadata,
-            driver: spec.driver.clone(),
-            deletion_policy: spec.deletion_policy.clone(),
-            volume_handle: spec.source.volume_handle.clone(),
-            snapshot_handle_source: spec.source.snapshot_handle.clone(),
-            class: spec.volume_snapshot_class_name.clone(),
-            snapshot_ref: spec.volume_snapshot_ref.clone(),
+            driver: Atom::new(&spec.driver),
+            deletion_policy: Atom::new(&spec.deletion_policy),
+            volume_handle: spec.source.volume_handle.as_deref().map(Box::from),
+            snapshot_handle_source: spec.source.snapshot_handle.as_deref().map(Box::from),
+            class: spec.volume_snapshot_class_name.as_deref().map(Atom::new),
+            snapshot_ref: BoundRef::from(&spec.volume_snapshot_ref),
             status: object.status.clone(),
         }
     }
@@ -265,7 +286,7 @@ pub trait ContentObject: Sized {
     fn project(object: &Self::Object) -> Self;
     fn name(&self) -> &str;
     fn uid(&self) -> &str;
-    fn resource_version(&self) -> &str;
+    fn resource_version(&self) -> &ResourceVersion;
     fn driver(&self) -> &str;
     /// Its deletion was asked for (it has a deletion timestamp).
     fn deleting(&self) -> bool;
@@ -277,7 +298,7 @@ pub trait ContentObject: Sized {
     /// It stands for a snapshot (group) the driver already has.
     fn pre_provisioned(&self) -> bool;
     /// The name of its class, if it names one.
-    fn class(&self) -> Option<&String>;
+    fn class(&self) -> Option<&str>;
     /// The UID of the VolumeSnapshot (VolumeGroupSnapshot) it is bound to.
     fn source_uid(&self) -> &str;
     /// It names what it is cut from: a volume (volumes), or a pre-provisioned handle.
@@ -296,7 +317,7 @@ pub trait ContentObject: Sized {
             kind: Some(Self::KIND.into()),
             name: Some(self.name().into()),
             uid: Some(self.uid().into()),
-            resource_version: Some(self.resource_version().into()),
+            resource_version: self.resource_version().to_option(),
             ..Default::default()
         }
     }
@@ -312,7 +333,7 @@ macro_rules! content_fields {
         fn uid(&self) -> &str {
             &self.uid
         }
-        fn resource_version(&self) -> &str {
+        fn resource_version(&self) -> &ResourceVersion {
             &self.resource_version
         }
         fn driver(&self) -> &str {
@@ -327,8 +348,8 @@ macro_rules! content_fields {
         fn being_deleted(&self) -> bool {
             self.being_deleted
         }
-        fn class(&self) -> Option<&String> {
-            self.class.as_ref()
+        fn class(&self) -> Option<&str> {
+            self.class.as_deref()
         }
         fn error_message(&self) -> Option<&str> {
             let error = self.status.as_ref()?.error.as_ref()?;
@@ -433,6 +454,11 @@ impl Class {
     }
 }
 
+/// A string of an object's metadata, boxed (empty when absent).
+fn boxed(value: Option<&str>) -> Box<str> {
+    value.unwrap_or_default().into()
+}
+
 fn secret_annotations(
     annotations: Option<&BTreeMap<String, String>>,
     name_key: &str,
@@ -440,10 +466,10 @@ fn secret_annotations(
 ) -> SecretAnnotations {
     let annotation = |key: &str| annotations.and_then(|a| a.get(key));
     match (annotation(name_key), annotation(namespace_key)) {
-        (Some(name), Some(namespace)) => SecretAnnotations::Given {
+        (Some(name), Some(namespace)) => SecretAnnotations::Given(Box::new(SecretRef {
             name: name.clone(),
             namespace: namespace.clone(),
-        },
+        })),
         _ => SecretAnnotations::None,
     }
 }
@@ -557,20 +583,20 @@ sidecar_kit::custom_resource!(
 /// What the snapshotter keeps of a VolumeGroupSnapshotContent.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct GroupContent {
-    pub name: String,
-    pub uid: String,
-    pub resource_version: String,
+    pub name: Box<str>,
+    pub uid: Box<str>,
+    pub resource_version: ResourceVersion,
     pub deleting: bool,
-    pub finalizers: Vec<String>,
+    pub finalizers: List<Atom>,
     pub being_created: bool,
     pub being_deleted: bool,
     pub secret: SecretAnnotations,
-    pub driver: String,
-    pub deletion_policy: String,
+    pub driver: Atom,
+    pub deletion_policy: Atom,
     pub volume_handles: Vec<String>,
     pub pre_provisioned: Option<GroupSnapshotHandles>,
-    pub class: Option<String>,
-    pub group_ref: ObjectRef,
+    pub class: Option<Atom>,
+    pub group_ref: BoundRef,
     pub status: Option<GroupContentStatus>,
 }
 
@@ -581,20 +607,23 @@ impl GroupContent {
         let has = |key: &str| annotations.is_some_and(|a| a.contains_key(key));
         let spec = &object.spec;
         Self {
-            name: meta.name.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            name: boxed(meta.name.as_deref()),
+            uid: boxed(meta.uid.as_deref()),
+            resource_version: ResourceVersion::new(meta.resource_version.as_deref()),
             deleting: meta.deletion_timestamp.is_some(),
-            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            finalizers: meta.finalizers.iter().flatten().map(Atom::from).collect(),
             being_created: has(GROUP_BEING_CREATED),
             being_deleted: has(GROUP_BEING_DELETED),
             secret: secret_annotations(annotations, GROUP_SECRET_NAME, GROUP_SECRET_NAMESPACE),
-            driver: spec.driver.clone(),
-            deletion_policy: spec.deletion_policy.clone(),
+            driver: Atom::new(&spec.driver),
+            deletion_policy: Atom::new(&spec.deletion_policy),
             volume_handles: spec.source.volume_handles.clone(),
             pre_provisioned: spec.source.group_snapshot_handles.clone(),
-            class: spec.volume_group_snapshot_class_name.clone(),
-            group_ref: spec.volume_group_snapshot_ref.clone(),
+            class: spec
+                .volume_group_snapshot_class_name
+                .as_deref()
+                .map(Atom::new),
+            group_ref: BoundRef::from(&spec.volume_group_snapshot_ref),
             status: object.status.clone(),
         }
     }
@@ -645,6 +674,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The index holds ten thousands of these: the fields that repeat are pointers to shared
+    /// values, and the status is inline only because nearly every content has one.
+    #[test]
+    fn a_cached_content_stays_small() {
+        assert!(size_of::<Content>() <= 256, "{} B", size_of::<Content>());
+        assert_eq!(size_of::<SecretAnnotations>(), 8);
+        assert_eq!(size_of::<Option<Atom>>(), 8);
+    }
+
     #[test]
     fn a_content_is_projected_with_what_the_snapshotter_uses() {
         let object: VolumeSnapshotContent = serde_json::from_value(json!({
@@ -666,12 +704,12 @@ mod tests {
         assert_eq!(content.handle(), Some("h"));
         assert_eq!(
             content.secret,
-            SecretAnnotations::Given {
+            SecretAnnotations::Given(Box::new(SecretRef {
                 name: "s".into(),
                 namespace: "ns".into()
-            }
+            }))
         );
-        assert_eq!(content.snapshot_ref.uid, "vs-uid");
+        assert_eq!(&*content.snapshot_ref.uid, "vs-uid");
         // The metadata's fingerprint follows every annotation and label but our own.
         let with = |change: &dyn Fn(&mut VolumeSnapshotContent)| {
             let mut changed = object.clone();

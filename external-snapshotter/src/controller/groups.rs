@@ -166,9 +166,15 @@ impl Controller {
             .map_err(|e| format!("failed to remove CSI Parameters of prefixed keys: {e}"))?;
         if self.config.naming.extra_create_metadata {
             let group = &content.group_ref;
-            parameters.insert(decide::GROUP_NAME_KEY.into(), group.name.clone());
-            parameters.insert(decide::GROUP_NAMESPACE_KEY.into(), group.namespace.clone());
-            parameters.insert(decide::GROUP_CONTENT_NAME_KEY.into(), content.name.clone());
+            parameters.insert(decide::GROUP_NAME_KEY.into(), group.name.to_string());
+            parameters.insert(
+                decide::GROUP_NAMESPACE_KEY.into(),
+                group.namespace.to_string(),
+            );
+            parameters.insert(
+                decide::GROUP_CONTENT_NAME_KEY.into(),
+                content.name.to_string(),
+            );
         }
         if content.group_ref.uid.is_empty() {
             return Err(format!(
@@ -182,8 +188,8 @@ impl Controller {
             naming.uuid_length,
         )?;
         Ok(GroupIntent {
-            content_uid: content.uid.clone(),
-            group_snapshot_uid: content.group_ref.uid.clone(),
+            content_uid: content.uid.to_string(),
+            group_snapshot_uid: content.group_ref.uid.to_string(),
             name,
             source_volumes: content.volume_handles.clone(),
             parameters,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::{GroupContentStatus, ObjectRef, SnapshotError};
+use crate::model::{BoundRef, GroupContentStatus, SnapshotError};
 
 fn dynamic() -> Content {
     Content {
@@ -10,12 +10,12 @@ fn dynamic() -> Content {
         deletion_policy: "Delete".into(),
         volume_handle: Some("vol-1".into()),
         class: Some("class".into()),
-        snapshot_ref: ObjectRef {
+        snapshot_ref: BoundRef {
             name: "snap".into(),
             namespace: "ns".into(),
             uid: "vs-uid".into(),
         },
-        finalizers: vec![model::FINALIZER.into()],
+        finalizers: [Atom::new(model::FINALIZER)].into_iter().collect(),
         ..Default::default()
     }
 }
@@ -144,7 +144,7 @@ fn deletion_waits_for_the_snapshot_controller_and_an_unanswered_create() {
         deleting: true,
         volume_handle: None,
         snapshot_handle_source: Some("pre".into()),
-        snapshot_ref: ObjectRef::default(),
+        snapshot_ref: BoundRef::default(),
         ..dynamic()
     };
     assert!(should_delete(&unbound_pre));
@@ -158,7 +158,7 @@ fn changes_to_act_on() {
         resource_version: "2".into(),
         status: Some(status("h", false)),
         being_created: true,
-        finalizers: vec![],
+        finalizers: List::default(),
         ..old.clone()
     };
     assert!(!should_enqueue(&old, &status_only));
@@ -214,7 +214,7 @@ fn group_content() -> GroupContent {
         deletion_policy: "Delete".into(),
         volume_handles: vec!["v1".into(), "v2".into()],
         class: Some("gclass".into()),
-        group_ref: ObjectRef {
+        group_ref: BoundRef {
             name: "g".into(),
             namespace: "ns".into(),
             uid: "g-uid".into(),
@@ -435,10 +435,10 @@ fn names_parameters_and_secrets_as_upstream() {
 
     let mut content = dynamic();
     assert_eq!(content_secret(&content), Ok(None));
-    content.secret = SecretAnnotations::Given {
+    content.secret = SecretAnnotations::Given(Box::new(SecretRef {
         name: String::new(),
         namespace: "ns".into(),
-    };
+    }));
     assert!(
         content_secret(&content)
             .unwrap_err()
@@ -472,10 +472,10 @@ fn status_follows_the_driver_as_upstream_writes_it() {
         ..answer.clone()
     };
     let failed = ContentStatus {
-        error: Some(SnapshotError {
+        error: Some(Box::new(SnapshotError {
             message: Some("boom".into()),
             time: None,
-        }),
+        })),
         ..written.clone()
     };
     assert_eq!(
@@ -501,7 +501,7 @@ fn status_follows_the_driver_as_upstream_writes_it() {
 #[test]
 fn the_finalizer_is_removed_in_place() {
     let mut content = dynamic();
-    content.finalizers = vec!["a".into(), model::FINALIZER.into()];
+    content.finalizers = ["a", model::FINALIZER].into_iter().map(Atom::new).collect();
     assert_eq!(
         finalizer_removal(&content),
         Some(json!([
@@ -509,7 +509,7 @@ fn the_finalizer_is_removed_in_place() {
             {"op": "remove", "path": "/metadata/finalizers/1"}
         ]))
     );
-    content.finalizers.pop();
+    content.finalizers = [Atom::new("a")].into_iter().collect();
     assert_eq!(finalizer_removal(&content), None);
 }
 

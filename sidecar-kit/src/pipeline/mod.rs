@@ -178,14 +178,14 @@ impl Relist {
     }
 
     /// Ends the re-list: of `known`, the names it did not list.
-    pub fn finish<'a, K>(&mut self, known: impl Iterator<Item = &'a K>) -> Vec<K>
+    pub fn finish<'a, K>(&mut self, known: impl Iterator<Item = &'a K>) -> Vec<K::Owned>
     where
-        K: Borrow<str> + Clone + 'a,
+        K: Borrow<str> + ToOwned + ?Sized + 'a,
     {
         match self.seen.take() {
             Some(seen) => known
                 .filter(|n| !seen.contains((*n).borrow()))
-                .cloned()
+                .map(K::to_owned)
                 .collect(),
             None => Vec::new(),
         }
