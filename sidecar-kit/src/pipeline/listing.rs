@@ -103,6 +103,10 @@ enum At {
         escaped: bool,
     },
     BeforeColon,
+    /// After the colon of a key other than `items`, before its value.
+    BeforeValue {
+        keep: bool,
+    },
     /// After `"items":`, before its `[`.
     BeforeItems,
     BeforeItem,
@@ -307,11 +311,13 @@ impl ListBody {
                 }
                 (At::BeforeKey, b'}') => At::Done,
                 (At::BeforeColon, b':') if self.key == b"items" => At::BeforeItems,
-                (At::BeforeColon, b':') => {
+                (At::BeforeColon, b':') => At::BeforeValue {
+                    keep: self.key == b"metadata",
+                },
+                (At::BeforeValue { keep }, _) => {
                     self.begin_value();
-                    At::Value {
-                        keep: self.key == b"metadata",
-                    }
+                    self.at = At::Value { keep };
+                    continue;
                 }
                 (At::BeforeItems, b'[') => At::BeforeItem,
                 // `"items": null` is an empty list.
@@ -391,6 +397,33 @@ mod tests {
         for size in [1, 2, 3, 7, 64, LIST.len()] {
             assert_eq!(parts(LIST, size).unwrap(), expected, "chunks of {size}");
         }
+    }
+
+    /// As kube-apiserver writes a list for `?pretty=true`: whitespace after every colon. Found
+    /// by the `list_body` fuzz target: the value after `"metadata": ` was read from the space.
+    #[test]
+    fn a_pretty_printed_list_reads_as_the_compact_one() {
+        let compact: serde_json::Value = serde_json::from_str(LIST).unwrap();
+        let pretty = serde_json::to_string_pretty(&compact).unwrap();
+        // The metadata, then the items in order (serde writes the keys sorted, items first).
+        let values = |body: &str, size| -> Vec<(bool, serde_json::Value)> {
+            let mut found: Vec<(bool, serde_json::Value)> = parts(body, size)
+                .unwrap()
+                .into_iter()
+                .map(|(item, text)| (item, serde_json::from_str(&text).unwrap()))
+                .collect();
+            found.sort_by_key(|(item, _)| *item);
+            found
+        };
+        let expected = values(LIST, LIST.len());
+        assert_eq!(expected.len(), 6);
+        for size in [1, 2, 5, pretty.len()] {
+            assert_eq!(values(&pretty, size), expected, "chunks of {size}");
+        }
+        assert_eq!(
+            parts("{\"z\":\n{}, \"metadata\" :\t{} }", 3).unwrap(),
+            vec![(false, "{}".to_string())]
+        );
     }
 
     #[test]
