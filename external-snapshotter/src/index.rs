@@ -244,7 +244,7 @@ impl Index {
     }
 
     pub fn class(&self, name: &str) -> Option<Class> {
-        self.snapshots.classes.class_of(Some(name))
+        self.class_for::<Content>(name)
     }
 
     /// The class of contents of kind `T` named `name`.
