@@ -89,6 +89,10 @@ pub enum ListError {
     TooLarge(usize),
     #[error("the list's body ends before the list does")]
     Truncated,
+    #[error("the body does not start as kube-apiserver's protobuf does")]
+    NotProtobuf,
+    #[error("the protobuf list is malformed: {0}")]
+    Malformed(&'static str),
 }
 
 /// The longest key the list's object is read with; its keys are short words.

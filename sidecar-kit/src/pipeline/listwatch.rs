@@ -20,6 +20,8 @@ use tokio_util::io::StreamReader;
 
 use crate::pipeline::Change;
 use crate::pipeline::listing::{ListBody, ListError, Part, drop_managed_fields};
+use crate::pipeline::protobuf::core_v1::list_version;
+use crate::pipeline::protobuf::{self, Decoder, ProtobufList};
 
 /// The largest object read from a list or a watch: well above what etcd stores (1.5 MiB by
 /// default), and what a hostile or broken server can make one object cost.
@@ -47,7 +49,7 @@ pub enum Failure {
     #[error("the list's body: {0}")]
     List(#[from] ListError),
     #[error("the list's metadata: {0}")]
-    Metadata(serde_json::Error),
+    Metadata(String),
     #[error("the list has no resourceVersion to watch from")]
     NoVersion,
     /// A watch event that cannot be read is a change lost: list again.
@@ -64,6 +66,32 @@ impl Failure {
                 code: status.code,
                 message: status.message.clone(),
             }
+        }
+    }
+}
+
+/// What a list is asked for in when its kind has a [`Decoder`]: protobuf, as upstream's
+/// sidecars do, or JSON from a server that has no protobuf for it.
+const PROTOBUF_OR_JSON: &str = "application/vnd.kubernetes.protobuf, application/json";
+
+/// A list's body in the encoding the server chose.
+enum Body {
+    Json(ListBody),
+    Protobuf(ProtobufList),
+}
+
+impl Body {
+    fn next<'s>(&'s mut self, input: &mut &[u8]) -> Result<Option<Part<'s>>, ListError> {
+        match self {
+            Self::Json(list) => list.next(input),
+            Self::Protobuf(list) => list.next(input),
+        }
+    }
+
+    fn finish(&self) -> Result<(), ListError> {
+        match self {
+            Self::Json(list) => list.finish(),
+            Self::Protobuf(list) => list.finish(),
         }
     }
 }
@@ -100,9 +128,12 @@ impl Source {
     /// resourceVersion. `consistent` lists at the server's newest version instead of what its
     /// cache has: after a watch whose version is gone, so that the list does not go back.
     /// An object that cannot be read is logged and left out, rather than failing every list.
+    /// With a `protobuf` decoder the list is asked for in protobuf, and read in whichever of
+    /// protobuf and JSON the server answers in.
     pub async fn list<K: DeserializeOwned>(
         &self,
         consistent: bool,
+        protobuf: Option<Decoder<K>>,
         mut each: impl FnMut(Change<K>),
     ) -> Result<String, Failure> {
         let mut params = ListParams {
@@ -113,13 +144,28 @@ impl Source {
         if !consistent {
             params = params.at("0");
         }
-        let request = self.request.list(&params);
+        let mut request = self
+            .request
+            .list(&params)
+            .map_err(|e| Failure::Request(kube::Error::BuildRequest(e)))?;
+        if protobuf.is_some() {
+            request.headers_mut().insert(
+                http::header::ACCEPT,
+                http::HeaderValue::from_static(PROTOBUF_OR_JSON),
+            );
+        }
         let started = std::time::Instant::now();
-        let mut body = self
-            .open(request.map_err(|e| Failure::Request(kube::Error::BuildRequest(e)))?)
-            .await?;
+        let (headers, mut body) = self.open(request).await?;
+        let in_protobuf = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with(protobuf::MEDIA_TYPE));
+        let decoder = protobuf.filter(|_| in_protobuf);
         each(Change::Relist);
-        let mut list = ListBody::new(MAX_OBJECT);
+        let mut list = match decoder {
+            Some(_) => Body::Protobuf(ProtobufList::new(MAX_OBJECT)),
+            None => Body::Json(ListBody::new(MAX_OBJECT)),
+        };
         let mut version = None;
         let (mut listed, mut unreadable) = (0usize, 0usize);
         while let Some(frame) = body.frame().await {
@@ -131,8 +177,14 @@ impl Source {
             while let Some(part) = list.next(&mut input)? {
                 match part {
                     Part::Item(item) => {
-                        drop_managed_fields(item, &[]);
-                        match serde_json::from_slice::<K>(item) {
+                        let object = match decoder {
+                            Some(decode) => decode(item).map_err(|e| e.to_string()),
+                            None => {
+                                drop_managed_fields(item, &[]);
+                                serde_json::from_slice::<K>(item).map_err(|e| e.to_string())
+                            }
+                        };
+                        match object {
                             Ok(object) => {
                                 listed += 1;
                                 each(Change::Listed(object));
@@ -147,9 +199,13 @@ impl Source {
                         }
                     }
                     Part::Metadata(meta) => {
-                        let meta: ListMeta =
-                            serde_json::from_slice(meta).map_err(Failure::Metadata)?;
-                        version = meta.resource_version;
+                        version = match decoder {
+                            Some(_) => list_version(meta).map_err(|e| e.to_string()),
+                            None => serde_json::from_slice::<ListMeta>(meta)
+                                .map(|meta| meta.resource_version)
+                                .map_err(|e| e.to_string()),
+                        }
+                        .map_err(Failure::Metadata)?;
                     }
                 }
             }
@@ -158,7 +214,12 @@ impl Source {
         if unreadable > 0 {
             tracing::warn!(kind = %self.kind, unreadable, "listed without the objects that cannot be read");
         }
-        tracing::info!(kind = %self.kind, objects = listed, elapsed = ?started.elapsed(), "listed");
+        let encoding = if decoder.is_some() {
+            "protobuf"
+        } else {
+            "json"
+        };
+        tracing::info!(kind = %self.kind, objects = listed, encoding, elapsed = ?started.elapsed(), "listed");
         version.filter(|v| !v.is_empty()).ok_or(Failure::NoVersion)
     }
 
@@ -177,7 +238,7 @@ impl Source {
             send_initial_events: false,
         };
         let request = self.request.watch(&params, version);
-        let body = self
+        let (_, body) = self
             .open(request.map_err(|e| Failure::Request(kube::Error::BuildRequest(e)))?)
             .await?;
         let bytes = body.into_data_stream().map_err(std::io::Error::other);
@@ -220,7 +281,10 @@ impl Source {
     }
 
     /// Sends `request`; an answer other than success is read (a bounded part) as a Status.
-    async fn open(&self, request: http::Request<Vec<u8>>) -> Result<kube::client::Body, Failure> {
+    async fn open(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<(http::HeaderMap, kube::client::Body), Failure> {
         let response = self
             .client
             .send(request.map(kube::client::Body::from))
@@ -228,13 +292,20 @@ impl Source {
             .map_err(Failure::Request)?;
         let (head, body) = response.into_parts();
         if head.status.is_success() {
-            return Ok(body);
+            return Ok((head.headers, body));
         }
         let text = http_body_util::Limited::new(body, MAX_STATUS)
             .collect()
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
+        if let Some((code, message)) = protobuf::status(&text).filter(|(code, _)| *code != 0) {
+            return Err(Failure::of_status(&Status {
+                code,
+                message,
+                ..Status::default()
+            }));
+        }
         match serde_json::from_slice::<Status>(&text) {
             Ok(status) if status.code != 0 => Err(Failure::of_status(&status)),
             _ => Err(Failure::of_status(&Status {

@@ -6,6 +6,7 @@
 pub mod leading;
 pub mod listing;
 mod listwatch;
+pub mod protobuf;
 pub mod views;
 pub mod viewtable;
 pub mod watches;
@@ -30,7 +31,7 @@ use crate::cluster::events::{Recorder, Reporter};
 use crate::cluster::journal::JournalMetrics;
 use crate::pipeline::leading::Leadership;
 use crate::pipeline::views::{Needs, View};
-use crate::pipeline::watches::{Subscription, Synced, WatchHub};
+use crate::pipeline::watches::{Reading, Subscription, Synced, WatchHub};
 use crate::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use crate::telemetry::operation::Retries;
 
@@ -329,15 +330,15 @@ impl Pipeline {
     {
         self.expected += 1;
         let synced = Synced(self.synced_tx.clone());
-        let identity: fn(K, Needs) -> K = |object, _| object;
-        self.subscriptions.push(self.hub.subscribe(
-            kind,
-            api,
-            config,
-            (identity, Needs::NONE),
-            apply,
-            synced,
-        ));
+        let reading = Reading {
+            convert: |object, _| object,
+            needs: Needs::NONE,
+            protobuf: None,
+        };
+        self.subscriptions.push(
+            self.hub
+                .subscribe(kind, api, config, reading, apply, synced),
+        );
     }
 
     /// Watches the objects of `V`'s kind as `V` views them: each object is projected once, and
@@ -357,16 +358,15 @@ impl Pipeline {
         let kind = <V::Object as kube::Resource>::kind(&Default::default()).to_string();
         self.expected += 1;
         let synced = Synced(self.synced_tx.clone());
-        let convert: fn(V::Object, Needs) -> Arc<V> =
-            |object, needs| Arc::new(V::of(&object, needs));
-        self.subscriptions.push(self.hub.subscribe(
-            kind,
-            api,
-            config,
-            (convert, needs),
-            apply,
-            synced,
-        ));
+        let reading = Reading {
+            convert: |object, needs| Arc::new(V::of(&object, needs)),
+            needs,
+            protobuf: V::PROTOBUF,
+        };
+        self.subscriptions.push(
+            self.hub
+                .subscribe(kind, api, config, reading, apply, synced),
+        );
     }
 
     /// Watches every object of `K` (cluster-wide) into `controller`'s index, and the work it

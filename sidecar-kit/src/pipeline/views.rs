@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::migration;
+use crate::pipeline::protobuf::{Decoder, core_v1};
 use crate::values::atom::{Atom, List};
 use crate::values::version::ResourceVersion;
 
@@ -83,6 +84,11 @@ pub trait View: Send + Sync + 'static {
 
     /// The view of `object` with the fields `needs` read (others are left empty).
     fn of(object: &Self::Object, needs: Needs) -> Self;
+
+    /// Reads an object of a protobuf list, for a kind kube-apiserver encodes in protobuf; it
+    /// must hold every field [`of`](Self::of) reads. Lists of a kind without one are asked
+    /// for in JSON.
+    const PROTOBUF: Option<Decoder<Self::Object>> = None;
 }
 
 /// Annotation naming the provisioner that made a PV.
@@ -336,6 +342,8 @@ impl View for PvView {
     fn of(object: &PersistentVolume, needs: Needs) -> Self {
         Self::from_api(object, needs)
     }
+
+    const PROTOBUF: Option<Decoder<PersistentVolume>> = Some(core_v1::persistent_volume);
 }
 
 /// Annotation naming the resizer a claim's expansion is for.
@@ -588,6 +596,8 @@ impl View for ClaimView {
     fn of(object: &PersistentVolumeClaim, needs: Needs) -> Self {
         Self::from_api(object, needs)
     }
+
+    const PROTOBUF: Option<Decoder<PersistentVolumeClaim>> = Some(core_v1::persistent_volume_claim);
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
 use crate::pipeline::listwatch::{Failure, Source};
+use crate::pipeline::protobuf::Decoder;
 use crate::pipeline::views::Needs;
 use crate::pipeline::{Change, lock};
 
@@ -97,6 +98,24 @@ impl<T> Shared<T> {
     }
 }
 
+/// How a watch's objects are read and handed to its subscribers.
+pub struct Reading<K, T> {
+    /// What subscribers receive of each object, made with what they need of it.
+    pub convert: fn(K, Needs) -> T,
+    pub needs: Needs,
+    /// Lists the kind in protobuf, read with this.
+    pub protobuf: Option<Decoder<K>>,
+}
+
+// Not derived: `K` and `T` need not be `Copy`.
+impl<K, T> Clone for Reading<K, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K, T> Copy for Reading<K, T> {}
+
 /// The watches of one process. Cheap to clone. A hub of its own per controller gives each its
 /// own watches (a single sidecar); one hub for all controllers shares them.
 #[derive(Clone, Default)]
@@ -126,15 +145,15 @@ impl WatchHub {
     /// Subscribes `apply` to the watch of `api`'s objects selected by `config`, starting it if
     /// it is not running; `synced` is told once the subscriber has seen a complete list.
     /// The subscription ends when the returned guard is dropped. `kind` names the objects in
-    /// the logs. Subscribers receive each object as `convert` makes it, once for all of them,
-    /// with the union of what they need (subscribers of one kind with different conversions
-    /// get watches of their own).
+    /// the logs. Subscribers receive each object as `reading` converts it, once for all of
+    /// them, with the union of what they need (subscribers of one kind with different
+    /// conversions get watches of their own).
     pub fn subscribe<K, T, F>(
         &self,
         kind: String,
         api: Api<K>,
         config: watcher::Config,
-        (convert, needs): (fn(K, Needs) -> T, Needs),
+        reading: Reading<K, T>,
         apply: F,
         synced: Synced,
     ) -> Subscription
@@ -165,7 +184,9 @@ impl WatchHub {
         let shared = match existing {
             Some(shared) => {
                 lock(&shared.subscribers).push(subscriber);
-                shared.needs.fetch_or(needs.bits(), Ordering::Relaxed);
+                shared
+                    .needs
+                    .fetch_or(reading.needs.bits(), Ordering::Relaxed);
                 // A list for the newcomer.
                 shared.restart.notify_one();
                 tracing::debug!(%kind, "another controller joins a shared watch");
@@ -174,7 +195,7 @@ impl WatchHub {
             None => {
                 let shared = Arc::new(Shared {
                     subscribers: Mutex::new(vec![subscriber]),
-                    needs: AtomicU8::new(needs.bits()),
+                    needs: AtomicU8::new(reading.needs.bits()),
                     restart: Notify::new(),
                     task: Mutex::new(None),
                 });
@@ -182,7 +203,7 @@ impl WatchHub {
                     kind,
                     api,
                     config,
-                    convert,
+                    reading,
                     shared.clone(),
                     self.shared,
                     self.lists.clone(),
@@ -241,7 +262,7 @@ async fn run<K, T>(
     kind: String,
     api: Api<K>,
     config: watcher::Config,
-    convert: fn(K, Needs) -> T,
+    reading: Reading<K, T>,
     shared: Arc<Shared<T>>,
     grace: bool,
     lists: Arc<AtomicU64>,
@@ -261,7 +282,7 @@ async fn run<K, T>(
         let failure = tokio::select! {
             biased;
             _ = shared.restart.notified() => continue,
-            failure = list_and_watch(&source, convert, &shared, consistent, &mut backoff) => failure,
+            failure = list_and_watch(&source, reading, &shared, consistent, &mut backoff) => failure,
         };
         consistent = matches!(failure, Failure::Gone);
         if consistent {
@@ -283,7 +304,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Lists, then watches for as long as the watch can resume from the last version seen.
 async fn list_and_watch<K, T>(
     source: &Source,
-    convert: fn(K, Needs) -> T,
+    reading: Reading<K, T>,
     shared: &Shared<T>,
     consistent: bool,
     backoff: &mut watcher::DefaultBackoff,
@@ -293,9 +314,9 @@ where
 {
     let hand = |change: Change<K>| {
         let needs = Needs::from_bits(shared.needs.load(Ordering::Relaxed));
-        shared.deliver(change.map(|o| convert(o, needs)).as_ref());
+        shared.deliver(change.map(|o| (reading.convert)(o, needs)).as_ref());
     };
-    let mut version = match source.list(consistent, hand).await {
+    let mut version = match source.list(consistent, reading.protobuf, hand).await {
         Ok(version) => version,
         Err(failure) => return failure,
     };

@@ -86,6 +86,8 @@ pub struct RequestCounters {
     inner: Arc<Mutex<HashMap<CounterKey, u64>>>,
     /// Watches that began with the objects as events (`sendInitialEvents`), by resource.
     streamed: Arc<Mutex<HashMap<String, u64>>>,
+    /// Lists answered in protobuf, by resource.
+    in_protobuf: Arc<Mutex<HashMap<String, u64>>>,
     /// The same counts by the program that made them: the User-Agent up to its first `/`, as
     /// kube-apiserver names a write's field manager (`csi-provisioner/v6.3.0 (linux/amd64)`).
     programs: Arc<Mutex<HashMap<String, HashMap<CounterKey, u64>>>>,
@@ -164,6 +166,23 @@ impl RequestCounters {
             .collect()
     }
 
+    pub(crate) fn record_protobuf_list(&self, resource: &str) {
+        let mut lists = self
+            .in_protobuf
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *lists.entry(resource.to_string()).or_default() += 1;
+    }
+
+    /// Lists of the resource answered in protobuf.
+    pub fn protobuf_lists(&self, resource: &str) -> u64 {
+        let lists = self
+            .in_protobuf
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        lists.get(resource).copied().unwrap_or(0)
+    }
+
     pub(crate) fn record_streamed_list(&self, resource: &str) {
         let mut streamed = self.streamed.lock().unwrap_or_else(PoisonError::into_inner);
         *streamed.entry(resource.to_string()).or_default() += 1;
@@ -229,6 +248,10 @@ impl RequestCounters {
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
         self.streamed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.in_protobuf
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();

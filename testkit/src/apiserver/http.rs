@@ -888,7 +888,14 @@ fn list(
         meta["remainingItemCount"] = json!(r);
     }
     Ok(match rendering {
-        Rendering::Protobuf => list_response(k, &page.items, meta),
+        Rendering::Protobuf => {
+            let response = list_response(k, &page.items, meta);
+            let content_type = response.headers().get(header::CONTENT_TYPE);
+            if content_type.is_some_and(|v| v == protobuf::MEDIA_TYPE) {
+                shared.counters.record_protobuf_list(k.plural);
+            }
+            response
+        }
         Rendering::Json => respond(200, "application/json", list_bytes(k, &page.items, meta)),
         Rendering::Table => json_response(
             200,
