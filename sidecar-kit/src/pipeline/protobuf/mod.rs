@@ -185,6 +185,17 @@ impl ProtobufList {
     /// What follows the tag `tag`.
     fn field(&self, tag: u64) -> Result<At, ListError> {
         let (field, wire) = (tag >> 3, tag & 7);
+        // As protobuf's decoders refuse them: no field is numbered 0, and tags are 32 bits.
+        if field == 0 || tag > u64::from(u32::MAX) {
+            return Err(ListError::Malformed("a field number out of range"));
+        }
+        let read = match self.in_list {
+            None => field == RAW,
+            Some(_) => field == METADATA || field == ITEMS,
+        };
+        if read && wire != LENGTH_DELIMITED {
+            return Err(ListError::Malformed("the list or an item is not length-delimited"));
+        }
         Ok(match wire {
             VARINT => At::Varint,
             FIXED64 => self.skip(8)?,
@@ -395,6 +406,19 @@ mod tests {
         long.push(1);
         assert!(matches!(
             parts(&body_with_list_last(&long), 5),
+            Err(ListError::Malformed(_))
+        ));
+        // An item that is a number.
+        let mut number = Vec::new();
+        encode_key(2, WireType::Varint, &mut number);
+        encode_varint(1, &mut number);
+        assert!(matches!(
+            parts(&body_with_list_last(&number), 5),
+            Err(ListError::Malformed(_))
+        ));
+        // Field 0, which no message has.
+        assert!(matches!(
+            parts(&body_with_list_last(&[0, 0]), 5),
             Err(ListError::Malformed(_))
         ));
         // Two lists in one body.
