@@ -20,8 +20,7 @@ use tokio_util::io::StreamReader;
 
 use crate::pipeline::Change;
 use crate::pipeline::listing::{ListBody, ListError, Part, drop_managed_fields};
-use crate::pipeline::protobuf::core_v1::list_version;
-use crate::pipeline::protobuf::{self, Decoder, ProtobufList};
+use crate::pipeline::protobuf::{self, Decoder, ProtobufList, list_version};
 
 /// The largest object read from a list or a watch: well above what etcd stores (1.5 MiB by
 /// default), and what a hostile or broken server can make one object cost.

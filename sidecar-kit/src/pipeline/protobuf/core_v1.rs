@@ -57,11 +57,6 @@ pub fn persistent_volume_claim(bytes: &[u8]) -> Result<api::PersistentVolumeClai
     })
 }
 
-/// The resourceVersion of a list, from the protobuf encoding of its metadata.
-pub fn list_version(bytes: &[u8]) -> Result<Option<String>, prost::DecodeError> {
-    Ok(ListMeta::decode(bytes)?.resource_version)
-}
-
 /// A Go string with `omitempty`: absent when empty.
 fn omitted(value: Option<String>) -> Option<String> {
     value.filter(|v| !v.is_empty())
@@ -92,12 +87,6 @@ fn quantities(map: BTreeMap<String, Quantity>) -> Option<BTreeMap<String, ApiQua
             .map(|(k, q)| (k, ApiQuantity(q.string.unwrap_or_default())))
             .collect()
     })
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct ListMeta {
-    #[prost(string, optional, tag = "2")]
-    resource_version: Option<String>,
 }
 
 /// `metav1.Time`: whole seconds (Kubernetes writes no nanoseconds); no seconds at all for Go's
@@ -737,7 +726,7 @@ struct PersistentVolumeClaim {
 mod tests {
     use super::*;
     use crate::pipeline::listing::{ListBody, Part, drop_managed_fields};
-    use crate::pipeline::protobuf::ProtobufList;
+    use crate::pipeline::protobuf::{ProtobufList, list_version};
     use crate::pipeline::views::{ClaimView, Needs, PvView};
 
     // Two lists of the same objects (`testdata/objects.yaml`), as kube-apiserver v1.34 wrote

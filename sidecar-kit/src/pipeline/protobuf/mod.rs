@@ -12,6 +12,8 @@
 
 pub mod core_v1;
 
+use prost::Message;
+
 use crate::pipeline::listing::{ListError, Part};
 
 /// Reads one object of a protobuf list: for the kinds whose lists are asked for in protobuf.
@@ -194,7 +196,9 @@ impl ProtobufList {
             Some(_) => field == METADATA || field == ITEMS,
         };
         if read && wire != LENGTH_DELIMITED {
-            return Err(ListError::Malformed("the list or an item is not length-delimited"));
+            return Err(ListError::Malformed(
+                "the list or an item is not length-delimited",
+            ));
         }
         Ok(match wire {
             VARINT => At::Varint,
@@ -251,14 +255,26 @@ impl ProtobufList {
 }
 
 /// `runtime.Unknown`, the envelope of a single object.
-#[derive(Clone, PartialEq, prost::Message)]
+#[derive(Clone, PartialEq, Message)]
 struct Unknown {
     #[prost(bytes = "vec", optional, tag = "2")]
     raw: Option<Vec<u8>>,
 }
 
+/// `metav1.ListMeta`, as far as a watch reads it.
+#[derive(Clone, PartialEq, Message)]
+struct ListMeta {
+    #[prost(string, optional, tag = "2")]
+    resource_version: Option<String>,
+}
+
+/// The resourceVersion of a list, from the protobuf encoding of its metadata.
+pub fn list_version(bytes: &[u8]) -> Result<Option<String>, prost::DecodeError> {
+    Ok(ListMeta::decode(bytes)?.resource_version)
+}
+
 /// `metav1.Status`, what an error is answered with.
-#[derive(Clone, PartialEq, prost::Message)]
+#[derive(Clone, PartialEq, Message)]
 struct Status {
     #[prost(string, optional, tag = "3")]
     message: Option<String>,
@@ -268,7 +284,6 @@ struct Status {
 
 /// The code and message of a Status in protobuf, when `body` is one.
 pub fn status(body: &[u8]) -> Option<(u16, String)> {
-    use prost::Message;
     let raw = Unknown::decode(body.strip_prefix(MAGIC)?).ok()?.raw?;
     let status = Status::decode(&raw[..]).ok()?;
     let code = u16::try_from(status.code?).ok()?;
