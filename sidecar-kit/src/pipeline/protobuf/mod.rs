@@ -148,8 +148,9 @@ impl ProtobufList {
     /// Whether the body ended where the envelope does, with the list read whole.
     pub fn finish(&self) -> Result<(), ListError> {
         let listed = self.listed || (self.in_list == Some(0) && self.at == At::Tag);
-        match (self.at, listed) {
-            (At::Tag, true) => Ok(()),
+        // A tag begun and not ended is cut too.
+        match (self.at, listed, self.shift) {
+            (At::Tag, true, 0) => Ok(()),
             _ => Err(ListError::Truncated),
         }
     }
@@ -391,10 +392,14 @@ mod tests {
                 "cut at {cut}"
             );
         }
-        // The envelope's fields after the list (its encoding's names) may be left out.
+        // The envelope's fields after the list (its encoding's names) may be left out, but not
+        // cut in their tag. Found by the fuzz target `protobuf_list`: a tag of 0xff bytes that
+        // never ends was taken for the end of the body.
         for cut in [list_ends, whole.len()] {
             assert_eq!(parts(&whole[..cut], 3).unwrap().len(), 3, "cut at {cut}");
         }
+        let unended = [&whole[..list_ends], &[0xff; 6]].concat();
+        assert_eq!(parts(&unended, 1), Err(ListError::Truncated));
     }
 
     #[test]
