@@ -97,8 +97,9 @@ impl ProtobufList {
             if input.is_empty() {
                 return Ok(None);
             }
-            // The list ends where its length says; what follows belongs to the envelope.
-            if self.in_list == Some(0) && self.at == At::Tag {
+            // The list ends where its length says, between two fields; what follows belongs
+            // to the envelope.
+            if self.in_list == Some(0) && self.at == At::Tag && self.shift == 0 {
                 self.in_list = None;
                 self.listed = true;
             }
@@ -400,6 +401,11 @@ mod tests {
         }
         let unended = [&whole[..list_ends], &[0xff; 6]].concat();
         assert_eq!(parts(&unended, 1), Err(ListError::Truncated));
+        // Nor may a tag begun in the list end in the envelope (found by the same target).
+        let mut straddling = MAGIC.to_vec();
+        straddling.extend(field(2, &[field(2, b"item"), vec![0xfd]].concat()));
+        straddling.extend([0xff, 0x01]);
+        assert!(matches!(parts(&straddling, 1), Err(ListError::Malformed(_))));
     }
 
     #[test]
