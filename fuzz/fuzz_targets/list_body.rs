@@ -10,41 +10,20 @@
 //!   JSON of that element, in order, and its `metadata` as its `metadata`.
 #![no_main]
 
+#[path = "parts.rs"]
+mod parts;
+
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use sidecar_kit::pipeline::listing::{ListBody, Part};
+use sidecar_kit::pipeline::listing::ListBody;
 
 const LIMIT: usize = 4096;
 
-/// The parts of `body` read in chunks of `size`, and whether it was a complete list.
-fn read(body: &[u8], size: usize) -> (Vec<(bool, Vec<u8>)>, bool) {
-    let mut list = ListBody::new(LIMIT);
-    let mut parts = Vec::new();
-    for chunk in body.chunks(size) {
-        let mut input = chunk;
-        loop {
-            match list.next(&mut input) {
-                Ok(Some(part)) => parts.push(match part {
-                    Part::Metadata(m) => (false, m.to_vec()),
-                    Part::Item(i) => (true, i.clone()),
-                }),
-                Ok(None) => break,
-                Err(_) => return (parts, false),
-            }
-        }
-    }
-    let complete = list.finish().is_ok();
-    (parts, complete)
-}
-
 fuzz_target!(|data: &[u8]| {
-    let Some((&first, body)) = data.split_first() else {
+    let Some((body, parts, complete)) = parts::read_checked(data, LIMIT, || ListBody::new(LIMIT))
+    else {
         return;
     };
-    let size = usize::from(first % 64) + 1;
-    let (parts, complete) = read(body, size);
-    assert!(parts.iter().all(|(_, p)| p.len() <= LIMIT));
-    assert_eq!((parts.clone(), complete), read(body, body.len().max(1)));
 
     let Ok(Value::Object(object)) = serde_json::from_slice::<Value>(body) else {
         return;

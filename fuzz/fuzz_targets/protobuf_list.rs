@@ -11,9 +11,11 @@
 //! - decoding any item as a PV or a claim returns, without a panic.
 #![no_main]
 
+#[path = "parts.rs"]
+mod parts;
+
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use sidecar_kit::pipeline::listing::Part;
 use sidecar_kit::pipeline::protobuf::core_v1::{persistent_volume, persistent_volume_claim};
 use sidecar_kit::pipeline::protobuf::{MAGIC, ProtobufList};
 
@@ -35,35 +37,12 @@ struct List {
     items: Vec<Vec<u8>>,
 }
 
-/// The parts of `body` read in chunks of `size`, and whether it was a complete list.
-fn read(body: &[u8], size: usize) -> (Vec<(bool, Vec<u8>)>, bool) {
-    let mut list = ProtobufList::new(LIMIT);
-    let mut parts = Vec::new();
-    for chunk in body.chunks(size) {
-        let mut input = chunk;
-        loop {
-            match list.next(&mut input) {
-                Ok(Some(part)) => parts.push(match part {
-                    Part::Metadata(m) => (false, m.to_vec()),
-                    Part::Item(i) => (true, i.clone()),
-                }),
-                Ok(None) => break,
-                Err(_) => return (parts, false),
-            }
-        }
-    }
-    let complete = list.finish().is_ok();
-    (parts, complete)
-}
-
 fuzz_target!(|data: &[u8]| {
-    let Some((&first, body)) = data.split_first() else {
+    let Some((body, parts, complete)) =
+        parts::read_checked(data, LIMIT, || ProtobufList::new(LIMIT))
+    else {
         return;
     };
-    let size = usize::from(first % 64) + 1;
-    let (parts, complete) = read(body, size);
-    assert!(parts.iter().all(|(_, p)| p.len() <= LIMIT));
-    assert_eq!((parts.clone(), complete), read(body, body.len().max(1)));
     for (_, part) in &parts {
         let _ = persistent_volume(part);
         let _ = persistent_volume_claim(part);
@@ -79,6 +58,6 @@ fuzz_target!(|data: &[u8]| {
         .map(|(_, p)| p.clone())
         .collect();
     assert_eq!(items, list.items);
-    let metadata = parts.iter().filter(|(item, _)| !*item).map(|(_, p)| p);
-    assert_eq!(metadata.last(), list.metadata.as_ref());
+    let mut metadata = parts.iter().filter(|(item, _)| !*item).map(|(_, p)| p);
+    assert_eq!(metadata.next_back(), list.metadata.as_ref());
 });

@@ -78,6 +78,16 @@ pub enum Part<'a> {
     Item(&'a mut Vec<u8>),
 }
 
+/// A list's body read chunk by chunk, in one encoding, and handed out a part at a time.
+pub trait ListReader: Send {
+    /// The next part found in `input`, which is advanced past it; `None` once `input` is used
+    /// up without completing one (the rest of the part is in the next chunk).
+    fn next<'s>(&'s mut self, input: &mut &[u8]) -> Result<Option<Part<'s>>, ListError>;
+
+    /// Whether the body ended where the list does.
+    fn finish(&self) -> Result<(), ListError>;
+}
+
 /// Why a body is not a list.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ListError {
@@ -252,9 +262,14 @@ impl ListBody {
         }
     }
 
-    /// The next part found in `input`, which is advanced past it; `None` once `input` is used
-    /// up without completing one (the rest of the part is in the next chunk).
-    pub fn next<'s>(&'s mut self, input: &mut &[u8]) -> Result<Option<Part<'s>>, ListError> {
+    fn begin_value(&mut self) {
+        self.value.clear();
+        self.extent = Extent::default();
+    }
+}
+
+impl ListReader for ListBody {
+    fn next<'s>(&'s mut self, input: &mut &[u8]) -> Result<Option<Part<'s>>, ListError> {
         while let Some(&b) = input.first() {
             match self.at {
                 At::Item | At::Value { .. } => {
@@ -344,17 +359,11 @@ impl ListBody {
         Ok(None)
     }
 
-    /// Whether the body ended where the list does.
-    pub fn finish(&self) -> Result<(), ListError> {
+    fn finish(&self) -> Result<(), ListError> {
         match self.at {
             At::Done => Ok(()),
             _ => Err(ListError::Truncated),
         }
-    }
-
-    fn begin_value(&mut self) {
-        self.value.clear();
-        self.extent = Extent::default();
     }
 }
 

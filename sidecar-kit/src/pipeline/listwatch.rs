@@ -19,7 +19,7 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::io::StreamReader;
 
 use crate::pipeline::Change;
-use crate::pipeline::listing::{ListBody, ListError, Part, drop_managed_fields};
+use crate::pipeline::listing::{ListBody, ListError, ListReader, Part, drop_managed_fields};
 use crate::pipeline::protobuf::{self, Decoder, ProtobufList, list_version};
 
 /// The largest object read from a list or a watch: well above what etcd stores (1.5 MiB by
@@ -72,28 +72,6 @@ impl Failure {
 /// What a list is asked for in when its kind has a [`Decoder`]: protobuf, as upstream's
 /// sidecars do, or JSON from a server that has no protobuf for it.
 const PROTOBUF_OR_JSON: &str = "application/vnd.kubernetes.protobuf, application/json";
-
-/// A list's body in the encoding the server chose.
-enum Body {
-    Json(ListBody),
-    Protobuf(ProtobufList),
-}
-
-impl Body {
-    fn next<'s>(&'s mut self, input: &mut &[u8]) -> Result<Option<Part<'s>>, ListError> {
-        match self {
-            Self::Json(list) => list.next(input),
-            Self::Protobuf(list) => list.next(input),
-        }
-    }
-
-    fn finish(&self) -> Result<(), ListError> {
-        match self {
-            Self::Json(list) => list.finish(),
-            Self::Protobuf(list) => list.finish(),
-        }
-    }
-}
 
 /// Where one kind's objects are listed and watched.
 pub struct Source {
@@ -161,9 +139,9 @@ impl Source {
             .is_some_and(|v| v.starts_with(protobuf::MEDIA_TYPE));
         let decoder = protobuf.filter(|_| in_protobuf);
         each(Change::Relist);
-        let mut list = match decoder {
-            Some(_) => Body::Protobuf(ProtobufList::new(MAX_OBJECT)),
-            None => Body::Json(ListBody::new(MAX_OBJECT)),
+        let mut list: Box<dyn ListReader> = match decoder {
+            Some(_) => Box::new(ProtobufList::new(MAX_OBJECT)),
+            None => Box::new(ListBody::new(MAX_OBJECT)),
         };
         let mut version = None;
         let (mut listed, mut unreadable) = (0usize, 0usize);

@@ -724,8 +724,10 @@ struct PersistentVolumeClaim {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Debug;
+
     use super::*;
-    use crate::pipeline::listing::{ListBody, Part, drop_managed_fields};
+    use crate::pipeline::listing::{ListBody, ListReader, Part, drop_managed_fields};
     use crate::pipeline::protobuf::{ProtobufList, list_version};
     use crate::pipeline::views::{ClaimView, Needs, PvView};
 
@@ -736,51 +738,85 @@ mod tests {
     const PVC_JSON: &[u8] = include_bytes!("testdata/pvc-list.json");
     const PVC_PROTOBUF: &[u8] = include_bytes!("testdata/pvc-list.pb");
 
-    /// The list's resourceVersion and objects, read from JSON as the lists of kinds without
-    /// protobuf are.
-    fn from_json<K: serde::de::DeserializeOwned>(body: &[u8]) -> (String, Vec<K>) {
-        let mut list = ListBody::new(1 << 20);
-        let (mut version, mut objects) = (String::new(), Vec::new());
-        let mut input = body;
-        while let Some(part) = list.next(&mut input).unwrap() {
-            match part {
-                Part::Item(item) => {
-                    drop_managed_fields(item, &[]);
-                    objects.push(serde_json::from_slice(item).unwrap());
-                }
-                Part::Metadata(meta) => {
-                    let meta: meta::ListMeta = serde_json::from_slice(meta).unwrap();
-                    version = meta.resource_version.unwrap();
-                }
-            }
-        }
-        list.finish().unwrap();
-        (version, objects)
-    }
-
-    /// The same from protobuf, fed in chunks of `size` bytes.
-    fn from_protobuf<K>(
+    /// The list's resourceVersion and objects from `body` fed to `list` in chunks of `size`
+    /// bytes, each item read with `decode`.
+    fn read<K>(
+        mut list: impl ListReader,
         body: &[u8],
         size: usize,
-        decode: fn(&[u8]) -> Result<K, ObjectError>,
+        decode: impl Fn(&mut Vec<u8>) -> K,
+        version: fn(&[u8]) -> String,
     ) -> (String, Vec<K>) {
-        let mut list = ProtobufList::new(1 << 20);
-        let (mut version, mut objects) = (String::new(), Vec::new());
+        let (mut listed_at, mut objects) = (String::new(), Vec::new());
         for chunk in body.chunks(size) {
             let mut input = chunk;
             while let Some(part) = list.next(&mut input).unwrap() {
                 match part {
-                    Part::Item(item) => objects.push(decode(item).unwrap()),
-                    Part::Metadata(meta) => version = list_version(meta).unwrap().unwrap(),
+                    Part::Item(item) => objects.push(decode(item)),
+                    Part::Metadata(meta) => listed_at = version(meta),
                 }
             }
         }
         list.finish().unwrap();
-        (version, objects)
+        (listed_at, objects)
     }
 
-    /// What protobuf does not carry, cleared from an object read from JSON.
-    fn carried(meta: &mut meta::ObjectMeta) {
+    /// The objects of the JSON list, read as the lists of kinds without protobuf are, after
+    /// checking that the protobuf list of the same objects, read in chunks of every size of
+    /// `sizes`, gives the same version and the same objects but for what protobuf does not
+    /// carry (`uncarried` clears it), and the same views (`view`, with every field any
+    /// controller reads).
+    fn both_encodings_alike<K, V>(
+        (json, protobuf): (&[u8], &[u8]),
+        sizes: &[usize],
+        decode: fn(&[u8]) -> Result<K, ObjectError>,
+        uncarried: fn(&mut K),
+        view: fn(&K) -> V,
+    ) -> Vec<K>
+    where
+        K: serde::de::DeserializeOwned + PartialEq + Debug,
+        V: PartialEq + Debug,
+    {
+        let from_json = |item: &mut Vec<u8>| {
+            drop_managed_fields(item, &[]);
+            serde_json::from_slice::<K>(item).unwrap()
+        };
+        let json_version = |meta: &[u8]| {
+            let meta: meta::ListMeta = serde_json::from_slice(meta).unwrap();
+            meta.resource_version.unwrap()
+        };
+        let protobuf_version = |meta: &[u8]| list_version(meta).unwrap().unwrap();
+        let (version, objects) = read(
+            ListBody::new(1 << 20),
+            json,
+            json.len(),
+            from_json,
+            json_version,
+        );
+        let mut carried: Vec<K> = objects;
+        let views: Vec<V> = carried.iter().map(view).collect();
+        carried.iter_mut().for_each(uncarried);
+        for &size in sizes {
+            let (listed_at, read) = read(
+                ProtobufList::new(1 << 20),
+                protobuf,
+                size,
+                |item: &mut Vec<u8>| decode(item).unwrap(),
+                protobuf_version,
+            );
+            assert_eq!(listed_at, version);
+            assert_eq!(
+                read.iter().map(view).collect::<Vec<_>>(),
+                views,
+                "chunks of {size}"
+            );
+            assert_eq!(read, carried, "chunks of {size}");
+        }
+        carried
+    }
+
+    /// What protobuf does not carry of an object's metadata.
+    fn uncarried_meta(meta: &mut meta::ObjectMeta) {
         meta.managed_fields = None;
         meta.owner_references = None;
         meta.self_link = None;
@@ -789,80 +825,66 @@ mod tests {
 
     #[test]
     fn volumes_read_from_protobuf_equal_those_read_from_json() {
-        let (json_version, mut json) = from_json::<api::PersistentVolume>(PV_JSON);
-        for pv in &mut json {
-            carried(&mut pv.metadata);
-            // A source no controller reads.
-            if let Some(spec) = pv.spec.as_mut() {
-                spec.nfs = None;
-            }
-        }
-        // Each in-tree source with a migration path, a CSI one, one being deleted.
-        assert_eq!(json.len(), 10);
+        let pvs = both_encodings_alike(
+            (PV_JSON, PV_PROTOBUF),
+            &[1, 2, 3, 7, 64, 1000, PV_PROTOBUF.len()],
+            persistent_volume,
+            |pv| {
+                uncarried_meta(&mut pv.metadata);
+                // A source no controller reads.
+                if let Some(spec) = pv.spec.as_mut() {
+                    spec.nfs = None;
+                }
+            },
+            |pv| PvView::from_api(pv, Needs::ALL),
+        );
+        // Each in-tree source with a migration path, a CSI one being deleted, an NFS one.
+        assert_eq!(pvs.len(), 10);
         let spec = |name: &str| {
-            json.iter()
-                .find(|pv| pv.metadata.name.as_deref() == Some(name))
+            let pv = pvs
+                .iter()
+                .find(|pv| pv.metadata.name.as_deref() == Some(name));
+            pv.unwrap().spec.clone().unwrap()
         };
+        let deleted = pvs
+            .iter()
+            .find(|pv| pv.metadata.deletion_timestamp.is_some());
+        assert_eq!(deleted.unwrap().metadata.name.as_deref(), Some("pbfix-csi"));
         assert!(
             spec("pbfix-csi")
+                .csi
                 .unwrap()
-                .metadata
-                .deletion_timestamp
+                .node_expand_secret_ref
                 .is_some()
         );
-        assert!(
-            spec("pbfix-azdisk")
-                .unwrap()
-                .spec
-                .as_ref()
-                .unwrap()
-                .azure_disk
-                .is_some()
-        );
-        for size in [1, 2, 3, 7, 64, 1000, PV_PROTOBUF.len()] {
-            let (version, protobuf) = from_protobuf(PV_PROTOBUF, size, persistent_volume);
-            assert_eq!(version, json_version);
-            assert_eq!(protobuf, json, "chunks of {size}");
-        }
-        // And so are the views, with every field any controller reads.
-        let (_, protobuf) = from_protobuf(PV_PROTOBUF, 4096, persistent_volume);
-        let (_, json) = from_json::<api::PersistentVolume>(PV_JSON);
-        for (p, j) in protobuf.iter().zip(&json) {
-            assert_eq!(
-                PvView::from_api(p, Needs::ALL),
-                PvView::from_api(j, Needs::ALL)
-            );
-        }
+        assert!(spec("pbfix-azdisk").azure_disk.is_some());
+        assert!(spec("pbfix-vsphere").vsphere_volume.is_some());
     }
 
     #[test]
     fn claims_read_from_protobuf_equal_those_read_from_json() {
-        let (json_version, mut json) = from_json::<api::PersistentVolumeClaim>(PVC_JSON);
-        for pvc in &mut json {
-            carried(&mut pvc.metadata);
-        }
-        assert_eq!(json.len(), 4);
+        let claims = both_encodings_alike(
+            (PVC_JSON, PVC_PROTOBUF),
+            &[1, 5, 64, PVC_PROTOBUF.len()],
+            persistent_volume_claim,
+            |pvc| uncarried_meta(&mut pvc.metadata),
+            |pvc| ClaimView::from_api(pvc, Needs::ALL),
+        );
+        assert_eq!(claims.len(), 4);
         let status = |name: &str| {
-            let pvc = json
+            let pvc = claims
                 .iter()
                 .find(|c| c.metadata.name.as_deref() == Some(name));
             pvc.unwrap().status.clone().unwrap()
         };
         assert!(status("minimal").modify_volume_status.is_some());
         assert_eq!(status("minimal").conditions.unwrap().len(), 2);
-        for size in [1, 5, 64, PVC_PROTOBUF.len()] {
-            let (version, protobuf) = from_protobuf(PVC_PROTOBUF, size, persistent_volume_claim);
-            assert_eq!(version, json_version);
-            assert_eq!(protobuf, json, "chunks of {size}");
-        }
-        let (_, protobuf) = from_protobuf(PVC_PROTOBUF, 4096, persistent_volume_claim);
-        let (_, json) = from_json::<api::PersistentVolumeClaim>(PVC_JSON);
-        for (p, j) in protobuf.iter().zip(&json) {
-            assert_eq!(
-                ClaimView::from_api(p, Needs::ALL),
-                ClaimView::from_api(j, Needs::ALL)
-            );
-        }
+        let unbound = claims
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some("unbound"));
+        let spec = unbound.unwrap().spec.clone().unwrap();
+        assert_eq!(spec.storage_class_name.as_deref(), Some(""));
+        assert!(spec.selector.is_some() && spec.data_source_ref.is_some());
     }
 
     #[test]

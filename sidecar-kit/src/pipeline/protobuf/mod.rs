@@ -14,7 +14,7 @@ pub mod core_v1;
 
 use prost::Message;
 
-use crate::pipeline::listing::{ListError, Part};
+use crate::pipeline::listing::{ListError, ListReader, Part};
 
 /// Reads one object of a protobuf list: for the kinds whose lists are asked for in protobuf.
 pub type Decoder<K> = fn(&[u8]) -> Result<K, core_v1::ObjectError>;
@@ -82,10 +82,10 @@ impl ProtobufList {
             limit,
         }
     }
+}
 
-    /// The next part found in `input`, which is advanced past it; `None` once `input` is used
-    /// up without completing one (the rest of the part is in the next chunk).
-    pub fn next<'s>(&'s mut self, input: &mut &[u8]) -> Result<Option<Part<'s>>, ListError> {
+impl ListReader for ProtobufList {
+    fn next<'s>(&'s mut self, input: &mut &[u8]) -> Result<Option<Part<'s>>, ListError> {
         loop {
             if let At::Keep { item, left: 0 } = self.at {
                 self.at = At::Tag;
@@ -147,7 +147,7 @@ impl ProtobufList {
     }
 
     /// Whether the body ended where the envelope does, with the list read whole.
-    pub fn finish(&self) -> Result<(), ListError> {
+    fn finish(&self) -> Result<(), ListError> {
         let listed = self.listed || (self.in_list == Some(0) && self.at == At::Tag);
         // A tag begun and not ended is cut too.
         match (self.at, listed, self.shift) {
@@ -155,7 +155,9 @@ impl ProtobufList {
             _ => Err(ListError::Truncated),
         }
     }
+}
 
+impl ProtobufList {
     /// Consumes `n` bytes of `input`, counting those of the list.
     fn advance(&mut self, input: &mut &[u8], n: usize) {
         *input = &input[n..];
@@ -405,7 +407,10 @@ mod tests {
         let mut straddling = MAGIC.to_vec();
         straddling.extend(field(2, &[field(2, b"item"), vec![0xfd]].concat()));
         straddling.extend([0xff, 0x01]);
-        assert!(matches!(parts(&straddling, 1), Err(ListError::Malformed(_))));
+        assert!(matches!(
+            parts(&straddling, 1),
+            Err(ListError::Malformed(_))
+        ));
     }
 
     #[test]
