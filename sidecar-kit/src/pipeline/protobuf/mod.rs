@@ -97,9 +97,8 @@ impl ListReader for ProtobufList {
             if input.is_empty() {
                 return Ok(None);
             }
-            // The list ends where its length says, between two fields; what follows belongs
-            // to the envelope.
-            if self.in_list == Some(0) && self.at == At::Tag && self.shift == 0 {
+            // What follows the list belongs to the envelope.
+            if self.list_ends() {
                 self.in_list = None;
                 self.listed = true;
             }
@@ -148,9 +147,8 @@ impl ListReader for ProtobufList {
 
     /// Whether the body ended where the envelope does, with the list read whole.
     fn finish(&self) -> Result<(), ListError> {
-        let listed = self.listed || (self.in_list == Some(0) && self.at == At::Tag);
         // A tag begun and not ended is cut too.
-        match (self.at, listed, self.shift) {
+        match (self.at, self.listed || self.list_ends(), self.shift) {
             (At::Tag, true, 0) => Ok(()),
             _ => Err(ListError::Truncated),
         }
@@ -158,6 +156,11 @@ impl ListReader for ProtobufList {
 }
 
 impl ProtobufList {
+    /// Whether the list ends here: where its length says, between two fields.
+    fn list_ends(&self) -> bool {
+        self.in_list == Some(0) && self.at == At::Tag && self.shift == 0
+    }
+
     /// Consumes `n` bytes of `input`, counting those of the list.
     fn advance(&mut self, input: &mut &[u8], n: usize) {
         *input = &input[n..];
