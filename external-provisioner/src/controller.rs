@@ -61,6 +61,9 @@ const CONTENT_CACHE: usize = 1024;
 /// DeleteVolume attempts to undo an unusable volume, within one `--timeout`.
 const CLEANUP_ATTEMPTS: usize = 5;
 
+/// How often what waits for the PVs' list (a clone, the journal's replay) looks again.
+const VOLUMES_LISTED_POLL: Duration = Duration::from_millis(250);
+
 /// Everything the controller needs besides its clients.
 #[derive(Clone)]
 pub struct Config {
@@ -250,7 +253,9 @@ impl Controller {
         if distributed {
             pipeline.feed::<PersistentVolume, _>(&self, Index::node_volume_event);
         } else {
-            pipeline.feed_view(&self, Index::volume_event);
+            // Claims are worked on before the PVs are listed (see `Index::volumes_listed`):
+            // a cold start with many PVs reaches its first provisioning sooner.
+            pipeline.feed_view_behind(&self, Index::volume_event);
         }
         pipeline.feed_view(&self, Index::claim_event);
         if self.config.watch_topology {
@@ -348,6 +353,17 @@ impl Controller {
             count = intents.len(),
             "taking up unfinished provisionings from the intent journal"
         );
+        // Whether an intent's PV was written, or its clone source's PV exists, is read from the
+        // index: an unfinished provisioning waits for the PVs' list.
+        if !self.index().volumes_listed() {
+            tracing::info!(
+                count = intents.len(),
+                "unfinished provisionings wait for the PVs to be listed"
+            );
+            if !self.volumes_listed(shutdown).await {
+                return;
+            }
+        }
         for (uid, intent) in intents {
             if self.index().has_volume(&intent.prepared.pv.name) {
                 // The PV was written: the intent is done (its forget had not been written
@@ -374,6 +390,17 @@ impl Controller {
             );
             self.claims.add(uid, 0);
         }
+    }
+
+    /// Waits until the PVs are listed, polling the index; `false` if `shutdown` came first.
+    async fn volumes_listed(&self, shutdown: &CancellationToken) -> bool {
+        while !self.index().volumes_listed() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(VOLUMES_LISTED_POLL) => {}
+            }
+        }
+        true
     }
 
     /// Whether a sealed intent is still what this provisioner would record: see

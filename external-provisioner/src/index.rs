@@ -56,6 +56,9 @@ pub struct Index {
     /// The process's shared views of the driver's PVs; the provisioner's [`Volume`] is
     /// projected on reading.
     volumes: ViewTable<PvView>,
+    /// Whether the PVs have been listed: claims are worked on before (the PVs' list comes
+    /// after theirs), and what `volumes` lacks until then is asked of the API server.
+    volumes_listed: bool,
     /// Distributed provisioning: the volumes of `volumes` not accessible from this node (none
     /// otherwise).
     off_node: HashSet<Arc<str>>,
@@ -92,6 +95,7 @@ impl Index {
             node_topology: None,
             claims: ViewTable::new(|c| &c.uid),
             volumes: ViewTable::new(|v| &v.name),
+            volumes_listed: false,
             off_node: HashSet::new(),
             classes: HashMap::new(),
             csinodes: HashMap::new(),
@@ -402,6 +406,7 @@ impl Index {
                 for name in self.relists.volumes.finish(self.volumes.keys()) {
                     self.forget_volume(&name);
                 }
+                self.volumes_listed = true;
             }
         }
         self.volumes.shrink_when_sparse();
@@ -436,10 +441,12 @@ impl Index {
     }
 
     /// Stores a PV the controller created or patched. A patch of a PV the cache no longer holds
-    /// (deleted meanwhile) does not bring it back.
+    /// (deleted meanwhile) does not bring it back. A list running meanwhile may have been
+    /// answered before the write: the PV counts as listed, not as gone at the list's end.
     pub fn store_volume(&mut self, pv: &PersistentVolume, created: bool) {
         let name = name_of(&pv.metadata);
         if created || self.volumes.contains_key(name.as_str()) {
+            self.relists.volumes.saw(name.as_str());
             let mut ignored = Vec::new();
             let on_this_node = self.on_this_node(pv);
             self.apply_volume(
@@ -453,6 +460,12 @@ impl Index {
     /// Whether a PV of that name exists (of this driver).
     pub fn has_volume(&self, name: &str) -> bool {
         self.volumes.contains_key(name)
+    }
+
+    /// Whether the PVs have been listed: until then, a PV [`has_volume`](Self::has_volume)
+    /// does not know of may exist.
+    pub fn volumes_listed(&self) -> bool {
+        self.volumes_listed
     }
 
     /// A PV of this driver that names volume `handle`, if any.

@@ -196,6 +196,11 @@ impl Controller {
             }
             Selected::Stop => return Start::Stop,
         };
+        if !self.index().volumes_listed()
+            && let Some(wait) = self.before_volumes_listed(&claim).await
+        {
+            return wait;
+        }
         let lookups = self.lookups(&claim, &class).await;
         let prepared = {
             let index = self.index();
@@ -220,6 +225,37 @@ impl Controller {
                 journaled: false,
             })),
             Err(failure) => Start::Fail(Box::new(claim), class.name.clone(), failure),
+        }
+    }
+
+    /// A claim selected before the PVs were listed: whether its PV exists, which the index
+    /// cannot tell yet, is asked of the API server; a clone, whose source's PV the index must
+    /// hold, waits for the list. `None`: go on.
+    async fn before_volumes_listed(&self, claim: &Claim) -> Option<Start> {
+        let key = claim.uid.to_string();
+        if matches!(claim.source_key(), Some((SourceKind::Claim, _, _))) {
+            tracing::debug!(claim = %claim.key(), retry_in = ?VOLUMES_LISTED_POLL, "a clone waits for the PVs to be listed");
+            self.claims.add_after(key, 0, VOLUMES_LISTED_POLL);
+            return Some(Start::Stop);
+        }
+        let name = decide::volume_name(
+            &self.config.policy.volume_name_prefix,
+            &claim.uid,
+            self.config.policy.volume_name_uuid_length,
+        )
+        .unwrap_or_default();
+        match self.pvs.get_opt(&name).await {
+            Ok(None) => None,
+            Ok(Some(_)) => {
+                tracing::debug!(claim = %claim.key(), pv = %name, "not provisioning: its PV exists (the PVs are not listed yet)");
+                self.claims.forget(&*key);
+                Some(Start::Stop)
+            }
+            Err(err) => {
+                let delay = self.claims.add_rate_limited(key, 0);
+                tracing::info!(claim = %claim.key(), pv = %name, error = %api_message(&err), retry_in = ?delay, "cannot tell whether the claim's PV exists");
+                Some(Start::Stop)
+            }
         }
     }
 
@@ -659,7 +695,16 @@ impl Controller {
         volume_id: &str,
         secrets: &HashMap<String, String>,
     ) -> Result<(), tonic::Status> {
-        let named = self.index().volume_with_handle(volume_id);
+        let named = {
+            let index = self.index();
+            if !index.volumes_listed() {
+                // Until then the index cannot tell whether a PV names the volume.
+                return Err(tonic::Status::unavailable(format!(
+                    "not deleting volume {volume_id} before the PVs are listed"
+                )));
+            }
+            index.volume_with_handle(volume_id)
+        };
         if let Some(pv) = named {
             // A volume some PV names is in use or kept (an administrator re-homed a retained
             // volume, or an intent was replayed): never deleted here.

@@ -6,7 +6,9 @@ use std::time::Duration;
 use crate::common::{Env, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use external_provisioner::journal::{self, Location};
+use external_provisioner::model::PV_FINALIZER;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
 use sidecar_kit::cluster::journal::keys::keyring_of;
@@ -654,6 +656,12 @@ async fn without_the_key_no_entry_is_acted_on_for_a_gone_claim() {
     let victim_uid = victim.metadata.uid.unwrap();
     let pv = env.wait_bound("victim").await;
     let victim_volume = pv.spec.unwrap().csi.unwrap().volume_handle;
+    // The PV of a retained volume keeps no finalizer of ours once the provisioner saw it.
+    eventually("the victim's PV seen", || async {
+        let pv = env.pvs().get(&format!("pvc-{victim_uid}")).await.unwrap();
+        (!pv.finalizers().iter().any(|f| f == PV_FINALIZER)).then_some(())
+    })
+    .await;
     // A genuine intent to forge from: the donor's CreateVolume answer is lost, then a crash.
     env.mock
         .faults()

@@ -140,8 +140,10 @@ async fn a_warm_standby_takes_over_with_the_caches_it_synced_while_waiting() {
     let counters = env.cluster.counters();
     // Both replicas watch claims: the standby's watch is open before the leader dies.
     if let Some(counters) = &counters {
-        eventually("both replicas watching claims", || async {
-            (counters.lists("persistentvolumeclaims") >= 2).then_some(())
+        eventually("both replicas watching claims and PVs", || async {
+            (counters.lists("persistentvolumeclaims") >= 2
+                && counters.lists("persistentvolumes") >= 2)
+                .then_some(())
         })
         .await;
     }

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use crate::common::{Env, eventually, mock, requests};
 use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use testkit::apiserver::counters::Verb;
+use testkit::apiserver::{Hang, RequestMatch};
 use tonic::Code;
 
 #[tokio::test]
@@ -312,5 +313,114 @@ async fn a_claim_deleted_during_an_unanswered_create_leaves_no_volume() {
     if let Some(counters) = env.cluster.counters() {
         assert_eq!(counters.total(Verb::Create, "persistentvolumes"), 0);
     }
+    env.stop().await;
+}
+
+/// Claims are worked on before the PVs are listed (a cold start among many PVs lists them
+/// after the claims): with every list of PVs left unanswered, a new claim is provisioned,
+/// once, and a claim whose PV an earlier leader wrote (not bound yet) is not provisioned again:
+/// whether its PV exists is asked of the API server.
+#[tokio::test]
+async fn claims_are_provisioned_while_the_pvs_are_still_listed() {
+    let mut env = Env::without_controller(mock()).await;
+    let (Some(faults), Some(counters)) = (env.cluster.faults(), env.cluster.counters()) else {
+        return;
+    };
+    let class = env.create_class(json!({})).await;
+    let written = env.create_claim("written", &class, json!({})).await;
+    let written_pv = format!("pvc-{}", written.metadata.uid.unwrap());
+    // Of another class, so that the PV controller binds it to no claim.
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": written_pv},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain",
+                 "storageClassName": env.unique("unmatched"),
+                 "csi": {"driver": env.driver, "volumeHandle": "written-earlier"}},
+    }))
+    .unwrap();
+    env.pvs().create(&PostParams::default(), &pv).await.unwrap();
+    faults.hang_next(
+        RequestMatch::new(Verb::List, "persistentvolumes"),
+        u32::MAX,
+        Hang::BeforeServing,
+    );
+    let config = env.config(&[]).await;
+    env.launch(config);
+    eventually("the PV list asked for", || async {
+        (faults.pending_hangs() < u32::MAX).then_some(())
+    })
+    .await;
+
+    let created = env.create_claim("new", &class, json!({})).await;
+    env.wait_bound("new").await;
+    assert_eq!(
+        faults.pending_hangs(),
+        u32::MAX - counters.lists("persistentvolumes") as u32,
+        "every PV list hangs: none was answered"
+    );
+    let names: Vec<String> = requests(&env.mock, CREATE_VOLUME)
+        .iter()
+        .map(|r| r["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        vec![format!("pvc-{}", created.metadata.uid.unwrap())],
+        "only the new claim's volume is created"
+    );
+    let pending = env.pvcs().get("written").await.unwrap();
+    assert_eq!(
+        pending.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
+    env.crash().await;
+    faults.clear();
+    env.pvs()
+        .delete(&written_pv, &Default::default())
+        .await
+        .unwrap();
+    env.stop().await;
+}
+
+/// Before the PVs are listed the index cannot tell whether a PV names a volume: the cleanup of
+/// a volume whose claim was deleted during its CreateVolume waits for the list (an
+/// administrator may have re-homed a retained volume), then deletes it.
+#[tokio::test]
+async fn a_cleanup_waits_for_the_pvs_to_be_listed() {
+    let mut env = Env::without_controller(mock()).await;
+    let Some(faults) = env.cluster.faults() else {
+        return;
+    };
+    let class = env.create_class(json!({})).await;
+    faults.add_latency(
+        RequestMatch::new(Verb::List, "persistentvolumes"),
+        Duration::from_secs(10),
+    );
+    let config = env.config(&[]).await;
+    env.launch(config);
+    env.mock.faults().hang(CREATE_VOLUME);
+    env.create_claim("gone", &class, json!({})).await;
+    eventually("the CreateVolume call", || async {
+        (env.mock.calls().count(CREATE_VOLUME) > 0).then_some(())
+    })
+    .await;
+    env.delete_claim("gone").await;
+    eventually("the claim gone", || async {
+        env.pvcs()
+            .get_opt("gone")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    env.mock.faults().release(CREATE_VOLUME);
+    env.wait_event("gone", "ProvisioningFailed", "before the PVs are listed")
+        .await;
+    eventually("the volume deleted once the PVs are listed", || async {
+        env.driver_volumes().is_empty().then_some(())
+    })
+    .await;
+    assert!(env.mock.calls().count(DELETE_VOLUME) >= 1);
+    faults.clear();
     env.stop().await;
 }

@@ -31,7 +31,7 @@ use crate::cluster::events::{Recorder, Reporter};
 use crate::cluster::journal::JournalMetrics;
 use crate::pipeline::leading::Leadership;
 use crate::pipeline::views::{Needs, View};
-use crate::pipeline::watches::{Reading, Subscription, Synced, WatchHub};
+use crate::pipeline::watches::{Reading, Start, Subscription, Synced, WatchHub};
 use crate::pipeline::workqueue::{Backoff, Item, QueueConfig, WorkQueue, WorkQueueMetrics};
 use crate::telemetry::operation::Retries;
 
@@ -249,7 +249,7 @@ pub type Apply<C, T> = fn(&mut <C as Fed>::Index, Change<&T>) -> Vec<<C as Fed>:
 pub type Resync<C> = fn(&<C as Fed>::Index) -> Vec<<C as Fed>::Work>;
 
 /// Watches (through a [`WatchHub`], shared with the other controllers of the process or not),
-/// and the workers started once every watch has synced.
+/// and the workers started once every watch the work waits for has synced.
 pub struct Pipeline {
     hub: WatchHub,
     subscriptions: Vec<Subscription>,
@@ -328,8 +328,7 @@ impl Pipeline {
         K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         F: FnMut(Change<&K>) + Send + 'static,
     {
-        self.expected += 1;
-        let synced = Synced(self.synced_tx.clone());
+        let synced = self.synced(Start::Awaited);
         let reading = Reading {
             convert: |object, _| object,
             needs: Needs::NONE,
@@ -341,14 +340,27 @@ impl Pipeline {
         );
     }
 
+    /// The report of a watch's first list: awaited by [`wait_synced`](Self::wait_synced), or
+    /// by nobody.
+    fn synced(&mut self, start: Start) -> Synced {
+        match start {
+            Start::Awaited => {
+                self.expected += 1;
+                Synced::awaited(self.synced_tx.clone())
+            }
+            Start::Behind => Synced::behind(),
+        }
+    }
+
     /// Watches the objects of `V`'s kind as `V` views them: each object is projected once, and
     /// every controller of the hub that watches the same view shares the projection, which
-    /// holds what all of them `need`.
+    /// holds what all of them `need`. `start` says whether the work waits for its list.
     pub fn watch_view<V, F>(
         &mut self,
         api: Api<V::Object>,
         config: watcher::Config,
         needs: Needs,
+        start: Start,
         apply: F,
     ) where
         V: View,
@@ -356,8 +368,7 @@ impl Pipeline {
         F: FnMut(Change<&Arc<V>>) + Send + 'static,
     {
         let kind = <V::Object as kube::Resource>::kind(&Default::default()).to_string();
-        self.expected += 1;
-        let synced = Synced(self.synced_tx.clone());
+        let synced = self.synced(start);
         let reading = Reading {
             convert: |object, needs| Arc::new(V::of(&object, needs)),
             needs,
@@ -408,12 +419,36 @@ impl Pipeline {
         V: View,
         <V::Object as kube::Resource>::DynamicType: Default,
     {
+        self.feed_view_as(controller, Start::Awaited, apply);
+    }
+
+    /// [`feed_view`](Self::feed_view) of a kind the work does not wait for: the work starts
+    /// before its list is done (its index tells it apart until `Relisted`), and the list waits
+    /// for those of the kinds the work waits for (see [`watches`]).
+    pub fn feed_view_behind<C: Fed, V>(&mut self, controller: &Arc<C>, apply: Apply<C, Arc<V>>)
+    where
+        V: View,
+        <V::Object as kube::Resource>::DynamicType: Default,
+    {
+        self.feed_view_as(controller, Start::Behind, apply);
+    }
+
+    fn feed_view_as<C: Fed, V>(
+        &mut self,
+        controller: &Arc<C>,
+        start: Start,
+        apply: Apply<C, Arc<V>>,
+    ) where
+        V: View,
+        <V::Object as kube::Resource>::DynamicType: Default,
+    {
         let me = controller.clone();
         let feeder = controller.feeder();
         self.watch_view(
             Api::all(feeder.client.clone()),
             feeder.watch_config(),
             feeder.needs,
+            start,
             move |change| {
                 let work = apply(&mut me.index(), change);
                 me.enqueue(work);
@@ -421,7 +456,8 @@ impl Pipeline {
         );
     }
 
-    /// Waits until every watch has listed once; `false` if `shutdown` came first.
+    /// Waits until every watch the work waits for has listed once; `false` if `shutdown` came
+    /// first.
     pub async fn wait_synced(&mut self, shutdown: &CancellationToken) -> bool {
         for _ in 0..self.expected {
             tokio::select! {

@@ -5,6 +5,11 @@
 //! already running makes the watch list again (its other subscribers take the re-list as they
 //! take any re-list after a lost watch). The last subscriber to leave ends the watch.
 //!
+//! A subscriber either waits for its watch's first list before it works ([`Start::Awaited`])
+//! or works while the list runs ([`Start::Behind`]). A watch that no subscriber awaits lists
+//! only once the hub's awaited watches have listed (waiting at most [`BEHIND_WAIT`]): on an
+//! API server short of CPU, the lists that hold work back then share it with fewer others.
+//!
 //! Lists are served from the API server's watch cache (`resourceVersion=0`), never from etcd,
 //! as client-go's reflector does, and each listed object reaches the subscribers as soon as it
 //! is read (see [`listwatch`](super::listwatch)): a restart or a leader change costs the
@@ -12,7 +17,7 @@
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,13 +37,66 @@ use crate::pipeline::{Change, lock};
 /// subscribe before the list instead of each restarting it.
 const SHARED_GRACE: Duration = Duration::from_millis(100);
 
-/// A watch's report that its subscriber has seen a complete list.
-pub struct Synced(pub(crate) mpsc::UnboundedSender<()>);
+/// How long a watch no subscriber awaits waits for the awaited ones' lists before it lists.
+pub const BEHIND_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether a subscriber's work waits for its watch's first list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Work starts once the watch has listed: its list goes first.
+    Awaited,
+    /// Work goes on while the watch lists: its list waits for the awaited ones.
+    Behind,
+}
+
+/// A watch's report that its subscriber has seen a complete list. An awaited subscriber's
+/// report (or its leaving before it) also counts it off the hub's awaited lists.
+pub struct Synced {
+    report: Option<mpsc::UnboundedSender<()>>,
+    start: Start,
+    awaited: Option<AwaitedList>,
+}
 
 impl Synced {
+    /// A report to `report` once listed, which the work waits for.
+    pub(crate) fn awaited(report: mpsc::UnboundedSender<()>) -> Self {
+        Self {
+            report: Some(report),
+            start: Start::Awaited,
+            awaited: None,
+        }
+    }
+
+    /// No report: the work goes on while the watch lists.
+    pub(crate) fn behind() -> Self {
+        Self {
+            report: None,
+            start: Start::Behind,
+            awaited: None,
+        }
+    }
+
     fn report(self) {
-        // The receiver is gone only when the pipeline stopped waiting, which is fine.
-        let _ = self.0.send(());
+        if let Some(report) = &self.report {
+            // The receiver is gone only when the pipeline stopped waiting, which is fine.
+            let _ = report.send(());
+        }
+    }
+}
+
+/// One awaited subscriber's list not yet seen, counted in its hub until dropped.
+struct AwaitedList(tokio::sync::watch::Sender<usize>);
+
+impl AwaitedList {
+    fn new(pending: &tokio::sync::watch::Sender<usize>) -> Self {
+        pending.send_modify(|n| *n += 1);
+        Self(pending.clone())
+    }
+}
+
+impl Drop for AwaitedList {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -67,6 +125,8 @@ struct Shared<T> {
     /// What the subscribers need of each object, together; a newcomer that needs more gets
     /// it from the list its joining starts.
     needs: AtomicU8,
+    /// Whether a subscriber waits for the list before it works.
+    awaited: AtomicBool,
     restart: Notify,
     task: Mutex<Option<AbortHandle>>,
 }
@@ -126,6 +186,8 @@ pub struct WatchHub {
     shared: bool,
     /// Watches started so far (restarts for late subscribers included).
     lists: Arc<AtomicU64>,
+    /// Awaited subscribers that have not seen their first list.
+    awaited: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl WatchHub {
@@ -137,13 +199,23 @@ impl WatchHub {
         }
     }
 
+    /// Waits until no awaited subscriber waits for its first list, or [`BEHIND_WAIT`];
+    /// `false` after the latter.
+    async fn awaited_listed(&self) -> bool {
+        let mut pending = self.awaited.subscribe();
+        tokio::time::timeout(BEHIND_WAIT, pending.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
+
     /// How many watches this hub opened so far (each starts with a list).
     pub fn lists(&self) -> u64 {
         self.lists.load(Ordering::Relaxed)
     }
 
     /// Subscribes `apply` to the watch of `api`'s objects selected by `config`, starting it if
-    /// it is not running; `synced` is told once the subscriber has seen a complete list.
+    /// it is not running; `synced` is told once the subscriber has seen a complete list, and
+    /// says whether its work waits for it.
     /// The subscription ends when the returned guard is dropped. `kind` names the objects in
     /// the logs. Subscribers receive each object as `reading` converts it, once for all of
     /// them, with the union of what they need (subscribers of one kind with different
@@ -155,7 +227,7 @@ impl WatchHub {
         config: watcher::Config,
         reading: Reading<K, T>,
         apply: F,
-        synced: Synced,
+        mut synced: Synced,
     ) -> Subscription
     where
         K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -170,6 +242,10 @@ impl WatchHub {
             fields: config.field_selector.clone(),
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let awaited = synced.start == Start::Awaited;
+        if awaited {
+            synced.awaited = Some(AwaitedList::new(&self.awaited));
+        }
         let subscriber = Subscriber {
             id,
             apply: Box::new(apply),
@@ -187,6 +263,7 @@ impl WatchHub {
                 shared
                     .needs
                     .fetch_or(reading.needs.bits(), Ordering::Relaxed);
+                shared.awaited.fetch_or(awaited, Ordering::Relaxed);
                 // A list for the newcomer.
                 shared.restart.notify_one();
                 tracing::debug!(%kind, "another controller joins a shared watch");
@@ -196,6 +273,7 @@ impl WatchHub {
                 let shared = Arc::new(Shared {
                     subscribers: Mutex::new(vec![subscriber]),
                     needs: AtomicU8::new(reading.needs.bits()),
+                    awaited: AtomicBool::new(awaited),
                     restart: Notify::new(),
                     task: Mutex::new(None),
                 });
@@ -205,8 +283,7 @@ impl WatchHub {
                     config,
                     reading,
                     shared.clone(),
-                    self.shared,
-                    self.lists.clone(),
+                    self.clone(),
                 ));
                 *lock(&shared.task) = Some(task.abort_handle());
                 watches.insert(key.clone(), shared.clone());
@@ -264,21 +341,31 @@ async fn run<K, T>(
     config: watcher::Config,
     reading: Reading<K, T>,
     shared: Arc<Shared<T>>,
-    grace: bool,
-    lists: Arc<AtomicU64>,
+    hub: WatchHub,
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let source = Source::new(kind.clone(), api, &config);
     let mut backoff = watcher::DefaultBackoff::default();
     let mut consistent = false;
+    let mut first = true;
     loop {
-        if grace {
+        // A watch behind waits the grace too, alone in its hub: the awaited watches its
+        // controller subscribes next are then counted before it looks.
+        let behind = first && !shared.awaited.load(Ordering::Relaxed);
+        if hub.shared || behind {
             tokio::time::sleep(SHARED_GRACE).await;
             // Whoever joined during the grace is served by the list that follows.
             let _ = shared.restart.notified().now_or_never();
         }
-        lists.fetch_add(1, Ordering::Relaxed);
+        if behind && !shared.awaited.load(Ordering::Relaxed) {
+            tracing::debug!(%kind, "listing once the lists that work waits for are done");
+            if !hub.awaited_listed().await {
+                tracing::info!(%kind, waited = ?BEHIND_WAIT, "the lists that work waits for are not done; listing now");
+            }
+        }
+        first = false;
+        hub.lists.fetch_add(1, Ordering::Relaxed);
         let failure = tokio::select! {
             biased;
             _ = shared.restart.notified() => continue,

@@ -9,7 +9,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use sidecar_kit::pipeline::views::{ClaimView, Needs, PvView, View};
-use sidecar_kit::pipeline::watches::WatchHub;
+use sidecar_kit::pipeline::watches::{Start, WatchHub};
 use sidecar_kit::pipeline::{Change, Pipeline};
 use testkit::apiserver::TestCluster;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +28,7 @@ where
         api.clone(),
         watcher::Config::default().labels(label),
         Needs::ALL,
+        Start::Awaited,
         move |change: Change<&Arc<V>>| {
             if let Change::Listed(view) = change {
                 views.lock().unwrap().push(view.clone());

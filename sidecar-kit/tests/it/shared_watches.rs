@@ -11,7 +11,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use sidecar_kit::pipeline::views::{Needs, PvView};
-use sidecar_kit::pipeline::watches::WatchHub;
+use sidecar_kit::pipeline::watches::{Start, WatchHub};
 use sidecar_kit::pipeline::{Change, Pipeline};
 use testkit::apiserver::{Faults, Options, RequestCounters, RequestMatch, TestCluster, Verb};
 use tokio_util::sync::CancellationToken;
@@ -121,6 +121,7 @@ fn view_subscriber(
         api.clone(),
         watcher::Config::default(),
         needs,
+        Start::Awaited,
         move |change: Change<&Arc<PvView>>| {
             if let Change::Apply(view) | Change::Listed(view) = change {
                 views.lock().unwrap().push(view.clone());
@@ -128,6 +129,18 @@ fn view_subscriber(
         },
     );
     (pipeline, seen)
+}
+
+/// A retained CSI PV named `name`, bound to claim `c` of `namespace`.
+fn pv(name: &str, namespace: &str) -> PersistentVolume {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain",
+                 "claimRef": {"namespace": namespace, "name": "c", "uid": "u"},
+                 "csi": {"driver": "views.csi.test", "volumeHandle": "h"}},
+    }))
+    .unwrap()
 }
 
 async fn until_viewed(
@@ -150,15 +163,9 @@ async fn a_shared_view_holds_what_all_its_controllers_read() {
     let cluster = TestCluster::start_with(Options::default()).await.unwrap();
     let pvs: Api<PersistentVolume> = Api::all(cluster.client());
     let name = format!("{}-view", cluster.namespace());
-    let pv = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                 "persistentVolumeReclaimPolicy": "Retain",
-                 "claimRef": {"namespace": cluster.namespace(), "name": "c", "uid": "u"},
-                 "csi": {"driver": "views.csi.test", "volumeHandle": "h"}},
-    }))
-    .unwrap();
-    pvs.create(&PostParams::default(), &pv).await.unwrap();
+    pvs.create(&PostParams::default(), &pv(&name, cluster.namespace()))
+        .await
+        .unwrap();
     let shutdown = CancellationToken::new();
     let hub = WatchHub::shared();
     let mine = |v: &Arc<PvView>| *v.name == *name;
@@ -255,5 +262,68 @@ async fn a_watch_whose_version_is_gone_lists_again() {
     }
     assert_eq!(counters.get(Verb::List, "configmaps"), 2);
     pipeline.stop().await;
+    cluster.cleanup().await.unwrap();
+}
+
+/// A watch no work waits for (a provisioner's PVs) lists only once the awaited ones (its
+/// claims) have listed, so that on a busy API server the list that holds work back does not
+/// share it with a larger one; the work starts without it, and its objects come after.
+#[tokio::test]
+async fn a_list_no_work_waits_for_comes_after_the_awaited_ones() {
+    let cluster = TestCluster::start().await.unwrap();
+    let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
+        return;
+    };
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
+    create(&configmaps, "a").await;
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
+    let name = format!("{}-behind", cluster.namespace());
+    pvs.create(&PostParams::default(), &pv(&name, cluster.namespace()))
+        .await
+        .unwrap();
+    let awaited_list = Duration::from_secs(2);
+    faults.add_latency(RequestMatch::new(Verb::List, "configmaps"), awaited_list);
+
+    // Subscribed in the provisioner's order: the one behind first, alone in its hub.
+    let mut pipeline = Pipeline::with_watches(WatchHub::default());
+    let seen: Arc<Mutex<Vec<Arc<PvView>>>> = Arc::default();
+    let views = seen.clone();
+    pipeline.watch_view(
+        pvs.clone(),
+        watcher::Config::default(),
+        Needs::ALL,
+        Start::Behind,
+        move |change: Change<&Arc<PvView>>| {
+            if let Change::Listed(view) = change {
+                views.lock().unwrap().push(view.clone());
+            }
+        },
+    );
+    pipeline.watch(configmaps.clone(), watcher::Config::default(), |_| {});
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while counters.lists("configmaps") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no list of ConfigMaps"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asked = tokio::time::Instant::now();
+    // Half the awaited list's answer time: ten times the grace a list behind waits for the
+    // subscriptions to settle.
+    tokio::time::sleep(awaited_list / 2).await;
+    assert_eq!(
+        counters.lists("persistentvolumes"),
+        0,
+        "the PVs were listed while the awaited list was still unanswered"
+    );
+    assert!(pipeline.wait_synced(&CancellationToken::new()).await);
+    assert!(asked.elapsed() >= awaited_list / 2);
+    until_viewed(&seen, "the PV", |v| *v.name == *name).await;
+    assert_eq!(counters.lists("persistentvolumes"), 1);
+    faults.clear();
+    pipeline.stop().await;
+    pvs.delete(&name, &Default::default()).await.unwrap();
     cluster.cleanup().await.unwrap();
 }
