@@ -299,6 +299,7 @@ impl Controller {
             tracing::info!(
                 claims = index.claim_count(),
                 persistent_volumes = index.volume_count(),
+                persistent_volumes_listed = index.volumes_listed(),
                 "caches synced"
             );
         }

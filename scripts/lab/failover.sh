@@ -15,12 +15,16 @@
 #    time from the kill to that claim's PV created (and Bound).
 # 5. Both are stopped, the claims deleted, and the lab's provisioner started again.
 #
+# With COLD_ONLY=1 only step 1 runs (then 5): repeated cold starts. With RESTART_LAB=0 the lab's
+# provisioner is not started again at the end (for a series of runs, or with kube-apiserver's
+# CPU left to the next one: upstream's lists every claim and PV as it starts).
+#
 # EXTRA flags go to both processes (ours: --leader-election-warm-standby). The flags are the
 # lab's own (start-csi.sh): --leader-election with upstream's Lease timings (15 s). Claims are
 # polled every 0.2 s; every wait is bounded by TIMEOUT seconds.
 #
 # Env: LAB (the lab directory, required), NS (claims' namespace, default failover), IDLE (60),
-# SETTLE (20), TIMEOUT (600), CSI_NS (lab-csi).
+# SETTLE (20), TIMEOUT (600), CSI_NS (lab-csi), COLD_ONLY (0), RESTART_LAB (1).
 set -euo pipefail
 LAB=${LAB:?set LAB to the lab directory}
 BINARY=${1:?usage: failover.sh BINARY [EXTRA FLAG...]}
@@ -30,6 +34,8 @@ IDLE=${IDLE:-60}
 SETTLE=${SETTLE:-20}
 TIMEOUT=${TIMEOUT:-600}
 CSI_NS=${CSI_NS:-lab-csi}
+COLD_ONLY=${COLD_ONLY:-0}
+RESTART_LAB=${RESTART_LAB:-1}
 KUBECTL=$LAB/bin/kubectl
 SOCK=$LAB/run/csi/hostpath.sock
 KCFG=$LAB/run/kubeconfigs/csi-provisioner.kubeconfig
@@ -58,8 +64,10 @@ PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   kc delete namespace "$NS" --timeout=120s >/dev/null 2>&1 || info "namespace $NS not gone after 120 s"
-  info "restarting the lab's provisioner"
-  COMPONENTS=provisioner "$LAB/start-csi.sh" >/dev/null 2>&1 || info "start-csi.sh provisioner failed; run it by hand"
+  if [ "$RESTART_LAB" = 1 ]; then
+    info "restarting the lab's provisioner"
+    COMPONENTS=provisioner "$LAB/start-csi.sh" >/dev/null 2>&1 || info "start-csi.sh provisioner failed; run it by hand"
+  fi
   rm -rf "$OUT"
 }
 trap cleanup EXIT
@@ -115,6 +123,7 @@ LEADER=$!
 PIDS+=("$LEADER")
 bound=$(until_bound cold) || exit 2
 report "cold start to the first claim" "$start" "$bound"
+[ "$COLD_ONLY" = 1 ] && exit 0
 sleep "$IDLE"
 echo "leader RSS after ${IDLE} s: $(rss "$LEADER") (peak $(awk '/^VmHWM/{printf "%.1f MiB", $2/1024}' "/proc/$LEADER/status"))"
 
