@@ -7,8 +7,9 @@
 //!
 //! A subscriber either waits for its watch's first list before it works ([`Start::Awaited`])
 //! or works while the list runs ([`Start::Behind`]). A watch that no subscriber awaits lists
-//! only once the hub's awaited watches have listed (waiting at most [`BEHIND_WAIT`]): on an
-//! API server short of CPU, the lists that hold work back then share it with fewer others.
+//! only once the hub's awaited watches have listed (waiting at most [`BEHIND_WAIT`]), or as
+//! soon as a subscriber that awaits it joins: on an API server short of CPU, the lists that
+//! hold work back then share it with fewer others.
 //!
 //! Lists are served from the API server's watch cache (`resourceVersion=0`), never from etcd,
 //! as client-go's reflector does, and each listed object reaches the subscribers as soon as it
@@ -360,8 +361,13 @@ async fn run<K, T>(
         }
         if behind && !shared.awaited.load(Ordering::Relaxed) {
             tracing::debug!(%kind, "listing once the lists that work waits for are done");
-            if !hub.awaited_listed().await {
-                tracing::info!(%kind, waited = ?BEHIND_WAIT, "the lists that work waits for are not done; listing now");
+            tokio::select! {
+                listed = hub.awaited_listed() => if !listed {
+                    tracing::info!(%kind, waited = ?BEHIND_WAIT, "the lists that work waits for are not done; listing now");
+                },
+                // One who joins meanwhile may await this very list (in an all-in-one process,
+                // a controller that started later): it lists now.
+                _ = shared.restart.notified() => {}
             }
         }
         first = false;

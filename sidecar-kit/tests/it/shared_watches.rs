@@ -13,7 +13,7 @@ use serde_json::json;
 use sidecar_kit::pipeline::views::{Needs, PvView};
 use sidecar_kit::pipeline::watches::{Start, WatchHub};
 use sidecar_kit::pipeline::{Change, Pipeline};
-use testkit::apiserver::{Faults, Options, RequestCounters, RequestMatch, TestCluster, Verb};
+use testkit::apiserver::{Faults, Hang, Options, RequestCounters, RequestMatch, TestCluster, Verb};
 use tokio_util::sync::CancellationToken;
 
 type Seen = Arc<Mutex<BTreeSet<String>>>;
@@ -324,6 +324,67 @@ async fn a_list_no_work_waits_for_comes_after_the_awaited_ones() {
     assert_eq!(counters.lists("persistentvolumes"), 1);
     faults.clear();
     pipeline.stop().await;
+    pvs.delete(&name, &Default::default()).await.unwrap();
+    cluster.cleanup().await.unwrap();
+}
+
+/// A watch behind that waits for the awaited lists lists at once when a subscriber that awaits
+/// it joins (a controller of the same process that started later): that subscriber's own list
+/// is one of those it waits for.
+#[tokio::test]
+async fn a_list_behind_lists_when_a_subscriber_that_awaits_it_joins() {
+    let cluster = TestCluster::start().await.unwrap();
+    let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
+        return;
+    };
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
+    let name = format!("{}-joined", cluster.namespace());
+    pvs.create(&PostParams::default(), &pv(&name, cluster.namespace()))
+        .await
+        .unwrap();
+    faults.hang_next(
+        RequestMatch::new(Verb::List, "configmaps"),
+        u32::MAX,
+        Hang::BeforeServing,
+    );
+    let hub = WatchHub::default();
+    let mut behind = Pipeline::with_watches(hub.clone());
+    behind.watch_view(
+        pvs.clone(),
+        watcher::Config::default(),
+        Needs::ALL,
+        Start::Behind,
+        |_: Change<&Arc<PvView>>| {},
+    );
+    behind.watch(configmaps.clone(), watcher::Config::default(), |_| {});
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while counters.lists("configmaps") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no list of ConfigMaps"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the grace of the watch behind: it waits for the ConfigMaps, which never come.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counters.lists("persistentvolumes"), 0);
+
+    let (mut joined, seen) = view_subscriber(&hub, &pvs, Needs::ALL);
+    let synced = tokio::time::timeout(
+        Duration::from_secs(10),
+        joined.wait_synced(&CancellationToken::new()),
+    )
+    .await;
+    assert_eq!(
+        synced,
+        Ok(true),
+        "the joined subscriber waited for the list behind"
+    );
+    until_viewed(&seen, "the PV", |v| *v.name == *name).await;
+    faults.clear();
+    joined.stop().await;
+    behind.stop().await;
     pvs.delete(&name, &Default::default()).await.unwrap();
     cluster.cleanup().await.unwrap();
 }
