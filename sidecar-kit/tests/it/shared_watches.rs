@@ -265,6 +265,32 @@ async fn a_watch_whose_version_is_gone_lists_again() {
     cluster.cleanup().await.unwrap();
 }
 
+/// The cluster's ConfigMaps (its namespace) and PVs, and the name of a PV created for the test.
+async fn configmaps_and_a_pv(
+    cluster: &TestCluster,
+    suffix: &str,
+) -> (Api<ConfigMap>, Api<PersistentVolume>, String) {
+    let configmaps = Api::namespaced(cluster.client(), cluster.namespace());
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
+    let name = format!("{}-{suffix}", cluster.namespace());
+    pvs.create(&PostParams::default(), &pv(&name, cluster.namespace()))
+        .await
+        .unwrap();
+    (configmaps, pvs, name)
+}
+
+/// Waits until a list of `resource` was asked for (answered or not).
+async fn until_asked_to_list(counters: &RequestCounters, resource: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while counters.lists(resource) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no list of {resource}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A watch no work waits for (a provisioner's PVs) lists only once the awaited ones (its
 /// claims) have listed, so that on a busy API server the list that holds work back does not
 /// share it with a larger one; the work starts without it, and its objects come after.
@@ -274,13 +300,8 @@ async fn a_list_no_work_waits_for_comes_after_the_awaited_ones() {
     let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
         return;
     };
-    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
+    let (configmaps, pvs, name) = configmaps_and_a_pv(&cluster, "behind").await;
     create(&configmaps, "a").await;
-    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
-    let name = format!("{}-behind", cluster.namespace());
-    pvs.create(&PostParams::default(), &pv(&name, cluster.namespace()))
-        .await
-        .unwrap();
     let awaited_list = Duration::from_secs(2);
     faults.add_latency(RequestMatch::new(Verb::List, "configmaps"), awaited_list);
 
@@ -301,14 +322,7 @@ async fn a_list_no_work_waits_for_comes_after_the_awaited_ones() {
     );
     pipeline.watch(configmaps.clone(), watcher::Config::default(), |_| {});
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while counters.lists("configmaps") == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no list of ConfigMaps"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_asked_to_list(&counters, "configmaps").await;
     let asked = tokio::time::Instant::now();
     // Half the awaited list's answer time: ten times the grace a list behind waits for the
     // subscriptions to settle.
@@ -337,12 +351,7 @@ async fn a_list_behind_lists_when_a_subscriber_that_awaits_it_joins() {
     let (Some(faults), Some(counters)) = (cluster.faults(), cluster.counters()) else {
         return;
     };
-    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), cluster.namespace());
-    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
-    let name = format!("{}-joined", cluster.namespace());
-    pvs.create(&PostParams::default(), &pv(&name, cluster.namespace()))
-        .await
-        .unwrap();
+    let (configmaps, pvs, name) = configmaps_and_a_pv(&cluster, "joined").await;
     faults.hang_next(
         RequestMatch::new(Verb::List, "configmaps"),
         u32::MAX,
@@ -358,14 +367,7 @@ async fn a_list_behind_lists_when_a_subscriber_that_awaits_it_joins() {
         |_: Change<&Arc<PvView>>| {},
     );
     behind.watch(configmaps.clone(), watcher::Config::default(), |_| {});
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while counters.lists("configmaps") == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no list of ConfigMaps"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_asked_to_list(&counters, "configmaps").await;
     // Past the grace of the watch behind: it waits for the ConfigMaps, which never come.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(counters.lists("persistentvolumes"), 0);
