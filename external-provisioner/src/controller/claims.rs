@@ -238,12 +238,14 @@ impl Controller {
             self.claims.add_after(key, 0, VOLUMES_LISTED_POLL);
             return Some(Start::Stop);
         }
-        let name = decide::volume_name(
+        // A name that cannot be made is reported by the preparation that follows.
+        let Ok(name) = decide::volume_name(
             &self.config.policy.volume_name_prefix,
             &claim.uid,
             self.config.policy.volume_name_uuid_length,
-        )
-        .unwrap_or_default();
+        ) else {
+            return None;
+        };
         match self.pvs.get_opt(&name).await {
             Ok(None) => None,
             Ok(Some(_)) => {
