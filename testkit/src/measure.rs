@@ -5,11 +5,35 @@ use std::time::Duration;
 
 use crate::process::CleanEnv;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// Where [`free_port`] looks: below every system's ephemeral range (Linux starts it at 32768,
+/// Windows at 49152), so that no port the system hands out by itself (a `bind` to port 0, an
+/// outgoing connection) takes the port between the check and the sidecar's own `bind`.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_768;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago; never the same one twice in a process,
+/// and in each process from a different start.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    // The first call starts at an offset of this process's own, so that test binaries run side
+    // by side rarely try the same ports.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    let mut last = None;
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = TEST_PORTS.start + offset as u16;
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Ok(_) => return Ok(port),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no test port is free")))
 }
 
 /// GET over HTTP/1.1 with `Connection: close`: the status code and body, or `None` while

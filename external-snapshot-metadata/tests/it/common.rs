@@ -210,7 +210,7 @@ impl Env {
                 .map(|(name, value)| (*name, value.as_str())),
         );
         let sidecar = testkit::process::spawn_sidecar(&mut command, Stdio::inherit()).unwrap();
-        let env = Self {
+        let mut env = Self {
             cluster,
             mock,
             authority,
@@ -226,11 +226,19 @@ impl Env {
         env
     }
 
-    pub async fn until_ready(&self) {
-        eventually("the sidecar to be ready", || async {
-            matches!(http_get(self.http_port, "/health").await, Some((200, _))).then_some(())
-        })
-        .await;
+    /// Waits for `/health` to answer 200, failing at once if the sidecar exits instead.
+    pub async fn until_ready(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        while !matches!(http_get(self.http_port, "/health").await, Some((200, _))) {
+            if let Some(status) = self.sidecar.try_wait().unwrap() {
+                panic!("the sidecar exited before it was ready: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the sidecar to be ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn client(&self) -> kube::Client {

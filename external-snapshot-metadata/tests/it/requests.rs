@@ -224,7 +224,7 @@ async fn every_refusal_has_its_code_and_the_sidecar_survives_a_snapshot_without_
 
 #[tokio::test]
 async fn without_an_audience_flag_the_service_object_names_it() {
-    let env = Env::start(Start::default()).await;
+    let mut env = Env::start(Start::default()).await;
     env.until_ready().await;
     written(&env, "snap", None).await;
     let mut client = env.connect().await;
