@@ -204,10 +204,16 @@ impl Index {
         }
     }
 
+    /// A claim event. A claim new to the cache brings its bound volume to be checked: the
+    /// volume's check, come before its claim's watch event, found no claim and dropped it.
     pub fn claim_event(&mut self, change: Change<&Arc<ClaimView>>) -> Vec<Work> {
         match seen(&mut self.relist.claims, change, |c| c.key.clone()) {
             Seen::Upsert(claim) => {
-                self.claims.insert(claim.clone());
+                if self.claims.insert(claim.clone()).is_none()
+                    && let Some(pv) = self.pvs.get(&claim.volume_name).filter(|pv| bound(pv))
+                {
+                    return vec![Work::Volume(pv.name.clone())];
+                }
             }
             Seen::Remove(claim) => {
                 self.claims.remove(&claim.key);

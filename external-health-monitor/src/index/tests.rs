@@ -58,7 +58,23 @@ fn a_volume_of_this_driver_is_checked_once_bound() {
         "an update is not another check"
     );
     assert!(index.target("a").is_none(), "no claim cached yet");
-    index.claim_event(Change::Apply(&claim("c-a", "a")));
+    assert_eq!(
+        index.claim_event(Change::Apply(&claim("c-a", "a"))),
+        vec![Work::Volume("a".into())],
+        "the claim's arrival brings its volume back to be checked"
+    );
+    assert!(
+        index
+            .claim_event(Change::Apply(&claim("c-a", "a")))
+            .is_empty(),
+        "a claim's update is not another check"
+    );
+    assert!(
+        index
+            .claim_event(Change::Apply(&claim("c-b", "b")))
+            .is_empty(),
+        "nor is a claim of a volume not cached"
+    );
     let target = index.target("a").expect("a target");
     assert_eq!(target.claim.name(), "c-a");
     assert!(!target.warned);
