@@ -97,50 +97,36 @@ async fn every_delete_volume_code_is_retried_until_the_volume_is_gone() {
     env.stop().await;
 }
 
-/// A VolumeAttachment of `pv` to node-1: the attachments and its name.
-async fn attach(env: &Env, pv: &str) -> (Api<VolumeAttachment>, String) {
-    let name = env.unique("va");
-    let va: VolumeAttachment = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"attacher": env.driver, "nodeName": "node-1", "source": {"persistentVolumeName": pv}}
-    }))
-    .unwrap();
-    let vas: Api<VolumeAttachment> = Api::all(env.client());
-    vas.create(&PostParams::default(), &va).await.unwrap();
-    (vas, name)
-}
-
-/// Waits for the Event that refuses to delete the attached `pv`; its volume was not deleted.
-async fn refused_as_attached(env: &Env, pv: &str) {
-    let expected = format!("persistentvolume {pv} is still attached to node node-1");
-    eventually("the refusal event", || async {
-        env.events_for("default", pv).await.into_iter().find(|e| {
-            e.reason.as_deref() == Some("VolumeFailedDelete")
-                && e.message.as_deref() == Some(expected.as_str())
-        })
-    })
-    .await;
-    assert!(requests(&env.mock, DELETE_VOLUME).is_empty());
-}
-
-/// Deletes the attachment: the PV and its volume go, and the test ends.
-async fn detached_then_deleted(env: Env, vas: &Api<VolumeAttachment>, va: &str, pv: &str) {
-    vas.delete(va, &DeleteParams::default()).await.unwrap();
-    env.wait_pv_gone(pv).await;
-    assert!(env.driver_volumes().is_empty());
-    env.stop().await;
-}
-
 #[tokio::test]
 async fn deletion_waits_for_detach() {
     let mut env = Env::start(mock(), &[], |_| {}).await;
     let class = env.create_class(json!({})).await;
     env.create_claim("data", &class, json!({})).await;
     let pv = env.wait_bound("data").await.metadata.name.unwrap();
-    let (vas, va_name) = attach(&env, &pv).await;
+    let va_name = env.unique("va");
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": va_name},
+        "spec": {"attacher": env.driver, "nodeName": "node-1", "source": {"persistentVolumeName": pv}}
+    }))
+    .unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(env.client());
+    vas.create(&PostParams::default(), &va).await.unwrap();
     env.delete_claim("data").await;
-    refused_as_attached(&env, &pv).await;
-    detached_then_deleted(env, &vas, &va_name, &pv).await;
+    let expected = format!("persistentvolume {pv} is still attached to node node-1");
+    eventually("the refusal event", || async {
+        env.events_for("default", &pv).await.into_iter().find(|e| {
+            e.reason.as_deref() == Some("VolumeFailedDelete")
+                && e.message.as_deref() == Some(expected.as_str())
+        })
+    })
+    .await;
+    assert!(requests(&env.mock, DELETE_VOLUME).is_empty());
+    vas.delete(&va_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_pv_gone(&pv).await;
+    assert!(env.driver_volumes().is_empty());
+    env.stop().await;
 }
 
 /// The VolumeAttachments are listed after the claims and the PVs: a volume released before
@@ -155,7 +141,14 @@ async fn a_deletion_waits_for_the_attachments_to_be_listed() {
     env.create_claim("data", &class, json!({})).await;
     let pv = env.wait_bound("data").await.metadata.name.unwrap();
     env.crash().await;
-    let (vas, va_name) = attach(&env, &pv).await;
+    let va_name = env.unique("va");
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": va_name},
+        "spec": {"attacher": env.driver, "nodeName": "node-1", "source": {"persistentVolumeName": pv}}
+    }))
+    .unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(env.client());
+    vas.create(&PostParams::default(), &va).await.unwrap();
     // Long enough for the claim's release to reach the provisioner before the list.
     faults.add_latency(
         RequestMatch::new(Verb::List, "volumeattachments"),
@@ -164,9 +157,22 @@ async fn a_deletion_waits_for_the_attachments_to_be_listed() {
     let config = env.config(&[]).await;
     env.launch(config);
     env.delete_claim("data").await;
-    refused_as_attached(&env, &pv).await;
+    let expected = format!("persistentvolume {pv} is still attached to node node-1");
+    eventually("the refusal event", || async {
+        env.events_for("default", &pv).await.into_iter().find(|e| {
+            e.reason.as_deref() == Some("VolumeFailedDelete")
+                && e.message.as_deref() == Some(expected.as_str())
+        })
+    })
+    .await;
+    assert!(requests(&env.mock, DELETE_VOLUME).is_empty());
     faults.clear();
-    detached_then_deleted(env, &vas, &va_name, &pv).await;
+    vas.delete(&va_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_pv_gone(&pv).await;
+    assert!(env.driver_volumes().is_empty());
+    env.stop().await;
 }
 
 #[tokio::test]

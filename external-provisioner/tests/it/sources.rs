@@ -122,31 +122,6 @@ async fn finalizers(api: &Api<DynamicObject>, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The one CreateVolume asked, from the driver's snapshot `handle`.
-fn created_once_from(env: &Env, handle: &str) {
-    let created = requests(&env.mock, CREATE_VOLUME);
-    assert_eq!(created.len(), 1);
-    assert_eq!(
-        created[0]["volume_content_source"]["snapshot"]["snapshot_id"], handle,
-        "{}",
-        created[0]
-    );
-}
-
-async fn restore_protection_released(env: &Env, snapshot: &str) {
-    let api = snapshots(env);
-    eventually("the restore protection released", || {
-        let api = api.clone();
-        async move {
-            (!finalizers(&api, snapshot)
-                .await
-                .contains(&SNAPSHOT_FINALIZER.to_string()))
-            .then_some(())
-        }
-    })
-    .await;
-}
-
 fn source(kind: &str, name: &str) -> Value {
     let group = (kind == "VolumeSnapshot").then_some("snapshot.storage.k8s.io");
     json!({"spec": {"dataSource": {"apiGroup": group, "kind": kind, "name": name}}})
@@ -185,7 +160,13 @@ async fn restores_a_snapshot_once_it_is_ready() {
 
     set_snapshot_status(&env, "snap", &content, true, GIB).await;
     let pv = env.wait_bound("restored").await;
-    created_once_from(&env, "snap-snap");
+    let created = requests(&env.mock, CREATE_VOLUME);
+    assert_eq!(created.len(), 1);
+    assert_eq!(
+        created[0]["volume_content_source"]["snapshot"]["snapshot_id"], "snap-snap",
+        "{}",
+        created[0]
+    );
     assert_eq!(pv.spec.unwrap().capacity.unwrap()["storage"].0, "1Gi");
     let restore_failures: Vec<_> = env
         .events_for(&env.namespace(), "restored")
@@ -196,7 +177,17 @@ async fn restores_a_snapshot_once_it_is_ready() {
     assert_eq!(restore_failures.len(), 1, "said once: {restore_failures:?}");
     assert_eq!(restore_failures[0].count.unwrap_or(1), 1);
     // The claim has its volume: nothing protects the snapshot any more.
-    restore_protection_released(&env, "snap").await;
+    let api = snapshots(&env);
+    eventually("the restore protection released", || {
+        let api = api.clone();
+        async move {
+            (!finalizers(&api, "snap")
+                .await
+                .contains(&SNAPSHOT_FINALIZER.to_string()))
+            .then_some(())
+        }
+    })
+    .await;
     cleanup_contents(&env, &[content]).await;
     env.stop().await;
 }
@@ -230,8 +221,24 @@ async fn restores_while_the_snapshots_are_still_listed() {
     env.create_claim("restored", &class, source("VolumeSnapshot", "snap"))
         .await;
     env.wait_bound("restored").await;
-    created_once_from(&env, "snap-snap");
-    restore_protection_released(&env, "snap").await;
+    let created = requests(&env.mock, CREATE_VOLUME);
+    assert_eq!(created.len(), 1);
+    assert_eq!(
+        created[0]["volume_content_source"]["snapshot"]["snapshot_id"], "snap-snap",
+        "{}",
+        created[0]
+    );
+    let api = snapshots(&env);
+    eventually("the restore protection released", || {
+        let api = api.clone();
+        async move {
+            (!finalizers(&api, "snap")
+                .await
+                .contains(&SNAPSHOT_FINALIZER.to_string()))
+            .then_some(())
+        }
+    })
+    .await;
     assert_eq!(
         faults.pending_hangs(),
         u32::MAX - (counters.lists("volumesnapshots") - probes) as u32,
