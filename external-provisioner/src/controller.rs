@@ -17,7 +17,6 @@ use kube::api::{ApiResource, DynamicObject};
 use sidecar_kit::cluster::client::{api_code, api_message};
 use sidecar_kit::cluster::events::{EventType, Recorder};
 use sidecar_kit::driver::csi::{CallOptions, CsiClient};
-use sidecar_kit::pipeline::watches::Start;
 use sidecar_kit::pipeline::workqueue::{Backoff, WorkQueue};
 use sidecar_kit::pipeline::{Fed, Feeder, Pipeline, Wiring, lock};
 use sidecar_kit::telemetry::operation;
@@ -62,9 +61,8 @@ const CONTENT_CACHE: usize = 1024;
 /// DeleteVolume attempts to undo an unusable volume, within one `--timeout`.
 const CLEANUP_ATTEMPTS: usize = 5;
 
-/// How often what waits for a kind's list (a clone or the journal's replay for the PVs', a
-/// deletion for the VolumeAttachments') looks again.
-const LISTED_POLL: Duration = Duration::from_millis(250);
+/// How often what waits for the PVs' list (a clone, the journal's replay) looks again.
+const VOLUMES_LISTED_POLL: Duration = Duration::from_millis(250);
 
 /// Everything the controller needs besides its clients.
 #[derive(Clone)]
@@ -264,17 +262,13 @@ impl Controller {
             pipeline.feed::<CSINode, _>(&self, Index::csinode_event);
             pipeline.feed::<Node, _>(&self, Index::node_event);
         }
-        // Neither holds a provisioning back: a deletion waits for the attachments' list (see
-        // `sync_volume`), and a restore asks the API server for its snapshot until they are
-        // listed.
         if self.config.watch_attachments {
-            pipeline.feed_behind::<VolumeAttachment, _>(&self, Index::attachment_event);
+            pipeline.feed::<VolumeAttachment, _>(&self, Index::attachment_event);
         }
         if self.config.watch_snapshots {
             pipeline.feed_through::<VolumeSnapshot, _>(
                 &self,
                 self.snapshot_client(),
-                Start::Behind,
                 Index::snapshot_event,
             );
         }
@@ -306,8 +300,6 @@ impl Controller {
                 claims = index.claim_count(),
                 persistent_volumes = index.volume_count(),
                 persistent_volumes_listed = index.volumes_listed(),
-                attachments_listed = index.attachments_listed(),
-                snapshots_listed = index.snapshots_listed(),
                 "caches synced"
             );
         }
@@ -406,7 +398,7 @@ impl Controller {
         while !self.index().volumes_listed() {
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(LISTED_POLL) => {}
+                _ = tokio::time::sleep(VOLUMES_LISTED_POLL) => {}
             }
         }
         true

@@ -56,6 +56,9 @@ pub struct Index {
     /// The process's shared views of the driver's PVs; the provisioner's [`Volume`] is
     /// projected on reading.
     volumes: ViewTable<PvView>,
+    /// Whether the PVs have been listed: claims are worked on before (the PVs' list comes
+    /// after theirs), and what `volumes` lacks until then is asked of the API server.
+    volumes_listed: bool,
     /// Distributed provisioning: the volumes of `volumes` not accessible from this node (none
     /// otherwise).
     off_node: HashSet<Arc<str>>,
@@ -92,6 +95,7 @@ impl Index {
             node_topology: None,
             claims: ViewTable::new(|c| &c.uid),
             volumes: ViewTable::new(|v| &v.name),
+            volumes_listed: false,
             off_node: HashSet::new(),
             classes: HashMap::new(),
             csinodes: HashMap::new(),
@@ -402,6 +406,7 @@ impl Index {
                 for name in self.relists.volumes.finish(self.volumes.keys()) {
                     self.forget_volume(&name);
                 }
+                self.volumes_listed = true;
             }
         }
         self.volumes.shrink_when_sparse();
@@ -458,22 +463,9 @@ impl Index {
     }
 
     /// Whether the PVs have been listed: until then, a PV [`has_volume`](Self::has_volume)
-    /// does not know of may exist. Claims are worked on before (the PVs' list comes after
-    /// theirs); what the index lacks until then is asked of the API server or waited for.
+    /// does not know of may exist.
     pub fn volumes_listed(&self) -> bool {
-        self.relists.volumes.listed()
-    }
-
-    /// Whether the VolumeAttachments have been listed: until then, a PV
-    /// [`attached_to`](Self::attached_to) knows of no attachment may be attached.
-    pub fn attachments_listed(&self) -> bool {
-        self.relists.attachments.listed()
-    }
-
-    /// Whether the VolumeSnapshots have been listed: until then, a snapshot
-    /// [`snapshot`](Self::snapshot) does not know of may exist.
-    pub fn snapshots_listed(&self) -> bool {
-        self.relists.snapshots.listed()
+        self.volumes_listed
     }
 
     /// A PV of this driver that names volume `handle`, if any.

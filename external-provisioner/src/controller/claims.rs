@@ -234,8 +234,8 @@ impl Controller {
     async fn before_volumes_listed(&self, claim: &Claim) -> Option<Start> {
         let key = claim.uid.to_string();
         if matches!(claim.source_key(), Some((SourceKind::Claim, _, _))) {
-            tracing::debug!(claim = %claim.key(), retry_in = ?LISTED_POLL, "a clone waits for the PVs to be listed");
-            self.claims.add_after(key, 0, LISTED_POLL);
+            tracing::debug!(claim = %claim.key(), retry_in = ?VOLUMES_LISTED_POLL, "a clone waits for the PVs to be listed");
+            self.claims.add_after(key, 0, VOLUMES_LISTED_POLL);
             return Some(Start::Stop);
         }
         // A name that cannot be made is reported by the preparation that follows.
@@ -387,13 +387,8 @@ impl Controller {
         namespace: &str,
         name: &str,
     ) -> Result<csi_proto::v1::VolumeContentSource, SourceError> {
-        let cached = {
-            let index = self.index();
-            (self.config.watch_snapshots && index.snapshots_listed())
-                .then(|| index.snapshot(namespace, name).cloned())
-        };
-        let snapshot = if let Some(cached) = cached {
-            cached
+        let snapshot = if self.config.watch_snapshots {
+            self.index().snapshot(namespace, name).cloned()
         } else {
             let api: Api<VolumeSnapshot> = Api::namespaced(self.snapshot_client(), namespace);
             match api.get_opt(name).await {

@@ -103,7 +103,7 @@ impl Controller {
                 SourceKind::Claim => index
                     .claim_named(namespace, name)
                     .map(|c| c.deleting && c.clone_protected),
-                SourceKind::Snapshot if self.config.watch_snapshots && index.snapshots_listed() => {
+                SourceKind::Snapshot if self.config.watch_snapshots => {
                     index.snapshot(namespace, name).map(|s| s.protected)
                 }
                 SourceKind::Snapshot => Some(true),

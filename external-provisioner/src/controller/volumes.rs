@@ -20,15 +20,6 @@ impl Controller {
             let class = index.class(&volume.storage_class);
             let plan =
                 decide::plan_volume(&self.config.policy, &volume, class, attached.as_deref());
-            if matches!(plan, VolumePlan::Delete(_))
-                && self.config.watch_attachments
-                && !index.attachments_listed()
-            {
-                // An attachment not listed yet may name the volume.
-                tracing::debug!(persistent_volume = name, retry_in = ?LISTED_POLL, "a deletion waits for the VolumeAttachments to be listed");
-                self.volumes.add_after(key, 0, LISTED_POLL);
-                return;
-            }
             (volume, plan)
         };
         let result = match plan {

@@ -6,9 +6,6 @@ use csi_proto::methods::controller::{CREATE_VOLUME, DELETE_VOLUME};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-use std::time::Duration;
-use testkit::apiserver::RequestMatch;
-use testkit::apiserver::counters::Verb;
 use tonic::Code;
 
 const CODES: [Code; 15] = [
@@ -121,52 +118,6 @@ async fn deletion_waits_for_detach() {
     })
     .await;
     assert!(requests(&env.mock, DELETE_VOLUME).is_empty());
-    vas.delete(&va_name, &DeleteParams::default())
-        .await
-        .unwrap();
-    env.wait_pv_gone(&pv).await;
-    assert!(env.driver_volumes().is_empty());
-    env.stop().await;
-}
-
-/// The VolumeAttachments are listed after the claims and the PVs: a volume released before
-/// their list ends is not deleted until the list says whether it is attached.
-#[tokio::test]
-async fn a_deletion_waits_for_the_attachments_to_be_listed() {
-    let mut env = Env::start(mock(), &[], |_| {}).await;
-    let Some(faults) = env.cluster.faults() else {
-        return env.stop().await;
-    };
-    let class = env.create_class(json!({})).await;
-    env.create_claim("data", &class, json!({})).await;
-    let pv = env.wait_bound("data").await.metadata.name.unwrap();
-    env.crash().await;
-    let va_name = env.unique("va");
-    let va: VolumeAttachment = serde_json::from_value(json!({
-        "metadata": {"name": va_name},
-        "spec": {"attacher": env.driver, "nodeName": "node-1", "source": {"persistentVolumeName": pv}}
-    }))
-    .unwrap();
-    let vas: Api<VolumeAttachment> = Api::all(env.client());
-    vas.create(&PostParams::default(), &va).await.unwrap();
-    // Long enough for the claim's release to reach the provisioner before the list.
-    faults.add_latency(
-        RequestMatch::new(Verb::List, "volumeattachments"),
-        Duration::from_secs(3),
-    );
-    let config = env.config(&[]).await;
-    env.launch(config);
-    env.delete_claim("data").await;
-    let expected = format!("persistentvolume {pv} is still attached to node node-1");
-    eventually("the refusal event", || async {
-        env.events_for("default", &pv).await.into_iter().find(|e| {
-            e.reason.as_deref() == Some("VolumeFailedDelete")
-                && e.message.as_deref() == Some(expected.as_str())
-        })
-    })
-    .await;
-    assert!(requests(&env.mock, DELETE_VOLUME).is_empty());
-    faults.clear();
     vas.delete(&va_name, &DeleteParams::default())
         .await
         .unwrap();

@@ -7,8 +7,6 @@ use csi_proto::methods::controller::CREATE_VOLUME;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch};
 use kube::api::{PatchParams, PostParams};
 use serde_json::{Value, json};
-use testkit::apiserver::counters::Verb;
-use testkit::apiserver::{Hang, RequestMatch};
 use testkit::mockdriver::state::Snapshot as MockSnapshot;
 
 const SNAPSHOT_FINALIZER: &str =
@@ -188,64 +186,6 @@ async fn restores_a_snapshot_once_it_is_ready() {
         }
     })
     .await;
-    cleanup_contents(&env, &[content]).await;
-    env.stop().await;
-}
-
-/// The VolumeSnapshots are listed after the claims: with every list of them left unanswered,
-/// a restore asks the API server for its snapshot, is provisioned, and its snapshot's
-/// protection is released once the claim has its volume.
-#[tokio::test]
-async fn restores_while_the_snapshots_are_still_listed() {
-    let mut env = Env::without_controller(mock()).await;
-    let (Some(faults), Some(counters)) = (env.cluster.faults(), env.cluster.counters()) else {
-        return env.stop().await;
-    };
-    let class = env.create_class(json!({})).await;
-    let content = snapshot(&env, "snap", GIB, true, json!({})).await;
-    // Discovery has found the snapshots listable (a deployment allowed to watch them).
-    let config = env.config(&[]).await;
-    assert!(config.watch_snapshots);
-    let probes = counters.lists("volumesnapshots");
-    faults.hang_next(
-        RequestMatch::new(Verb::List, "volumesnapshots"),
-        u32::MAX,
-        Hang::BeforeServing,
-    );
-    env.launch(config);
-    eventually("the snapshot list asked for", || async {
-        (faults.pending_hangs() < u32::MAX).then_some(())
-    })
-    .await;
-
-    env.create_claim("restored", &class, source("VolumeSnapshot", "snap"))
-        .await;
-    env.wait_bound("restored").await;
-    let created = requests(&env.mock, CREATE_VOLUME);
-    assert_eq!(created.len(), 1);
-    assert_eq!(
-        created[0]["volume_content_source"]["snapshot"]["snapshot_id"], "snap-snap",
-        "{}",
-        created[0]
-    );
-    let api = snapshots(&env);
-    eventually("the restore protection released", || {
-        let api = api.clone();
-        async move {
-            (!finalizers(&api, "snap")
-                .await
-                .contains(&SNAPSHOT_FINALIZER.to_string()))
-            .then_some(())
-        }
-    })
-    .await;
-    assert_eq!(
-        faults.pending_hangs(),
-        u32::MAX - (counters.lists("volumesnapshots") - probes) as u32,
-        "every snapshot list hangs: none was answered"
-    );
-    env.crash().await;
-    faults.clear();
     cleanup_contents(&env, &[content]).await;
     env.stop().await;
 }

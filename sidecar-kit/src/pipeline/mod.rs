@@ -165,15 +165,9 @@ impl<T> Change<T> {
 #[derive(Debug, Default)]
 pub struct Relist {
     seen: Option<HashSet<Arc<str>>>,
-    listed: bool,
 }
 
 impl Relist {
-    /// Whether a list has ended: until then, the cache may lack objects that exist.
-    pub fn listed(&self) -> bool {
-        self.listed
-    }
-
     pub fn start(&mut self) {
         self.seen = Some(HashSet::new());
     }
@@ -190,13 +184,10 @@ impl Relist {
         K: Borrow<str> + ToOwned + ?Sized + 'a,
     {
         match self.seen.take() {
-            Some(seen) => {
-                self.listed = true;
-                known
-                    .filter(|n| !seen.contains((*n).borrow()))
-                    .map(K::to_owned)
-                    .collect()
-            }
+            Some(seen) => known
+                .filter(|n| !seen.contains((*n).borrow()))
+                .map(K::to_owned)
+                .collect(),
             None => Vec::new(),
         }
     }
@@ -328,7 +319,7 @@ impl Pipeline {
         F: FnMut(Change<&K>) + Send + 'static,
     {
         let kind = K::kind(&K::DynamicType::default()).to_string();
-        self.watch_kind_as(kind, api, config, Start::Awaited, apply);
+        self.watch_kind(kind, api, config, apply);
     }
 
     /// [`watch`](Self::watch) for objects whose type does not know its kind (dynamic objects).
@@ -337,21 +328,7 @@ impl Pipeline {
         K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         F: FnMut(Change<&K>) + Send + 'static,
     {
-        self.watch_kind_as(kind, api, config, Start::Awaited, apply);
-    }
-
-    fn watch_kind_as<K, F>(
-        &mut self,
-        kind: String,
-        api: Api<K>,
-        config: watcher::Config,
-        start: Start,
-        apply: F,
-    ) where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-        F: FnMut(Change<&K>) + Send + 'static,
-    {
-        let synced = self.synced(start);
+        let synced = self.synced(Start::Awaited);
         let reading = Reading {
             convert: |object, _| object,
             needs: Needs::NONE,
@@ -411,40 +388,24 @@ impl Pipeline {
         K::DynamicType: Default,
     {
         let client = controller.feeder().client.clone();
-        self.feed_through(controller, client, Start::Awaited, apply);
+        self.feed_through(controller, client, apply);
     }
 
-    /// [`feed`](Self::feed) of a kind the work does not wait for, as
-    /// [`feed_view_behind`](Self::feed_view_behind).
-    pub fn feed_behind<K, C: Fed>(&mut self, controller: &Arc<C>, apply: Apply<C, K>)
-    where
-        K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-        K::DynamicType: Default,
-    {
-        let client = controller.feeder().client.clone();
-        self.feed_through(controller, client, Start::Behind, apply);
-    }
-
-    /// [`feed`](Self::feed) or [`feed_behind`](Self::feed_behind) through `client` instead of
-    /// the controller's own: for a kind whose requests have a rate limit of their own, as those
-    /// of upstream's separate clientsets do.
+    /// [`feed`](Self::feed) through `client` instead of the controller's own: for a kind whose
+    /// requests have a rate limit of their own, as those of upstream's separate clientsets do.
     pub fn feed_through<K, C: Fed>(
         &mut self,
         controller: &Arc<C>,
         client: kube::Client,
-        start: Start,
         apply: Apply<C, K>,
     ) where
         K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default,
     {
         let me = controller.clone();
-        let kind = K::kind(&K::DynamicType::default()).to_string();
-        self.watch_kind_as(
-            kind,
+        self.watch(
             Api::<K>::all(client),
             controller.feeder().watch_config(),
-            start,
             move |change| {
                 let work = apply(&mut me.index(), change);
                 me.enqueue(work);
@@ -644,13 +605,10 @@ mod tests {
         let mut relist = Relist::default();
         let known: Vec<String> = vec!["a".into(), "b".into(), "c".into()];
         assert!(relist.finish(known.iter()).is_empty(), "no re-list running");
-        assert!(!relist.listed());
         relist.start();
         relist.saw("a");
         relist.saw("c");
-        assert!(!relist.listed(), "the list has not ended");
         assert_eq!(relist.finish(known.iter()), vec!["b".to_string()]);
-        assert!(relist.listed());
         assert!(relist.finish(known.iter()).is_empty(), "finished once");
     }
 
