@@ -12,7 +12,7 @@ use tonic::Code;
 
 use crate::model::{
     self, Class, Content, ContentObject, ContentStatus, GroupContent, GroupContentStatus,
-    SecretAnnotations, SecretRef, SnapshotInfo,
+    SecretAnnotations, SecretRef, Settled, SnapshotInfo,
 };
 
 const PREFIX: &str = "csi.storage.k8s.io/";
@@ -72,14 +72,37 @@ pub fn should_enqueue(old: &Content, new: &Content) -> bool {
     if new.group_member && old.status.is_none() && new.status.is_some() {
         return true;
     }
-    let strip = |c: &Content| Content {
+    unchanging(old) != unchanging(new)
+}
+
+/// What of a content a change to act on compares: all but its version, its status, its
+/// finalizers and the snapshotter's own annotation.
+fn unchanging(content: &Content) -> Content {
+    Content {
         resource_version: ResourceVersion::None,
         status: None,
         finalizers: List::default(),
         being_created: false,
-        ..c.clone()
-    };
-    strip(old) != strip(new)
+        ..content.clone()
+    }
+}
+
+/// The fingerprint of what [`should_enqueue`] compares.
+pub fn change_key(content: &Content) -> u64 {
+    model::keyed_hash(&unchanging(content))
+}
+
+/// Whether `content` needs nothing more until it changes: its snapshot cut and ready, no
+/// deletion asked for, no create call to be answered. Its plan is [`Plan::Ready`] with
+/// nothing left to do.
+pub fn settled(content: &Content) -> bool {
+    content.ready() && !content.deleting && !content.being_created
+}
+
+/// [`should_enqueue`] of a change from a content kept in its [`Settled`] form: it was ready,
+/// so losing readiness is work, and so is any change of what [`should_enqueue`] compares.
+pub fn should_enqueue_settled(old: &Settled, new: &Content) -> bool {
+    !new.ready() || old.change != change_key(new)
 }
 
 /// Whether the content is to be deleted now (upstream's `shouldDelete`, and

@@ -7,11 +7,10 @@ use std::sync::Arc;
 
 use sidecar_kit::pipeline::viewtable::ViewTable;
 use sidecar_kit::pipeline::{Change, Relist};
-use sidecar_kit::values::version::ResourceVersion;
 
 use crate::decide;
 use crate::model::{
-    Class, Content, ContentObject, GroupContent, VolumeGroupSnapshotClass,
+    self, Class, Content, ContentObject, GroupContent, Settled, VolumeGroupSnapshotClass,
     VolumeGroupSnapshotContent, VolumeSnapshotClass, VolumeSnapshotContent,
 };
 
@@ -68,11 +67,16 @@ trait Cached {
     fn name(&self) -> &str;
     /// The driver of a content; `None` for a class, which is kept whatever its driver.
     fn driver(&self) -> Option<&str>;
-    /// `None` for a class: each event of one replaces the cached one.
-    fn resource_version(&self) -> Option<&ResourceVersion>;
+    /// Its resourceVersion as a number; `None` for a class: each event of one replaces the
+    /// cached one.
+    fn revision(&self) -> Option<u64>;
     /// Whether it keeps what it names once deleted (a content of deletion policy Retain).
     fn retains(&self) -> bool {
         false
+    }
+    /// Its settled form, when it needs nothing more until it changes.
+    fn settle(&self) -> Option<Settled> {
+        None
     }
 }
 
@@ -83,11 +87,14 @@ impl<T: ContentObject> Cached for T {
     fn driver(&self) -> Option<&str> {
         Some(ContentObject::driver(self))
     }
-    fn resource_version(&self) -> Option<&ResourceVersion> {
-        Some(ContentObject::resource_version(self))
+    fn revision(&self) -> Option<u64> {
+        Some(model::revision_number(ContentObject::resource_version(self)))
     }
     fn retains(&self) -> bool {
         !self.deletes()
+    }
+    fn settle(&self) -> Option<Settled> {
+        ContentObject::settle(self)
     }
 }
 
@@ -98,16 +105,19 @@ impl Cached for Class {
     fn driver(&self) -> Option<&str> {
         None
     }
-    fn resource_version(&self) -> Option<&ResourceVersion> {
+    fn revision(&self) -> Option<u64> {
         None
     }
 }
 
-/// The cached objects of one kind, by name, and the re-list that finds those deleted while
-/// the watch was down.
+/// The cached objects of one kind, by name, each in one of two forms, and the re-list that
+/// finds those deleted while the watch was down.
 #[derive(Debug)]
 struct Table<T> {
+    /// Those with work to do, or that may have soon: as projected.
     items: ViewTable<T, str>,
+    /// Those that need nothing until they change, in their small form.
+    settled: ViewTable<Settled, str>,
     relist: Relist,
     /// Contents whose last version kept what they name (deletion policy Retain) when they
     /// went, until the worker that settles them has looked: a policy patched to Retain after
@@ -119,6 +129,7 @@ impl<T: Cached> Default for Table<T> {
     fn default() -> Self {
         Self {
             items: ViewTable::new(|item: &T| item.name()),
+            settled: ViewTable::new(|settled: &Settled| &settled.name),
             relist: Relist::default(),
             retained_gone: HashSet::new(),
         }
@@ -127,15 +138,17 @@ impl<T: Cached> Default for Table<T> {
 
 impl<T: Cached> Table<T> {
     /// Applies a watch event and returns the names to work on: an object of `driver` that is
-    /// new, or newer than the cached one where `act` says the change is work; one deleted or
-    /// found gone by a re-list; a content that moved to another driver. Contents of other
-    /// drivers are kept out: only their names matter.
+    /// new, or newer than the cached one where `act` (`act_settled`, from a settled one) says
+    /// the change is work, and not settled; one deleted or found gone by a re-list; a content
+    /// that moved to another driver. Contents of other drivers are kept out: only their names
+    /// matter.
     fn apply<O: kube::Resource>(
         &mut self,
         driver: &str,
         change: Change<&O>,
         project: impl Fn(&O) -> T,
         act: impl Fn(&T, &T) -> bool,
+        act_settled: impl Fn(&Settled, &T) -> bool,
     ) -> Vec<String> {
         match change {
             Change::Apply(object) | Change::Listed(object) => {
@@ -147,14 +160,19 @@ impl<T: Cached> Table<T> {
                     return self.forget(new.name()).into_iter().collect();
                 }
                 let name = new.name().to_string();
-                let work = match self.items.get(&name) {
-                    None => true,
+                let work = match (self.items.get(&name), self.settled.get(&name)) {
                     // The echo of the snapshotter's own write, or an older version than that
                     // write: nothing new.
-                    Some(old) if !newer(&**old, &new) => return Vec::new(),
-                    Some(old) => act(old, &new),
+                    (Some(old), _) if !newer(old.revision(), new.revision()) => return Vec::new(),
+                    (_, Some(old)) if !newer(Some(old.revision), new.revision()) => {
+                        return Vec::new();
+                    }
+                    (Some(old), _) => act(old, &new),
+                    (_, Some(old)) => act_settled(old, &new),
+                    (None, None) => true,
                 };
-                self.items.insert(Arc::new(new));
+                // A settled content needs nothing, whatever changed.
+                let work = self.keep(new) && work;
                 if work { vec![name] } else { Vec::new() }
             }
             Change::Delete(object) => {
@@ -173,7 +191,7 @@ impl<T: Cached> Table<T> {
                 Vec::new()
             }
             Change::Relisted => {
-                let gone = self.relist.finish(self.items.keys());
+                let gone = (self.relist).finish(self.items.keys().chain(self.settled.keys()));
                 for name in &gone {
                     self.forget(name);
                 }
@@ -182,23 +200,50 @@ impl<T: Cached> Table<T> {
         }
     }
 
+    /// Caches `new` in the form it needs: whether it has work (is not settled).
+    fn keep(&mut self, new: T) -> bool {
+        match new.settle() {
+            Some(settled) => {
+                if self.items.remove(new.name()).is_some() {
+                    self.items.shrink_when_sparse();
+                }
+                self.settled.insert(Arc::new(settled));
+                false
+            }
+            None => {
+                if self.settled.remove(new.name()).is_some() {
+                    self.settled.shrink_when_sparse();
+                }
+                self.items.insert(Arc::new(new));
+                true
+            }
+        }
+    }
+
     /// Removes `name`; its name when it was cached.
     fn forget(&mut self, name: &str) -> Option<String> {
-        let removed = self.items.remove(name).map(|_| name.to_string());
-        if removed.is_some() {
-            self.items.shrink_when_sparse();
+        let full = self.items.remove(name).is_some();
+        let settled = self.settled.remove(name).is_some();
+        self.items.shrink_when_sparse();
+        self.settled.shrink_when_sparse();
+        (full || settled).then(|| name.to_string())
+    }
+
+    /// The cached version of `name`, in either form.
+    fn cached_revision(&self, name: &str) -> Option<Option<u64>> {
+        match self.items.get(name) {
+            Some(item) => Some(item.revision()),
+            None => self.settled.get(name).map(|settled| Some(settled.revision)),
         }
-        removed
     }
 
     /// Stores an object the snapshotter wrote, unless the cache already has a newer version.
     fn store(&mut self, new: T) {
         let keep = self
-            .items
-            .get(new.name())
-            .is_none_or(|old| !newer(&new, old));
+            .cached_revision(new.name())
+            .is_none_or(|old| !newer(new.revision(), old));
         if keep {
-            self.items.insert(Arc::new(new));
+            self.keep(new);
         }
     }
 
@@ -221,10 +266,12 @@ impl Index {
     }
 
     pub fn content_count(&self) -> usize {
-        self.snapshots.contents.items.len()
+        let contents = &self.snapshots.contents;
+        contents.items.len() + contents.settled.len()
     }
 
-    /// The content and its class, if the content is this driver's.
+    /// The content and its class, if the content is this driver's and not settled (a settled
+    /// one needs nothing).
     pub fn view<T: Shelved>(&self, name: &str) -> Option<(T, Option<Class>)> {
         let shelf = T::shelf(self);
         let content = shelf.contents.items.get(name)?;
@@ -233,14 +280,38 @@ impl Index {
             .then(|| (T::clone(content), class))
     }
 
-    /// The content, if it is this driver's.
+    /// The content, if it is this driver's and not settled.
     pub fn current<T: Shelved>(&self, name: &str) -> Option<T> {
         self.view(name).map(|(content, _)| content)
     }
 
+    /// Whether content `name` is cached in its settled form: it needs nothing.
+    pub fn is_settled<T: Shelved>(&self, name: &str) -> bool {
+        T::shelf(self).contents.settled.contains_key(name)
+    }
+
+    /// Whether content `name` is cached with UID `uid` (when not settled, only if it is this
+    /// driver's).
+    pub fn holds<T: Shelved>(&self, name: &str, uid: &str) -> bool {
+        match T::shelf(self).contents.settled.get(name) {
+            Some(settled) => settled.has_uid(uid),
+            None => self.current::<T>(name).is_some_and(|c| c.uid() == uid),
+        }
+    }
+
+    /// Whether content `name`, as cached, keeps what it names once deleted (when not settled,
+    /// only if it is this driver's).
+    pub fn retains<T: Shelved>(&self, name: &str) -> bool {
+        match T::shelf(self).contents.settled.get(name) {
+            Some(settled) => settled.retains,
+            None => self.current::<T>(name).is_some_and(|c| !c.deletes()),
+        }
+    }
+
     /// Whether a content of this name is cached (of any driver).
     pub fn has_content(&self, name: &str) -> bool {
-        self.snapshots.contents.items.contains_key(name)
+        let contents = &self.snapshots.contents;
+        contents.items.contains_key(name) || contents.settled.contains_key(name)
     }
 
     pub fn class(&self, name: &str) -> Option<Class> {
@@ -252,7 +323,8 @@ impl Index {
         T::shelf(self).classes.class_of(Some(name))
     }
 
-    /// The names of the contents of this driver, for the periodic resync.
+    /// The names of the contents of this driver, for the periodic resync: not the settled
+    /// ones, as nothing but a change gives those work.
     pub fn names<T: Shelved>(&self) -> Vec<String> {
         T::shelf(self)
             .contents
@@ -266,12 +338,20 @@ impl Index {
     /// (VolumeGroupSnapshot) with UID `source_uid`, if one exists: what the name derived from
     /// that UID cut is its.
     pub fn bound_to<T: Shelved>(&self, source_uid: &str, content_uid: &str) -> Option<String> {
-        T::shelf(self)
-            .contents
+        let contents = &T::shelf(self).contents;
+        let full = contents
             .items
             .values()
             .find(|c| c.uid() == content_uid || c.source_uid() == source_uid)
-            .map(|c| c.name().to_string())
+            .map(|c| c.name());
+        let settled = || {
+            contents
+                .settled
+                .values()
+                .find(|c| c.has_uid(content_uid) || c.has_source_uid(source_uid))
+                .map(|c| &*c.name)
+        };
+        full.or_else(settled).map(str::to_string)
     }
 
     /// Whether content `name` of kind `T` kept what it names when it went (its deletion policy
@@ -283,12 +363,20 @@ impl Index {
     /// A content of kind `T` (of any driver) that names the driver's snapshot (group)
     /// `handle`, if one exists.
     pub fn naming_handle<T: Shelved>(&self, handle: &str) -> Option<String> {
-        T::shelf(self)
-            .contents
+        let contents = &T::shelf(self).contents;
+        let full = contents
             .items
             .values()
             .find(|c| c.names_handle(handle))
-            .map(|c| c.name().to_string())
+            .map(|c| c.name());
+        let settled = || {
+            contents
+                .settled
+                .values()
+                .find(|c| c.names_handle(handle))
+                .map(|c| &*c.name)
+        };
+        full.or_else(settled).map(str::to_string)
     }
 
     /// Stores a content the snapshotter wrote, unless the cache already has a newer version.
@@ -303,13 +391,14 @@ impl Index {
             change,
             Content::from_api,
             decide::should_enqueue,
+            decide::should_enqueue_settled,
         )
     }
 
     pub fn class_event(&mut self, change: Change<&VolumeSnapshotClass>) -> Vec<String> {
         self.snapshots
             .classes
-            .apply(&self.driver, change, Class::from_api, |_, _| false);
+            .apply(&self.driver, change, Class::from_api, |_, _| false, |_, _| false);
         Vec::new()
     }
 
@@ -321,35 +410,40 @@ impl Index {
     ) -> Vec<String> {
         self.groups
             .contents
-            .apply(&self.driver, change, GroupContent::from_api, |_, _| true)
+            .apply(
+                &self.driver,
+                change,
+                GroupContent::from_api,
+                |_, _| true,
+                |_, _| true,
+            )
     }
 
     pub fn group_class_event(&mut self, change: Change<&VolumeGroupSnapshotClass>) {
         self.groups
             .classes
-            .apply(&self.driver, change, Class::from_group_api, |_, _| false);
+            .apply(
+                &self.driver,
+                change,
+                Class::from_group_api,
+                |_, _| false,
+                |_, _| false,
+            );
     }
 }
 
 /// Whether `new` is a newer version than `old` (always, for objects without versions).
-fn newer<T: Cached>(old: &T, new: &T) -> bool {
-    match (old.resource_version(), new.resource_version()) {
-        (Some(old), Some(new)) => version(new) > version(old),
+fn newer(old: Option<u64>, new: Option<u64>) -> bool {
+    match (old, new) {
+        (Some(old), Some(new)) => new > old,
         _ => true,
-    }
-}
-
-/// A resourceVersion as a number, as upstream compares them (0 when not a number).
-fn version(written: &ResourceVersion) -> u64 {
-    match written {
-        ResourceVersion::Revision(number) => *number,
-        other => other.to_string().parse().unwrap_or(0),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
     fn content(
@@ -387,6 +481,68 @@ mod tests {
         assert!(index.view::<Content>("b").is_none() && !index.has_content("b"));
         assert_eq!(index.content_event(Change::Delete(&status_only)), vec!["a"]);
         assert!(index.view::<Content>("a").is_none());
+    }
+
+    #[test]
+    fn a_ready_content_is_kept_settled_and_still_answers() {
+        let mut index = Index::new("d");
+        let ready = json!({"snapshotHandle": "h", "readyToUse": true});
+        let first = content("a", "d", "1", ready.clone());
+        assert!(
+            index.content_event(Change::Listed(&first)).is_empty(),
+            "a ready content needs nothing"
+        );
+        assert!(index.is_settled::<Content>("a") && index.view::<Content>("a").is_none());
+        assert!(index.has_content("a") && index.content_count() == 1);
+        assert!(index.names::<Content>().is_empty(), "nor a resync");
+        assert!(index.holds::<Content>("a", "a-uid") && !index.holds::<Content>("a", "b-uid"));
+        assert!(!index.retains::<Content>("a"));
+        assert_eq!(index.bound_to::<Content>("vs", "x").as_deref(), Some("a"));
+        assert_eq!(index.bound_to::<Content>("x", "a-uid").as_deref(), Some("a"));
+        assert_eq!(index.bound_to::<Content>("x", "y"), None);
+        assert_eq!(index.naming_handle::<Content>("h").as_deref(), Some("a"));
+        assert_eq!(index.naming_handle::<Content>("g"), None);
+        // Its echo, and a change of its finalizers only: still nothing to do.
+        assert!(index.content_event(Change::Apply(&first)).is_empty());
+        let mut unprotected = content("a", "d", "2", ready.clone());
+        unprotected.metadata.finalizers = Some(vec![]);
+        assert!(index.content_event(Change::Apply(&unprotected)).is_empty());
+        // Readiness lost: work, on the full content.
+        let lost = content("a", "d", "3", json!({"snapshotHandle": "h", "readyToUse": false}));
+        assert_eq!(index.content_event(Change::Apply(&lost)), vec!["a"]);
+        assert!(index.view::<Content>("a").is_some() && !index.is_settled::<Content>("a"));
+        // Ready again, by the snapshotter's own write: settled once more.
+        index.store(Content::from_api(&content("a", "d", "4", ready.clone())));
+        assert!(index.is_settled::<Content>("a") && index.view::<Content>("a").is_none());
+        // An older version than the one kept changes nothing.
+        assert!(index.content_event(Change::Apply(&lost)).is_empty());
+        assert!(index.is_settled::<Content>("a"));
+        // A deletion asked for: work, on the full content.
+        let mut deleting = content("a", "d", "5", ready.clone());
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(index.content_event(Change::Apply(&deleting)), vec!["a"]);
+        assert!(index.view::<Content>("a").is_some());
+    }
+
+    #[test]
+    fn a_settled_content_that_goes_is_work() {
+        let mut index = Index::new("d");
+        let ready = json!({"snapshotHandle": "h", "readyToUse": true});
+        let mut retained = content("a", "d", "1", ready.clone());
+        retained.spec.deletion_policy = "Retain".into();
+        index.content_event(Change::Apply(&retained));
+        assert!(index.retains::<Content>("a"));
+        assert_eq!(index.content_event(Change::Delete(&retained)), vec!["a"]);
+        assert!(!index.has_content("a") && index.take_retained_gone::<Content>("a"));
+        index.content_event(Change::Apply(&content("b", "d", "1", ready.clone())));
+        index.content_event(Change::Relist);
+        assert_eq!(index.content_event(Change::Relisted), vec!["b"]);
+        assert!(!index.has_content("b") && index.naming_handle::<Content>("h").is_none());
+        // Moved to another driver: named once more, then no longer kept.
+        index.content_event(Change::Apply(&content("c", "d", "1", ready.clone())));
+        let moved = content("c", "other", "2", ready);
+        assert_eq!(index.content_event(Change::Apply(&moved)), vec!["c"]);
+        assert!(!index.has_content("c"));
     }
 
     #[test]

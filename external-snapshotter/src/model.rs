@@ -106,7 +106,7 @@ pub struct ObjectRef {
 }
 
 /// What a content is bound to (its VolumeSnapshot or VolumeGroupSnapshot), as cached.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BoundRef {
     pub name: Box<str>,
     pub namespace: Atom,
@@ -125,7 +125,7 @@ impl From<&ObjectRef> for BoundRef {
 
 /// The status the snapshotter writes (and the controller copies to the VolumeSnapshot). Read
 /// and cached as it is: its strings boxed, its rare error behind a pointer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContentStatus {
     pub snapshot_handle: Option<Box<str>>,
@@ -138,7 +138,7 @@ pub struct ContentStatus {
     pub volume_group_snapshot_handle: Option<Box<str>>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 pub struct SnapshotError {
     pub message: Option<String>,
     pub time: Option<String>,
@@ -168,7 +168,7 @@ sidecar_kit::custom_resource!(
 );
 
 /// Where a secret is.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SecretRef {
     pub namespace: String,
     pub name: String,
@@ -176,7 +176,7 @@ pub struct SecretRef {
 
 /// The deletion-secret annotations of a content: absent, or both present (possibly empty; kept
 /// apart, as most contents have none).
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SecretAnnotations {
     #[default]
     None,
@@ -186,7 +186,7 @@ pub enum SecretAnnotations {
 /// What the snapshotter keeps of a VolumeSnapshotContent: strings boxed, and those that repeat
 /// across contents (driver, policy, class, namespace, finalizers) interned, as a cache of ten
 /// thousands of them holds each field that many times.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Content {
     pub name: Box<str>,
     pub uid: Box<str>,
@@ -211,12 +211,24 @@ pub struct Content {
     pub status: Option<ContentStatus>,
 }
 
-/// The fingerprint of a content's annotations (but [`BEING_CREATED`]) and labels: equal
-/// metadata, equal fingerprints (absent or empty alike); keyed once per process, so that no
-/// label can be chosen to hide a change.
-fn metadata_fingerprint(meta: &ObjectMeta) -> u64 {
+/// A hasher keyed once per process: no object can be written to make its fingerprint equal
+/// another's.
+fn keyed_hasher() -> impl Hasher {
     static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
-    let mut hasher = KEYS.build_hasher();
+    KEYS.build_hasher()
+}
+
+/// `value` hashed with the process's key.
+pub fn keyed_hash(value: &impl Hash) -> u64 {
+    let mut hasher = keyed_hasher();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The fingerprint of a content's annotations (but [`BEING_CREATED`]) and labels: equal
+/// metadata, equal fingerprints (absent or empty alike).
+fn metadata_fingerprint(meta: &ObjectMeta) -> u64 {
+    let mut hasher = keyed_hasher();
     let annotations = meta.annotations.iter().flatten();
     for (key, value) in annotations.filter(|(key, _)| *key != BEING_CREATED) {
         ('a', key, value).hash(&mut hasher);
@@ -276,6 +288,61 @@ impl Content {
     }
 }
 
+/// What the cache keeps of a content that needs nothing more until it changes (a cut snapshot,
+/// ready): most contents, most of the time. The full projection is kept only while there is
+/// work; this form is what tells a change that is work from one that is not, and what answers
+/// whether a content holds a UID, is bound to a VolumeSnapshot or names a snapshot. Those
+/// strings are kept as keyed hashes: 8 bytes each, where two different strings agree with a
+/// chance of 2^-64 that no object can be written to raise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    pub name: Box<str>,
+    /// Its resourceVersion, as [`revision_number`] reads it.
+    pub revision: u64,
+    /// The fingerprint of what a change to act on compares ([`crate::decide::change_key`]).
+    pub change: u64,
+    uid: u64,
+    source_uid: u64,
+    handle: u64,
+    /// Its deletion policy keeps the snapshot once the content is deleted.
+    pub retains: bool,
+}
+
+impl Settled {
+    pub fn of(content: &Content) -> Self {
+        Self {
+            name: content.name.clone(),
+            revision: revision_number(&content.resource_version),
+            change: crate::decide::change_key(content),
+            uid: keyed_hash(&content.uid()),
+            source_uid: keyed_hash(&content.source_uid()),
+            handle: keyed_hash(&content.handle()),
+            retains: !content.deletes(),
+        }
+    }
+
+    pub fn has_uid(&self, uid: &str) -> bool {
+        self.uid == keyed_hash(&uid)
+    }
+
+    /// Whether it is bound to the VolumeSnapshot with UID `uid`.
+    pub fn has_source_uid(&self, uid: &str) -> bool {
+        self.source_uid == keyed_hash(&uid)
+    }
+
+    pub fn names_handle(&self, handle: &str) -> bool {
+        self.handle == keyed_hash(&Some(handle))
+    }
+}
+
+/// A resourceVersion as a number, as upstream compares them (0 when not a number).
+pub fn revision_number(written: &ResourceVersion) -> u64 {
+    match written {
+        ResourceVersion::Revision(number) => *number,
+        other => other.to_string().parse().unwrap_or(0),
+    }
+}
+
 /// What the snapshotter reads alike of both kinds of content.
 pub trait ContentObject: Sized {
     /// The API group of the kind.
@@ -309,6 +376,11 @@ pub trait ContentObject: Sized {
     fn names_handle(&self, handle: &str) -> bool;
     /// Whether its deletion policy deletes what it names.
     fn deletes(&self) -> bool;
+    /// Its [`Settled`] form when it needs nothing more until it changes; the cache then keeps
+    /// only that.
+    fn settle(&self) -> Option<Settled> {
+        None
+    }
 
     /// The reference an Event about this content names.
     fn object_ref(&self) -> ObjectReference {
@@ -369,6 +441,10 @@ impl ContentObject for Content {
     const KIND: &'static str = "VolumeSnapshotContent";
     type Object = VolumeSnapshotContent;
     content_fields!();
+
+    fn settle(&self) -> Option<Settled> {
+        crate::decide::settled(self).then(|| Settled::of(self))
+    }
 
     fn names_handle(&self, handle: &str) -> bool {
         self.handle() == Some(handle)

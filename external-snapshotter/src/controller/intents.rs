@@ -6,6 +6,14 @@ use super::*;
 use crate::model::ContentObject;
 use sidecar_kit::cluster::journal::DropReason;
 
+/// What a recorded intent that passed its checks is for.
+enum Intended {
+    /// Its call may still be unanswered: the worker carries it on.
+    Open,
+    /// Its content is settled (ready, naming what was cut): the call was answered.
+    Answered,
+}
+
 impl Controller {
     /// Takes up the CreateSnapshot calls a previous leader (or this process before a restart)
     /// left unanswered: a content that still exists carries on as usual; for one that is gone,
@@ -34,16 +42,10 @@ impl Controller {
         for (key, recorded) in intents {
             match (recorded, key.strip_prefix(groups::KEY_PREFIX)) {
                 (Recorded::Group(intent), Some(name)) => {
-                    match self.check_intent::<Groups>(name, &intent) {
-                        Ok(()) => self.adopt::<Groups>(name, intent),
-                        Err(rejected) => self.reject_intent(&key, &rejected),
-                    }
+                    self.take_up::<Groups>(&key, name, intent);
                 }
                 (Recorded::Snapshot(intent), None) => {
-                    match self.check_intent::<Snapshots>(&key, &intent) {
-                        Ok(()) => self.adopt::<Snapshots>(&key, intent),
-                        Err(rejected) => self.reject_intent(&key, &rejected),
-                    }
+                    self.take_up::<Snapshots>(&key, &key, intent);
                 }
                 _ => self.journal.drop_entry(
                     &key,
@@ -54,14 +56,44 @@ impl Controller {
         }
     }
 
+    /// The intent recorded under `key` for content `name` of kind `K`: carried on, done, or
+    /// dropped.
+    fn take_up<K: ContentKind>(&self, key: &str, name: &str, intent: K::Intent) {
+        match self.check_intent::<K>(name, &intent) {
+            Ok(Intended::Open) => self.adopt::<K>(name, intent),
+            Ok(Intended::Answered) => {
+                tracing::info!(
+                    kind = kind_of::<K>(),
+                    name,
+                    "the content of a recorded {} is ready: the call was answered",
+                    K::CREATE
+                );
+                self.journal.forget(key);
+            }
+            Err(rejected) => self.reject_intent(key, &rejected),
+        }
+    }
+
     /// Whether the recorded intent for content `name` of kind `K` is one this snapshotter
-    /// would have recorded (see [`crate::journal`]).
-    fn check_intent<K: ContentKind>(&self, name: &str, intent: &K::Intent) -> Result<(), Rejected> {
+    /// would have recorded (see [`crate::journal`]), and whether its call may still be open.
+    fn check_intent<K: ContentKind>(
+        &self,
+        name: &str,
+        intent: &K::Intent,
+    ) -> Result<Intended, Rejected> {
         journal::check_uids([
             ("content UID", intent.content_uid()),
             (K::Intent::PARTS[1], intent.source_uid()),
         ])?;
         journal::check_name(K::derived_name(self, intent)?, intent.name())?;
+        let answered = {
+            let index = self.index();
+            index.is_settled::<K::Content>(name)
+                && index.holds::<K::Content>(name, intent.content_uid())
+        };
+        if answered {
+            return Ok(Intended::Answered);
+        }
         let live = self
             .index()
             .view::<K::Content>(name)
@@ -78,7 +110,7 @@ impl Controller {
             let class = intent
                 .class()
                 .and_then(|class| self.index().class_for::<K::Content>(class));
-            return match class {
+            let checked = match class {
                 Some(class) => journal::check_against_class(
                     &journal::Recorded {
                         content: name,
@@ -91,10 +123,11 @@ impl Controller {
                 ),
                 None => Ok(()),
             };
+            return checked.map(|()| Intended::Open);
         };
         journal::check_bound(content.source_uid(), intent.source_uid())?;
         let now = K::intent(self, &content, class.as_ref()).map_err(Rejected::Unverifiable)?;
-        journal::check_parts(intent.agreement(&now))
+        journal::check_parts(intent.agreement(&now)).map(|()| Intended::Open)
     }
 
     /// Drops an entry of the journal that is not what this snapshotter records.
@@ -156,9 +189,7 @@ impl Controller {
             K::done(self, name);
             return Ok(());
         };
-        if let Some(content) = self.index().current::<K::Content>(name)
-            && content.uid() == intent.content_uid()
-        {
+        if self.index().holds::<K::Content>(name, intent.content_uid()) {
             return Ok(());
         }
         // The policy the content had when it went outranks the one recorded with the intent
@@ -202,10 +233,7 @@ impl Controller {
     fn kept_when_gone<K: ContentKind>(&self, name: &str) -> bool {
         let mut index = self.index();
         let gone_retained = index.take_retained_gone::<K::Content>(name);
-        gone_retained
-            || index
-                .current::<K::Content>(name)
-                .is_some_and(|content| !content.deletes())
+        gone_retained || index.retains::<K::Content>(name)
     }
 
     /// Deletes what the create call cut for a content that is gone, then forgets the intent.

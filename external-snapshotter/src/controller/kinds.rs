@@ -461,9 +461,13 @@ impl Controller {
 
     /// One content of kind `K`: what it needs next; retried with backoff until done.
     pub(super) async fn sync<K: ContentKind>(&self, name: &str) {
-        let view = self.index().view::<K::Content>(name);
+        let (view, settled) = {
+            let index = self.index();
+            (index.view::<K::Content>(name), index.is_settled::<K::Content>(name))
+        };
         let mut result = match view {
             Some((content, class)) => K::step(self, &content, class.as_ref()).await,
+            None if settled => Ok(true),
             None => self.settle_gone::<K>(name).await.map(|()| true),
         };
         // The snapshotter's own writes do not come back as work: a content whose deletion

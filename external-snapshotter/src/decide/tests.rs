@@ -206,6 +206,87 @@ fn changes_to_act_on() {
     );
 }
 
+#[test]
+fn a_ready_content_settles_and_its_changes_are_told_as_from_the_full_one() {
+    let ready = Content {
+        status: Some(status("h", true)),
+        ..dynamic()
+    };
+    assert!(settled(&ready) && plan(&ready, true) == Plan::Ready);
+    for unsettled in [
+        dynamic(),
+        Content {
+            status: Some(status("h", false)),
+            ..dynamic()
+        },
+        Content {
+            being_created: true,
+            ..ready.clone()
+        },
+        Content {
+            deleting: true,
+            ..ready.clone()
+        },
+    ] {
+        assert!(!settled(&unsettled), "{unsettled:?}");
+    }
+    let settled_form = Settled::of(&ready);
+    let changes = [
+        Content {
+            resource_version: "2".into(),
+            finalizers: List::default(),
+            ..ready.clone()
+        },
+        Content {
+            status: Some(status("other", true)),
+            ..ready.clone()
+        },
+        Content {
+            status: Some(status("h", false)),
+            ..ready.clone()
+        },
+        Content {
+            status: None,
+            ..ready.clone()
+        },
+        Content {
+            being_created: true,
+            ..ready.clone()
+        },
+        Content {
+            deleting: true,
+            ..ready.clone()
+        },
+        Content {
+            being_deleted: true,
+            ..ready.clone()
+        },
+        Content {
+            deletion_policy: "Retain".into(),
+            ..ready.clone()
+        },
+        Content {
+            other_metadata: ready.other_metadata.wrapping_add(1),
+            ..ready.clone()
+        },
+        Content {
+            class: Some("another".into()),
+            ..ready.clone()
+        },
+        Content {
+            group_member: true,
+            ..ready.clone()
+        },
+    ];
+    for new in changes {
+        assert_eq!(
+            should_enqueue_settled(&settled_form, &new),
+            should_enqueue(&ready, &new),
+            "{new:?}"
+        );
+    }
+}
+
 fn group_content() -> GroupContent {
     GroupContent {
         name: "groupsnapcontent-1".into(),

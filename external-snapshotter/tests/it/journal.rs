@@ -557,3 +557,47 @@ async fn a_content_retained_before_it_went_keeps_its_snapshot() {
     assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
     assert_eq!(env.mock.state().snapshots.len(), 1, "the snapshot is kept");
 }
+
+/// A genuine entry of a content that is ready by now (its removal lost, say, with the process
+/// that wrote it): the call was answered, so the entry is forgotten, neither carried on nor
+/// dropped as a forgery, and the driver is not called for it.
+#[tokio::test]
+async fn an_entry_of_a_content_ready_by_now_is_forgotten() {
+    let mut env = Env::start(MockDriver::builder(), |_| {}).await;
+    env.class("class", "Delete", json!({})).await;
+    env.bound_claim("data").await;
+    env.mock.faults().hang(CREATE);
+    let uid = env.snapshot("snap", "data", "class").await;
+    let name = format!("snapcontent-{uid}");
+    env.content_of(&uid).await;
+    let captured = eventually("the intent recorded", || async {
+        crate::common::journal_entries(&env).await.remove(&name)
+    })
+    .await;
+    env.mock.faults().release(CREATE);
+    env.content_until(&name, "the content ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    eventually("the intent forgotten", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    env.kill().await;
+    write_journal_as_is(&env, [(name.clone(), captured)].into()).await;
+    env.run();
+    eventually("the entry of the ready content forgotten", || async {
+        (journal_entries(&env).await == 0).then_some(())
+    })
+    .await;
+    // A snapshot cut after the journal was taken up: the snapshotter is at work.
+    let marker = env.snapshot("marker", "data", "class").await;
+    env.content_until(&format!("snapcontent-{marker}"), "the marker ready", |c| {
+        c["status"]["readyToUse"] == true
+    })
+    .await;
+    assert!(rejected_entries(&env, 0).await.is_empty(), "not a forgery");
+    assert_eq!(env.mock.calls().count(CREATE), 2, "snap and marker, once each");
+    assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
+    env.stop().await;
+}
