@@ -88,7 +88,9 @@ impl<T: ContentObject> Cached for T {
         Some(ContentObject::driver(self))
     }
     fn revision(&self) -> Option<u64> {
-        Some(model::revision_number(ContentObject::resource_version(self)))
+        Some(model::revision_number(ContentObject::resource_version(
+            self,
+        )))
     }
     fn retains(&self) -> bool {
         !self.deletes()
@@ -396,9 +398,13 @@ impl Index {
     }
 
     pub fn class_event(&mut self, change: Change<&VolumeSnapshotClass>) -> Vec<String> {
-        self.snapshots
-            .classes
-            .apply(&self.driver, change, Class::from_api, |_, _| false, |_, _| false);
+        self.snapshots.classes.apply(
+            &self.driver,
+            change,
+            Class::from_api,
+            |_, _| false,
+            |_, _| false,
+        );
         Vec::new()
     }
 
@@ -408,27 +414,23 @@ impl Index {
         &mut self,
         change: Change<&VolumeGroupSnapshotContent>,
     ) -> Vec<String> {
-        self.groups
-            .contents
-            .apply(
-                &self.driver,
-                change,
-                GroupContent::from_api,
-                |_, _| true,
-                |_, _| true,
-            )
+        self.groups.contents.apply(
+            &self.driver,
+            change,
+            GroupContent::from_api,
+            |_, _| true,
+            |_, _| true,
+        )
     }
 
     pub fn group_class_event(&mut self, change: Change<&VolumeGroupSnapshotClass>) {
-        self.groups
-            .classes
-            .apply(
-                &self.driver,
-                change,
-                Class::from_group_api,
-                |_, _| false,
-                |_, _| false,
-            );
+        self.groups.classes.apply(
+            &self.driver,
+            change,
+            Class::from_group_api,
+            |_, _| false,
+            |_, _| false,
+        );
     }
 }
 
@@ -498,7 +500,10 @@ mod tests {
         assert!(index.holds::<Content>("a", "a-uid") && !index.holds::<Content>("a", "b-uid"));
         assert!(!index.retains::<Content>("a"));
         assert_eq!(index.bound_to::<Content>("vs", "x").as_deref(), Some("a"));
-        assert_eq!(index.bound_to::<Content>("x", "a-uid").as_deref(), Some("a"));
+        assert_eq!(
+            index.bound_to::<Content>("x", "a-uid").as_deref(),
+            Some("a")
+        );
         assert_eq!(index.bound_to::<Content>("x", "y"), None);
         assert_eq!(index.naming_handle::<Content>("h").as_deref(), Some("a"));
         assert_eq!(index.naming_handle::<Content>("g"), None);
@@ -508,7 +513,12 @@ mod tests {
         unprotected.metadata.finalizers = Some(vec![]);
         assert!(index.content_event(Change::Apply(&unprotected)).is_empty());
         // Readiness lost: work, on the full content.
-        let lost = content("a", "d", "3", json!({"snapshotHandle": "h", "readyToUse": false}));
+        let lost = content(
+            "a",
+            "d",
+            "3",
+            json!({"snapshotHandle": "h", "readyToUse": false}),
+        );
         assert_eq!(index.content_event(Change::Apply(&lost)), vec!["a"]);
         assert!(index.view::<Content>("a").is_some() && !index.is_settled::<Content>("a"));
         // Ready again, by the snapshotter's own write: settled once more.

@@ -463,7 +463,10 @@ impl Controller {
     pub(super) async fn sync<K: ContentKind>(&self, name: &str) {
         let (view, settled) = {
             let index = self.index();
-            (index.view::<K::Content>(name), index.is_settled::<K::Content>(name))
+            (
+                index.view::<K::Content>(name),
+                index.is_settled::<K::Content>(name),
+            )
         };
         let mut result = match view {
             Some((content, class)) => K::step(self, &content, class.as_ref()).await,

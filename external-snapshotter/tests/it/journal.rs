@@ -597,7 +597,11 @@ async fn an_entry_of_a_content_ready_by_now_is_forgotten() {
     })
     .await;
     assert!(rejected_entries(&env, 0).await.is_empty(), "not a forgery");
-    assert_eq!(env.mock.calls().count(CREATE), 2, "snap and marker, once each");
+    assert_eq!(
+        env.mock.calls().count(CREATE),
+        2,
+        "snap and marker, once each"
+    );
     assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
     env.stop().await;
 }
