@@ -755,6 +755,8 @@ mod tests {
     #[test]
     fn a_cached_content_stays_small() {
         assert!(size_of::<Content>() <= 256, "{} B", size_of::<Content>());
+        // With its reference count, an allocation of mimalloc's 80-byte class.
+        assert_eq!(size_of::<Settled>(), 64);
         assert_eq!(size_of::<SecretAnnotations>(), 8);
         assert_eq!(size_of::<Option<Atom>>(), 8);
     }
