@@ -35,7 +35,6 @@ use tokio::process::{Child, Command};
 const BIN: &str = env!("CARGO_BIN_EXE_csi-snapshotter");
 const DRIVER: &str = "snapshotter.csi.bench";
 const PARALLEL: usize = 64;
-const QUEUE: &str = "csi-snapshotter-content";
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -225,17 +224,6 @@ async fn ready(port: u16) {
 }
 
 /// How many contents the queue has taken in: every content is queued once listed.
-async fn queued(port: u16) -> u64 {
-    let Some(body) = metrics(port).await else {
-        return 0;
-    };
-    let series = format!("workqueue_adds_total{{name=\"{QUEUE}\"}}");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
@@ -316,12 +304,16 @@ async fn idle_run(count: usize) {
     let empty = usage(pid, bench.ticks);
     drop(child);
     bench.contents(count, true).await;
+    let counters = bench.api.counters();
+    counters.reset();
     let port = free_port().unwrap();
     let child = bench.spawn(port, &[]);
     let pid = child.id().unwrap();
     let started = Instant::now();
     ready(port).await;
-    while queued(port).await < count as u64 {
+    // The watch goes on from the list once every listed content is in the cache (ready
+    // contents are not queued: they need nothing).
+    while counters.get(Verb::Watch, "volumesnapshotcontents") == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "caches not synced"
