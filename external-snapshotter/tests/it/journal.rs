@@ -66,6 +66,22 @@ async fn journal_entries(env: &Env) -> usize {
     crate::common::journal_entries(env).await.len()
 }
 
+/// The sealed entry recorded for content `name`, once it is there.
+async fn recorded_entry(env: &Env, name: &str) -> String {
+    eventually("the intent recorded", || async {
+        crate::common::journal_entries(env).await.remove(name)
+    })
+    .await
+}
+
+/// Waits until the journal holds no entry: `what` did that.
+async fn journal_emptied(env: &Env, what: &str) {
+    eventually(what, || async {
+        (journal_entries(env).await == 0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_content_gone_during_its_create_snapshot_leaves_no_snapshot() {
     let env = Env::start(MockDriver::builder(), |_| {}).await;
@@ -87,10 +103,7 @@ async fn a_content_gone_during_its_create_snapshot_leaves_no_snapshot() {
     })
     .await;
     assert!(env.mock.state().snapshots.is_empty());
-    eventually("the intent forgotten", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the intent forgotten").await;
 }
 
 #[tokio::test]
@@ -123,10 +136,7 @@ async fn a_restart_deletes_the_snapshot_of_a_content_gone_meanwhile() {
         env.mock.state().snapshots.is_empty().then_some(())
     })
     .await;
-    eventually("the intent forgotten", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the intent forgotten").await;
     assert_eq!(
         env.mock.calls().count(CREATE),
         2,
@@ -163,10 +173,7 @@ async fn a_restart_lets_a_content_that_still_exists_carry_on() {
         ready["status"]["snapshotHandle"],
         snapshots.keys().next().unwrap().as_str()
     );
-    eventually("the intent forgotten", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the intent forgotten").await;
 }
 
 /// Entries forged while the snapshotter is down. Without its key: one unsealed and one under a
@@ -278,10 +285,7 @@ async fn forged_journal_entries_are_dropped_and_never_reach_the_driver() {
         c["status"]["readyToUse"] == true
     })
     .await;
-    eventually("every forged entry dropped", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "every forged entry dropped").await;
     let rejected = rejected_entries(&env, 5).await;
     for part in [
         "is not the one derived from the UID it records",
@@ -396,10 +400,7 @@ async fn a_stolen_key_cannot_delete_a_retained_snapshot_of_a_gone_content() {
             "no Event says {part:?}: {rejected:?}"
         );
     }
-    eventually("both entries dropped", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "both entries dropped").await;
     assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
     assert_eq!(
         env.mock.calls().count(CREATE),
@@ -432,10 +433,7 @@ async fn a_replayed_entry_never_deletes_a_retained_snapshot() {
     let uid = env.snapshot("snap", "data", "class").await;
     let name = format!("snapcontent-{uid}");
     env.content_of(&uid).await;
-    let captured = eventually("the intent recorded", || async {
-        crate::common::journal_entries(&env).await.remove(&name)
-    })
-    .await;
+    let captured = recorded_entry(&env, &name).await;
     env.content_until(&name, "the lost answer reported", |c| {
         c["status"]["error"]["message"].is_string()
     })
@@ -462,10 +460,7 @@ async fn a_replayed_entry_never_deletes_a_retained_snapshot() {
         .await
         .unwrap();
     env.content_gone(&name).await;
-    eventually("the intent forgotten", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the intent forgotten").await;
     env.kill().await;
     assert!(env.mock.state().snapshots.contains_key(&handle));
 
@@ -508,10 +503,7 @@ async fn a_replayed_entry_never_deletes_a_retained_snapshot() {
         .unwrap();
     write_journal_as_is(&env, [(name.clone(), captured)].into()).await;
     env.run();
-    eventually("the replayed intent settled", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the replayed intent settled").await;
     assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
     assert!(
         env.mock.state().snapshots.contains_key(&handle),
@@ -550,10 +542,7 @@ async fn a_content_retained_before_it_went_keeps_its_snapshot() {
         .unwrap();
     unfinalize(&env, &name).await;
     env.mock.faults().release(CREATE);
-    eventually("the intent forgotten", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the intent forgotten").await;
     assert_eq!(env.mock.calls().count(DELETE), 0, "nothing deleted");
     assert_eq!(env.mock.state().snapshots.len(), 1, "the snapshot is kept");
 }
@@ -570,26 +559,17 @@ async fn an_entry_of_a_content_ready_by_now_is_forgotten() {
     let uid = env.snapshot("snap", "data", "class").await;
     let name = format!("snapcontent-{uid}");
     env.content_of(&uid).await;
-    let captured = eventually("the intent recorded", || async {
-        crate::common::journal_entries(&env).await.remove(&name)
-    })
-    .await;
+    let captured = recorded_entry(&env, &name).await;
     env.mock.faults().release(CREATE);
     env.content_until(&name, "the content ready", |c| {
         c["status"]["readyToUse"] == true
     })
     .await;
-    eventually("the intent forgotten", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the intent forgotten").await;
     env.kill().await;
     write_journal_as_is(&env, [(name.clone(), captured)].into()).await;
     env.run();
-    eventually("the entry of the ready content forgotten", || async {
-        (journal_entries(&env).await == 0).then_some(())
-    })
-    .await;
+    journal_emptied(&env, "the entry of the ready content forgotten").await;
     // A snapshot cut after the journal was taken up: the snapshotter is at work.
     let marker = env.snapshot("marker", "data", "class").await;
     env.content_until(&format!("snapcontent-{marker}"), "the marker ready", |c| {
