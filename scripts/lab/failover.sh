@@ -6,7 +6,10 @@
 #
 # 1. The lab's own provisioner is stopped (its Lease deleted), a claim is created, and BINARY is
 #    started as the leader: "cold start" is the time from its start to the claim's PV created
-#    (and to the claim Bound, which kube-controller-manager does, later when it is busy).
+#    (and to the claim Bound, which kube-controller-manager does, later when it is busy). Also
+#    reported: when the claim was first seen with kube-controller-manager's provisioner
+#    annotation (volume.kubernetes.io/storage-provisioner), before which no provisioner, ours or
+#    upstream's, may act on it: a busy kube-controller-manager sets it seconds late.
 # 2. After IDLE seconds: the leader's RSS.
 # 3. A second BINARY (the standby) starts with a host name of its own (its leader election
 #    identity, as a pod has; in a UTS namespace of its own) and the same flags; once its RSS has
@@ -81,20 +84,26 @@ spec: {accessModes: [ReadWriteOnce], storageClassName: csi-hostpath-sc, resource
 EOF
 }
 until_bound() { # until_bound NAME: when its PV (pvc-<uid>, the provisioner's write) was first seen,
-  # and when the claim was first seen Bound (kube-controller-manager's, which a busy one delays)
-  local start uid phase provisioned=""
+  # when the claim was first seen Bound, and when it was first seen with the provisioner
+  # annotation without which no provisioner may act on it (the last two are
+  # kube-controller-manager's writes, which a busy one delays)
+  local start uid state phase provisioned="" annotated=""
   start=$(now)
   uid=$(kc -n "$NS" get pvc "$1" -o jsonpath='{.metadata.uid}')
   while :; do
     [ -n "$provisioned" ] || ! kc get pv "pvc-$uid" >/dev/null 2>&1 || provisioned=$(now)
-    phase=$(kc -n "$NS" get pvc "$1" -o jsonpath='{.status.phase}' 2>/dev/null || true)
-    [ "$phase" = Bound ] && { echo "${provisioned:-$(now)} $(now)"; return; }
+    state=$(kc -n "$NS" get pvc "$1" -o jsonpath='{.status.phase} {.metadata.annotations.volume\.kubernetes\.io/storage-provisioner}' 2>/dev/null || true)
+    phase=${state%% *}
+    [ -n "$annotated" ] || [ -z "${state#* }" ] || annotated=$(now)
+    [ "$phase" = Bound ] && { echo "${provisioned:-$(now)} $(now) ${annotated:-$(now)}"; return; }
     [ "$(secs "$start" "$(now)" | cut -d. -f1)" -lt "$TIMEOUT" ] || die "$1 not Bound after ${TIMEOUT}s"
     sleep 0.2
   done
 }
-report() { # report WHAT FROM "PROVISIONED BOUND"
-  echo "$1: PV created $(secs "$2" "${3% *}") s, claim Bound $(secs "$2" "${3#* }") s"
+report() { # report WHAT FROM "PROVISIONED BOUND ANNOTATED"
+  local provisioned bound annotated
+  read -r provisioned bound annotated <<<"$3"
+  echo "$1: PV created $(secs "$2" "$provisioned") s, claim Bound $(secs "$2" "$bound") s; the claim annotated for its provisioner at $(secs "$2" "$annotated") s"
 }
 settle() { # settle PID: waits until its RSS has not grown for SETTLE seconds
   local last=0 same=0 cur start
