@@ -162,13 +162,13 @@ impl<T: Cached> Table<T> {
                     return self.forget(new.name()).into_iter().collect();
                 }
                 let name = new.name().to_string();
+                // The echo of the snapshotter's own write, or an older version than that
+                // write: nothing new.
+                let cached = self.cached_revision(&name);
+                if cached.is_some_and(|old| !newer(old, new.revision())) {
+                    return Vec::new();
+                }
                 let work = match (self.items.get(&name), self.settled.get(&name)) {
-                    // The echo of the snapshotter's own write, or an older version than that
-                    // write: nothing new.
-                    (Some(old), _) if !newer(old.revision(), new.revision()) => return Vec::new(),
-                    (_, Some(old)) if !newer(Some(old.revision), new.revision()) => {
-                        return Vec::new();
-                    }
                     (Some(old), _) => act(old, &new),
                     (_, Some(old)) => act_settled(old, &new),
                     (None, None) => true,
@@ -193,7 +193,8 @@ impl<T: Cached> Table<T> {
                 Vec::new()
             }
             Change::Relisted => {
-                let gone = (self.relist).finish(self.items.keys().chain(self.settled.keys()));
+                let known = self.items.keys().chain(self.settled.keys());
+                let gone = self.relist.finish(known);
                 for name in &gone {
                     self.forget(name);
                 }
